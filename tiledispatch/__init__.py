@@ -1,0 +1,23 @@
+"""tiledispatch: pick the fastest kernel for each GEMM, convolution and attention, and run it."""
+
+from .core.runtime import choose_backend
+
+choose_backend()  # before anything imports Triton  # noqa: E402
+
+from .core.dispatcher import Dispatcher, Strategy, default_dispatcher
+from .core.errors import (
+    ArchError, BuildError, CacheError, InsecureCacheError, InvalidConfigError, InvalidProblemError,
+    NoKernelError, RegistryFormatError, TiledispatchError, UnknownKernelError, UnsupportedError,
+)
+from .core.op import OpKind, RuleSet
+from .core.registry import Registry
+from .core.spec import KernelSpec
+from .ops.gemm import gemm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "gemm", "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
+    "TiledispatchError", "InvalidProblemError", "UnsupportedError", "InvalidConfigError", "UnknownKernelError",
+    "NoKernelError", "RegistryFormatError", "CacheError", "InsecureCacheError", "BuildError", "ArchError",
+]

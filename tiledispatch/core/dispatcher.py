@@ -1,0 +1,204 @@
+"""The dispatcher: problem -> candidates -> ranking -> kernel -> launch, for every op.
+
+Selections are memoized per problem key, and launchers per kernel name, so a call on
+a problem seen before costs a dict lookup, the plan and the launch.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from . import kernel as kernel_step
+from .cache import KernelCache
+from .errors import BuildError, InvalidProblemError, NoKernelError, UnsupportedError
+from .launch import execute
+from .op import OpKind, RuleSet, Score
+from .registry import Registry
+from .runtime import Backend, current_arch, current_backend
+from .spec import KernelSpec
+
+log = logging.getLogger("tiledispatch.dispatcher")
+
+
+class Strategy(enum.Enum):
+    FIRST = "first"  # the first supporting kernel in registry order
+    RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    spec: KernelSpec
+    refused: str | None = None  # why it cannot run the problem; None if it can
+    score: Score | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kernel": self.spec.name}
+        if self.refused is not None:
+            out["refused"] = self.refused
+        if self.score is not None:
+            out["score"] = round(self.score.value, 6)
+            out["terms"] = {k: round(v, 4) for k, v in self.score.terms.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class Explanation:
+    problem: Any
+    arch: str
+    strategy: Strategy
+    selected: KernelSpec | None
+    ranked: tuple[Candidate, ...]  # the accepted candidates, best first
+    refused: tuple[Candidate, ...]
+
+    def to_dict(self, limit: int | None = None) -> dict[str, Any]:
+        refused = self.refused if limit is None else self.refused[:limit]
+        return {
+            "problem": self.problem.describe(),
+            "arch": self.arch,
+            "strategy": self.strategy.value,
+            "selected": self.selected.name if self.selected else None,
+            "accepted": len(self.ranked),
+            "refused_count": len(self.refused),
+            "ranking": [c.to_dict() for c in (self.ranked if limit is None else self.ranked[:limit])],
+            "refused": [c.to_dict() for c in refused],
+        }
+
+
+class Dispatcher:
+    def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
+                 cache: KernelCache | None = None) -> None:
+        self.arch = arch if arch is not None else current_arch()
+        self.registry = registry.for_arch(self.arch)
+        self.strategy = Strategy(strategy)
+        self._cache = cache
+        self._by_op: dict[OpKind, list[KernelSpec]] = {}
+        for spec in self.registry:
+            self._by_op.setdefault(spec.op, []).append(spec)
+        self._selected: dict[Any, KernelSpec] = {}
+        self._launchers: dict[str, dict[str, Any]] = {}
+        self._broken: set[str] = set()
+        self._lock = threading.RLock()
+
+    @property
+    def cache(self) -> KernelCache:
+        if self._cache is None:  # made on first build only: the interpreter never needs one
+            self._cache = KernelCache()
+        return self._cache
+
+    # -- candidates and ranking -----------------------------------------------------
+    def _candidates(self, problem) -> tuple[list[Candidate], list[Candidate]]:
+        accepted, refused = [], []
+        for spec in self._by_op.get(problem.op, ()):
+            reason = spec.definition.supports(spec.config, problem)
+            if reason is None and spec.name in self._broken:
+                reason = "failed to build on this machine"
+            if reason is not None:
+                refused.append(Candidate(spec, reason))
+            elif self.strategy is Strategy.RULES:
+                accepted.append(Candidate(spec, None, spec.definition.rule_score(spec.config, problem, self.arch)))
+            else:
+                accepted.append(Candidate(spec))
+        if self.strategy is Strategy.RULES:
+            accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
+        return accepted, refused
+
+    def select(self, problem) -> KernelSpec:
+        key = problem.key()
+        spec = self._selected.get(key)
+        if spec is not None:
+            return spec
+        accepted, refused = self._candidates(problem)
+        if not accepted:
+            reasons = sorted({c.refused for c in refused})[:5]
+            raise NoKernelError(
+                f"no kernel among {len(refused)} for {problem.op.value} on {self.arch.name} supports this "
+                f"problem ({problem.describe()}); reasons given: {reasons or ['the registry is empty']}"
+            )
+        with self._lock:
+            self._selected[key] = accepted[0].spec
+        return accepted[0].spec
+
+    def explain(self, problem) -> Explanation:
+        accepted, refused = self._candidates(problem)
+        selected = accepted[0].spec if accepted else None
+        return Explanation(problem, self.arch.name, self.strategy, selected, tuple(accepted), tuple(refused))
+
+    def resolve(self, kernel: str | KernelSpec, problem) -> KernelSpec:
+        """A forced kernel, checked: it must be registered and must support the problem."""
+        spec = self.registry.get(kernel if isinstance(kernel, str) else kernel.name)
+        reason = spec.definition.supports(spec.config, problem)
+        if reason is not None:
+            raise UnsupportedError(f"kernel {spec.name} cannot run this problem: {reason}")
+        return spec
+
+    # -- kernel and launch ------------------------------------------------------------
+    def launchers(self, spec: KernelSpec) -> dict[str, Any]:
+        found = self._launchers.get(spec.name)
+        if found is None:
+            with self._lock:
+                found = self._launchers.get(spec.name)
+                if found is None:
+                    cache = None if current_backend() is Backend.INTERPRETER else self.cache
+                    found = kernel_step.load(spec, cache)
+                    self._launchers[spec.name] = found
+        return found
+
+    def run(self, operands, *, kernel: str | KernelSpec | None = None):
+        """Runs the op on checked operands with the selected (or the forced) kernel."""
+        problem = operands.problem
+        _check_device(operands.device)
+        while True:
+            spec = self.resolve(kernel, problem) if kernel is not None else self.select(problem)
+            try:
+                launchers = self.launchers(spec)
+                break
+            except BuildError:
+                if kernel is not None:
+                    raise
+                log.warning("kernel %s failed to build; selecting the next candidate", spec.name, exc_info=True)
+                with self._lock:
+                    self._broken.add(spec.name)
+                    self._selected.pop(problem.key(), None)
+        plan = spec.definition.plan(spec.config, operands)
+        stream = _stream(operands.device)
+        return execute(plan, launchers, stream)
+
+
+def _check_device(device) -> None:
+    backend = current_backend()
+    if backend is Backend.INTERPRETER and device.type != "cpu":
+        raise InvalidProblemError(
+            f"tensors are on {device}, but this process runs kernels on the CPU interpreter "
+            "(no GPU, or TRITON_INTERPRET=1); move them to the CPU"
+        )
+    if backend is Backend.CUDA and device.type != "cuda":
+        raise InvalidProblemError(f"tensors are on {device}; tiledispatch runs on the GPU here: move them to cuda")
+
+
+def _stream(device) -> int | None:
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+@functools.lru_cache(maxsize=None)
+def default_dispatcher(rule_set: RuleSet = RuleSet.DEFAULT) -> Dispatcher:
+    """One per process: the shipped rule sets of every implemented op, for this machine's arch."""
+    from .op import get_op
+
+    arch = current_arch()
+    registry = Registry()
+    for op in OpKind:
+        try:
+            get_op(op)
+        except UnsupportedError:
+            continue
+        registry = registry.merge(Registry.from_rule_set(op, rule_set, arch))
+    return Dispatcher(registry, arch)

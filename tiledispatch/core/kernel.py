@@ -1,0 +1,202 @@
+"""The kernel step: a spec's compiled artifacts, from the cache or compiled into it.
+
+Compilation is ahead of time through ``triton.compile`` for a named target, so it needs
+no GPU (Triton ships ptxas). Loading wraps the cached cubin in Triton's CompiledKernel
+and keeps its bound launcher, so a launch afterwards is a single call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import multiprocessing
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from .cache import CacheEntry, KernelCache
+from .errors import BuildError
+from .op import KernelUnit
+from .runtime import Backend, current_backend
+from .spec import KernelSpec
+
+CACHE_FORMAT = "triton-cubin-1"
+METADATA_FILE = "kernel.json"
+BINARY_FILE = "kernel.cubin"
+PTX_FILE = "kernel.ptx"
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash(modules: tuple[str, ...]) -> str:
+    """sha256 of the source files a unit depends on: editing one invalidates its entries only."""
+    digest = hashlib.sha256()
+    for module in modules:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise BuildError(f"kernel module {module} cannot be found")
+        digest.update(module.encode())
+        digest.update(Path(spec.origin).read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def toolchain() -> dict[str, str]:
+    import triton
+
+    return {
+        "format": CACHE_FORMAT,
+        "triton": triton.__version__,
+        "ptxas": os.environ.get("TRITON_PTXAS_PATH", "bundled"),
+    }
+
+
+def unit_key(spec: KernelSpec, unit: KernelUnit) -> str:
+    return KernelCache.make_key(f"{spec.name}.{unit.stage}", source_hash(unit.modules), toolchain())
+
+
+def _function(unit: KernelUnit):
+    return getattr(importlib.import_module(unit.module), unit.function)
+
+
+def _source(unit: KernelUnit):
+    from triton.compiler import ASTSource
+
+    fn = _function(unit)
+    return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs))
+
+
+def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, Any]:
+    """Compiles one unit for `arch_name` and writes its cubin, PTX and metadata to out_dir."""
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    from .. import arch
+
+    if not isinstance(_function(unit), JITFunction):
+        raise BuildError(
+            f"{unit.module}.{unit.function} was imported under TRITON_INTERPRET=1 and cannot be compiled "
+            "in this process; `tiledispatch build` compiles in worker processes"
+        )
+    target = arch.load(arch_name).triton_target()
+    try:
+        compiled = triton.compile(
+            _source(unit), target=target, options={"num_warps": unit.num_warps, "num_stages": unit.num_stages}
+        )
+    except Exception as e:
+        raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} failed: {e}") from e
+    metadata_path = next(Path(p) for name, p in compiled.metadata_group.items() if name.endswith(".json"))
+    shutil.copyfile(metadata_path, out_dir / METADATA_FILE)
+    (out_dir / BINARY_FILE).write_bytes(compiled.asm["cubin"])
+    (out_dir / PTX_FILE).write_text(compiled.asm["ptx"])
+    return {
+        "stage": unit.stage,
+        "function": unit.function,
+        "arch": arch_name,
+        "shared_bytes": compiled.metadata.shared,
+        "num_warps": unit.num_warps,
+        "num_stages": unit.num_stages,
+        "hash": compiled.hash,
+    }
+
+
+def build(spec: KernelSpec, cache: KernelCache) -> dict[str, CacheEntry]:
+    """Every unit of `spec` from the cache, compiling (once, under the key's lock) what is missing."""
+    entries = {}
+    for unit in spec.definition.kernel_units(spec.config):
+        entries[unit.stage] = cache.get_or_build(
+            unit_key(spec, unit), functools.partial(compile_unit, unit, spec.arch)
+        )
+    return entries
+
+
+class CudaLauncher:
+    """A cached cubin, loaded once, with Triton's launcher bound to it."""
+
+    def __init__(self, unit: KernelUnit, entry: CacheEntry) -> None:
+        from triton.compiler.compiler import CompiledKernel
+
+        group = {METADATA_FILE: str(entry.files[METADATA_FILE]), BINARY_FILE: str(entry.files[BINARY_FILE])}
+        compiled = CompiledKernel(_source(unit), group, entry.metadata.get("hash", ""))
+        self._run = compiled.run  # loads the module and builds the launcher
+        self._function = compiled.function
+        self._packed = compiled.packed_metadata
+
+    def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int) -> None:
+        self._run(grid[0], grid[1], grid[2], stream, self._function, self._packed, None, None, None, *args)
+
+
+class InterpretedLauncher:
+    """The same kernel source, run on the CPU by Triton's interpreter."""
+
+    def __init__(self, unit: KernelUnit) -> None:
+        self._fn = _function(unit)
+
+    def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int | None) -> None:
+        self._fn[grid](*args)
+
+
+def load(spec: KernelSpec, cache: KernelCache | None) -> dict[str, Any]:
+    """Launchers by stage for `spec` on this process's backend."""
+    units = spec.definition.kernel_units(spec.config)
+    if current_backend() is Backend.INTERPRETER:
+        return {unit.stage: InterpretedLauncher(unit) for unit in units}
+    entries = build(spec, cache if cache is not None else KernelCache())
+    return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in units}
+
+
+# -- ahead-of-time builds in worker processes ------------------------------------------
+@dataclass(frozen=True)
+class BuildResult:
+    name: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+
+
+def _worker_build(spec: KernelSpec, cache_root: str) -> BuildResult:
+    start = time.perf_counter()
+    try:
+        build(spec, KernelCache(cache_root))
+        return BuildResult(spec.name, True, time.perf_counter() - start)
+    except Exception as e:  # reported per kernel; one bad config must not stop a build
+        return BuildResult(spec.name, False, time.perf_counter() - start, f"{type(e).__name__}: {e}")
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
+              on_done: Callable[[BuildResult], None] | None = None) -> list[BuildResult]:
+    """Compiles every spec into `cache` with `jobs` worker processes (spawned: no GPU state is shared)."""
+    specs = list(specs)
+    results = []
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
+        # Workers compile real kernels: they must import Triton without the interpreter,
+        # and a spawned process takes the environment of the moment it starts.
+        with _environment(TRITON_INTERPRET="0"):
+            futures = [pool.submit(_worker_build, spec, str(cache.root)) for spec in specs]
+        for future in as_completed(futures):
+            result = future.result()
+            results.append(result)
+            if on_done is not None:
+                on_done(result)
+    return sorted(results, key=lambda r: r.name)

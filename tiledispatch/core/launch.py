@@ -1,0 +1,25 @@
+"""Launch plans: the stages of one operation, each a grid and its bound arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Launch:
+    stage: str  # the KernelUnit.stage that runs it
+    grid: tuple[int, int, int]
+    args: tuple  # every kernel argument in signature order, constexprs included
+
+
+@dataclass(frozen=True)
+class Plan:
+    launches: tuple[Launch, ...]
+    output: Any  # the tensor the caller gets back
+
+
+def execute(plan: Plan, launchers: Mapping[str, Any], stream: int | None) -> Any:
+    for launch in plan.launches:
+        launchers[launch.stage](launch.grid, launch.args, stream)
+    return plan.output

@@ -1,0 +1,106 @@
+"""The contract an op folder fulfils, so that the core never needs to know any op.
+
+Each op package (``tiledispatch/ops/<op>/``) exposes one `OpDefinition` named ``OP``.
+The registry, dispatcher, cache and CLI only ever talk to that object.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from .errors import UnsupportedError
+
+
+class OpKind(enum.Enum):
+    GEMM = "gemm"
+    CONV = "conv"
+    ATTENTION = "attention"
+
+    @classmethod
+    def parse(cls, text: "str | OpKind") -> "OpKind":
+        if isinstance(text, OpKind):
+            return text
+        try:
+            return cls(str(text).lower())
+        except ValueError:
+            raise UnsupportedError(
+                f"unknown op {text!r}; known ops: {', '.join(o.value for o in cls)}"
+            ) from None
+
+
+class RuleSet(enum.Enum):
+    """Named config generators. tiny ⊂ tests ⊂ full and default ⊂ full (tests prove it)."""
+
+    TINY = "tiny"  # a handful, cheap enough for the CPU interpreter
+    TESTS = "tests"  # broader coverage for correctness tests
+    DEFAULT = "default"  # the curated set that ships
+    FULL = "full"  # the whole sensible space, for sweeps
+
+    @classmethod
+    def parse(cls, text: "str | RuleSet") -> "RuleSet":
+        if isinstance(text, RuleSet):
+            return text
+        try:
+            return cls(str(text).lower())
+        except ValueError:
+            raise UnsupportedError(
+                f"unknown rule set {text!r}; use one of: {', '.join(r.value for r in cls)}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class KernelUnit:
+    """One Triton function to compile: where it lives and how it is specialised.
+
+    `signature` maps every argument name to a Triton type (``*fp16``, ``i32``) or
+    ``constexpr``; `constexprs` gives the values of the constexpr ones.
+    `modules` are every source file whose text the compiled code depends on.
+    """
+
+    stage: str
+    module: str
+    function: str
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, Any], ...]
+    num_warps: int
+    num_stages: int
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A ranking score in [0, 1] (higher is better) with the terms that made it."""
+
+    value: float
+    terms: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class OpDefinition:
+    """Everything the core needs from an op. See DESIGN.md, "the op contract"."""
+
+    kind: OpKind
+    problem_type: type
+    config_type: type
+    validate: Callable[[Any, Any], Any]  # (config, arch) -> ValidationResult
+    auto_correct: Callable[[Any, Any], tuple[Any, tuple]]  # (config, arch) -> (config, corrections)
+    rule_sets: Mapping[RuleSet, Callable[[], Iterable[Any]]]  # rule set -> config generator
+    supports: Callable[[Any, Any], str | None]  # (config, problem) -> None, or why not
+    kernel_units: Callable[[Any], tuple[KernelUnit, ...]]  # config -> what to compile
+    plan: Callable[[Any, Any], Any]  # (config, operands) -> core.launch.Plan
+    rule_score: Callable[[Any, Any, Any], Score]  # (config, problem, arch) -> Score
+    family_of: Callable[[Any], str]  # config -> family name (for filters and counts)
+    dtype_of: Callable[[Any], str]  # config -> dtype name (for filters and counts)
+
+
+def get_op(kind: "OpKind | str") -> OpDefinition:
+    """The op's definition, imported on first use so that `import tiledispatch` stays light."""
+    kind = OpKind.parse(kind)
+    try:
+        module = importlib.import_module(f"tiledispatch.ops.{kind.value}")
+    except ModuleNotFoundError:
+        raise UnsupportedError(f"op {kind.value!r} is not implemented yet") from None
+    return module.OP

@@ -1,0 +1,193 @@
+"""The registry: the set of kernel specs a dispatcher may choose from.
+
+Iteration order is insertion order, which is deterministic because rule sets generate
+in a fixed order; the `first` strategy relies on it. A re-registration replaces an
+entry only at strictly higher priority, so a user's hand-tuned kernel can shadow a
+generated one of the same name, and a later import cannot silently undo it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import json
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from .errors import RegistryFormatError, UnknownKernelError
+from .op import OpKind, RuleSet, get_op
+from .spec import KernelSpec
+
+log = logging.getLogger("tiledispatch.registry")
+
+FORMAT = "tiledispatch-registry"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    spec: KernelSpec
+    priority: int
+
+
+class Registry:
+    def __init__(self, specs: Iterable[KernelSpec] = (), priority: int = 0) -> None:
+        self._entries: dict[str, Entry] = {}
+        self._lock = threading.RLock()
+        for spec in specs:
+            self.add(spec, priority)
+
+    # -- building -----------------------------------------------------------------
+    def add(self, spec: KernelSpec, priority: int = 0) -> bool:
+        """Adds `spec`; returns False when an entry of that name with equal or higher priority stays."""
+        name = spec.name
+        with self._lock:
+            old = self._entries.get(name)
+            if old is not None and priority <= old.priority:
+                return False
+            self._entries[name] = Entry(spec, priority)
+            return True
+
+    @classmethod
+    def from_rule_set(cls, op: OpKind | str, rule_set: RuleSet | str, arch) -> "Registry":
+        """The specs of a rule set that are valid on `arch`. Duplicate names are a bug, and raise."""
+        definition = get_op(op)
+        rule_set = RuleSet.parse(rule_set)
+        registry, skipped = cls(), 0
+        for config in definition.rule_sets[rule_set]():
+            spec = KernelSpec(definition.kind, config, arch.name)
+            if spec.name in registry:
+                raise ValueError(f"rule set {rule_set.value!r} generates {spec.name} twice")
+            if not definition.validate(config, arch).ok:
+                skipped += 1
+                continue
+            registry.add(spec)
+        if skipped:
+            log.debug("%s/%s on %s: %d configs invalid there, left out", op, rule_set.value, arch.name, skipped)
+        return registry
+
+    def merge(self, other: "Registry") -> "Registry":
+        """A new registry with both; on equal names the higher priority wins, ties keep ours."""
+        merged = Registry()
+        for entry in [*self.entries(), *other.entries()]:
+            merged.add(entry.spec, entry.priority)
+        return merged
+
+    def filter(self, predicate: Callable[[KernelSpec], bool]) -> "Registry":
+        kept = Registry()
+        for entry in self.entries():
+            if predicate(entry.spec):
+                kept.add(entry.spec, entry.priority)
+        return kept
+
+    def for_arch(self, arch) -> "Registry":
+        name = arch if isinstance(arch, str) else arch.name
+        return self.filter(lambda spec: spec.arch == name)
+
+    def for_op(self, op: OpKind | str) -> "Registry":
+        op = OpKind.parse(op)
+        return self.filter(lambda spec: spec.op is op)
+
+    # -- reading ------------------------------------------------------------------
+    def get(self, name: str) -> KernelSpec:
+        with self._lock:
+            entry = self._entries.get(name)
+        if entry is None:
+            close = difflib.get_close_matches(name, list(self._entries), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; `tiledispatch registry list` shows them"
+            raise UnknownKernelError(f"no kernel named {name!r} in the registry ({len(self)} kernels){hint}")
+        return entry.spec
+
+    def priority(self, name: str) -> int:
+        self.get(name)
+        return self._entries[name].priority
+
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def __iter__(self) -> Iterator[KernelSpec]:
+        return iter([e.spec for e in self.entries()])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        specs = list(self)
+        return {
+            "by_op": dict(Counter(s.op.value for s in specs)),
+            "by_dtype": dict(Counter(s.dtype for s in specs)),
+            "by_family": dict(Counter(s.family for s in specs)),
+            "by_arch": dict(Counter(s.arch for s in specs)),
+        }
+
+    # -- JSON -----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        entries = self.entries()
+        arches = sorted({e.spec.arch for e in entries})
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "arch": arches[0] if len(arches) == 1 else arches,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "total": len(entries),
+            "counts": self.counts(),
+            "kernels": [{**e.spec.to_dict(), "priority": e.priority} for e in entries],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "registry") -> "Registry":
+        """Reads what `to_json` wrote, checking every field; a bad file raises RegistryFormatError."""
+
+        def bad(message: str) -> RegistryFormatError:
+            return RegistryFormatError(f"{source} is not a valid tiledispatch registry: {message}")
+
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise bad(f"expected a JSON object with \"format\": \"{FORMAT}\"")
+        if data.get("format_version") != FORMAT_VERSION:
+            raise bad(f"format_version {data.get('format_version')!r} is not {FORMAT_VERSION}; re-export it")
+        kernels = data.get("kernels")
+        if not isinstance(kernels, list):
+            raise bad("\"kernels\" must be a list")
+        if data.get("total") != len(kernels):
+            raise bad(f"\"total\" says {data.get('total')!r} but the file holds {len(kernels)} kernels (truncated?)")
+        registry = cls()
+        for i, item in enumerate(kernels):
+            try:
+                spec = KernelSpec.from_dict(item)
+                priority = item.get("priority", 0)
+                if isinstance(priority, bool) or not isinstance(priority, int):
+                    raise ValueError(f"priority must be an integer, got {priority!r}")
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise bad(f"kernels[{i}]: {e}") from None
+            except Exception as e:  # e.g. an unknown op or arch
+                raise bad(f"kernels[{i}]: {e}") from None
+            if item.get("name") != spec.name:
+                raise bad(f"kernels[{i}]: name {item.get('name')!r} does not match its config ({spec.name})")
+            if spec.name in registry:
+                raise bad(f"kernels[{i}]: {spec.name} appears twice")
+            registry.add(spec, priority)
+        return registry
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Registry":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise RegistryFormatError(f"registry file {path} does not exist") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RegistryFormatError(f"{path} is not valid JSON ({e}); was it truncated?") from None
+        return cls.from_json(data, str(path))

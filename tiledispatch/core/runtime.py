@@ -1,0 +1,57 @@
+"""Where kernels run: on a CUDA GPU, or on the CPU under Triton's interpreter.
+
+The choice is made once per process, before any kernel module is imported, because
+``@triton.jit`` reads TRITON_INTERPRET when a kernel is decorated.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import sys
+
+
+class Backend(enum.Enum):
+    CUDA = "cuda"
+    INTERPRETER = "cpu-interpreter"
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self is Backend.CUDA else "cpu"
+
+
+def choose_backend() -> None:
+    """Runs at ``import tiledispatch``, before Triton is imported: with no GPU, the interpreter.
+
+    Triton decorates its own library (``tl.cdiv`` and friends) at import time too, so the
+    choice cannot wait until the first kernel runs.
+    """
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        if "triton.language" in sys.modules:
+            raise RuntimeError(
+                "tiledispatch must be imported before triton on a machine without a GPU "
+                "(or set TRITON_INTERPRET=1), so that Triton's interpreter is used"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+@functools.lru_cache(maxsize=1)
+def current_backend() -> Backend:
+    """TRITON_INTERPRET=1 (set by `choose_backend` when there is no GPU) means the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return Backend.INTERPRETER
+    return Backend.CUDA
+
+
+def current_arch():
+    """The arch kernels are selected for: the interpreter target unless a GPU runs them."""
+    from .. import arch
+
+    if current_backend() is Backend.INTERPRETER:
+        return arch.load(arch.INTERPRETER)
+    return arch.current()

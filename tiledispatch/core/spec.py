@@ -1,0 +1,44 @@
+"""A kernel spec: one op, one config, one architecture. Its name is its identity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .op import OpDefinition, OpKind, get_op
+from .serialize import from_jsonable, to_jsonable
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    op: OpKind
+    config: Any  # the op's frozen config dataclass
+    arch: str  # an arch name, e.g. "sm_90" or "interpreter"
+
+    @property
+    def definition(self) -> OpDefinition:
+        return get_op(self.op)
+
+    @property
+    def name(self) -> str:
+        from ..arch import load
+
+        return f"{self.config.name}_{load(self.arch).tag}"
+
+    @property
+    def family(self) -> str:
+        return self.definition.family_of(self.config)
+
+    @property
+    def dtype(self) -> str:
+        return self.definition.dtype_of(self.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "op": self.op.value, "arch": self.arch, "config": to_jsonable(self.config)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "KernelSpec":
+        """Raises ValueError naming the bad field when `data` is not a valid spec."""
+        op = OpKind(data["op"])
+        config = from_jsonable(get_op(op).config_type, data["config"], "config")
+        return cls(op=op, config=config, arch=str(data["arch"]))

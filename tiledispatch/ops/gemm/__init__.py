@@ -1,0 +1,55 @@
+"""GEMM: C = epilogue(A @ B), batched or not, in fp16, bf16, fp32/tf32 and fp8."""
+
+from __future__ import annotations
+
+from ...core.op import OpDefinition, OpKind
+from .config import Family, GemmConfig
+from .operands import GemmOperands, check_operands
+from .plan import kernel_units, plan
+from .problem import Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .ranking import rule_score
+from .rules import GemmRule, auto_correct, supports, validate
+from .rulesets import RULE_SETS
+
+OP = OpDefinition(
+    kind=OpKind.GEMM,
+    problem_type=GemmProblem,
+    config_type=GemmConfig,
+    validate=validate,
+    auto_correct=auto_correct,
+    rule_sets=RULE_SETS,
+    supports=supports,
+    kernel_units=kernel_units,
+    plan=plan,
+    rule_score=rule_score,
+    family_of=lambda config: config.family.value,
+    dtype_of=lambda config: config.types.name,
+)
+
+
+def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
+         allow_tf32: bool = False, scale_a=None, scale_b=None, kernel=None, dispatcher=None):
+    """``activation(scale_a * scale_b * (a @ b) + bias) + residual``, by the fastest registered kernel.
+
+    a is (M, K) or (batch, M, K), b is (K, N) or (batch, K, N); bias is (N,), residual
+    (M, N) or (batch, M, N), both in the output dtype. fp8 inputs take per-tensor float32
+    scales and give bf16 unless `out_dtype` says otherwise. `kernel` forces a kernel by
+    name; `dispatcher` replaces the default one (its registry, strategy and cache).
+    """
+    from ...core.dispatcher import default_dispatcher
+
+    operands = check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
+                              out_dtype=out_dtype, allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b)
+    result = (dispatcher or default_dispatcher()).run(operands, kernel=kernel)
+    return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
+
+
+def _result_shape(a, b, operands: GemmOperands) -> tuple[int, ...]:
+    p = operands.problem
+    return (p.m, p.n) if a.dim() == 2 and b.dim() == 2 else (p.batch, p.m, p.n)
+
+
+__all__ = [
+    "OP", "gemm", "GemmProblem", "GemmConfig", "GemmTypes", "GemmLayout", "Layout", "Epilogue", "Activation",
+    "Family", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
+]

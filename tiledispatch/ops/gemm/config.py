@@ -1,0 +1,41 @@
+"""A GEMM kernel config: everything that changes the compiled code, and its name."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from .problem import Epilogue, GemmLayout, GemmProblem, GemmTypes
+
+
+class Family(enum.Enum):
+    """A kernel family is one kernel file in ``kernels/``."""
+
+    TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    family: Family
+    types: GemmTypes
+    layout: GemmLayout
+    epilogue: Epilogue
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8  # tiles of M visited together, so B tiles stay in L2
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1  # >1: K is split over programs and reduced in a second stage
+
+    @property
+    def name(self) -> str:
+        return (
+            f"gemm_{self.types.name}_{self.layout.name}_{self.family.value}"
+            f"_{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
+            f"_g{self.group_m}_k{self.split_k}_{self.epilogue.name}"
+        )
+
+    def for_problem(self, problem: GemmProblem) -> "GemmConfig":
+        """This tile shape with the problem's signature (types, layout, epilogue)."""
+        return replace(self, types=problem.types, layout=problem.layout, epilogue=problem.epilogue)

@@ -1,0 +1,167 @@
+"""From user tensors to a checked GemmProblem plus the batched 3-D views the kernels read.
+
+This is the one place that inspects the caller's tensors: shapes, dtypes, devices,
+strides and aliasing. Everything downstream trusts what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidProblemError, UnsupportedError
+from .problem import Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+
+_OUT_DTYPES = {
+    DType.FP16: (DType.FP16, DType.FP32),
+    DType.BF16: (DType.BF16, DType.FP32),
+    DType.FP32: (DType.FP32,),
+}
+_FP8_OUT = (DType.BF16, DType.FP16, DType.FP32)
+
+
+@dataclass(frozen=True)
+class GemmOperands:
+    problem: GemmProblem
+    a: torch.Tensor  # (batch or 1, M, K); a batch of 1 with batch > 1 means broadcast
+    b: torch.Tensor  # (batch or 1, K, N)
+    bias: torch.Tensor | None  # (N,)
+    residual: torch.Tensor | None  # (batch or 1, M, N)
+    scale_a: torch.Tensor | None  # () fp32, fp8 only
+    scale_b: torch.Tensor | None
+    out: torch.Tensor | None  # (batch, M, N) as given by the caller, else None (allocate)
+
+    @property
+    def device(self) -> torch.device:
+        return self.a.device
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "x".join(map(str, t.shape))
+
+
+def _as_batched(t: torch.Tensor, what: str) -> torch.Tensor:
+    if t.dim() == 2:
+        return t.unsqueeze(0)
+    if t.dim() == 3:
+        return t
+    raise InvalidProblemError(f"{what} must be 2-D (rows x cols) or 3-D (batch x rows x cols), got shape {_shape(t)}")
+
+
+def _dtype(t: torch.Tensor, what: str) -> DType:
+    try:
+        return DType.from_torch(t.dtype)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{what}: {e}") from None
+
+
+def _scale(scale: Any, device: torch.device, what: str) -> torch.Tensor:
+    if scale is None:
+        return torch.ones((), dtype=torch.float32, device=device)
+    if not isinstance(scale, torch.Tensor):
+        return torch.full((), float(scale), dtype=torch.float32, device=device)
+    if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != device:
+        raise InvalidProblemError(
+            f"{what} must be one float32 value on {device} (a per-tensor scale), got "
+            f"{scale.dtype} of shape {_shape(scale)} on {scale.device}"
+        )
+    return scale.reshape(())
+
+
+def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
+                   allow_tf32: bool = False, scale_a=None, scale_b=None) -> GemmOperands:
+    for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise InvalidProblemError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    device = a.device
+    for name, t in (("b", b), ("bias", bias), ("residual", residual), ("out", out)):
+        if t is not None and t.device != device:
+            raise InvalidProblemError(f"{name} is on {t.device} but a is on {device}; put every tensor on one device")
+
+    a3, b3 = _as_batched(a, "a"), _as_batched(b, "b")
+    m, k = a3.shape[1], a3.shape[2]
+    k_b, n = b3.shape[1], b3.shape[2]
+    if k != k_b:
+        raise InvalidProblemError(
+            f"a is {_shape(a)} and b is {_shape(b)}: the inner dims must agree (a's K={k}, b's K={k_b})"
+        )
+    if a3.shape[0] != b3.shape[0] and 1 not in (a3.shape[0], b3.shape[0]):
+        raise InvalidProblemError(f"batch sizes of a ({a3.shape[0]}) and b ({b3.shape[0]}) differ and neither is 1")
+    batch = max(a3.shape[0], b3.shape[0])
+    if 0 in (m, n, k, batch):
+        raise InvalidProblemError(f"a is {_shape(a)} and b is {_shape(b)}: zero-size dims are not a GEMM")
+
+    ta, tb = _dtype(a, "a"), _dtype(b, "b")
+    if ta.is_fp8 != tb.is_fp8 or (not ta.is_fp8 and ta is not tb):
+        raise UnsupportedError(
+            f"a is {ta.value} and b is {tb.value}: both must have one dtype (fp16, bf16, fp32) or both be fp8"
+        )
+    if ta is DType.FP64:
+        raise UnsupportedError("fp64 GEMM is not supported; use torch.matmul for float64")
+    if out is not None:
+        tc = _dtype(out, "out")
+        if out_dtype is not None and DType.parse(out_dtype) is not tc:
+            raise InvalidProblemError(f"out is {tc.value} but out_dtype asks for {DType.parse(out_dtype).value}")
+    elif out_dtype is not None:
+        tc = DType.from_torch(out_dtype) if isinstance(out_dtype, torch.dtype) else DType.parse(out_dtype)
+    else:
+        tc = DType.BF16 if ta.is_fp8 else ta
+    allowed = _FP8_OUT if ta.is_fp8 else _OUT_DTYPES[ta]
+    if tc not in allowed:
+        raise UnsupportedError(
+            f"output dtype {tc.value} is not supported for {ta.value} inputs; use one of: "
+            f"{', '.join(d.value for d in allowed)}"
+        )
+    if allow_tf32 and ta is not DType.FP32:
+        raise InvalidProblemError(f"allow_tf32 applies to fp32 inputs only, but a is {ta.value}")
+    if not ta.is_fp8 and (scale_a is not None or scale_b is not None):
+        raise InvalidProblemError("scale_a/scale_b are per-tensor scales of fp8 inputs; a is not fp8")
+
+    if bias is not None:
+        if bias.shape != (n,):
+            raise InvalidProblemError(f"bias must have shape ({n},) (one value per output column), got {_shape(bias)}")
+        if _dtype(bias, "bias") is not tc:
+            raise InvalidProblemError(f"bias is {_dtype(bias, 'bias').value}; it must match the output dtype {tc.value}")
+    res3 = None
+    if residual is not None:
+        res3 = _as_batched(residual, "residual")
+        if res3.shape[1:] != (m, n) or res3.shape[0] not in (1, batch):
+            raise InvalidProblemError(f"residual must have shape {m}x{n} or {batch}x{m}x{n}, got {_shape(residual)}")
+        if _dtype(residual, "residual") is not tc:
+            raise InvalidProblemError(
+                f"residual is {_dtype(residual, 'residual').value}; it must match the output dtype {tc.value}"
+            )
+    out3 = None
+    layout_c = Layout.ROW
+    if out is not None:
+        out3 = _as_batched(out, "out")
+        want = (batch, m, n)
+        if tuple(out3.shape) != want and not (out.dim() == 2 and batch == 1 and tuple(out.shape) == (m, n)):
+            raise InvalidProblemError(f"out must have shape {'x'.join(map(str, want))}, got {_shape(out)}")
+        if 0 in out3.stride()[1:] or (batch > 1 and out3.stride(0) == 0):
+            raise InvalidProblemError("out has a zero stride, so several results would land in one element")
+        for name, t in (("a", a), ("b", b)):
+            if t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+                raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")
+        layout_c = Layout.of(m, n, out3.stride(1), out3.stride(2))
+
+    problem = GemmProblem(
+        m=m, n=n, k=k, batch=batch,
+        types=GemmTypes(ta, tb, tc, DType.FP32, allow_tf32),
+        layout=GemmLayout(
+            Layout.of(m, k, a3.stride(1), a3.stride(2)),
+            Layout.of(k, n, b3.stride(1), b3.stride(2)),
+            layout_c,
+        ),
+        epilogue=Epilogue(bias is not None, Activation.parse(activation), residual is not None),
+    )
+    fp8 = ta.is_fp8
+    return GemmOperands(
+        problem=problem, a=a3, b=b3, bias=bias, residual=res3,
+        scale_a=_scale(scale_a, device, "scale_a") if fp8 else None,
+        scale_b=_scale(scale_b, device, "scale_b") if fp8 else None,
+        out=out3,
+    )

@@ -1,0 +1,136 @@
+"""What to compile for a GEMM config, and how to launch it on given operands.
+
+`kernel_units` fixes the compiled signature: a stride that the layout makes 1 becomes a
+compile-time constant (contiguous loads), every other stride is a 64-bit argument (no
+overflow on large tensors). `plan` binds the operands to one or two launches.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidProblemError
+from ...core.launch import Launch, Plan
+from ...core.op import KernelUnit
+from .config import Family, GemmConfig
+from .operands import GemmOperands
+from .problem import Activation, Layout
+
+ACTIVATION_CODES = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}
+FAMILY_MODULES = {Family.TILED: "tiledispatch.ops.gemm.kernels.tiled"}
+_EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
+_REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
+REDUCE_BLOCK = (32, 64)  # reduction tile: memory-bound, 2K elements per program
+MAX_GRID_YZ = 65535
+
+
+def _unit_strides(prefix: str, layout: Layout, dims: tuple[str, str]) -> list[tuple[str, str]]:
+    """Batch, row and column stride arguments; the contiguous one (if any) is a constant 1."""
+    unit = {Layout.ROW: dims[1], Layout.COL: dims[0]}.get(layout)
+    return [(f"{prefix}b", "i64")] + [(f"{prefix}{d}", "constexpr" if d == unit else "i64") for d in dims]
+
+
+def _epilogue_constexprs(config: GemmConfig) -> dict:
+    return {
+        "SCALED": config.types.scaled,
+        "HAS_BIAS": config.epilogue.bias,
+        "ACTIVATION": ACTIVATION_CODES[config.epilogue.activation],
+        "HAS_RESIDUAL": config.epilogue.residual,
+    }
+
+
+def kernel_units(config: GemmConfig) -> tuple[KernelUnit, ...]:
+    t, layout = config.types, config.layout
+    split = config.split_k > 1
+    c_type = "*fp32" if split else f"*{t.c.triton}"
+    args = [("a_ptr", f"*{t.a.triton}"), ("b_ptr", f"*{t.b.triton}"), ("c_ptr", c_type),
+            ("bias_ptr", f"*{t.c.triton}"), ("res_ptr", f"*{t.c.triton}"),
+            ("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32")]
+    strides = (_unit_strides("stride_a", layout.a, ("m", "k")) + _unit_strides("stride_b", layout.b, ("k", "n"))
+               + _unit_strides("stride_c", Layout.STRIDED if split else layout.c, ("m", "n")))
+    tail = [("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64")]
+    constexprs = {
+        "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
+        "GROUP_M": config.group_m, "SPLIT_K": config.split_k, **_epilogue_constexprs(config),
+        "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
+        "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
+    }
+    constexprs.update({name: 1 for name, kind in strides if kind == "constexpr"})
+    signature = args + strides + tail + [(name, "constexpr") for name in constexprs if not name.startswith("stride")]
+    main = KernelUnit(
+        stage="main", module=FAMILY_MODULES[config.family], function="gemm_tiled",
+        signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        modules=(FAMILY_MODULES[config.family], _EPILOGUE_MODULE),
+    )
+    if not split:
+        return (main,)
+    reduce_strides = _unit_strides("stride_c", layout.c, ("m", "n"))
+    reduce_constexprs = {"BLOCK_M": REDUCE_BLOCK[0], "BLOCK_N": REDUCE_BLOCK[1], "SPLIT_K": config.split_k,
+                         **_epilogue_constexprs(config)}
+    reduce_constexprs.update({name: 1 for name, kind in reduce_strides if kind == "constexpr"})
+    reduce_signature = ([("ws_ptr", "*fp32"), ("c_ptr", f"*{t.c.triton}"), ("bias_ptr", f"*{t.c.triton}"),
+                         ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"),
+                         ("M", "i32"), ("N", "i32")] + reduce_strides + tail
+                        + [(n, "constexpr") for n in reduce_constexprs if not n.startswith("stride")])
+    reduce = KernelUnit(
+        stage="reduce", module=_REDUCE_MODULE, function="splitk_reduce",
+        signature=tuple(reduce_signature), constexprs=tuple(sorted(reduce_constexprs.items())),
+        num_warps=4, num_stages=1, modules=(_REDUCE_MODULE, _EPILOGUE_MODULE),
+    )
+    return main, reduce
+
+
+def _values(unit: KernelUnit, bound: dict) -> tuple:
+    """The unit's arguments in signature order, constexprs included (the launcher skips them)."""
+    constants = dict(unit.constexprs)
+    return tuple(bound[name] if name in bound else constants[name] for name, _ in unit.signature)
+
+
+def plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor | None = None) -> Plan:
+    p = ops.problem
+    if p.batch > MAX_GRID_YZ:
+        raise InvalidProblemError(f"batch {p.batch} exceeds the grid limit {MAX_GRID_YZ}; split the batch")
+    if out is None:
+        out = ops.out if ops.out is not None else torch.empty(
+            (p.batch, p.m, p.n), dtype=p.types.c.torch, device=ops.a.device)
+    a, b = ops.a, ops.b
+    res = ops.residual
+    # Broadcast operands (batch 1 against batch > 1) are read with a zero batch stride.
+    bstride = lambda t: 0 if t.shape[0] == 1 else t.stride(0)  # noqa: E731
+    dummy = out  # stands in for absent pointers; the kernel never reads it (constexpr flags off)
+    epilogue_args = {
+        "bias_ptr": ops.bias if ops.bias is not None else dummy,
+        "res_ptr": res if res is not None else dummy,
+        "scale_a_ptr": ops.scale_a if ops.scale_a is not None else dummy,
+        "scale_b_ptr": ops.scale_b if ops.scale_b is not None else dummy,
+        "stride_bias": ops.bias.stride(0) if ops.bias is not None else 0,
+        "stride_rb": bstride(res) if res is not None else 0,
+        "stride_rm": res.stride(1) if res is not None else 0,
+        "stride_rn": res.stride(2) if res is not None else 0,
+        "M": p.m, "N": p.n,
+    }
+    c_strides = {"stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
+    units = kernel_units(config)
+    split = config.split_k > 1
+    workspace = torch.empty((p.batch, config.split_k, p.m, p.n), dtype=torch.float32,
+                            device=out.device) if split else None
+    main_bound = {
+        **epilogue_args,
+        "a_ptr": a, "b_ptr": b, "c_ptr": workspace if split else out, "K": p.k,
+        "stride_ab": bstride(a), "stride_am": a.stride(1), "stride_ak": a.stride(2),
+        "stride_bb": bstride(b), "stride_bk": b.stride(1), "stride_bn": b.stride(2),
+        **({"stride_cb": 0, "stride_cm": 0, "stride_cn": 0} if split else c_strides),
+    }
+    tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n)
+    launches = [Launch("main", (tiles, config.split_k, p.batch), _values(units[0], main_bound))]
+    if split:
+        reduce_bound = {**epilogue_args, **c_strides, "ws_ptr": workspace, "c_ptr": out}
+        grid = (triton.cdiv(p.m, REDUCE_BLOCK[0]), triton.cdiv(p.n, REDUCE_BLOCK[1]), p.batch)
+        if grid[1] > MAX_GRID_YZ:
+            raise InvalidProblemError(f"N={p.n} is too large for the split-K reduction grid; use split_k=1")
+        launches.append(Launch("reduce", grid, _values(units[1], reduce_bound)))
+    return Plan(tuple(launches), out)

@@ -1,0 +1,188 @@
+"""The GEMM problem: C[b] = epilogue(scale * A[b] @ B[b]), described without any tensor.
+
+A is M x K, B is K x N, C is M x N, each optionally batched. Layouts come from strides:
+``r`` (row-major: the last dim is contiguous), ``c`` (column-major) or ``s`` (any other
+strides). The epilogue is applied in a fixed order: scale, bias, activation, residual.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.op import OpKind
+
+
+class Layout(enum.Enum):
+    ROW = "r"
+    COL = "c"
+    STRIDED = "s"  # neither dim is contiguous: only kernels with generic strides take it
+
+    @classmethod
+    def of(cls, rows: int, cols: int, row_stride: int, col_stride: int) -> "Layout":
+        """The layout of a rows x cols matrix; a dim of size 1 can have any stride."""
+        if col_stride == 1 and (row_stride >= cols or rows == 1):
+            return cls.ROW
+        if row_stride == 1 and (col_stride >= rows or cols == 1):
+            return cls.COL
+        if rows == 1 and cols == 1:
+            return cls.ROW
+        return cls.STRIDED
+
+
+class Activation(enum.Enum):
+    NONE = "none"
+    RELU = "relu"
+    GELU = "gelu"  # the exact (erf) form, as torch.nn.functional.gelu
+    SILU = "silu"
+
+    @classmethod
+    def parse(cls, value: "str | Activation | None") -> "Activation":
+        if value is None:
+            return cls.NONE
+        if isinstance(value, Activation):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise UnsupportedError(
+                f"unknown activation {value!r}; use one of: {', '.join(a.value for a in cls)}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class GemmLayout:
+    a: Layout = Layout.ROW
+    b: Layout = Layout.ROW
+    c: Layout = Layout.ROW
+
+    @property
+    def name(self) -> str:
+        return self.a.value + self.b.value + self.c.value
+
+    @classmethod
+    def parse(cls, text: str) -> "GemmLayout":
+        text = text.lower()
+        if len(text) != 3 or any(ch not in "rcs" for ch in text):
+            raise UnsupportedError(f"layout {text!r} must be three letters of r/c/s for A, B, C, e.g. rcr")
+        return cls(*(Layout(ch) for ch in text))
+
+
+@dataclass(frozen=True)
+class GemmTypes:
+    """Element types of A, B, C and the accumulator; `allow_tf32` lets fp32 use tensor cores."""
+
+    a: DType = DType.FP16
+    b: DType = DType.FP16
+    c: DType = DType.FP16
+    acc: DType = DType.FP32
+    allow_tf32: bool = False
+
+    @property
+    def name(self) -> str:
+        """Short and unique: ``bf16``, ``tf32``, ``fp16-fp32`` (fp32 out), ``fp8e4m3xfp8e5m2-bf16``."""
+        base = "tf32" if self.a is DType.FP32 and self.allow_tf32 else self.a.value
+        if self.b is not self.a:
+            base += "x" + self.b.value
+        if self.c is not self.a:
+            base += "-" + self.c.value
+        if self.acc is not DType.FP32:
+            base += "-acc" + self.acc.value
+        return base
+
+    @property
+    def scaled(self) -> bool:
+        """fp8 operands carry per-tensor scales."""
+        return self.a.is_fp8 or self.b.is_fp8
+
+    @classmethod
+    def parse(cls, text: str, allow_tf32: bool = False) -> "GemmTypes":
+        """From a CLI dtype: ``fp16``, ``bf16``, ``fp32``, ``tf32``, ``fp8e4m3`` (bf16 out), ``fp8e4m3xfp8e5m2``."""
+        text = text.lower()
+        if text == "tf32":
+            return cls(DType.FP32, DType.FP32, DType.FP32, allow_tf32=True)
+        a_text, _, b_text = text.partition("x")
+        a = DType.parse(a_text)
+        b = DType.parse(b_text) if b_text else a
+        c = DType.BF16 if a.is_fp8 else a
+        return cls(a, b, c, allow_tf32=allow_tf32)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    bias: bool = False
+    activation: Activation = Activation.NONE
+    residual: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = (["bias"] if self.bias else []) + (
+            [self.activation.value] if self.activation is not Activation.NONE else []
+        ) + (["res"] if self.residual else [])
+        return "-".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    op: ClassVar[OpKind] = OpKind.GEMM
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    types: GemmTypes = GemmTypes()
+    layout: GemmLayout = GemmLayout()
+    epilogue: Epilogue = Epilogue()
+
+    def __post_init__(self) -> None:
+        for dim in ("m", "n", "k", "batch"):
+            value = getattr(self, dim)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidProblemError(f"GEMM size {dim.upper()}={value!r} must be a positive integer")
+        if max(self.m, self.n, self.k) >= 2**31:
+            raise InvalidProblemError(
+                f"GEMM dims must stay below 2**31 (got M={self.m}, N={self.n}, K={self.k}); split the problem"
+            )
+
+    def key(self) -> "GemmProblem":
+        """Frozen and hashable: the problem is its own key."""
+        return self
+
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    def bytes(self) -> int:
+        """The fewest bytes moved: each operand read once, C written once (and read, as residual)."""
+        t = self.types
+        elems = self.m * self.k * t.a.itemsize + self.k * self.n * t.b.itemsize
+        elems += self.m * self.n * t.c.itemsize * (2 if self.epilogue.residual else 1)
+        bias = self.n * t.c.itemsize if self.epilogue.bias else 0
+        return self.batch * elems + bias
+
+    def describe(self) -> dict:
+        from ...core.serialize import to_jsonable
+
+        return {
+            "op": "gemm",
+            "m": self.m,
+            "n": self.n,
+            "k": self.k,
+            "batch": self.batch,
+            "dtype": self.types.name,
+            "layout": self.layout.name,
+            "epilogue": self.epilogue.name,
+            "types": to_jsonable(self.types),
+            "flops": self.flops(),
+        }
+
+    @classmethod
+    def from_tensors(cls, a, b, *, bias=None, activation=None, residual=None, out=None,
+                     out_dtype=None, allow_tf32: bool = False) -> "GemmProblem":
+        """Describes ``a @ b`` with the given epilogue; every mismatch raises InvalidProblemError."""
+        from .operands import check_operands
+
+        return check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
+                              out_dtype=out_dtype, allow_tf32=allow_tf32).problem

@@ -1,0 +1,30 @@
+"""The GEMM reference: the same function in float64 on the CPU, for tests and --validate."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .operands import GemmOperands
+from .problem import Activation
+
+
+def reference(ops: GemmOperands) -> torch.Tensor:
+    """float64 result of shape (batch, M, N), computed by PyTorch on the CPU."""
+    a = ops.a.detach().to("cpu", torch.float64)
+    b = ops.b.detach().to("cpu", torch.float64)
+    out = torch.matmul(a, b)
+    if ops.scale_a is not None:
+        out = out * float(ops.scale_a) * float(ops.scale_b)
+    if ops.bias is not None:
+        out = out + ops.bias.detach().to("cpu", torch.float64)
+    activation = ops.problem.epilogue.activation
+    if activation is Activation.RELU:
+        out = F.relu(out)
+    elif activation is Activation.GELU:
+        out = F.gelu(out)
+    elif activation is Activation.SILU:
+        out = F.silu(out)
+    if ops.residual is not None:
+        out = out + ops.residual.detach().to("cpu", torch.float64)
+    return out.expand(ops.problem.batch, ops.problem.m, ops.problem.n)

@@ -1,0 +1,192 @@
+"""The one validity predicate for GEMM configs, its auto-corrector, and `supports`.
+
+Each rule is a member of `GemmRule`, so an error names the rule it breaks and tests
+can check for exactly that rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import replace
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidConfigError
+from ...core.validation import Correction, Finding, Severity, ValidationResult
+from .config import Family, GemmConfig
+from .problem import GemmProblem, Layout
+
+BLOCK_CHOICES = (16, 32, 64, 128, 256)
+WARP_CHOICES = (1, 2, 4, 8, 16)
+STAGE_CHOICES = tuple(range(1, 9))
+MAX_SPLIT_K = 64
+# Registers left for addresses, operands and loop state besides the accumulator.
+REGISTER_RESERVE = 64
+
+
+class GemmRule(enum.Enum):
+    TILE_POWER_OF_TWO = "tile-power-of-two"
+    TENSOR_CORE_MINIMUM = "tensor-core-minimum"
+    TILE_MAXIMUM = "tile-maximum"
+    WARPS = "warps"
+    WARPS_FOR_TILE = "warps-for-tile"
+    STAGES = "stages"
+    GROUP_M = "group-m"
+    SPLIT_K = "split-k"
+    SHARED_MEMORY = "shared-memory"
+    REGISTER_BUDGET = "register-budget"
+    DTYPE_ARCH = "dtype-arch"
+    TF32 = "tf32"
+    ACCUMULATOR = "accumulator"
+    OUTPUT_DTYPE = "output-dtype"
+
+
+def shared_memory_bytes(config: GemmConfig) -> int:
+    """Bytes of shared memory the software pipeline holds: one A and one B tile per stage."""
+    t = config.types
+    per_stage = config.block_m * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize
+    return max(config.num_stages, 1) * per_stage
+
+
+def accumulator_registers(config: GemmConfig) -> int:
+    """32-bit registers per thread that the accumulator tile needs."""
+    words = config.block_m * config.block_n * max(config.types.acc.itemsize, 4) // 4
+    return math.ceil(words / (config.num_warps * 32))
+
+
+def _power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def validate(config: GemmConfig, arch) -> ValidationResult:
+    out: list[Finding] = []
+
+    def error(rule, message, fix=None):
+        out.append(Finding(rule, Severity.ERROR, message, fix))
+
+    def warning(rule, message, fix=None):
+        out.append(Finding(rule, Severity.WARNING, message, fix))
+
+    t = config.types
+    blocks = {"block_m": config.block_m, "block_n": config.block_n, "block_k": config.block_k}
+    for field, value in blocks.items():
+        if not _power_of_two(value):
+            error(GemmRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
+                  f"use one of {BLOCK_CHOICES}")
+    min_k = 32 if t.a.is_fp8 or t.b.is_fp8 else 16
+    if config.block_m < 16 or config.block_n < 16 or config.block_k < min_k:
+        error(GemmRule.TENSOR_CORE_MINIMUM,
+              f"tile {config.block_m}x{config.block_n}x{config.block_k} is below the tensor-core minimum "
+              f"16x16x{min_k} for {t.a.value}", f"block_m, block_n >= 16 and block_k >= {min_k}")
+    if max(blocks.values()) > 256:
+        error(GemmRule.TILE_MAXIMUM, f"a block dim above 256 ({blocks}) does not fit one program", "use <= 256")
+    if config.num_warps not in WARP_CHOICES:
+        error(GemmRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
+    elif config.block_m * config.block_n < config.num_warps * 512:
+        warning(GemmRule.WARPS_FOR_TILE,
+                f"{config.num_warps} warps share a {config.block_m}x{config.block_n} tile: most would idle",
+                "use fewer warps or a larger tile")
+    if config.num_stages not in STAGE_CHOICES:
+        error(GemmRule.STAGES, f"num_stages={config.num_stages} must be within 1..{STAGE_CHOICES[-1]}")
+    if config.group_m < 1:
+        error(GemmRule.GROUP_M, f"group_m={config.group_m} must be at least 1")
+    if not 1 <= config.split_k <= MAX_SPLIT_K:
+        error(GemmRule.SPLIT_K, f"split_k={config.split_k} must be within 1..{MAX_SPLIT_K}")
+
+    smem = shared_memory_bytes(config)
+    if smem > arch.shared_memory_per_block_optin:
+        error(GemmRule.SHARED_MEMORY,
+              f"{config.num_stages} stages of {config.block_m}x{config.block_k} and {config.block_k}x"
+              f"{config.block_n} tiles need {smem} B of shared memory; {arch.name} allows "
+              f"{arch.shared_memory_per_block_optin} B per block", "fewer stages or a smaller block_k")
+    regs = accumulator_registers(config)
+    budget = arch.registers_per_thread_max - REGISTER_RESERVE
+    if regs > budget:
+        error(GemmRule.REGISTER_BUDGET,
+              f"the {config.block_m}x{config.block_n} accumulator needs {regs} registers per thread over "
+              f"{config.num_warps} warps; at most {budget} fit beside the operands",
+              "more warps or a smaller tile")
+    elif regs > budget // 2 + 32:
+        warning(GemmRule.REGISTER_BUDGET, f"the accumulator takes {regs} registers per thread: occupancy is 1 block")
+
+    for role, dtype in (("A", t.a), ("B", t.b)):
+        if dtype is DType.FP32:
+            continue  # plain fp32 uses FMA where tensor cores lack it; tf32 is checked below
+        if not arch.supports_dtype(dtype):
+            error(GemmRule.DTYPE_ARCH, f"{role} dtype {dtype.value} has no tensor-core support on {arch.name}",
+                  "use fp16, or a newer arch" if dtype.is_fp8 else "use fp16")
+    if t.allow_tf32 and t.a is not DType.FP32:
+        error(GemmRule.TF32, f"allow_tf32 applies to fp32 inputs only, not {t.a.value}")
+    if t.acc not in (DType.FP32, DType.FP16) or (t.acc is DType.FP16 and {t.a, t.b, t.c} != {DType.FP16}):
+        error(GemmRule.ACCUMULATOR, f"accumulator {t.acc.value} with {t.name}: use fp32 (fp16 only for all-fp16)")
+    if t.c.is_fp8 or t.c is DType.FP64:
+        error(GemmRule.OUTPUT_DTYPE, f"output dtype {t.c.value} is not supported", "use bf16, fp16 or fp32")
+    elif not (t.a.is_fp8 or t.c in (t.a, DType.FP32)):
+        error(GemmRule.OUTPUT_DTYPE, f"output dtype {t.c.value} with {t.a.value} inputs",
+              f"use {t.a.value} or fp32")
+    return ValidationResult(tuple(out))
+
+
+# Fields the corrector may move, with how far a step of one power of two "costs".
+_TUNABLE = {"block_m": 1.0, "block_n": 1.0, "block_k": 1.0, "num_warps": 1.0, "num_stages": 0.5}
+_CHOICES = {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
+            "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES}
+# Rules no tile change can fix: they are about what is computed, not how.
+_SEMANTIC = {GemmRule.DTYPE_ARCH, GemmRule.TF32, GemmRule.ACCUMULATOR, GemmRule.OUTPUT_DTYPE}
+
+
+def _distance(old: GemmConfig, new: GemmConfig) -> float:
+    total = 0.0
+    for field, weight in _TUNABLE.items():
+        a, b = max(getattr(old, field), 1), getattr(new, field)
+        total += weight * abs(math.log2(b) - math.log2(a))
+    return total
+
+
+def auto_correct(config: GemmConfig, arch) -> tuple[GemmConfig, tuple[Correction, ...]]:
+    """The valid config nearest to `config` (fewest powers of two moved), and what changed.
+
+    Rules about what is computed (dtypes, accumulator, tf32) cannot be corrected by
+    changing the tile; they raise InvalidConfigError naming the rule.
+    """
+    result = validate(config, arch)
+    if result.ok:
+        return config, ()
+    semantic = result.broken_rules() & _SEMANTIC
+    if semantic:
+        raise InvalidConfigError(
+            f"{config.name} cannot be corrected on {arch.name}: "
+            + "; ".join(str(f) for f in result.errors if f.rule in semantic)
+        )
+    base = replace(config, group_m=max(config.group_m, 1), split_k=min(max(config.split_k, 1), MAX_SPLIT_K))
+    best, best_distance = None, math.inf
+    for values in itertools.product(*(_CHOICES[f] for f in _TUNABLE)):
+        candidate = replace(base, **dict(zip(_TUNABLE, values)))
+        distance = _distance(config, candidate)
+        if distance < best_distance and validate(candidate, arch).ok:
+            best, best_distance = candidate, distance
+    if best is None:
+        raise InvalidConfigError(f"no valid config near {config.name} on {arch.name}: {result.errors[0]}")
+    rules = tuple(sorted(r.value for r in result.broken_rules()))
+    corrections = tuple(
+        Correction(field, getattr(config, field), getattr(best, field), rules)
+        for field in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m", "split_k")
+        if getattr(config, field) != getattr(best, field)
+    )
+    return best, corrections
+
+
+def supports(config: GemmConfig, problem: GemmProblem) -> str | None:
+    """None if this kernel computes `problem`; else why not, in words."""
+    if config.types != problem.types:
+        return f"built for {config.types.name}, the problem is {problem.types.name}"
+    if config.epilogue != problem.epilogue:
+        return f"built for epilogue {config.epilogue.name}, the problem needs {problem.epilogue.name}"
+    for role in ("a", "b", "c"):
+        want, have = getattr(config.layout, role), getattr(problem.layout, role)
+        if want is not Layout.STRIDED and want is not have:
+            return f"built for layout {config.layout.name}, the problem is {problem.layout.name}"
+    if config.family is not Family.TILED:  # pragma: no cover - every family so far is tiled
+        return f"family {config.family.value} is unknown"
+    return None

@@ -1,0 +1,122 @@
+"""GEMM rule sets: named generators of configs.
+
+A config is a tile shape (`Tile`) bound to a signature (types, layout, epilogue). By
+construction tiny ⊂ tests ⊂ default ⊂ full; the tests prove it and that `full` never
+repeats a name. Rule sets are arch-independent: `Registry.from_rule_set` drops the
+configs an arch cannot run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator
+
+from ...core.dtypes import DType
+from ...core.op import RuleSet
+from .config import Family, GemmConfig
+from .problem import Activation, Epilogue, GemmLayout, GemmTypes
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    split_k: int = 1
+
+
+# Small tiles that the CPU interpreter runs quickly; split-K included.
+TINY_TILES = (
+    Tile(32, 32, 32, 4, 2, 4),
+    Tile(16, 32, 32, 2, 1, 1),
+    Tile(32, 16, 32, 2, 2, 2, split_k=3),
+    Tile(64, 64, 32, 4, 3, 8),
+)
+TESTS_TILES = TINY_TILES + (
+    Tile(64, 32, 64, 4, 3, 8),
+    Tile(16, 64, 64, 4, 3, 1, split_k=4),
+    Tile(128, 64, 32, 4, 3, 8),
+    Tile(32, 128, 32, 4, 2, 4, split_k=2),
+)
+# Curated for sm_80+ tensor cores (the shapes Triton's own matmul tutorials and tuners
+# keep returning to); split-K tiles for small M x N with deep K.
+DEFAULT_TILES = TESTS_TILES + (
+    Tile(128, 256, 64, 8, 3, 8),
+    Tile(256, 128, 64, 8, 3, 8),
+    Tile(128, 128, 64, 8, 3, 8),
+    Tile(128, 128, 64, 4, 4, 8),
+    Tile(64, 256, 64, 4, 4, 8),
+    Tile(128, 64, 64, 4, 4, 8),
+    Tile(64, 128, 64, 4, 4, 8),
+    Tile(64, 64, 64, 4, 4, 8),
+    Tile(16, 128, 128, 4, 4, 1),
+    Tile(16, 64, 256, 4, 3, 1),
+    Tile(64, 64, 128, 4, 3, 8, split_k=4),
+    Tile(32, 64, 128, 4, 4, 1, split_k=8),
+    Tile(64, 128, 64, 4, 4, 8, split_k=2),
+)
+FULL_TILES = tuple(
+    Tile(bm, bn, bk, w, s, 8, k)
+    for bm, bn, bk, w, s, k in itertools.product(
+        (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (32, 64, 128), (4, 8), (2, 3, 4, 5), (1, 2, 4, 8, 16)
+    )
+)
+
+_CPU_TYPES = (
+    GemmTypes(DType.FP16, DType.FP16, DType.FP16),
+    GemmTypes(DType.FP32, DType.FP32, DType.FP32),
+    GemmTypes(DType.FP32, DType.FP32, DType.FP32, allow_tf32=True),
+    GemmTypes(DType.FP16, DType.FP16, DType.FP32),
+    GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16),
+    GemmTypes(DType.FP8E4M3, DType.FP8E5M2, DType.BF16),
+    GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.FP16),
+)
+# bf16 has no tl.dot under the interpreter; the arch filter drops it there.
+TYPES = _CPU_TYPES + (
+    GemmTypes(DType.BF16, DType.BF16, DType.BF16),
+    GemmTypes(DType.BF16, DType.BF16, DType.FP32),
+)
+LAYOUTS = tuple(GemmLayout.parse(x) for x in ("rrr", "rcr", "crr", "ccr", "sss"))
+EPILOGUES = tuple(
+    Epilogue(bias, activation, residual)
+    for bias, activation, residual in itertools.product((False, True), Activation, (False, True))
+)
+_PLAIN = (Epilogue(),)
+
+
+def _bind(tiles, types, layouts, epilogues) -> Iterator[GemmConfig]:
+    for t, layout, epilogue, tile in itertools.product(types, layouts, epilogues, tiles):
+        yield GemmConfig(Family.TILED, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
+                         tile.group_m, tile.num_warps, tile.num_stages, tile.split_k)
+
+
+def tiny() -> Iterator[GemmConfig]:
+    return _bind(TINY_TILES, TYPES, LAYOUTS, EPILOGUES)
+
+
+def tests() -> Iterator[GemmConfig]:
+    return _bind(TESTS_TILES, TYPES, LAYOUTS, EPILOGUES)
+
+
+def default() -> Iterator[GemmConfig]:
+    return _bind(DEFAULT_TILES, TYPES, LAYOUTS, EPILOGUES)
+
+
+def full() -> Iterator[GemmConfig]:
+    """Every default config, plus the whole tile space for each signature without epilogue.
+
+    The epilogue barely changes which tile is fastest, so sweeps over the whole space
+    need not repeat it for all 16 epilogues.
+    """
+    seen = set()
+    for config in itertools.chain(default(), _bind(FULL_TILES, TYPES, LAYOUTS, _PLAIN)):
+        if config not in seen:
+            seen.add(config)
+            yield config
+
+
+RULE_SETS = {RuleSet.TINY: tiny, RuleSet.TESTS: tests, RuleSet.DEFAULT: default, RuleSet.FULL: full}
