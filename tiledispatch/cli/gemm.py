@@ -1,0 +1,95 @@
+"""`tiledispatch gemm` and `tiledispatch explain gemm`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ..core.dispatcher import Dispatcher, Strategy
+from ..core.op import OpKind, RuleSet
+from ..core.registry import Registry
+from ..core.runtime import Backend, current_arch, current_backend
+from ..ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
+from ..ops.gemm.inputs import make_inputs
+from ..ops.gemm.problem import Activation, Epilogue
+from ..ops.gemm.reference import compare
+from .common import EXIT_FAILED, emit, json_errors
+
+DTYPE_HELP = "fp16, bf16, fp32, tf32, fp8e4m3, fp8e4m3xfp8e5m2 (fp8 gives bf16 out)"
+
+
+def _problem(m, n, k, batch, dtype, layout, bias, activation, residual) -> GemmProblem:
+    return GemmProblem(m=m, n=n, k=k, batch=batch, types=GemmTypes.parse(dtype), layout=GemmLayout.parse(layout),
+                       epilogue=Epilogue(bias, Activation.parse(activation), residual))
+
+
+def _dispatcher(rule_set: str, strategy: str) -> Dispatcher:
+    arch = current_arch()
+    return Dispatcher(Registry.from_rule_set(OpKind.GEMM, rule_set, arch), arch, strategy=Strategy(strategy))
+
+
+M = typer.Argument(..., help="rows of A and C")
+N = typer.Argument(..., help="columns of B and C")
+K = typer.Argument(..., help="the reduced dimension")
+BATCH = typer.Option(1, help="batch count")
+DTYPE = typer.Option("fp16", help=DTYPE_HELP)
+LAYOUT = typer.Option("rrr", help="r/c/s for A, B, C: row-major, column-major, strided")
+BIAS = typer.Option(False, "--bias", help="add a bias over N")
+ACTIVATION = typer.Option("none", help="none, relu, gelu, silu")
+RESIDUAL = typer.Option(False, "--residual", help="add a residual M x N")
+RULE_SET = typer.Option("default", help="tiny, tests, default, full")
+STRATEGY = typer.Option("rules", help="rules or first")
+
+
+@json_errors
+def gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: str = DTYPE,
+                 layout: str = LAYOUT, bias: bool = BIAS, activation: str = ACTIVATION, residual: bool = RESIDUAL,
+                 validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
+                 kernel: Optional[str] = typer.Option(None, help="force this kernel by name"),
+                 rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                 repeats: int = typer.Option(50, help="timed runs on the GPU (median)"),
+                 seed: int = typer.Option(0, help="seed of the random inputs")) -> None:
+    """Run one GEMM on random inputs and print the problem, kernel, time and validation as JSON."""
+    problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
+    backend = current_backend()
+    dispatcher = _dispatcher(rule_set, strategy)
+    inputs = make_inputs(problem, device=backend.device, seed=seed)
+    operands = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
+                              activation=problem.epilogue.activation, **inputs.kwargs())
+    spec = dispatcher.resolve(kernel, operands.problem) if kernel else dispatcher.select(operands.problem)
+    out = dispatcher.run(operands, kernel=spec)  # builds (or loads) the kernel and checks it runs
+
+    from ..bench.timing import time_call
+
+    timing = time_call(lambda: dispatcher.run(operands, kernel=spec), on_gpu=backend is Backend.CUDA,
+                       repeats=repeats)
+    document = {
+        "status": "ok",
+        "device": backend.value,
+        "arch": dispatcher.arch.name,
+        "problem": operands.problem.describe(),
+        "kernel": {"name": spec.name, "family": spec.family, "forced": kernel is not None,
+                   "strategy": dispatcher.strategy.value, "rule_set": rule_set},
+        "execution": {"time_ms": timing.median_ms, "tflops": problem.flops() / timing.median_ms / 1e9,
+                      "method": timing.method, "repeats": timing.repeats},
+    }
+    if validate:
+        comparison = compare(out, operands)
+        document["validation"] = comparison.to_dict()
+        if not comparison.passed:
+            document["status"] = "failed"
+    emit(document)
+    if document["status"] != "ok":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@json_errors
+def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: str = DTYPE,
+                         layout: str = LAYOUT, bias: bool = BIAS, activation: str = ACTIVATION,
+                         residual: bool = RESIDUAL, rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                         limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
+    """Show every candidate for a GEMM: the ranking with its terms, and why each refused one refused."""
+    problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
+    explanation = _dispatcher(rule_set, strategy).explain(problem)
+    emit(explanation.to_dict(limit=limit or None))

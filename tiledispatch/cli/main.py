@@ -1,0 +1,39 @@
+"""The `tiledispatch` command. Every command prints JSON; errors print a JSON error and exit 2."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import arch as arch_facts
+from .cache import cache_app
+from .common import emit, json_errors
+from .gemm import explain_gemm_command, gemm_command
+from .registry import build_command, registry_app
+
+app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+explain_app = typer.Typer(help="Show how a problem's kernel is selected.", no_args_is_help=True)
+
+app.command("gemm")(gemm_command)
+explain_app.command("gemm")(explain_gemm_command)
+app.add_typer(explain_app, name="explain")
+app.add_typer(registry_app, name="registry")
+app.add_typer(cache_app, name="cache")
+app.command("build")(build_command)
+
+
+@app.command("arch")
+@json_errors
+def arch_command(name: str = typer.Argument(None, help="an arch name; default: this machine's")) -> None:
+    """The facts tiledispatch uses about an architecture."""
+    from ..core.runtime import current_arch
+
+    emit((arch_facts.load(name) if name else current_arch()).to_dict())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""`tiledispatch registry list | export | import` and `tiledispatch build`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import arch as arch_facts
+from ..core.cache import KernelCache
+from ..core.kernel import build_all
+from ..core.op import OpKind
+from ..core.registry import Registry
+from ..core.runtime import current_arch
+from .common import EXIT_FAILED, emit, json_errors
+
+registry_app = typer.Typer(help="Generate, inspect, export and import kernel registries.", no_args_is_help=True)
+
+OP = typer.Option("gemm", "--op", help="gemm")
+RULE_SET = typer.Option("default", "--rule-set", help="tiny, tests, default, full")
+ARCH = typer.Option(None, "--arch", help="sm_80 ... sm_120 or interpreter (default: this machine)")
+DTYPE = typer.Option(None, "--dtype", help="keep kernels of this dtype name, e.g. bf16")
+FAMILY = typer.Option(None, "--family", help="keep kernels of this family")
+NAME = typer.Option(None, "--name-contains", help="keep kernels whose name contains this text")
+
+
+def _arch(name: Optional[str]):
+    return arch_facts.load(name) if name else current_arch()
+
+
+def _generate(op, rule_set, arch_name, dtype=None, family=None, contains=None) -> Registry:
+    registry = Registry.from_rule_set(OpKind.parse(op), rule_set, _arch(arch_name))
+    return registry.filter(lambda s: (dtype is None or s.dtype == dtype) and (family is None or s.family == family)
+                           and (contains is None or contains in s.name))
+
+
+@registry_app.command("list")
+@json_errors
+def list_command(op: str = OP, rule_set: str = RULE_SET, arch: Optional[str] = ARCH, dtype: Optional[str] = DTYPE,
+                 family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME,
+                 limit: int = typer.Option(50, help="names shown (0: all)")) -> None:
+    """Counts of a rule set's kernels on an arch, and their names."""
+    registry = _generate(op, rule_set, arch, dtype, family, name_contains)
+    names = [spec.name for spec in registry]
+    emit({"total": len(names), "counts": registry.counts(), "kernels": names[:limit] if limit else names})
+
+
+@registry_app.command("export")
+@json_errors
+def export_command(output: Path = typer.Option(Path("registry.json"), "-o", "--output", help="file to write"),
+                   op: str = OP, rule_set: str = RULE_SET, arch: Optional[str] = ARCH, dtype: Optional[str] = DTYPE,
+                   family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME) -> None:
+    """Write a rule set's registry to JSON (metadata, then one entry per kernel with its full config)."""
+    registry = _generate(op, rule_set, arch, dtype, family, name_contains)
+    registry.save(output)
+    emit({"status": "ok", "written": str(output), "total": len(registry), "counts": registry.counts()})
+
+
+@registry_app.command("import")
+@json_errors
+def import_command(path: Path = typer.Argument(..., help="a registry JSON file"),
+                   output: Optional[Path] = typer.Option(None, "-o", "--output", help="write it back out here")) -> None:
+    """Read a registry file, checking every entry; optionally write it back (a round trip)."""
+    registry = Registry.load(path)
+    if output is not None:
+        registry.save(output)
+    emit({"status": "ok", "read": str(path), "total": len(registry), "counts": registry.counts(),
+          **({"written": str(output)} if output else {})})
+
+
+@json_errors
+def build_command(op: str = OP, rule_set: str = RULE_SET,
+                  arch: str = typer.Option(..., "--arch", help="target arch, e.g. sm_90 (no GPU needed)"),
+                  jobs: int = typer.Option(os.cpu_count() or 1, "-j", "--jobs", help="worker processes"),
+                  dtype: Optional[str] = DTYPE, family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME,
+                  limit: int = typer.Option(0, help="build at most this many (0: all)")) -> None:
+    """Compile a rule set ahead of time into the kernel cache, in parallel."""
+    target = arch_facts.load(arch)
+    if target.is_interpreter:
+        emit({"status": "ok", "built": 0, "note": "interpreter kernels are not compiled"})
+        return
+    specs = list(_generate(op, rule_set, arch, dtype, family, name_contains))
+    specs = specs[:limit] if limit else specs
+    cache = KernelCache()
+    columns = (TextColumn("[bold]build[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, transient=False, redirect_stdout=False, console=None) as progress:
+        task = progress.add_task(f"{op}/{rule_set} for {target.name}", total=len(specs))
+        results = build_all(specs, cache, jobs, on_done=lambda r: progress.advance(task))
+    failed = [r for r in results if not r.ok]
+    emit({"status": "ok" if not failed else "failed", "arch": target.name, "cache": str(cache.root),
+          "built": len(results) - len(failed), "failed": [{"kernel": r.name, "error": r.error} for r in failed],
+          "seconds": round(sum(r.seconds for r in results), 2)})
+    if failed:
+        raise typer.Exit(EXIT_FAILED)

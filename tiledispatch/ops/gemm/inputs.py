@@ -1,0 +1,63 @@
+"""Random operands for a GemmProblem, laid out as it says: for the CLI, tests and benchmarks.
+
+Values are fresh normal draws (never zeros, which hide unwritten outputs), scaled so
+that the sum over K stays near 1 and no dtype overflows; the output is poisoned with
+NaN so that an element the kernel never writes fails validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .problem import GemmProblem, Layout
+
+
+@dataclass(frozen=True)
+class GemmInputs:
+    a: torch.Tensor
+    b: torch.Tensor
+    bias: torch.Tensor | None
+    residual: torch.Tensor | None
+    out: torch.Tensor
+    scale_a: torch.Tensor | None
+    scale_b: torch.Tensor | None
+
+    def kwargs(self) -> dict:
+        return {"bias": self.bias, "residual": self.residual, "out": self.out,
+                "scale_a": self.scale_a, "scale_b": self.scale_b}
+
+
+def _matrix(batch: int, rows: int, cols: int, layout: Layout, dtype: torch.dtype, device,
+            generator: torch.Generator, scale: float) -> torch.Tensor:
+    """A batch x rows x cols tensor whose matrices have `layout` (``s``: every other column)."""
+    shape = {Layout.ROW: (batch, rows, cols), Layout.COL: (batch, cols, rows)}.get(layout, (batch, rows, 2 * cols + 1))
+    base = (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+    if layout is Layout.ROW:
+        return base
+    return base.transpose(1, 2) if layout is Layout.COL else base[:, :, 1::2]
+
+
+def make_inputs(problem: GemmProblem, device="cpu", seed: int = 0, activation=None) -> GemmInputs:
+    g = torch.Generator().manual_seed(seed)
+    t, lay, p = problem.types, problem.layout, problem
+    spread = 1.0 / max(p.k, 1) ** 0.25  # a @ b then has entries of about 1
+    a = _matrix(p.batch, p.m, p.k, lay.a, t.a.torch, device, g, 1.0 if t.a.is_fp8 else spread)
+    b = _matrix(p.batch, p.k, p.n, lay.b, t.b.torch, device, g, 1.0 if t.b.is_fp8 else spread)
+    if p.batch == 1:
+        a, b = a[0], b[0]
+    c_dtype = t.c.torch
+    bias = (torch.randn(p.n, generator=g) * 0.5).to(device=device, dtype=c_dtype) if p.epilogue.bias else None
+    residual = None
+    if p.epilogue.residual:
+        residual = torch.randn(p.batch, p.m, p.n, generator=g).to(device=device, dtype=c_dtype)
+        residual = residual[0] if p.batch == 1 else residual
+    out = _matrix(p.batch, p.m, p.n, lay.c, c_dtype, device, g, 1.0).fill_(float("nan"))
+    out = out[0] if p.batch == 1 else out
+    scales = [None, None]
+    if t.scaled:
+        fp8_scale = (1.0 / max(p.k, 1)) ** 0.5
+        scales = [torch.tensor(fp8_scale, dtype=torch.float32, device=device),
+                  torch.tensor(1.0, dtype=torch.float32, device=device)]
+    return GemmInputs(a, b, bias, residual, out, *scales)
