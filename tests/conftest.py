@@ -1,0 +1,26 @@
+"""Test set-up: runs before anything imports tiledispatch or Triton.
+
+Without a GPU the kernels run under Triton's interpreter; on a GPU the same tests run
+natively (and the bf16 ones, which the interpreter cannot do, run too). The kernel
+cache goes to a private temporary directory, never the user's.
+"""
+
+import os
+import tempfile
+
+import pytest
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+if "TILEDISPATCH_CACHE_DIR" not in os.environ:
+    os.environ["TILEDISPATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="tiledispatch-test-cache-")
+
+
+def on_gpu() -> bool:
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+requires_gpu = pytest.mark.skipif(not on_gpu(), reason="needs a CUDA GPU (bf16 tl.dot is not in the interpreter)")

@@ -1,0 +1,100 @@
+"""GEMM on a real GPU: bf16 (which the interpreter lacks), native compiles and the cache.
+
+Skipped without a GPU; run on the H200 with `python -m pytest tests/ops/gemm/test_gpu.py`.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tiledispatch
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.registry import Registry
+from tiledispatch.core.runtime import current_arch
+from tiledispatch.ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
+from tiledispatch.ops.gemm.inputs import make_inputs
+from tiledispatch.ops.gemm.problem import Activation, Epilogue
+from tiledispatch.ops.gemm.reference import compare
+
+from ...conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+SHAPES = [(1, 1, 1), (96, 80, 72), (33, 65, 127), (257, 129, 1000), (64, 64, 8192), (1024, 1024, 1024)]
+EPILOGUES = [Epilogue(), Epilogue(True, Activation.GELU, True), Epilogue(False, Activation.SILU, False),
+             Epilogue(True, Activation.RELU, False)]
+
+
+def _check(problem: GemmProblem, dispatcher=None, kernel=None, seed=0):
+    inputs = make_inputs(problem, device="cuda", seed=seed)
+    ops = check_operands(inputs.a, inputs.b, activation=problem.epilogue.activation,
+                         allow_tf32=problem.types.allow_tf32, **inputs.kwargs())
+    # A dim of size 1 makes the layout ambiguous (any stride is "contiguous"), so the
+    # detected letters may differ from the requested ones there.
+    if min(problem.m, problem.n, problem.k) > 1:
+        assert ops.problem == problem
+    out = (dispatcher or tiledispatch.default_dispatcher()).run(ops, kernel=kernel)
+    torch.cuda.synchronize()
+    result = compare(out, ops)
+    assert result.passed, (problem, kernel, result)
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("layout", ["rrr", "rcr", "crr", "ccr", "sss"])
+def test_bf16_layouts(shape, layout):
+    m, n, k = shape
+    _check(GemmProblem(m, n, k, types=GemmTypes.parse("bf16"), layout=GemmLayout.parse(layout)))
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.name)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "tf32", "fp8e4m3", "fp8e4m3xfp8e5m2"])
+def test_dtypes_and_epilogues(dtype, epilogue):
+    _check(GemmProblem(200, 136, 320, batch=2, types=GemmTypes.parse(dtype), epilogue=epilogue))
+
+
+def test_every_tests_tile_in_bf16_with_split_k():
+    """Forces each tile of the `tests` rule set (split-K included) on one odd bf16 problem."""
+    arch = current_arch()
+    registry = Registry.from_rule_set("gemm", "tests", arch)
+    dispatcher = Dispatcher(registry, arch)
+    problem = GemmProblem(77, 93, 515, types=GemmTypes.parse("bf16"), epilogue=Epilogue(True, Activation.GELU, True))
+    names = [s.name for s in registry if s.definition.supports(s.config, problem) is None]
+    assert any("_k1_" not in n for n in names)
+    for name in names:
+        _check(problem, dispatcher, kernel=name)
+
+
+def test_public_gemm_matches_torch_in_bf16():
+    a = torch.randn(300, 500, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(500, 700, device="cuda", dtype=torch.bfloat16).t().contiguous().t()
+    bias = torch.randn(700, device="cuda", dtype=torch.bfloat16)
+    got = tiledispatch.gemm(a, b, bias=bias, activation="gelu")
+    ref = torch.nn.functional.gelu(a.double() @ b.double() + bias.double())
+    rel = (got.double() - ref).norm() / ref.norm()
+    assert rel < 1.6e-2
+
+
+def test_fresh_process_loads_from_cache_without_compiling(tmp_path):
+    """A second process finds the kernel in the on-disk cache: no triton.compile call."""
+    script = (
+        "import torch, triton, tiledispatch\n"
+        "calls = []\n"
+        "real = triton.compile\n"
+        "triton.compile = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
+        "a = torch.randn(128, 256, device='cuda', dtype=torch.bfloat16)\n"
+        "b = torch.randn(256, 64, device='cuda', dtype=torch.bfloat16)\n"
+        "c = tiledispatch.gemm(a, b)\n"
+        "torch.cuda.synchronize()\n"
+        "assert (c.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm() < 1.6e-2\n"
+        "print('compiles', len(calls))\n"
+    )
+    env = {**__import__("os").environ, "TILEDISPATCH_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert "compiles 1" in first.stdout or "compiles 2" in first.stdout, first.stdout
+    assert "compiles 0" in second.stdout, second.stdout
