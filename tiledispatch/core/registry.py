@@ -57,11 +57,12 @@ class Registry:
         """The specs of a rule set that are valid on `arch`. Duplicate names are a bug, and raise."""
         definition = get_op(op)
         rule_set = RuleSet.parse(rule_set)
-        registry, skipped = cls(), 0
+        registry, skipped, seen = cls(), 0, set()
         for config in definition.rule_sets[rule_set]():
             spec = KernelSpec(definition.kind, config, arch.name)
-            if spec.name in registry:
+            if spec.name in seen:  # also for configs this arch drops: rule sets are arch-independent
                 raise ValueError(f"rule set {rule_set.value!r} generates {spec.name} twice")
+            seen.add(spec.name)
             if not definition.validate(config, arch).ok:
                 skipped += 1
                 continue
@@ -163,10 +164,16 @@ class Registry:
             raise bad("\"kernels\" must be a list")
         if data.get("total") != len(kernels):
             raise bad(f"\"total\" says {data.get('total')!r} but the file holds {len(kernels)} kernels (truncated?)")
+        from ..arch import load as load_arch
+
         registry = cls()
         for i, item in enumerate(kernels):
             try:
                 spec = KernelSpec.from_dict(item)
+                name = spec.name  # loads the arch: an unknown one raises here, inside the try
+                canonical = load_arch(spec.arch).name
+                if spec.arch != canonical:  # Dispatcher.for_arch would silently drop it
+                    raise ValueError(f"arch {spec.arch!r} is not a canonical arch name; use {canonical!r}")
                 priority = item.get("priority", 0)
                 if isinstance(priority, bool) or not isinstance(priority, int):
                     raise ValueError(f"priority must be an integer, got {priority!r}")
@@ -174,8 +181,8 @@ class Registry:
                 raise bad(f"kernels[{i}]: {e}") from None
             except Exception as e:  # e.g. an unknown op or arch
                 raise bad(f"kernels[{i}]: {e}") from None
-            if item.get("name") != spec.name:
-                raise bad(f"kernels[{i}]: name {item.get('name')!r} does not match its config ({spec.name})")
+            if item.get("name") != name:
+                raise bad(f"kernels[{i}]: name {item.get('name')!r} does not match its config ({name})")
             if spec.name in registry:
                 raise bad(f"kernels[{i}]: {spec.name} appears twice")
             registry.add(spec, priority)
