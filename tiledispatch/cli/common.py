@@ -29,5 +29,8 @@ def json_errors(fn: Callable) -> Callable:
         except TiledispatchError as e:
             emit({"status": "error", "error": {"type": type(e).__name__, "message": str(e)}})
             sys.exit(EXIT_ERROR)
+        except OSError as e:  # a file the user named cannot be read or written
+            emit({"status": "error", "error": {"type": type(e).__name__, "message": str(e)}})
+            sys.exit(EXIT_ERROR)
 
     return wrapper

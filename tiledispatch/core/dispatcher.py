@@ -80,7 +80,7 @@ class Dispatcher:
         for spec in self.registry:
             self._by_op.setdefault(spec.op, []).append(spec)
         self._selected: dict[Any, KernelSpec] = {}
-        self._launchers: dict[str, dict[str, Any]] = {}
+        self._launchers: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[str] = set()
         self._lock = threading.RLock()
 
@@ -137,15 +137,16 @@ class Dispatcher:
         return spec
 
     # -- kernel and launch ------------------------------------------------------------
-    def launchers(self, spec: KernelSpec) -> dict[str, Any]:
-        found = self._launchers.get(spec.name)
+    def launchers(self, spec: KernelSpec, specialization: Any | None = None) -> dict[str, Any]:
+        key = (spec.name, specialization)
+        found = self._launchers.get(key)
         if found is None:
             with self._lock:
-                found = self._launchers.get(spec.name)
+                found = self._launchers.get(key)
                 if found is None:
                     cache = None if current_backend() is Backend.INTERPRETER else self.cache
-                    found = kernel_step.load(spec, cache)
-                    self._launchers[spec.name] = found
+                    found = kernel_step.load(spec, cache, specialization)
+                    self._launchers[key] = found
         return found
 
     def run(self, operands, *, kernel: str | KernelSpec | None = None):
@@ -155,7 +156,7 @@ class Dispatcher:
         while True:
             spec = self.resolve(kernel, problem) if kernel is not None else self.select(problem)
             try:
-                launchers = self.launchers(spec)
+                launchers = self.launchers(spec, spec.definition.specialization_of(problem))
                 break
             except BuildError:
                 if kernel is not None:

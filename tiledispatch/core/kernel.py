@@ -57,8 +57,18 @@ def toolchain() -> dict[str, str]:
     }
 
 
-def unit_key(spec: KernelSpec, unit: KernelUnit) -> str:
-    return KernelCache.make_key(f"{spec.name}.{unit.stage}", source_hash(unit.modules), toolchain())
+def _specialization(spec: KernelSpec, specialization: Any | None) -> Any:
+    return spec.definition.specializations[0] if specialization is None else specialization
+
+
+def units(spec: KernelSpec, specialization: Any | None = None) -> tuple[KernelUnit, ...]:
+    return spec.definition.kernel_units(spec.config, _specialization(spec, specialization))
+
+
+def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None) -> str:
+    """Kernel name, specialisation and stage, plus the hash of the sources and the toolchain."""
+    name = f"{spec.name}.{_specialization(spec, specialization).tag}.{unit.stage}"
+    return KernelCache.make_key(name, source_hash(unit.modules), toolchain())
 
 
 def _function(unit: KernelUnit):
@@ -69,7 +79,8 @@ def _source(unit: KernelUnit):
     from triton.compiler import ASTSource
 
     fn = _function(unit)
-    return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs))
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in unit.divisible_by_16}
+    return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
 
 
 def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, Any]:
@@ -106,12 +117,12 @@ def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, A
     }
 
 
-def build(spec: KernelSpec, cache: KernelCache) -> dict[str, CacheEntry]:
+def build(spec: KernelSpec, cache: KernelCache, specialization: Any | None = None) -> dict[str, CacheEntry]:
     """Every unit of `spec` from the cache, compiling (once, under the key's lock) what is missing."""
     entries = {}
-    for unit in spec.definition.kernel_units(spec.config):
+    for unit in units(spec, specialization):
         entries[unit.stage] = cache.get_or_build(
-            unit_key(spec, unit), functools.partial(compile_unit, unit, spec.arch)
+            unit_key(spec, unit, specialization), functools.partial(compile_unit, unit, spec.arch)
         )
     return entries
 
@@ -142,13 +153,13 @@ class InterpretedLauncher:
         self._fn[grid](*args)
 
 
-def load(spec: KernelSpec, cache: KernelCache | None) -> dict[str, Any]:
-    """Launchers by stage for `spec` on this process's backend."""
-    units = spec.definition.kernel_units(spec.config)
+def load(spec: KernelSpec, cache: KernelCache | None, specialization: Any | None = None) -> dict[str, Any]:
+    """Launchers by stage for `spec` (specialised so) on this process's backend."""
+    todo = units(spec, specialization)
     if current_backend() is Backend.INTERPRETER:
-        return {unit.stage: InterpretedLauncher(unit) for unit in units}
-    entries = build(spec, cache if cache is not None else KernelCache())
-    return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in units}
+        return {unit.stage: InterpretedLauncher(unit) for unit in todo}
+    entries = build(spec, cache if cache is not None else KernelCache(), specialization)
+    return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in todo}
 
 
 # -- ahead-of-time builds in worker processes ------------------------------------------
@@ -163,7 +174,8 @@ class BuildResult:
 def _worker_build(spec: KernelSpec, cache_root: str) -> BuildResult:
     start = time.perf_counter()
     try:
-        build(spec, KernelCache(cache_root))
+        for specialization in spec.definition.specializations:
+            build(spec, KernelCache(cache_root), specialization)
         return BuildResult(spec.name, True, time.perf_counter() - start)
     except Exception as e:  # reported per kernel; one bad config must not stop a build
         return BuildResult(spec.name, False, time.perf_counter() - start, f"{type(e).__name__}: {e}")
@@ -185,7 +197,10 @@ def _environment(**values: str):
 
 def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
               on_done: Callable[[BuildResult], None] | None = None) -> list[BuildResult]:
-    """Compiles every spec into `cache` with `jobs` worker processes (spawned: no GPU state is shared)."""
+    """Compiles every spec, in each of its op's ahead-of-time specialisations, into `cache`.
+
+    Workers are spawned processes with `jobs` at most: no GPU state is shared.
+    """
     specs = list(specs)
     results = []
     context = multiprocessing.get_context("spawn")

@@ -68,6 +68,7 @@ class KernelUnit:
     num_warps: int
     num_stages: int
     modules: tuple[str, ...]
+    divisible_by_16: tuple[str, ...] = ()  # arguments the compiler may assume divisible by 16
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ class OpDefinition:
     auto_correct: Callable[[Any, Any], tuple[Any, tuple]]  # (config, arch) -> (config, corrections)
     rule_sets: Mapping[RuleSet, Callable[[], Iterable[Any]]]  # rule set -> config generator
     supports: Callable[[Any, Any], str | None]  # (config, problem) -> None, or why not
-    kernel_units: Callable[[Any], tuple[KernelUnit, ...]]  # config -> what to compile
+    kernel_units: Callable[..., tuple[KernelUnit, ...]]  # (config, specialization) -> what to compile
+    specialization_of: Callable[[Any], Any]  # problem -> what the artifact specialises on (has .tag)
+    specializations: tuple[Any, ...]  # the ones `tiledispatch build` compiles ahead of time
     plan: Callable[[Any, Any], Any]  # (config, operands) -> core.launch.Plan
     rule_score: Callable[[Any, Any, Any], Score]  # (config, problem, arch) -> Score
     family_of: Callable[[Any], str]  # config -> family name (for filters and counts)

@@ -195,6 +195,8 @@ class Registry:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise RegistryFormatError(f"registry file {path} does not exist") from None
+        except OSError as e:  # a directory, no permission, ...
+            raise RegistryFormatError(f"cannot read registry file {path}: {e.strerror or e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RegistryFormatError(f"{path} is not valid JSON ({e}); was it truncated?") from None
         return cls.from_json(data, str(path))

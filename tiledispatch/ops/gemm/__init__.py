@@ -6,7 +6,7 @@ from ...core.op import OpDefinition, OpKind
 from .config import Family, GemmConfig
 from .operands import GemmOperands, check_operands
 from .plan import kernel_units, plan
-from .problem import Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .problem import Activation, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS
@@ -20,6 +20,8 @@ OP = OpDefinition(
     rule_sets=RULE_SETS,
     supports=supports,
     kernel_units=kernel_units,
+    specialization_of=lambda problem: problem.alignment,
+    specializations=(Alignment(), Alignment(False, False, False)),
     plan=plan,
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
@@ -51,5 +53,5 @@ def _result_shape(a, b, operands: GemmOperands) -> tuple[int, ...]:
 
 __all__ = [
     "OP", "gemm", "GemmProblem", "GemmConfig", "GemmTypes", "GemmLayout", "Layout", "Epilogue", "Activation",
-    "Family", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
+    "Alignment", "Family", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
 ]

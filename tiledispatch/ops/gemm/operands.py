@@ -13,7 +13,7 @@ import torch
 
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
-from .problem import Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .problem import Activation, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 
 _OUT_DTYPES = {
     DType.FP16: (DType.FP16, DType.FP32),
@@ -69,6 +69,19 @@ def _scale(scale: Any, device: torch.device, what: str) -> torch.Tensor:
             f"{scale.dtype} of shape {_shape(scale)} on {scale.device}"
         )
     return scale.reshape(())
+
+
+def _aligned(t: torch.Tensor | None, shape: tuple[int, ...] | None = None) -> bool:
+    """16-byte aligned base and every stride of a non-unit dim divisible by 16 elements.
+
+    A tensor not given yet (`t` None, the output we allocate) is contiguous: `shape` tells.
+    """
+    if t is None:
+        strides = [shape[1] * shape[2], shape[2]]
+        return all(s % 16 == 0 for s in strides)
+    if t.data_ptr() % 16:
+        return False
+    return all(s % 16 == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n != 1)
 
 
 def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
@@ -157,6 +170,7 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
             layout_c,
         ),
         epilogue=Epilogue(bias is not None, Activation.parse(activation), residual is not None),
+        alignment=Alignment(_aligned(a3), _aligned(b3), _aligned(out3, (batch, m, n))),
     )
     fp8 = ta.is_fp8
     return GemmOperands(

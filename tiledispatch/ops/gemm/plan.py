@@ -17,7 +17,7 @@ from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit
 from .config import Family, GemmConfig
 from .operands import GemmOperands
-from .problem import Activation, Layout
+from .problem import Activation, Alignment, Layout
 
 ACTIVATION_CODES = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}
 FAMILY_MODULES = {Family.TILED: "tiledispatch.ops.gemm.kernels.tiled"}
@@ -42,7 +42,16 @@ def _epilogue_constexprs(config: GemmConfig) -> dict:
     }
 
 
-def kernel_units(config: GemmConfig) -> tuple[KernelUnit, ...]:
+def _divisible(alignment: Alignment, signature, split: bool) -> tuple[str, ...]:
+    """The pointer and stride arguments of the aligned operands: the compiler may vectorise them."""
+    aligned = {"a": alignment.a, "b": alignment.b, "c": alignment.c or split}
+    return tuple(name for name, kind in signature if kind != "constexpr" and (
+        (name.endswith("_ptr") and aligned.get(name[0], False) and name[:2] != "bi")
+        or (name.startswith("stride_") and name[7] in aligned and aligned[name[7]] and name != "stride_bias")
+    ))
+
+
+def kernel_units(config: GemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
     t, layout = config.types, config.layout
     split = config.split_k > 1
     c_type = "*fp32" if split else f"*{t.c.triton}"
@@ -65,6 +74,7 @@ def kernel_units(config: GemmConfig) -> tuple[KernelUnit, ...]:
         signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
         num_warps=config.num_warps, num_stages=config.num_stages,
         modules=(FAMILY_MODULES[config.family], _EPILOGUE_MODULE),
+        divisible_by_16=_divisible(alignment, signature, split),
     )
     if not split:
         return (main,)
@@ -80,6 +90,8 @@ def kernel_units(config: GemmConfig) -> tuple[KernelUnit, ...]:
         stage="reduce", module=_REDUCE_MODULE, function="splitk_reduce",
         signature=tuple(reduce_signature), constexprs=tuple(sorted(reduce_constexprs.items())),
         num_warps=4, num_stages=1, modules=(_REDUCE_MODULE, _EPILOGUE_MODULE),
+        divisible_by_16=_divisible(Alignment(False, False, alignment.c), reduce_signature, False)
+        + ("ws_ptr",),
     )
     return main, reduce
 

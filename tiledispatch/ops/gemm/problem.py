@@ -126,6 +126,24 @@ class Epilogue:
 
 
 @dataclass(frozen=True)
+class Alignment:
+    """Which operands have 16-byte aligned base pointers and strides divisible by 16.
+
+    Alignment is a fact about the data, not a kernel choice: every kernel serves every
+    alignment, and the compiled artifact is specialised on it (as Triton's JIT does),
+    which lets the compiler vectorise loads of aligned operands.
+    """
+
+    a: bool = True
+    b: bool = True
+    c: bool = True
+
+    @property
+    def tag(self) -> str:
+        return "al-" + "".join("1" if x else "0" for x in (self.a, self.b, self.c))
+
+
+@dataclass(frozen=True)
 class GemmProblem:
     op: ClassVar[OpKind] = OpKind.GEMM
 
@@ -136,6 +154,7 @@ class GemmProblem:
     types: GemmTypes = GemmTypes()
     layout: GemmLayout = GemmLayout()
     epilogue: Epilogue = Epilogue()
+    alignment: Alignment = Alignment()
 
     def __post_init__(self) -> None:
         for dim in ("m", "n", "k", "batch"):
@@ -174,6 +193,7 @@ class GemmProblem:
             "dtype": self.types.name,
             "layout": self.layout.name,
             "epilogue": self.epilogue.name,
+            "alignment": self.alignment.tag,
             "types": to_jsonable(self.types),
             "flops": self.flops(),
         }
