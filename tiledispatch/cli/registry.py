@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import arch as arch_facts
@@ -87,7 +88,8 @@ def build_command(op: str = OP, rule_set: str = RULE_SET,
     cache = KernelCache()
     columns = (TextColumn("[bold]build[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, transient=False, redirect_stdout=False, console=None) as progress:
+    # Progress goes to stderr: stdout carries the JSON document only, for `| jq` and scripts.
+    with Progress(*columns, transient=False, redirect_stdout=False, console=Console(stderr=True)) as progress:
         task = progress.add_task(f"{op}/{rule_set} for {target.name}", total=len(specs))
         results = build_all(specs, cache, jobs, on_done=lambda r: progress.advance(task))
     failed = [r for r in results if not r.ok]

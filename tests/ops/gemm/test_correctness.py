@@ -10,6 +10,7 @@ element of the NaN-poisoned output left unwritten).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from tiledispatch import Dispatcher, KernelSpec, OpKind, Registry, Strategy
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.gemm import (
-    Activation, Epilogue, Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes, check_operands, supports,
+    Activation, Alignment, Epilogue, Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes, check_operands, supports,
     validate,
 )
 from tiledispatch.ops.gemm.inputs import make_inputs
@@ -82,7 +83,8 @@ def operands_of(problem: GemmProblem, *, seed=0, scale_a=None, scale_b=None):
         kwargs["scale_b"] = torch.tensor(scale_b, dtype=torch.float32, device=DEVICE)
     ops = check_operands(inputs.a, inputs.b, activation=problem.epilogue.activation,
                          allow_tf32=problem.types.allow_tf32, **kwargs)
-    assert ops.problem == problem, f"inputs describe {ops.problem}, not {problem}"
+    # Alignment is a fact of the data (make_inputs' strided views are not aligned), not of the request.
+    assert replace(ops.problem, alignment=problem.alignment) == problem, f"inputs describe {ops.problem}, not {problem}"
     return inputs, ops
 
 
@@ -171,6 +173,26 @@ def test_padded_rows_and_out_stays_in_bounds(dispatcher):
         border = buf.clone()
         border[1:m + 1, 3:n + 3] = 123.0
         assert bool((border == 123.0).all()), "the kernel wrote outside out"
+
+
+@pytest.mark.parametrize("tile", [PLAIN, SPLIT3], ids=tile_id)
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
+def test_alignment(dispatcher, aligned, tile):
+    """Operands off a 16-byte boundary (or with strides not divisible by 16) are computed right too."""
+    m, n, k = (32, 48, 64) if aligned else (33, 40, 65)
+    offset = 0 if aligned else 1
+    g = torch.Generator().manual_seed(21)
+
+    def matrix(rows, cols, dtype=torch.float16):
+        flat = (torch.randn(rows * cols + offset, generator=g) / k**0.25).to(DEVICE, dtype)
+        return flat[offset:].view(rows, cols)
+
+    a, b, out = matrix(m, k), matrix(k, n), matrix(m, n).fill_(float("nan"))
+    ops = check_operands(a, b, out=out)
+    assert ops.problem.alignment == (Alignment() if aligned else Alignment(False, False, False))
+    result = dispatcher.run(ops, kernel=kernel_name(tile, ops.problem))
+    assert result.data_ptr() == out.data_ptr()
+    assert compare(out, ops).passed, compare(out, ops).to_dict()
 
 
 # -- dtypes -----------------------------------------------------------------------------------

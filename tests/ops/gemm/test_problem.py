@@ -7,6 +7,7 @@ from tiledispatch.core.dtypes import DType
 from tiledispatch.core.errors import InvalidProblemError, UnsupportedError
 from tiledispatch.ops.gemm.problem import (
     Activation,
+    Alignment,
     Epilogue,
     GemmLayout,
     GemmProblem,
@@ -74,6 +75,7 @@ def test_key_is_hashable_and_equal_for_equal_problems():
 @pytest.mark.parametrize("other", [
     dict(m=65), dict(batch=2), dict(layout=GemmLayout.parse("rrr")),
     dict(epilogue=Epilogue(True, Activation.RELU)), dict(types=GemmTypes(DType.FP16, DType.FP16, DType.FP32)),
+    dict(alignment=Alignment(True, False, True)),
 ])
 def test_keys_differ_when_anything_differs(other):
     base = dict(m=64, n=32, k=16, layout=GemmLayout.parse("rcr"), epilogue=Epilogue(True, Activation.GELU))
@@ -240,3 +242,30 @@ def test_from_tensors_dtypes():
 def test_from_tensors_mismatches_raise(a, b, match):
     with pytest.raises(InvalidProblemError, match=match):
         GemmProblem.from_tensors(a, b)
+
+
+# --- alignment -----------------------------------------------------------------------
+
+
+def test_alignment_default_and_tag():
+    assert GemmProblem(m=1, n=1, k=1).alignment == Alignment(True, True, True)
+    assert Alignment().tag == "al-111"
+    assert Alignment(False, True, False).tag == "al-010"
+
+
+def test_from_tensors_alignment():
+    a, b = torch.randn(32, 64, dtype=torch.float16), torch.randn(64, 48, dtype=torch.float16)
+    assert GemmProblem.from_tensors(a, b).alignment == Alignment(True, True, True)
+    # A row stride of 65 elements is not a multiple of 16.
+    a_odd = torch.randn(32, 65, dtype=torch.float16)[:, :64]
+    assert GemmProblem.from_tensors(a_odd, b).alignment == Alignment(False, True, True)
+    # A base pointer 2 bytes past an aligned one.
+    flat = torch.randn(64 * 48 + 1, dtype=torch.float16)
+    b_shifted = flat[1:].view(64, 48)
+    assert b_shifted.data_ptr() % 16 == 2
+    assert GemmProblem.from_tensors(a, b_shifted).alignment == Alignment(True, False, True)
+    # The output we allocate is contiguous: aligned exactly when N is a multiple of 16.
+    assert GemmProblem.from_tensors(a, b[:, :40]).alignment.c is False
+    assert GemmProblem.from_tensors(a, b[:, :40]).alignment.b is True  # B's stride is still 48
+    out = torch.empty(32, 50, dtype=torch.float16)[:, :48]
+    assert GemmProblem.from_tensors(a, b, out=out).alignment == Alignment(True, True, False)

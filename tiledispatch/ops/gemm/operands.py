@@ -170,7 +170,8 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
             layout_c,
         ),
         epilogue=Epilogue(bias is not None, Activation.parse(activation), residual is not None),
-        alignment=Alignment(_aligned(a3), _aligned(b3), _aligned(out3, (batch, m, n))),
+        alignment=Alignment(_aligned(a3), _aligned(b3), _aligned(out3, (batch, m, n)),
+                            m % 16 == 0, n % 16 == 0, k % 16 == 0),
     )
     fp8 = ta.is_fp8
     return GemmOperands(

@@ -7,6 +7,8 @@ overflow on large tensors). `plan` binds the operands to one or two launches.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -45,9 +47,11 @@ def _epilogue_constexprs(config: GemmConfig) -> dict:
 def _divisible(alignment: Alignment, signature, split: bool) -> tuple[str, ...]:
     """The pointer and stride arguments of the aligned operands: the compiler may vectorise them."""
     aligned = {"a": alignment.a, "b": alignment.b, "c": alignment.c or split}
+    sizes = {"M": alignment.m, "N": alignment.n, "K": alignment.k}
     return tuple(name for name, kind in signature if kind != "constexpr" and (
         (name.endswith("_ptr") and aligned.get(name[0], False) and name[:2] != "bi")
         or (name.startswith("stride_") and name[7] in aligned and aligned[name[7]] and name != "stride_bias")
+        or sizes.get(name, False)
     ))
 
 
@@ -90,7 +94,7 @@ def kernel_units(config: GemmConfig, alignment: Alignment = Alignment()) -> tupl
         stage="reduce", module=_REDUCE_MODULE, function="splitk_reduce",
         signature=tuple(reduce_signature), constexprs=tuple(sorted(reduce_constexprs.items())),
         num_warps=4, num_stages=1, modules=(_REDUCE_MODULE, _EPILOGUE_MODULE),
-        divisible_by_16=_divisible(Alignment(False, False, alignment.c), reduce_signature, False)
+        divisible_by_16=_divisible(replace(alignment, a=False, b=False), reduce_signature, False)
         + ("ws_ptr",),
     )
     return main, reduce

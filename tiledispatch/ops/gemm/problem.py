@@ -127,20 +127,25 @@ class Epilogue:
 
 @dataclass(frozen=True)
 class Alignment:
-    """Which operands have 16-byte aligned base pointers and strides divisible by 16.
+    """Which operands have 16-byte aligned base pointers and strides divisible by 16, and
+    which of M, N, K are multiples of 16.
 
     Alignment is a fact about the data, not a kernel choice: every kernel serves every
-    alignment, and the compiled artifact is specialised on it (as Triton's JIT does),
-    which lets the compiler vectorise loads of aligned operands.
+    alignment, and the compiled artifact is specialised on it (as Triton's JIT does).
+    It is what lets the compiler prove 16-byte vector loads and a pipelined mainloop;
+    without it, loads are element by element.
     """
 
     a: bool = True
     b: bool = True
     c: bool = True
+    m: bool = True
+    n: bool = True
+    k: bool = True
 
     @property
     def tag(self) -> str:
-        return "al-" + "".join("1" if x else "0" for x in (self.a, self.b, self.c))
+        return "al-" + "".join("1" if x else "0" for x in (self.a, self.b, self.c, self.m, self.n, self.k))
 
 
 @dataclass(frozen=True)

@@ -39,12 +39,12 @@ def gemm_tiled(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Rows and columns past the edge wrap around: loads stay in bounds without a mask,
-    # and the store below drops them.
-    rows_a = offs_m % M
-    cols_b = offs_n % N
-    a_base = a_ptr + pid_b.to(tl.int64) * stride_ab + rows_a[:, None] * stride_am
-    b_base = b_ptr + pid_b.to(tl.int64) * stride_bb + cols_b[None, :] * stride_bn
+    # Edges are masked, not wrapped (offs % M): a wrapped index hides the contiguity that
+    # vector loads need, while a mask against a size known to be a multiple of 16 keeps it.
+    in_m = offs_m[:, None] < M
+    in_n = offs_n[None, :] < N
+    a_base = a_ptr + pid_b.to(tl.int64) * stride_ab + offs_m[:, None] * stride_am
+    b_base = b_ptr + pid_b.to(tl.int64) * stride_bb + offs_n[None, :] * stride_bn
 
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -54,11 +54,11 @@ def gemm_tiled(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
     for kt in range(k_first, k_last):
         offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        a = tl.load(a_base + offs_k[None, :] * stride_ak, mask=offs_k[None, :] < K, other=0.0)
-        b = tl.load(b_base + offs_k[:, None] * stride_bk, mask=offs_k[:, None] < K, other=0.0)
+        a = tl.load(a_base + offs_k[None, :] * stride_ak, mask=in_m & (offs_k[None, :] < K), other=0.0)
+        b = tl.load(b_base + offs_k[:, None] * stride_bk, mask=(offs_k[:, None] < K) & in_n, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
 
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    mask = in_m & in_n
     acc = acc.to(tl.float32)
     if SPLIT_K == 1:
         acc = apply_epilogue(acc, offs_m, offs_n, M, N, pid_b, scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias,

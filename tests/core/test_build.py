@@ -1,0 +1,203 @@
+"""Ahead-of-time builds for sm_90 on this (GPU-less) machine: artifacts, cache hits, keys, PTX.
+
+Compiling is real (Triton's CUDA backend and its bundled ptxas in spawned workers), so
+only two small specs are built, once for the module.
+"""
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from tiledispatch import arch
+from tiledispatch.core import kernel
+from tiledispatch.core.cache import CacheEntry, KernelCache
+from tiledispatch.core.errors import BuildError
+from tiledispatch.core.op import OpKind, RuleSet
+from tiledispatch.core.registry import Registry
+from tiledispatch.ops.gemm import Alignment
+
+SM90 = arch.load("sm_90")
+PLAIN = "gemm_fp16_rcr_tiled_32x32x32_w4_s2_g4_k1_none_sm90"
+SPLIT = "gemm_fp16_rcr_tiled_32x16x32_w2_s2_g2_k3_none_sm90"  # split-K: a main and a reduce stage
+FILES = {kernel.BINARY_FILE, kernel.METADATA_FILE, kernel.PTX_FILE}
+
+
+@pytest.fixture(scope="module")
+def tiny90() -> Registry:
+    return Registry.from_rule_set(OpKind.GEMM, RuleSet.TINY, SM90)
+
+
+@pytest.fixture(scope="module")
+def built(tiny90, tmp_path_factory):
+    root = tmp_path_factory.mktemp("build")
+    os.chmod(root, 0o700)
+    cache = KernelCache(root / "cache")
+    specs = [tiny90.get(PLAIN), tiny90.get(SPLIT)]
+    interp = Registry.from_rule_set("gemm", "tiny", arch.load("interpreter")).get(PLAIN.replace("sm90", "interp"))
+    done = []
+    results = kernel.build_all([*specs, interp], cache, jobs=1, on_done=done.append)
+    return cache, specs, interp, results, done
+
+
+def entries_by_key(cache: KernelCache) -> dict[str, CacheEntry]:
+    found = cache.entries()
+    assert all(isinstance(e, CacheEntry) for e in found), found
+    return {e.key: e for e in found}
+
+
+def expected_keys(spec) -> dict[str, tuple]:
+    """Every (unit, specialisation) the build compiles, by cache key."""
+    out = {}
+    for specialization in spec.definition.specializations:
+        for unit in kernel.units(spec, specialization):
+            out[kernel.unit_key(spec, unit, specialization)] = (unit, specialization)
+    return out
+
+
+def test_build_results(built):
+    cache, specs, interp, results, done = built
+    assert sorted(r.name for r in results) == sorted([PLAIN, SPLIT, interp.name])
+    assert sorted(done, key=lambda r: r.name) == results  # on_done saw each one
+    by_name = {r.name: r for r in results}
+    for name in (PLAIN, SPLIT):
+        assert by_name[name].ok and by_name[name].error is None and by_name[name].seconds > 0
+    # One bad spec is reported, and does not stop the others.
+    failed = by_name[interp.name]
+    assert not failed.ok and "interpreter has no compile target" in failed.error
+
+
+def test_cache_holds_every_stage_and_specialization(built):
+    cache, specs, *_ = built
+    entries = entries_by_key(cache)
+    want = {**expected_keys(specs[0]), **expected_keys(specs[1])}
+    assert set(entries) == set(want)
+    specializations = specs[0].definition.specializations
+    assert len(specializations) == 2 and len(entries) == (1 + 2) * 2
+    for key, entry in entries.items():
+        unit, specialization = want[key]
+        assert set(entry.files) == FILES
+        assert entry.read_bytes(kernel.BINARY_FILE)[:4] == b"\x7fELF"  # a real cubin
+        meta = entry.metadata
+        assert meta["stage"] == unit.stage and meta["arch"] == "sm_90"
+        assert meta["function"] == unit.function
+        assert meta["num_warps"] == unit.num_warps and meta["num_stages"] == unit.num_stages
+        assert meta["hash"] and meta["shared_bytes"] >= 0
+        assert key.startswith(f"{specs[0].name if key.startswith(PLAIN) else SPLIT}.{specialization.tag}.{unit.stage}-")
+    stages = sorted(e.metadata["stage"] for e in entries.values() if e.key.startswith(SPLIT))
+    assert stages == ["main", "main", "reduce", "reduce"]
+
+
+def test_ptx_uses_tensor_cores_for_sm90(built):
+    cache, *_ = built
+    for entry in cache.entries():
+        ptx = entry.files[kernel.PTX_FILE].read_text()
+        assert ".target sm_90" in ptx
+        if entry.metadata["stage"] == "main":
+            assert "mma" in ptx  # tl.dot became tensor-core instructions
+        else:
+            assert "mma" not in ptx  # the split-K reduction has no dot
+
+
+def test_second_build_all_is_a_hit(built):
+    cache, specs, *_ = built
+    before = {k: (e.created, os.stat(e.files[kernel.BINARY_FILE]).st_mtime_ns) for k, e in entries_by_key(cache).items()}
+    results = kernel.build_all(specs, cache, jobs=1)
+    assert all(r.ok for r in results)
+    after = {k: (e.created, os.stat(e.files[kernel.BINARY_FILE]).st_mtime_ns) for k, e in entries_by_key(cache).items()}
+    assert after == before  # nothing recompiled, nothing rewritten
+
+
+def test_in_process_build_is_a_hit_without_compiling(built, tiny90, monkeypatch):
+    cache, specs, *_ = built
+    calls = []
+
+    def refuse(unit, arch_name, out_dir):
+        calls.append(unit.stage)
+        raise BuildError("compile_unit must not be called on a cache hit")
+
+    monkeypatch.setattr(kernel, "compile_unit", refuse)
+    entries = entries_by_key(cache)
+    for spec in specs:
+        for specialization in (None, *spec.definition.specializations):
+            got = kernel.build(spec, cache, specialization)
+            assert set(got) == {u.stage for u in kernel.units(spec, specialization)}
+            for stage, entry in got.items():
+                assert entries[entry.key].created == entry.created
+    assert calls == []
+    # The stand-in is really in the path: a spec never built does call it.
+    other = next(s for s in tiny90 if s.name not in (PLAIN, SPLIT))
+    with pytest.raises(BuildError, match="must not be called"):
+        kernel.build(other, cache)
+    assert calls == ["main"]
+
+
+def test_compiling_in_an_interpreter_process_is_refused(tiny90, tmp_path):
+    unit = kernel.units(tiny90.get(PLAIN))[0]
+    with pytest.raises(BuildError, match="TRITON_INTERPRET=1.*worker processes"):
+        kernel.compile_unit(unit, "sm_90", tmp_path)
+
+
+# --- keys ------------------------------------------------------------------------------
+
+
+def test_unit_key_depends_on_name_stage_and_specialization(tiny90):
+    plain, split = tiny90.get(PLAIN), tiny90.get(SPLIT)
+    main, reduce = kernel.units(split)
+    keys = {
+        kernel.unit_key(plain, kernel.units(plain)[0]),
+        kernel.unit_key(split, main),
+        kernel.unit_key(split, reduce),
+        kernel.unit_key(split, main, Alignment(False, False, False)),
+    }
+    assert len(keys) == 4
+    assert kernel.unit_key(split, main) == kernel.unit_key(split, main, Alignment())  # the default
+    assert kernel.unit_key(split, main) == kernel.unit_key(split, main)  # stable
+
+
+def test_unit_key_changes_with_the_toolchain(tiny90, monkeypatch):
+    spec = tiny90.get(PLAIN)
+    unit = kernel.units(spec)[0]
+    before = kernel.unit_key(spec, unit)
+    real = kernel.toolchain()
+    assert real["triton"] and real["format"] == kernel.CACHE_FORMAT
+    monkeypatch.setattr(kernel, "toolchain", lambda: {**real, "triton": real["triton"] + "+other"})
+    changed = kernel.unit_key(spec, unit)
+    assert changed != before
+    assert changed.split("-")[0] == before.split("-")[0]  # same readable name, other hash
+
+
+def test_unit_key_changes_with_the_source_hash(tiny90, monkeypatch):
+    spec = tiny90.get(PLAIN)
+    unit = kernel.units(spec)[0]
+    before = kernel.unit_key(spec, unit)
+    monkeypatch.setattr(kernel, "source_hash", lambda modules: "0" * 64)
+    assert kernel.unit_key(spec, unit) != before
+
+
+def test_source_hash_follows_the_file_text(tmp_path, monkeypatch):
+    module = tmp_path / "td_fake_kernel_module.py"
+    module.write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("td_fake_kernel_module",)
+    kernel.source_hash.cache_clear()
+    try:
+        first = kernel.source_hash(names)
+        assert first == kernel.source_hash(names) and len(first) == 64
+        module.write_text(textwrap.dedent("X = 2\n"))
+        kernel.source_hash.cache_clear()
+        assert kernel.source_hash(names) != first
+        assert kernel.source_hash(names + ("tiledispatch.ops.gemm.kernels.epilogue",)) != kernel.source_hash(names)
+        with pytest.raises(BuildError, match="td_no_such_module"):
+            kernel.source_hash(("td_no_such_module",))
+    finally:
+        kernel.source_hash.cache_clear()
+        sys.modules.pop("td_fake_kernel_module", None)
+
+
+def test_real_unit_modules_are_hashed(tiny90):
+    main, reduce = kernel.units(tiny90.get(SPLIT))
+    assert "tiledispatch.ops.gemm.kernels.tiled" in main.modules
+    assert "tiledispatch.ops.gemm.kernels.splitk_reduce" in reduce.modules
+    assert kernel.source_hash(main.modules) != kernel.source_hash(reduce.modules)
