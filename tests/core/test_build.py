@@ -100,6 +100,23 @@ def test_ptx_uses_tensor_cores_for_sm90(built):
             assert "mma" not in ptx  # the split-K reduction has no dot
 
 
+def test_alignment_specialisation_vectorises(built):
+    cache, specs, *_ = built
+    aligned, unaligned = specs[0].definition.specializations
+    assert all(vars(aligned).values()) and not any(vars(unaligned).values())
+    seen = set()
+    for entry in cache.entries():
+        ptx = entry.files[kernel.PTX_FILE].read_text()
+        if f".{aligned.tag}." in entry.key:
+            assert ".v4." in ptx  # 16-byte vector accesses
+            seen.add("aligned")
+        else:
+            assert f".{unaligned.tag}." in entry.key
+            assert ".v4." not in ptx and "cp.async" not in ptx  # element by element
+            seen.add("unaligned")
+    assert seen == {"aligned", "unaligned"}
+
+
 def test_second_build_all_is_a_hit(built):
     cache, specs, *_ = built
     before = {k: (e.created, os.stat(e.files[kernel.BINARY_FILE]).st_mtime_ns) for k, e in entries_by_key(cache).items()}

@@ -19,7 +19,7 @@ from tiledispatch.core.errors import (
 from tiledispatch.core.op import OpKind, RuleSet, get_op
 from tiledispatch.core.registry import Registry
 from tiledispatch.ops.gemm import check_operands
-from tiledispatch.ops.gemm.problem import Activation, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes
+from tiledispatch.ops.gemm.problem import Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes
 from tiledispatch.ops.gemm.rules import supports
 
 INTERP, SM90 = arch.load("interpreter"), arch.load("sm_90")
@@ -43,8 +43,7 @@ def operands(m=40, n=24, k=48, seed=0, **kwargs):
     return check_operands(a, b, **kwargs)
 
 
-# A and B have rows of 48 halves (16-element strides); C's rows of 24 are not a multiple of 16.
-PROBLEM = GemmProblem(m=40, n=24, k=48, layout=GemmLayout.parse("rcr"), alignment=Alignment(True, True, False))
+PROBLEM = operands().problem  # 40 x 24 x 48, fp16, rcr
 
 
 def reference(ops) -> torch.Tensor:
@@ -75,7 +74,11 @@ def count_supports(monkeypatch):
 
 
 def test_operands_describe_the_problem():
-    assert operands().problem == PROBLEM
+    assert (PROBLEM.m, PROBLEM.n, PROBLEM.k, PROBLEM.batch) == (40, 24, 48, 1)
+    assert PROBLEM.layout.name == "rcr" and PROBLEM.types.name == "fp16" and PROBLEM.epilogue.name == "none"
+    # A and B have rows of 48 halves (16-element strides); C's rows of 24 are not a multiple of 16.
+    assert (PROBLEM.alignment.a, PROBLEM.alignment.b, PROBLEM.alignment.c) == (True, True, False)
+    assert operands(seed=9).problem == PROBLEM
 
 
 def test_select_returns_a_supporting_spec(dispatcher):
@@ -245,7 +248,7 @@ def test_launchers_are_specialised_on_alignment(dispatcher, monkeypatch):
     g = torch.Generator().manual_seed(3)
     a = torch.randn(40, 49, generator=g).half()[:, :48]  # rows of 49 halves: A is not aligned
     unaligned = check_operands(a, aligned.b[0])
-    assert unaligned.problem == replace(PROBLEM, alignment=Alignment(False, True, False))
+    assert unaligned.problem == replace(PROBLEM, alignment=replace(PROBLEM.alignment, a=False))
     spec = dispatcher.select(PROBLEM)
     assert dispatcher.select(unaligned.problem) == spec  # alignment never changes the choice ...
     assert_close(dispatcher.run(aligned), aligned)

@@ -189,7 +189,7 @@ def test_alignment(dispatcher, aligned, tile):
 
     a, b, out = matrix(m, k), matrix(k, n), matrix(m, n).fill_(float("nan"))
     ops = check_operands(a, b, out=out)
-    assert ops.problem.alignment == (Alignment() if aligned else Alignment(False, False, False))
+    assert ops.problem.alignment == (Alignment() if aligned else Alignment(*[False] * 6))
     result = dispatcher.run(ops, kernel=kernel_name(tile, ops.problem))
     assert result.data_ptr() == out.data_ptr()
     assert compare(out, ops).passed, compare(out, ops).to_dict()

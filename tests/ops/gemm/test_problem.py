@@ -1,5 +1,7 @@
 """The GEMM problem: sizes, cost, keys, type and layout names, layouts read off tensors."""
 
+from dataclasses import fields, replace
+
 import pytest
 import torch
 
@@ -75,7 +77,7 @@ def test_key_is_hashable_and_equal_for_equal_problems():
 @pytest.mark.parametrize("other", [
     dict(m=65), dict(batch=2), dict(layout=GemmLayout.parse("rrr")),
     dict(epilogue=Epilogue(True, Activation.RELU)), dict(types=GemmTypes(DType.FP16, DType.FP16, DType.FP32)),
-    dict(alignment=Alignment(True, False, True)),
+    dict(alignment=Alignment(b=False)),
 ])
 def test_keys_differ_when_anything_differs(other):
     base = dict(m=64, n=32, k=16, layout=GemmLayout.parse("rcr"), epilogue=Epilogue(True, Activation.GELU))
@@ -248,24 +250,37 @@ def test_from_tensors_mismatches_raise(a, b, match):
 
 
 def test_alignment_default_and_tag():
-    assert GemmProblem(m=1, n=1, k=1).alignment == Alignment(True, True, True)
-    assert Alignment().tag == "al-111"
-    assert Alignment(False, True, False).tag == "al-010"
+    default = GemmProblem(m=1, n=1, k=1).alignment
+    assert default == Alignment() and default.a and default.b and default.c  # the common case: all aligned
+    assert default.tag.startswith("al-") and set(default.tag[3:]) == {"1"}
+    unaligned_a = replace(default, a=False)
+    assert unaligned_a.tag != default.tag and unaligned_a.tag[3] == "0" and set(unaligned_a.tag[4:]) == {"1"}
+    assert len({replace(default, **{f.name: False}).tag for f in fields(Alignment)}) == len(fields(Alignment))
+
+
+def _operand_alignment(problem):
+    return (problem.alignment.a, problem.alignment.b, problem.alignment.c)
 
 
 def test_from_tensors_alignment():
     a, b = torch.randn(32, 64, dtype=torch.float16), torch.randn(64, 48, dtype=torch.float16)
-    assert GemmProblem.from_tensors(a, b).alignment == Alignment(True, True, True)
+    assert _operand_alignment(GemmProblem.from_tensors(a, b)) == (True, True, True)
     # A row stride of 65 elements is not a multiple of 16.
     a_odd = torch.randn(32, 65, dtype=torch.float16)[:, :64]
-    assert GemmProblem.from_tensors(a_odd, b).alignment == Alignment(False, True, True)
+    assert _operand_alignment(GemmProblem.from_tensors(a_odd, b)) == (False, True, True)
     # A base pointer 2 bytes past an aligned one.
     flat = torch.randn(64 * 48 + 1, dtype=torch.float16)
     b_shifted = flat[1:].view(64, 48)
     assert b_shifted.data_ptr() % 16 == 2
-    assert GemmProblem.from_tensors(a, b_shifted).alignment == Alignment(True, False, True)
+    assert _operand_alignment(GemmProblem.from_tensors(a, b_shifted)) == (True, False, True)
     # The output we allocate is contiguous: aligned exactly when N is a multiple of 16.
-    assert GemmProblem.from_tensors(a, b[:, :40]).alignment.c is False
-    assert GemmProblem.from_tensors(a, b[:, :40]).alignment.b is True  # B's stride is still 48
+    assert _operand_alignment(GemmProblem.from_tensors(a, b[:, :40])) == (True, True, False)  # B's stride is 48
     out = torch.empty(32, 50, dtype=torch.float16)[:, :48]
-    assert GemmProblem.from_tensors(a, b, out=out).alignment == Alignment(True, True, False)
+    assert _operand_alignment(GemmProblem.from_tensors(a, b, out=out)) == (True, True, False)
+
+
+def test_from_tensors_size_divisibility():
+    p = GemmProblem.from_tensors(torch.randn(32, 64), torch.randn(64, 48))
+    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (True, True, True)
+    p = GemmProblem.from_tensors(torch.randn(33, 40), torch.randn(40, 24))
+    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (False, False, False)

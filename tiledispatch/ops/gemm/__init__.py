@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ...core.dtypes import DType
+from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
 from .config import Family, GemmConfig
 from .operands import GemmOperands, check_operands
@@ -42,8 +44,22 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
 
     operands = check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
                               out_dtype=out_dtype, allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b)
-    result = (dispatcher or default_dispatcher()).run(operands, kernel=kernel)
+    dispatcher = dispatcher or default_dispatcher()
+    _check_dtypes_on_arch(operands.problem.types, dispatcher.arch)
+    result = dispatcher.run(operands, kernel=kernel)
     return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
+
+
+def _check_dtypes_on_arch(types: GemmTypes, arch) -> None:
+    """The DTYPE_ARCH rule, said about the call: no kernel of this arch can take these inputs."""
+    for role, dtype in (("a", types.a), ("b", types.b)):
+        if dtype is not DType.FP32 and not arch.supports_dtype(dtype):
+            where = ("Triton's CPU interpreter (TRITON_INTERPRET=1), which has no " + dtype.value + " tl.dot"
+                     if arch.is_interpreter else arch.name)
+            raise UnsupportedError(
+                f"{role} is {dtype.value}, but {dtype.value} GEMM cannot run on {where}; "
+                f"use fp16 or fp32 inputs" + (", or run on a GPU" if arch.is_interpreter else ", or a newer GPU")
+            )
 
 
 def _result_shape(a, b, operands: GemmOperands) -> tuple[int, ...]:

@@ -62,11 +62,15 @@ def _scale(scale: Any, device: torch.device, what: str) -> torch.Tensor:
     if scale is None:
         return torch.ones((), dtype=torch.float32, device=device)
     if not isinstance(scale, torch.Tensor):
-        return torch.full((), float(scale), dtype=torch.float32, device=device)
+        try:
+            value = float(scale)
+        except (TypeError, ValueError):
+            raise InvalidProblemError(f"{what} must be a number or a float32 tensor, got {scale!r}") from None
+        return torch.full((), value, dtype=torch.float32, device=device)
     if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != device:
         raise InvalidProblemError(
             f"{what} must be one float32 value on {device} (a per-tensor scale), got "
-            f"{scale.dtype} of shape {_shape(scale)} on {scale.device}"
+            f"{scale.dtype} of shape {tuple(scale.shape)} on {scale.device}"
         )
     return scale.reshape(())
 
@@ -87,7 +91,7 @@ def _aligned(t: torch.Tensor | None, shape: tuple[int, ...] | None = None) -> bo
 def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
                    allow_tf32: bool = False, scale_a=None, scale_b=None) -> GemmOperands:
     for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual), ("out", out)):
-        if t is not None and not isinstance(t, torch.Tensor):
+        if (t is not None or name in ("a", "b")) and not isinstance(t, torch.Tensor):
             raise InvalidProblemError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     device = a.device
     for name, t in (("b", b), ("bias", bias), ("residual", residual), ("out", out)):
@@ -156,8 +160,9 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
             raise InvalidProblemError(f"out must have shape {'x'.join(map(str, want))}, got {_shape(out)}")
         if 0 in out3.stride()[1:] or (batch > 1 and out3.stride(0) == 0):
             raise InvalidProblemError("out has a zero stride, so several results would land in one element")
-        for name, t in (("a", a), ("b", b)):
-            if t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+        # bias too: every row of tiles reads all of it, so writing into it races with them.
+        for name, t in (("a", a), ("b", b), ("bias", bias)):
+            if t is not None and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
                 raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")
         layout_c = Layout.of(m, n, out3.stride(1), out3.stride(2))
 

@@ -7,6 +7,7 @@ overflow on large tensors). `plan` binds the operands to one or two launches.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -55,6 +56,7 @@ def _divisible(alignment: Alignment, signature, split: bool) -> tuple[str, ...]:
     ))
 
 
+@functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
 def kernel_units(config: GemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
     t, layout = config.types, config.layout
     split = config.split_k > 1
@@ -130,7 +132,7 @@ def plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor | None = None)
         "M": p.m, "N": p.n,
     }
     c_strides = {"stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
-    units = kernel_units(config)
+    units = kernel_units(config, p.alignment)
     split = config.split_k > 1
     workspace = torch.empty((p.batch, config.split_k, p.m, p.n), dtype=torch.float32,
                             device=out.device) if split else None
