@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from .. import arch as arch_facts
 from .errors import RegistryFormatError, UnknownKernelError
 from .op import OpKind, RuleSet, get_op
 from .spec import KernelSpec
@@ -185,6 +186,9 @@ class Registry:
                 raise bad(f"kernels[{i}]: name {item.get('name')!r} does not match its config ({name})")
             if spec.name in registry:
                 raise bad(f"kernels[{i}]: {spec.name} appears twice")
+            result = spec.definition.validate(spec.config, arch_facts.load(spec.arch))
+            if not result.ok:
+                raise bad(f"kernels[{i}]: {spec.name} breaks a rule on {spec.arch}: {result.errors[0]}")
             registry.add(spec, priority)
         return registry
 

@@ -171,11 +171,11 @@ def test_gemm_layout_parse_errors(text):
     (4, 3, 1, 4, C),  # column-major
     (4, 3, 1, 6, C),  # columns padded
     (4, 3, 6, 2, S),  # every other column
-    (4, 3, 2, 1, S),  # overlapping rows
-    (4, 3, 0, 1, S),  # broadcast rows
+    (4, 3, 2, 1, R),  # overlapping rows: only the unit column stride is fixed
+    (4, 3, 0, 1, R),  # broadcast rows, likewise
     (1, 3, 99, 1, R),  # one row: its stride does not matter
     (1, 3, 1, 5, C),  # one row, strided columns: column-major with a unit row stride
-    (4, 1, 1, 99, C),  # one column: its stride does not matter
+    (4, 1, 1, 99, R),  # one column: its stride does not matter
     (4, 1, 1, 1, R),  # a contiguous column vector is row-major too
     (1, 1, 7, 5, R),  # a single element has any strides
 ])

@@ -88,6 +88,17 @@ def _aligned(t: torch.Tensor | None, shape: tuple[int, ...] | None = None) -> bo
     return all(s % 16 == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n != 1)
 
 
+def _overlaps(t: torch.Tensor) -> bool:
+    """True if two indices of `t` address one element (dims of size 1 never do)."""
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return True
+        span = stride * size
+    return False
+
+
 def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
                    allow_tf32: bool = False, scale_a=None, scale_b=None) -> GemmOperands:
     for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual), ("out", out)):
@@ -107,7 +118,7 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
         )
     if a3.shape[0] != b3.shape[0] and 1 not in (a3.shape[0], b3.shape[0]):
         raise InvalidProblemError(f"batch sizes of a ({a3.shape[0]}) and b ({b3.shape[0]}) differ and neither is 1")
-    batch = max(a3.shape[0], b3.shape[0])
+    batch = 0 if 0 in (a3.shape[0], b3.shape[0]) else max(a3.shape[0], b3.shape[0])  # 0 broadcasts to 0
     if 0 in (m, n, k, batch):
         raise InvalidProblemError(f"a is {_shape(a)} and b is {_shape(b)}: zero-size dims are not a GEMM")
 
@@ -158,8 +169,10 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
         want = (batch, m, n)
         if tuple(out3.shape) != want and not (out.dim() == 2 and batch == 1 and tuple(out.shape) == (m, n)):
             raise InvalidProblemError(f"out must have shape {'x'.join(map(str, want))}, got {_shape(out)}")
-        if 0 in out3.stride()[1:] or (batch > 1 and out3.stride(0) == 0):
-            raise InvalidProblemError("out has a zero stride, so several results would land in one element")
+        if _overlaps(out3):
+            raise InvalidProblemError(
+                f"out (shape {_shape(out)}, strides {tuple(out.stride())}) overlaps itself, so several results "
+                "would land in one element; pass a contiguous tensor")
         # bias too: every row of tiles reads all of it, so writing into it races with them.
         for name, t in (("a", a), ("b", b), ("bias", bias)):
             if t is not None and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():

@@ -23,13 +23,16 @@ class Layout(enum.Enum):
 
     @classmethod
     def of(cls, rows: int, cols: int, row_stride: int, col_stride: int) -> "Layout":
-        """The layout of a rows x cols matrix; a dim of size 1 can have any stride."""
-        if col_stride == 1 and (row_stride >= cols or rows == 1):
+        """The layout of a rows x cols matrix.
+
+        ROW only fixes the column stride at 1 (the row stride stays an argument, so
+        padded or broadcast rows are fine), COL the reverse. The stride of a dim of size
+        1 is never used, so such a dim counts as contiguous.
+        """
+        if col_stride == 1 or cols == 1:
             return cls.ROW
-        if row_stride == 1 and (col_stride >= rows or cols == 1):
+        if row_stride == 1 or rows == 1:
             return cls.COL
-        if rows == 1 and cols == 1:
-            return cls.ROW
         return cls.STRIDED
 
 
