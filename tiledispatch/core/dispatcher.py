@@ -115,9 +115,11 @@ class Dispatcher:
         accepted, refused = self._candidates(problem)
         if not accepted:
             reasons = sorted({c.refused for c in refused})[:5]
+            dtypes = sorted({c.spec.dtype for c in refused})
             raise NoKernelError(
                 f"no kernel among {len(refused)} for {problem.op.value} on {self.arch.name} supports this "
-                f"problem ({problem.describe()}); reasons given: {reasons or ['the registry is empty']}"
+                f"problem ({problem.describe()}); the registry has kernels for dtypes {dtypes}; "
+                f"reasons given: {reasons or ['the registry is empty']}"
             )
         with self._lock:
             self._selected[key] = accepted[0].spec

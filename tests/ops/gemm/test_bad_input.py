@@ -67,8 +67,10 @@ def test_wrong_rank(shape_a):
 
 
 @pytest.mark.parametrize(("shape_a", "shape_b"), [((0, K), (K, N)), ((M, K), (K, 0)), ((M, 0), (0, N)),
-                                                  ((0, M, K), (K, N))], ids=["m0", "n0", "k0", "batch0"])
+                                                  ((0, M, K), (K, N)), ((M, K), (0, K, N)), ((0, M, K), (1, K, N))],
+                         ids=["m0", "n0", "k0", "batch0", "b-batch0", "batch0-vs-1"])
 def test_zero_size_dims(shape_a, shape_b):
+    # A batch of 0 against a 2-D operand (or a batch of 1) is empty, not a batch of 1 read out of bounds.
     with raises(InvalidProblemError, "zero-size dims are not a GEMM"):
         gemm(t(*shape_a), t(*shape_b))
 
@@ -213,11 +215,12 @@ def test_unknown_activation():
 
 # -- out --------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("shape_a", "out_shape", "want"), [
-    ((M, K), (M + 1, N), f"{M}x{N}"), ((M, K), (N, M), f"{M}x{N}"), ((3, M, K), (M, N), f"3x{M}x{N}"),
-    ((3, M, K), (2, M, N), f"3x{M}x{N}"), ((M, K), (M * N,), f"{M}x{N}"),
+    ((M, K), (M + 1, N), f"1x{M}x{N}"), ((M, K), (N, M), f"1x{M}x{N}"), ((3, M, K), (M, N), f"3x{M}x{N}"),
+    ((3, M, K), (2, M, N), f"3x{M}x{N}"), ((M, K), (M * N,), None),
 ], ids=["rows", "transposed", "batch-2d", "batch", "1d"])
 def test_out_wrong_shape(shape_a, out_shape, want):
-    fragment = f"out must have shape {want}" if len(out_shape) > 1 else "out must be 2-D"
+    got = "x".join(map(str, out_shape))
+    fragment = f"out must have shape {want}, got {got}" if want else "out must be 2-D (rows x cols) or 3-D"
     with raises(InvalidProblemError, fragment):
         gemm(t(*shape_a), t(K, N), out=t(*out_shape))
 
@@ -237,10 +240,17 @@ def test_out_disagrees_with_out_dtype():
         gemm(t(M, K), t(K, N), out=t(M, N), out_dtype=torch.float32)
 
 
-def test_out_with_zero_stride():
-    out = torch.empty(M, 1, dtype=torch.float16, device=DEVICE).expand(M, N)
-    with raises(InvalidProblemError, "out has a zero stride"):
-        gemm(t(M, K), t(K, N), out=out)
+@pytest.mark.parametrize("case", ["zero-stride", "batch-zero-stride", "overlapping-rows"])
+def test_out_overlapping_itself(case):
+    a = t(3, M, K) if case == "batch-zero-stride" else t(M, K)
+    if case == "zero-stride":
+        out = torch.empty(M, 1, dtype=torch.float16, device=DEVICE).expand(M, N)
+    elif case == "batch-zero-stride":
+        out = t(M, N).expand(3, M, N)
+    else:  # row r starts inside row r-1
+        out = torch.empty(M * N, dtype=torch.float16, device=DEVICE).as_strided((M, N), (N // 2, 1))
+    with raises(InvalidProblemError, "overlaps itself, so several results would land in one element"):
+        gemm(a, t(K, N), out=out)
 
 
 @pytest.mark.parametrize("alias", ["a", "a-transposed", "b-view", "bias"])
@@ -320,7 +330,8 @@ def test_forced_unknown_kernel_far_from_any(dispatcher):
 
 
 def test_forced_kernel_for_another_arch(dispatcher):
-    name = _name(dispatcher).rsplit("_", 1)[0] + "_sm90"
+    other = "sm80" if ARCH.tag != "sm80" else "sm90"
+    name = _name(dispatcher).rsplit("_", 1)[0] + "_" + other
     with raises(UnknownKernelError, f"no kernel named {name!r}"):
         gemm(t(M, K), t(K, N), kernel=name, dispatcher=dispatcher)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch
-from tiledispatch import Dispatcher, KernelSpec, OpKind, Registry, Strategy
+from tiledispatch import Dispatcher, KernelSpec, OpKind, Registry
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.gemm import (
@@ -173,6 +173,36 @@ def test_padded_rows_and_out_stays_in_bounds(dispatcher):
         border = buf.clone()
         border[1:m + 1, 3:n + 3] = 123.0
         assert bool((border == 123.0).all()), "the kernel wrote outside out"
+
+
+@pytest.mark.parametrize("tile", [PLAIN, SPLIT3], ids=tile_id)
+def test_broadcast_rows_and_columns(dispatcher, tile):
+    """Stride-0 views (expand) keep their layout: only the unit stride is fixed, the other is an argument."""
+    m, n, k = 33, 17, 40
+    g = torch.Generator().manual_seed(22)
+    a = torch.randn(1, k, generator=g).to(DEVICE, torch.float16).expand(m, k)  # every row the same
+    b = torch.randn(k, 1, generator=g).to(DEVICE, torch.float16).expand(k, n)  # every column the same
+    out = torch.full((m, n), float("nan"), dtype=torch.float16, device=DEVICE)
+    ops = check_operands(a, b, out=out)
+    assert ops.problem.layout.name == "rcr"
+    dispatcher.run(ops, kernel=kernel_name(tile, ops.problem))
+    assert compare(out, ops).passed, compare(out, ops).to_dict()
+    assert bool((out == out[0, 0]).all())  # one value repeated, as the inputs say
+
+
+@pytest.mark.parametrize("tile", [SMALL, SPLIT4], ids=tile_id)
+def test_size_one_dims_with_odd_strides(dispatcher, tile):
+    """A single row or column has no meaningful stride along its size-1 dim: any value must do."""
+    k, n = 40, 33
+    g = torch.Generator().manual_seed(23)
+    a = torch.randn(k, 3, generator=g).to(DEVICE, torch.float16)[:, 1].unsqueeze(0)  # 1 x K, column stride 3
+    b = torch.randn(n, 2 * k, generator=g).to(DEVICE, torch.float16)[:, ::2].t()  # K x N, strides (2, 2K)
+    out = torch.full((2, n), float("nan"), dtype=torch.float16, device=DEVICE)[1:]  # 1 x N
+    ops = check_operands(a, b, out=out)
+    assert ops.problem.m == 1 and ops.problem.layout.a.value == "c"  # the unit stride is that of the 1 row
+    name = kernel_name(tile, ops.problem, "sss" if "s" in ops.problem.layout.name else None)
+    dispatcher.run(ops, kernel=name)
+    assert compare(out, ops).passed, compare(out, ops).to_dict()
 
 
 @pytest.mark.parametrize("tile", [PLAIN, SPLIT3], ids=tile_id)
