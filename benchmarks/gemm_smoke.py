@@ -15,7 +15,7 @@ import time
 import torch
 
 import tiledispatch
-from tiledispatch.ops.gemm import GemmProblem, check_operands
+from tiledispatch.ops.gemm import check_operands
 from tiledispatch.ops.gemm.reference import compare
 
 SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (1024, 1024, 1024), (128, 4096, 4096),

@@ -6,7 +6,6 @@
 import tempfile
 from pathlib import Path
 
-import tiledispatch
 from tiledispatch import arch
 from tiledispatch.core.registry import Registry
 

@@ -3,7 +3,6 @@
     python examples/03_explain.py
 """
 
-import tiledispatch
 from tiledispatch import arch
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry

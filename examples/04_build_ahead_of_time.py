@@ -7,7 +7,6 @@ The same as `tiledispatch build --op gemm --rule-set tiny --arch sm_90 --dtype b
 
 import tempfile
 
-import tiledispatch
 from tiledispatch import arch
 from tiledispatch.core.cache import KernelCache
 from tiledispatch.core.kernel import build_all

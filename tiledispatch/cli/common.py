@@ -26,10 +26,7 @@ def json_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except TiledispatchError as e:
-            emit({"status": "error", "error": {"type": type(e).__name__, "message": str(e)}})
-            sys.exit(EXIT_ERROR)
-        except OSError as e:  # a file the user named cannot be read or written
+        except (TiledispatchError, OSError) as e:  # OSError: a file the user named is unusable
             emit({"status": "error", "error": {"type": type(e).__name__, "message": str(e)}})
             sys.exit(EXIT_ERROR)
 

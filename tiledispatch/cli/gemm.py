@@ -7,8 +7,7 @@ from typing import Optional
 import typer
 
 from ..core.dispatcher import Dispatcher, Strategy
-from ..core.errors import UnsupportedError
-from ..core.op import OpKind, RuleSet
+from ..core.op import OpKind
 from ..core.registry import Registry
 from ..core.runtime import Backend, current_arch, current_backend
 from ..ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
@@ -26,13 +25,8 @@ def _problem(m, n, k, batch, dtype, layout, bias, activation, residual) -> GemmP
 
 
 def _dispatcher(rule_set: str, strategy: str) -> Dispatcher:
-    try:
-        chosen = Strategy(strategy.lower())
-    except ValueError:  # not a TiledispatchError: json_errors would let it through as a traceback
-        raise UnsupportedError(
-            f"unknown strategy {strategy!r}; use one of: {', '.join(s.value for s in Strategy)}") from None
     arch = current_arch()
-    return Dispatcher(Registry.from_rule_set(OpKind.GEMM, rule_set, arch), arch, strategy=chosen)
+    return Dispatcher(Registry.from_rule_set(OpKind.GEMM, rule_set, arch), arch, strategy=Strategy.parse(strategy))
 
 
 M = typer.Argument(..., help="rows of A and C")

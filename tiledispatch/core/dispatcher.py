@@ -29,6 +29,16 @@ class Strategy(enum.Enum):
     FIRST = "first"  # the first supporting kernel in registry order
     RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
 
+    @classmethod
+    def parse(cls, text: "str | Strategy") -> "Strategy":
+        if isinstance(text, Strategy):
+            return text
+        try:
+            return cls(str(text).lower())
+        except ValueError:
+            raise UnsupportedError(
+                f"unknown strategy {text!r}; use one of: {', '.join(s.value for s in cls)}") from None
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -74,7 +84,7 @@ class Dispatcher:
                  cache: KernelCache | None = None) -> None:
         self.arch = arch if arch is not None else current_arch()
         self.registry = registry.for_arch(self.arch)
-        self.strategy = Strategy(strategy)
+        self.strategy = Strategy.parse(strategy)
         self._cache = cache
         self._by_op: dict[OpKind, list[KernelSpec]] = {}
         for spec in self.registry:
