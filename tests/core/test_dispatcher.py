@@ -185,7 +185,7 @@ def test_first_strategy_picks_the_first_supporting_spec_in_registry_order(regist
 
 
 def test_unknown_strategy_raises(registry):
-    with pytest.raises(ValueError):
+    with pytest.raises(UnsupportedError, match="unknown strategy 'fastest'; use one of: first, rules"):
         Dispatcher(registry, INTERP, strategy="fastest")
 
 
