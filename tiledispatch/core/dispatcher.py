@@ -11,7 +11,7 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import kernel as kernel_step
 from .cache import KernelCache
@@ -92,6 +92,7 @@ class Dispatcher:
         self._selected: dict[Any, KernelSpec] = {}
         self._launchers: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[str] = set()
+        self._bound: dict[Any, Any] = {}
         self._lock = threading.RLock()
 
     @property
@@ -163,6 +164,12 @@ class Dispatcher:
 
     def run(self, operands, *, kernel: str | KernelSpec | None = None):
         """Runs the op on checked operands with the selected (or the forced) kernel."""
+        spec, launchers = self.prepare(operands, kernel=kernel)
+        plan = spec.definition.plan(spec.config, operands)
+        return execute(plan, launchers, _stream(operands.device))
+
+    def prepare(self, operands, *, kernel: str | KernelSpec | None = None) -> tuple[KernelSpec, dict[str, Any]]:
+        """The kernel for checked operands and its launchers: the first candidate that builds."""
         problem = operands.problem
         _check_device(operands.device)
         while True:
@@ -177,9 +184,16 @@ class Dispatcher:
                 with self._lock:
                     self._broken.add(spec.name)
                     self._selected.pop(problem.key(), None)
-        plan = spec.definition.plan(spec.config, operands)
-        stream = _stream(operands.device)
-        return execute(plan, launchers, stream)
+        return spec, launchers
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """A per-dispatcher memo for an op's bound calls (its fast path), made once per key."""
+        found = self._bound.get(key)
+        if found is None:
+            found = make()
+            with self._lock:
+                self._bound[key] = found
+        return found
 
 
 def _check_device(device) -> None:

@@ -99,3 +99,63 @@ def test_fresh_process_loads_from_cache_without_compiling(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "compiles 1" in first.stdout or "compiles 2" in first.stdout, first.stdout
     assert "compiles 0" in second.stdout, second.stdout
+
+
+def _ref(a, b, bias=None, residual=None, scale=1.0):
+    out = (a.double() @ b.double()) * scale
+    if bias is not None:
+        out = out + bias.double()
+    return out if residual is None else out + residual.double()
+
+
+def _rel(got, ref):
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(96, 80, 72), (64, 64, 8192), (257, 129, 1000)])
+def test_fast_path_replays_on_new_tensors(shape):
+    """Later calls of one signature skip the checks but must still compute on the new data."""
+    m, n, k = shape
+    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", current_arch()), current_arch())
+    for _ in range(3):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        got = tiledispatch.gemm(a, b, bias=bias, residual=residual, out=out, dispatcher=dispatcher)
+        assert got.data_ptr() == out.data_ptr()
+        assert _rel(got, _ref(a, b, bias, residual)) < 1.6e-2
+        plain = tiledispatch.gemm(a, b, dispatcher=dispatcher)
+        assert _rel(plain, _ref(a, b)) < 1.6e-2
+    assert len(dispatcher._bound) == 2  # one bound call per signature
+
+
+def test_fast_path_fp8_scales_and_aliasing():
+    a = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(256, 64, device="cuda").to(torch.float8_e4m3fn)
+    for scale in (0.5, 2.0):
+        sa = torch.tensor(scale, device="cuda")
+        sb = torch.tensor(0.25, device="cuda")
+        got = tiledispatch.gemm(a, b, scale_a=sa, scale_b=sb)
+        assert _rel(got, _ref(a, b, scale=scale * 0.25)) < 1.6e-2
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    tiledispatch.gemm(x, x.clone(), out=torch.empty_like(x))  # binds the signature
+    with pytest.raises(tiledispatch.InvalidProblemError, match="shares memory with a"):
+        tiledispatch.gemm(x, x.clone(), out=x)
+
+
+def test_cuda_graph_capture_and_replay():
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(256, 128, device="cuda", dtype=torch.bfloat16)
+    tiledispatch.gemm(a, b, out=out)  # compile and bind outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tiledispatch.gemm(a, b, out=out)
+    a.copy_(torch.randn_like(a))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, _ref(a, b)) < 1.6e-2

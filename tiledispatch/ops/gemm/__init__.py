@@ -6,6 +6,7 @@ from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
 from .config import Family, GemmConfig
+from . import fastpath
 from .operands import GemmOperands, check_operands
 from .plan import kernel_units, plan
 from .problem import Activation, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
@@ -42,10 +43,20 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     """
     from ...core.dispatcher import default_dispatcher
 
-    operands = check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
-                              out_dtype=out_dtype, allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b)
     dispatcher = dispatcher or default_dispatcher()
-    _check_dtypes_on_arch(operands.problem.types, dispatcher.arch)
+    key = fastpath.call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel)
+
+    def checked():
+        operands = check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
+                                  out_dtype=out_dtype, allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b)
+        _check_dtypes_on_arch(operands.problem.types, dispatcher.arch)
+        return operands
+
+    if key is not None:  # a GPU call: bound once per signature, then replayed
+        bound = dispatcher.memo(("gemm", key), lambda: fastpath.bind(
+            dispatcher, checked(), kernel, result_2d=a.dim() == 2 and b.dim() == 2))
+        return bound(a, b, bias, residual, out, scale_a, scale_b)
+    operands = checked()
     result = dispatcher.run(operands, kernel=kernel)
     return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
 

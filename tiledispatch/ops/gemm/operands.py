@@ -99,6 +99,18 @@ def _overlaps(t: torch.Tensor) -> bool:
     return False
 
 
+def check_no_alias(out: torch.Tensor, a, b, bias) -> None:
+    """out must not share memory with what the kernel reads from other programs.
+
+    bias too: every row of tiles reads all of it, so writing into it races with them.
+    (A residual of out's own shape may alias out: each element is read, then written, by one program.)
+    """
+    storage = out.untyped_storage().data_ptr()
+    for name, t in (("a", a), ("b", b), ("bias", bias)):
+        if t is not None and t.untyped_storage().data_ptr() == storage:
+            raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")
+
+
 def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
                    allow_tf32: bool = False, scale_a=None, scale_b=None) -> GemmOperands:
     for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual), ("out", out)):
@@ -173,10 +185,7 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
             raise InvalidProblemError(
                 f"out (shape {_shape(out)}, strides {tuple(out.stride())}) overlaps itself, so several results "
                 "would land in one element; pass a contiguous tensor")
-        # bias too: every row of tiles reads all of it, so writing into it races with them.
-        for name, t in (("a", a), ("b", b), ("bias", bias)):
-            if t is not None and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
-                raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")
+        check_no_alias(out, a, b, bias)
         layout_c = Layout.of(m, n, out3.stride(1), out3.stride(2))
 
     problem = GemmProblem(
