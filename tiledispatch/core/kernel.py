@@ -171,10 +171,10 @@ class BuildResult:
     error: str | None = None
 
 
-def _worker_build(spec: KernelSpec, cache_root: str) -> BuildResult:
+def _worker_build(spec: KernelSpec, cache_root: str, specializations: tuple | None) -> BuildResult:
     start = time.perf_counter()
     try:
-        for specialization in spec.definition.specializations:
+        for specialization in specializations or spec.definition.specializations:
             build(spec, KernelCache(cache_root), specialization)
         return BuildResult(spec.name, True, time.perf_counter() - start)
     except Exception as e:  # reported per kernel; one bad config must not stop a build
@@ -196,8 +196,9 @@ def _environment(**values: str):
 
 
 def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
-              on_done: Callable[[BuildResult], None] | None = None) -> list[BuildResult]:
-    """Compiles every spec, in each of its op's ahead-of-time specialisations, into `cache`.
+              on_done: Callable[[BuildResult], None] | None = None,
+              specializations: tuple | None = None) -> list[BuildResult]:
+    """Compiles every spec, in `specializations` (default: its op's ahead-of-time ones), into `cache`.
 
     Workers are spawned processes with `jobs` at most: no GPU state is shared.
     """
@@ -208,7 +209,7 @@ def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
         # Workers compile real kernels: they must import Triton without the interpreter,
         # and a spawned process takes the environment of the moment it starts.
         with _environment(TRITON_INTERPRET="0"):
-            futures = [pool.submit(_worker_build, spec, str(cache.root)) for spec in specs]
+            futures = [pool.submit(_worker_build, spec, str(cache.root), specializations) for spec in specs]
         for future in as_completed(futures):
             result = future.result()
             results.append(result)

@@ -1,0 +1,330 @@
+"""The GEMM suite on the GPU, side by side with cuBLAS (and torch._scaled_mm for fp8).
+
+For every case of benchmarks/suites/gemm.json (a copy of ../shared/suites/gemm.json) and
+every dtype, with A row-major and B column-major (an nn.Linear weight):
+  - every Triton kernel of the registry that supports the problem is checked against an
+    fp32 reference, then timed: CUDA-event median after warm-up, inputs rotated through
+    sets larger than L2; the fastest is the oracle;
+  - the `rules` pick among the Triton kernels, and the dispatcher's pick with the vendor
+    candidate in the registry (when the registry has one);
+  - cuBLAS through PyTorch, timed the same way in the same run.
+Also the host time of a call on a tiny known problem, against torch.mm, and under a CUDA graph.
+
+    python benchmarks/gemm.py --out benchmarks/results/h200 [--dtypes bf16,fp16,fp8e4m3] [--cases NAME,...]
+
+Writes gemm.csv (one row per case, dtype and provider), gemm_summary.json and gemm.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import tiledispatch  # noqa: F401  (first: it picks the backend)
+import torch
+
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.kernel import build_all
+from tiledispatch.core.registry import Registry
+from tiledispatch.core.runtime import current_arch
+from tiledispatch.ops.gemm import check_operands
+
+SUITE = Path(__file__).parent / "suites" / "gemm.json"
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8e4m3": torch.float8_e4m3fn}
+L2_BYTES = 60 * 2**20
+GPU_SECONDS_PER_KERNEL = 0.15  # timing budget per candidate and case: sets the repeat count
+
+
+def make_sets(case: dict, dtype: str) -> list[dict]:
+    """Input sets for one case, enough of them that rotating through them defeats L2."""
+    m, n, k, batch = case["M"], case["N"], case["K"], case["batch"]
+    torch_dtype = TORCH_DTYPES[dtype]
+    bytes_per_set = batch * (m * k + n * k) * torch_dtype.itemsize
+    count = max(2, min(8, math.ceil(3 * L2_BYTES / bytes_per_set)))
+    sets = []
+    for _ in range(count):
+        lead = (batch,) if batch > 1 else ()
+        a = torch.randn(*lead, m, k, device="cuda").to(torch_dtype)
+        b = torch.randn(*lead, n, k, device="cuda").to(torch_dtype).transpose(-1, -2)  # K x N, column-major
+        entry = {"a": a, "b": b}
+        if dtype.startswith("fp8"):
+            entry["scale_a"] = torch.tensor(1.0 / math.sqrt(k), device="cuda")
+            entry["scale_b"] = torch.tensor(1.0, device="cuda")
+        sets.append(entry)
+    return sets
+
+
+def median_ms(fn, sets, repeats: int) -> float:
+    for i in range(2):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s = sets[i % len(sets)]
+        begin.record()
+        fn(s)
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+def vendor_fn(dtype: str):
+    if dtype.startswith("fp8"):
+        def scaled(s):
+            if s["a"].dim() == 3:
+                raise RuntimeError("torch._scaled_mm has no batched form")
+            return torch._scaled_mm(s["a"], s["b"], s["scale_a"], s["scale_b"], out_dtype=torch.bfloat16)
+        return scaled
+    return lambda s: torch.matmul(s["a"], s["b"])
+
+
+def reference(s: dict) -> torch.Tensor:
+    out = torch.matmul(s["a"].float(), s["b"].float())
+    if "scale_a" in s:
+        out = out * s["scale_a"] * s["scale_b"]
+    return out
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def call(dispatcher, kernel):
+    return lambda s: tiledispatch.gemm(s["a"], s["b"], scale_a=s.get("scale_a"), scale_b=s.get("scale_b"),
+                                       kernel=kernel, dispatcher=dispatcher)
+
+
+def precompile(dispatcher: Dispatcher, jobs: list, workers: int) -> None:
+    """Compiles every (candidate, alignment) the run will need, in parallel, before timing."""
+    by_alignment: dict = {}
+    for problem, specs in jobs:
+        by_alignment.setdefault(problem.alignment, set()).update(specs)
+    for alignment, specs in by_alignment.items():
+        start = time.perf_counter()
+        results = build_all(sorted(specs, key=lambda s: s.name), dispatcher.cache, workers,
+                            specializations=(alignment,))
+        failed = [r for r in results if not r.ok]
+        print(f"built {len(results) - len(failed)} kernels for {alignment.tag} in {time.perf_counter() - start:.0f} s"
+              + (f"; {len(failed)} failed: {failed[0].error[:300]}" if failed else ""), flush=True)
+
+
+def host_overhead(dispatcher: Dispatcher) -> dict:
+    """Host time per call on a tiny problem seen before: tiledispatch, torch.mm, and a graph replay."""
+    a = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(16, 16, device="cuda", dtype=torch.bfloat16)
+
+    def per_call(fn, calls=3000):
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return elapsed / calls * 1e6
+
+    results = {
+        "host_us_dispatch": per_call(lambda: tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)),
+        "host_us_dispatch_no_out": per_call(lambda: tiledispatch.gemm(a, b, dispatcher=dispatcher)),
+        "host_us_torch_mm": per_call(lambda: torch.mm(a, b, out=out)),
+    }
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)
+    results["host_us_graph_replay"] = per_call(graph.replay)
+    return {k: round(v, 2) for k, v in results.items()}
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def percentile(values, q):
+    values = sorted(values)
+    if not values:
+        return None
+    return values[min(len(values) - 1, max(0, int(round(q * (len(values) - 1)))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
+    parser.add_argument("--dtypes", default="bf16,fp16,fp8e4m3")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--rule-set", default="default")
+    parser.add_argument("--jobs", type=int, default=16)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    suite = json.loads(SUITE.read_text())
+    cases = [c for c in suite["cases"] if not args.cases or c["name"] in args.cases.split(",")]
+    dtypes = args.dtypes.split(",")
+    arch = current_arch()
+    registry = Registry.from_rule_set("gemm", args.rule_set, arch)
+    dispatcher = Dispatcher(registry, arch)
+
+    work = []
+    for case in cases:
+        for dtype in dtypes:
+            sets = make_sets(case, dtype)
+            s = sets[0]
+            problem = check_operands(s["a"], s["b"], scale_a=s.get("scale_a"), scale_b=s.get("scale_b")).problem
+            explanation = dispatcher.explain(problem)
+            triton = [c.spec for c in explanation.ranked if c.spec.family != "vendor"
+                      and c.spec.config.layout.name == problem.layout.name]
+            work.append((case, dtype, problem, triton, explanation))
+            del sets
+    torch.cuda.empty_cache()
+    precompile(dispatcher, [(p, t) for _, _, p, t, _ in work], args.jobs)
+
+    rows, summary_cases = [], []
+    csv_path = args.out / "gemm.csv"
+    fields = ["case", "dtype", "m", "n", "k", "batch", "provider", "kernel", "ms", "tflops", "ratio_vs_vendor",
+              "rel_error"]
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for case, dtype, problem, triton, explanation in work:
+            sets = make_sets(case, dtype)
+            ref = reference(sets[0])
+            flops = problem.flops()
+
+            def record(provider, kernel, ms, err):
+                row = {"case": case["name"], "dtype": dtype, "m": problem.m, "n": problem.n, "k": problem.k,
+                       "batch": problem.batch, "provider": provider, "kernel": kernel,
+                       "ms": None if ms is None else round(ms, 5),
+                       "tflops": None if ms is None else round(flops / ms / 1e9, 2), "ratio_vs_vendor": None,
+                       "rel_error": None if err is None else f"{err:.2e}"}
+                rows.append(row)
+                return row
+
+            vendor_ms = None
+            try:
+                fn = vendor_fn(dtype)
+                vendor_ms = median_ms(fn, sets, 20)
+                record("cublas", "torch._scaled_mm" if dtype.startswith("fp8") else "torch.matmul", vendor_ms,
+                       rel_error(fn(sets[0]), ref))
+            except RuntimeError as e:
+                record("cublas", f"unavailable: {str(e).splitlines()[0][:80]}", None, None)
+            times = {}
+            tolerance = 2e-2 if dtype != "fp16" else 5e-3
+            for spec in triton:
+                fn = call(dispatcher, spec.name)
+                err = rel_error(fn(sets[0]), ref)
+                if not err <= tolerance:
+                    record("triton-rejected", spec.name, None, err)
+                    print(f"WRONG RESULT {case['name']} {dtype} {spec.name}: rel error {err:.2e}", flush=True)
+                    continue
+                first = median_ms(fn, sets, 3)
+                repeats = max(5, min(30, int(GPU_SECONDS_PER_KERNEL * 1e3 / max(first, 1e-3))))
+                times[spec.name] = median_ms(fn, sets, repeats)
+                record("triton-candidate", spec.name, times[spec.name], err)
+            selected = next((c.spec.name for c in explanation.ranked if c.spec.name in times), None)
+            oracle = min(times, key=times.get) if times else None
+            dispatcher_pick = explanation.selected.name if explanation.selected else None
+            dispatch_ms = times.get(dispatcher_pick) if dispatcher_pick in times else None
+            if dispatcher_pick and dispatcher_pick not in times:  # the vendor candidate
+                dispatch_ms = median_ms(call(dispatcher, dispatcher_pick), sets, 20)
+            entry = {"case": case["name"], "dtype": dtype, "cublas_ms": vendor_ms,
+                     "selected": selected, "selected_ms": times.get(selected), "oracle": oracle,
+                     "oracle_ms": times.get(oracle), "dispatcher": dispatcher_pick, "dispatcher_ms": dispatch_ms}
+            for provider, name, ms in (("triton-selected", selected, entry["selected_ms"]),
+                                       ("triton-oracle", oracle, entry["oracle_ms"]),
+                                       ("dispatcher", dispatcher_pick, dispatch_ms)):
+                row = record(provider, name, ms, None)
+                if ms and vendor_ms:
+                    row["ratio_vs_vendor"] = round(vendor_ms / ms, 4)
+            summary_cases.append(entry)
+            for row in rows:
+                if row["ratio_vs_vendor"] is None and row["ms"] and vendor_ms and row["provider"] != "cublas":
+                    row["ratio_vs_vendor"] = round(vendor_ms / row["ms"], 4)
+            writer.writerows(rows)
+            f.flush()
+            print(f"{case['name']:<28} {dtype:<8} cublas {flops / vendor_ms / 1e9 if vendor_ms else float('nan'):7.1f}"
+                  f"  selected {flops / entry['selected_ms'] / 1e9 if entry['selected_ms'] else float('nan'):7.1f}"
+                  f"  oracle {flops / entry['oracle_ms'] / 1e9 if entry['oracle_ms'] else float('nan'):7.1f}"
+                  f"  dispatcher {flops / dispatch_ms / 1e9 if dispatch_ms else float('nan'):7.1f} TFLOP/s",
+                  flush=True)
+            rows.clear()
+            del sets, ref
+            torch.cuda.empty_cache()
+
+    summary = summarize(summary_cases, dtypes)
+    summary.update(host_overhead(dispatcher))
+    summary.update({
+        "cases": len(summary_cases),
+        "command": "python " + " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "rule_set": args.rule_set,
+    })
+    (args.out / "gemm_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(summary_cases, args.out / "gemm.png")
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_dtype"}, indent=1))
+    return 0
+
+
+def summarize(entries: list[dict], dtypes: list[str]) -> dict:
+    def stats(subset):
+        with_vendor = [e for e in subset if e["cublas_ms"]]
+        ratio = lambda key: [e["cublas_ms"] / e[key] for e in with_vendor if e[key]]  # noqa: E731
+        efficiency = [e["oracle_ms"] / e["selected_ms"] for e in subset if e["selected_ms"]]
+        dispatcher_ratio = ratio("dispatcher_ms")
+        return {
+            "geomean_ratio_triton_selected": geomean(ratio("selected_ms")),
+            "geomean_ratio_triton_oracle": geomean(ratio("oracle_ms")),
+            "geomean_ratio_dispatcher": geomean(dispatcher_ratio),
+            "min_ratio_dispatcher": min(dispatcher_ratio) if dispatcher_ratio else None,
+            "selection_efficiency_mean": statistics.mean(efficiency) if efficiency else None,
+            "selection_efficiency_median": statistics.median(efficiency) if efficiency else None,
+            "selection_efficiency_p10": percentile(efficiency, 0.10),
+            "selection_efficiency_min": min(efficiency) if efficiency else None,
+        }
+
+    summary = stats([e for e in entries if not e["dtype"].startswith("fp8")])  # the bf16/fp16 targets
+    summary["per_dtype"] = {d: stats([e for e in entries if e["dtype"] == d]) for d in dtypes}
+    return summary
+
+
+def plot(entries: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({e["dtype"] for e in entries})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(16, 4.5 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        subset = [e for e in entries if e["dtype"] == dtype]
+        x = range(len(subset))
+        for key, label, marker in (("selected_ms", "Triton, rules pick", "o"), ("oracle_ms", "Triton, oracle", "^"),
+                                   ("dispatcher_ms", "dispatcher (with vendor)", "s")):
+            ys = [e["cublas_ms"] / e[key] if e["cublas_ms"] and e[key] else float("nan") for e in subset]
+            ax.scatter(x, ys, label=label, marker=marker, s=22)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{dtype}: speed / cuBLAS")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([e["case"] for e in subset], rotation=75, fontsize=7)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
