@@ -42,17 +42,22 @@ L2_BYTES = 60 * 2**20
 GPU_SECONDS_PER_KERNEL = 0.15  # timing budget per candidate and case: sets the repeat count
 
 
-def make_sets(case: dict, dtype: str) -> list[dict]:
-    """Input sets for one case, enough of them that rotating through them defeats L2."""
+def make_sets(case: dict, dtype: str, shapes_only: bool = False) -> list[dict]:
+    """Input sets for one case, enough of them that rotating through them defeats L2.
+
+    `shapes_only`: one set of uninitialised tensors, for describing the problem.
+    """
     m, n, k, batch = case["M"], case["N"], case["K"], case["batch"]
     torch_dtype = TORCH_DTYPES[dtype]
     bytes_per_set = batch * (m * k + n * k) * torch_dtype.itemsize
-    count = max(2, min(8, math.ceil(3 * L2_BYTES / bytes_per_set)))
+    count = 1 if shapes_only else max(2, min(8, math.ceil(3 * L2_BYTES / bytes_per_set)))
+    make = (lambda *shape: torch.empty(*shape, device="cuda", dtype=torch_dtype)) if shapes_only else (
+        lambda *shape: torch.randn(*shape, device="cuda").to(torch_dtype))
     sets = []
     for _ in range(count):
         lead = (batch,) if batch > 1 else ()
-        a = torch.randn(*lead, m, k, device="cuda").to(torch_dtype)
-        b = torch.randn(*lead, n, k, device="cuda").to(torch_dtype).transpose(-1, -2)  # K x N, column-major
+        a = make(*lead, m, k)
+        b = make(*lead, n, k).transpose(-1, -2)  # K x N, column-major
         entry = {"a": a, "b": b}
         if dtype.startswith("fp8"):
             entry["scale_a"] = torch.tensor(1.0 / math.sqrt(k), device="cuda")
@@ -178,7 +183,7 @@ def main() -> int:
     work = []
     for case in cases:
         for dtype in dtypes:
-            sets = make_sets(case, dtype)
+            sets = make_sets(case, dtype, shapes_only=True)
             s = sets[0]
             problem = check_operands(s["a"], s["b"], scale_a=s.get("scale_a"), scale_b=s.get("scale_b")).problem
             explanation = dispatcher.explain(problem)
