@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 from .cache import CacheEntry, KernelCache
 from .errors import BuildError
-from .op import KernelUnit
+from .op import KernelUnit, UnitKind
 from .runtime import Backend, current_backend
 from .spec import KernelSpec
 
@@ -121,6 +121,8 @@ def build(spec: KernelSpec, cache: KernelCache, specialization: Any | None = Non
     """Every unit of `spec` from the cache, compiling (once, under the key's lock) what is missing."""
     entries = {}
     for unit in units(spec, specialization):
+        if unit.kind is UnitKind.PYTHON:
+            continue  # nothing to compile
         entries[unit.stage] = cache.get_or_build(
             unit_key(spec, unit, specialization), functools.partial(compile_unit, unit, spec.arch)
         )
@@ -143,6 +145,16 @@ class CudaLauncher:
         self._run(grid[0], grid[1], grid[2], stream, self._function, self._packed, None, None, None, *args)
 
 
+class PythonLauncher:
+    """A plain function stage (the vendor library): called with the plan's arguments."""
+
+    def __init__(self, unit: KernelUnit) -> None:
+        self._fn = _function(unit)
+
+    def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int | None) -> None:
+        self._fn(*args)
+
+
 class InterpretedLauncher:
     """The same kernel source, run on the CPU by Triton's interpreter."""
 
@@ -156,10 +168,14 @@ class InterpretedLauncher:
 def load(spec: KernelSpec, cache: KernelCache | None, specialization: Any | None = None) -> dict[str, Any]:
     """Launchers by stage for `spec` (specialised so) on this process's backend."""
     todo = units(spec, specialization)
+    launchers = {unit.stage: PythonLauncher(unit) for unit in todo if unit.kind is UnitKind.PYTHON}
+    triton = [unit for unit in todo if unit.kind is UnitKind.TRITON]
     if current_backend() is Backend.INTERPRETER:
-        return {unit.stage: InterpretedLauncher(unit) for unit in todo}
-    entries = build(spec, cache if cache is not None else KernelCache(), specialization)
-    return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in todo}
+        return {**launchers, **{unit.stage: InterpretedLauncher(unit) for unit in triton}}
+    if triton:
+        entries = build(spec, cache if cache is not None else KernelCache(), specialization)
+        launchers.update({unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in triton})
+    return launchers
 
 
 # -- ahead-of-time builds in worker processes ------------------------------------------

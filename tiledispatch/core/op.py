@@ -51,9 +51,14 @@ class RuleSet(enum.Enum):
             ) from None
 
 
+class UnitKind(enum.Enum):
+    TRITON = "triton"  # a @triton.jit function: compiled, cached, launched on a grid
+    PYTHON = "python"  # a plain function (the vendor library through PyTorch): called with the args
+
+
 @dataclass(frozen=True)
 class KernelUnit:
-    """One Triton function to compile: where it lives and how it is specialised.
+    """One function a plan stage runs: where it lives and how it is specialised.
 
     `signature` maps every argument name to a Triton type (``*fp16``, ``i32``) or
     ``constexpr``; `constexprs` gives the values of the constexpr ones.
@@ -69,6 +74,7 @@ class KernelUnit:
     num_stages: int
     modules: tuple[str, ...]
     divisible_by_16: tuple[str, ...] = ()  # arguments the compiler may assume divisible by 16
+    kind: UnitKind = UnitKind.TRITON
 
 
 @dataclass(frozen=True)

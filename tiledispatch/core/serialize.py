@@ -24,9 +24,23 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def _closest_dataclass(options: tuple, data: dict) -> type:
+    """The option whose fields best match the keys of `data`, so that its error is the one reported."""
+
+    def mismatch(option) -> int:
+        names = {f.name for f in dataclasses.fields(option) if f.init}
+        return len(set(data) ^ names)
+
+    return min(options, key=mismatch)
+
+
 def from_jsonable(tp: Any, data: Any, where: str = "value") -> Any:
     """Builds an instance of `tp` from JSON data; raises ValueError naming the bad field."""
     origin = typing.get_origin(tp)
+    options = typing.get_args(tp) if origin in (typing.Union, types.UnionType) else ()
+    if options and all(dataclasses.is_dataclass(o) for o in options):
+        chosen = _closest_dataclass(options, data) if isinstance(data, dict) else options[0]
+        return from_jsonable(chosen, data, where)
     if origin in (typing.Union, types.UnionType):
         errors = []
         for option in typing.get_args(tp):

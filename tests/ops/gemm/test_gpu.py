@@ -14,6 +14,7 @@ import tiledispatch
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
+from tiledispatch.core.dtypes import DType
 from tiledispatch.ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
 from tiledispatch.ops.gemm.inputs import make_inputs
 from tiledispatch.ops.gemm.problem import Activation, Epilogue
@@ -28,6 +29,18 @@ EPILOGUES = [Epilogue(), Epilogue(True, Activation.GELU, True), Epilogue(False, 
              Epilogue(True, Activation.RELU, False)]
 
 
+_TRITON = []
+
+
+def triton_only() -> Dispatcher:
+    """The default registry without the vendor candidate, so these tests exercise our kernels."""
+    if not _TRITON:
+        arch = current_arch()
+        registry = Registry.from_rule_set("gemm", "default", arch).filter(lambda s: s.family == "tiled")
+        _TRITON.append(Dispatcher(registry, arch))
+    return _TRITON[0]
+
+
 def _check(problem: GemmProblem, dispatcher=None, kernel=None, seed=0):
     inputs = make_inputs(problem, device="cuda", seed=seed)
     ops = check_operands(inputs.a, inputs.b, activation=problem.epilogue.activation,
@@ -36,7 +49,7 @@ def _check(problem: GemmProblem, dispatcher=None, kernel=None, seed=0):
     # detected letters may differ from the requested ones there.
     if min(problem.m, problem.n, problem.k) > 1:
         assert ops.problem == replace(problem, alignment=ops.problem.alignment)
-    out = (dispatcher or tiledispatch.default_dispatcher()).run(ops, kernel=kernel)
+    out = (dispatcher or triton_only()).run(ops, kernel=kernel)
     torch.cuda.synchronize()
     result = compare(out, ops)
     assert result.passed, (problem, kernel, result)
@@ -159,3 +172,19 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert _rel(out, _ref(a, b)) < 1.6e-2
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.name)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "fp16-fp32", "fp8e4m3"])
+def test_vendor_candidate_with_its_epilogue_steps(dtype, epilogue):
+    types = GemmTypes(DType.FP16, DType.FP16, DType.FP32) if dtype == "fp16-fp32" else GemmTypes.parse(dtype)
+    problem = GemmProblem(192, 128, 320, types=types, layout=GemmLayout.parse("rcr"), epilogue=epilogue)
+    name = f"gemm_{types.name}_sss_vendor_{epilogue.name}_sm90"
+    _check(problem, tiledispatch.default_dispatcher(), kernel=name)
+
+
+def test_dispatcher_explains_the_vendor_candidate():
+    problem = GemmProblem(4096, 4096, 4096, types=GemmTypes.parse("bf16"), layout=GemmLayout.parse("rcr"))
+    explanation = tiledispatch.default_dispatcher().explain(problem)
+    vendor = [c for c in explanation.ranked if c.spec.family == "vendor"]
+    assert len(vendor) == 1 and "epilogue_steps" in vendor[0].score.terms

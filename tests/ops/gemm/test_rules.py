@@ -71,9 +71,12 @@ BREAKERS = {
 BREAK_ON = {GemmRule.DTYPE_ARCH: SM80}
 
 
+VENDOR_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT}
+
+
 def test_every_error_rule_has_a_breaker():
     warning_only = {GemmRule.WARPS_FOR_TILE}
-    assert set(BREAKERS) == set(GemmRule) - warning_only
+    assert set(BREAKERS) == set(GemmRule) - warning_only - VENDOR_ONLY
 
 
 @pytest.mark.parametrize("rule", list(BREAKERS), ids=lambda r: r.value)
@@ -315,3 +318,37 @@ def test_supports_refuses_with_a_reason(changes, words):
     assert isinstance(reason, str)
     for word in words:
         assert word in reason
+
+
+# -- the vendor candidate --------------------------------------------------------------
+def test_vendor_config_rules():
+    from tiledispatch.ops.gemm import VendorConfig
+
+    bf16 = GemmTypes(DType.BF16, DType.BF16, DType.BF16)
+    good = VendorConfig(bf16, GemmLayout.parse("sss"), Epilogue())
+    assert good.name == "gemm_bf16_sss_vendor_none"
+    assert validate(good, SM90).ok
+    assert auto_correct(good, SM90) == (good, ())
+    on_cpu = validate(good, arch.load("interpreter"))
+    assert on_cpu.broken_rules() == frozenset({GemmRule.FAMILY_ARCH})
+    pinned = VendorConfig(bf16, GemmLayout.parse("rcr"), Epilogue())
+    assert validate(pinned, SM90).broken_rules() == frozenset({GemmRule.LAYOUT})
+    with pytest.raises(InvalidConfigError, match="layout"):
+        auto_correct(pinned, SM90)
+    fp8 = VendorConfig(GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16), GemmLayout.parse("sss"), Epilogue())
+    assert validate(fp8, SM80).broken_rules() == frozenset({GemmRule.DTYPE_ARCH})
+
+
+def test_vendor_supports_any_layout_but_fp8_needs_rcr():
+    from tiledispatch.ops.gemm import VendorConfig
+
+    bf16 = GemmTypes(DType.BF16, DType.BF16, DType.BF16)
+    vendor = VendorConfig(bf16, GemmLayout.parse("sss"), Epilogue())
+    assert supports(vendor, GemmProblem(33, 65, 7, types=bf16, layout=GemmLayout.parse("csc"))) is None
+    assert "epilogue" in supports(vendor, GemmProblem(8, 8, 8, types=bf16, epilogue=Epilogue(bias=True)))
+    fp8_types = GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16)
+    fp8 = VendorConfig(fp8_types, GemmLayout.parse("sss"), Epilogue())
+    assert supports(fp8, GemmProblem(64, 64, 64, types=fp8_types, layout=GemmLayout.parse("rcr"))) is None
+    assert "column-major" in supports(fp8, GemmProblem(64, 64, 64, types=fp8_types, layout=GemmLayout.parse("rrr")))
+    assert "multiples of 16" in supports(fp8, GemmProblem(64, 64, 72 + 1, types=fp8_types,
+                                                          layout=GemmLayout.parse("rcr")))

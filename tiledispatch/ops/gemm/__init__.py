@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
-from .config import Family, GemmConfig
+from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
 from .operands import GemmOperands, check_operands
 from .plan import kernel_units, plan
@@ -17,7 +17,7 @@ from .rulesets import RULE_SETS
 OP = OpDefinition(
     kind=OpKind.GEMM,
     problem_type=GemmProblem,
-    config_type=GemmConfig,
+    config_type=AnyGemmConfig,
     validate=validate,
     auto_correct=auto_correct,
     rule_sets=RULE_SETS,
@@ -80,5 +80,5 @@ def _result_shape(a, b, operands: GemmOperands) -> tuple[int, ...]:
 
 __all__ = [
     "OP", "gemm", "GemmProblem", "GemmConfig", "GemmTypes", "GemmLayout", "Layout", "Epilogue", "Activation",
-    "Alignment", "Family", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
+    "Alignment", "Family", "VendorConfig", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
 ]

@@ -9,9 +9,10 @@ from .problem import Epilogue, GemmLayout, GemmProblem, GemmTypes
 
 
 class Family(enum.Enum):
-    """A kernel family is one kernel file in ``kernels/``."""
+    """A kernel family is one kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
 
     TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
+    VENDOR = "vendor"  # cuBLAS (cuBLASLt for fp8) through PyTorch, epilogue as separate steps
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,20 @@ class GemmConfig:
     def for_problem(self, problem: GemmProblem) -> "GemmConfig":
         """This tile shape with the problem's signature (types, layout, epilogue)."""
         return replace(self, types=problem.types, layout=problem.layout, epilogue=problem.epilogue)
+
+
+@dataclass(frozen=True)
+class VendorConfig:
+    """The vendor library as a candidate: no tile to choose, it picks its own kernel."""
+
+    types: GemmTypes
+    layout: GemmLayout
+    epilogue: Epilogue
+    family: Family = Family.VENDOR
+
+    @property
+    def name(self) -> str:
+        return f"gemm_{self.types.name}_{self.layout.name}_vendor_{self.epilogue.name}"
+
+
+AnyGemmConfig = GemmConfig | VendorConfig

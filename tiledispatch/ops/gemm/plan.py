@@ -17,8 +17,8 @@ import triton.language as tl
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
-from ...core.op import KernelUnit
-from .config import Family, GemmConfig
+from ...core.op import KernelUnit, UnitKind
+from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from .operands import GemmOperands
 from .problem import Activation, Alignment, Layout
 
@@ -57,7 +57,9 @@ def _divisible(alignment: Alignment, signature, split: bool) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
-def kernel_units(config: GemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
+def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
+    if isinstance(config, VendorConfig):
+        return (_VENDOR_UNIT,)
     t, layout = config.types, config.layout
     split = config.split_k > 1
     c_type = "*fp32" if split else f"*{t.c.triton}"
@@ -108,7 +110,15 @@ def _values(unit: KernelUnit, bound: dict) -> tuple:
     return tuple(bound[name] if name in bound else constants[name] for name, _ in unit.signature)
 
 
-def plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor | None = None) -> Plan:
+_VENDOR_UNIT = KernelUnit(
+    stage="vendor", module="tiledispatch.ops.gemm.vendor", function="run",
+    signature=tuple((name, "python") for name in
+                    ("a", "b", "out", "bias", "residual", "scale_a", "scale_b", "activation")),
+    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.gemm.vendor",), kind=UnitKind.PYTHON,
+)
+
+
+def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = None) -> Plan:
     p = ops.problem
     if p.batch > MAX_GRID_YZ:
         raise InvalidProblemError(f"batch {p.batch} exceeds the grid limit {MAX_GRID_YZ}; split the batch")
@@ -117,6 +127,9 @@ def plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor | None = None)
             (p.batch, p.m, p.n), dtype=p.types.c.torch, device=ops.a.device)
     a, b = ops.a, ops.b
     res = ops.residual
+    if isinstance(config, VendorConfig):
+        args = (a, b, out, ops.bias, res, ops.scale_a, ops.scale_b, ACTIVATION_CODES[p.epilogue.activation])
+        return Plan((Launch("vendor", (1, 1, 1), args),), out)
     # Broadcast operands (batch 1 against batch > 1) are read with a zero batch stride.
     bstride = lambda t: 0 if t.shape[0] == 1 else t.stride(0)  # noqa: E731
     dummy = out  # stands in for absent pointers; the kernel never reads it (constexpr flags off)

@@ -12,11 +12,17 @@ import math
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
-from .config import GemmConfig
-from .problem import GemmProblem, Layout
+from .config import AnyGemmConfig, VendorConfig
+from .problem import Activation, GemmProblem, Layout
 from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
 
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch, as measured for Triton on an H200 (ANCHORS.md)
+# Fractions of the model's ideal that each path reaches at its best, measured on an H200
+# (benchmarks/results/h200/gemm_smoke.csv, 2026-11-21): 8192^3 bf16 ran at 610 TFLOP/s
+# with the best tiled kernel and 786 with cuBLAS, of a 989 TFLOP/s peak.
+TILED_FRACTION = 0.62
+VENDOR_FRACTION = 0.79
+VENDOR_CALL_SECONDS = 6e-6  # cuBLAS through PyTorch: launch plus its own heuristic
 L2_REUSE = 4.0  # grouped tile order serves operand re-reads from L2 at about this multiple of HBM
 GENERIC_LAYOUT_PENALTY = 0.97  # a specialised (contiguous) layout beats generic strides
 
@@ -29,7 +35,25 @@ def _peak_flops(problem: GemmProblem, arch) -> float:
     return arch.peak_tflops.get(dtype, max(arch.peak_tflops.values())) * 1e12
 
 
-def rule_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
+def _ideal_seconds(problem: GemmProblem, arch) -> float:
+    return max(problem.flops() / _peak_flops(problem, arch), problem.bytes() / (arch.memory_bandwidth_gbs * 1e9))
+
+
+def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
+    """cuBLAS picks its own tile, so no waste terms; but each epilogue step is one more pass."""
+    p = problem
+    ideal = _ideal_seconds(p, arch)
+    steps = int(p.epilogue.bias) + int(p.epilogue.activation is not Activation.NONE) + int(p.epilogue.residual)
+    if p.types.c is not p.types.a and not p.types.scaled:
+        steps += 1  # fp32 output from half inputs: computed in fp32, then copied
+    step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / (arch.memory_bandwidth_gbs * 1e9) + LAUNCH_SECONDS
+    modelled = ideal / VENDOR_FRACTION + VENDOR_CALL_SECONDS + steps * step_s
+    return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
+
+
+def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
+    if isinstance(config, VendorConfig):
+        return vendor_score(config, problem, arch)
     p, t = problem, problem.types
     bandwidth = arch.memory_bandwidth_gbs * 1e9
     peak = _peak_flops(p, arch)
@@ -57,8 +81,8 @@ def rule_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
-    modelled = max(compute_s, memory_s) + reduce_s
-    ideal = max(p.flops() / peak, memory_s)
+    modelled = max(compute_s, memory_s) / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
+    ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
         value *= GENERIC_LAYOUT_PENALTY

@@ -14,7 +14,8 @@ from dataclasses import replace
 from ...core.dtypes import DType
 from ...core.errors import InvalidConfigError
 from ...core.validation import Correction, Finding, Severity, ValidationResult
-from .config import Family, GemmConfig
+from . import vendor
+from .config import AnyGemmConfig, GemmConfig, VendorConfig
 from .problem import GemmProblem, Layout
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
@@ -40,6 +41,8 @@ class GemmRule(enum.Enum):
     TF32 = "tf32"
     ACCUMULATOR = "accumulator"
     OUTPUT_DTYPE = "output-dtype"
+    FAMILY_ARCH = "family-arch"
+    LAYOUT = "layout"
 
 
 def shared_memory_bytes(config: GemmConfig) -> int:
@@ -59,7 +62,9 @@ def _power_of_two(x: int) -> bool:
     return x >= 1 and x & (x - 1) == 0
 
 
-def validate(config: GemmConfig, arch) -> ValidationResult:
+def validate(config: AnyGemmConfig, arch) -> ValidationResult:
+    if isinstance(config, VendorConfig):
+        return vendor.validate(config, arch)
     out: list[Finding] = []
 
     def error(rule, message, fix=None):
@@ -133,7 +138,8 @@ _TUNABLE = {"block_m": 1.0, "block_n": 1.0, "block_k": 1.0, "num_warps": 1.0, "n
 _CHOICES = {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
             "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES}
 # Rules no tile change can fix: they are about what is computed, not how.
-_SEMANTIC = {GemmRule.DTYPE_ARCH, GemmRule.TF32, GemmRule.ACCUMULATOR, GemmRule.OUTPUT_DTYPE}
+_SEMANTIC = {GemmRule.DTYPE_ARCH, GemmRule.TF32, GemmRule.ACCUMULATOR, GemmRule.OUTPUT_DTYPE,
+             GemmRule.FAMILY_ARCH, GemmRule.LAYOUT}
 
 
 def _distance(old: GemmConfig, new: GemmConfig) -> float:
@@ -144,7 +150,7 @@ def _distance(old: GemmConfig, new: GemmConfig) -> float:
     return total
 
 
-def auto_correct(config: GemmConfig, arch) -> tuple[GemmConfig, tuple[Correction, ...]]:
+def auto_correct(config: AnyGemmConfig, arch) -> tuple[AnyGemmConfig, tuple[Correction, ...]]:
     """The valid config nearest to `config` (fewest powers of two moved), and what changed.
 
     Rules about what is computed (dtypes, accumulator, tf32) cannot be corrected by
@@ -154,7 +160,8 @@ def auto_correct(config: GemmConfig, arch) -> tuple[GemmConfig, tuple[Correction
     if result.ok:
         return config, ()
     semantic = result.broken_rules() & _SEMANTIC
-    if semantic:
+    if semantic or isinstance(config, VendorConfig):  # the vendor path has nothing to tune
+        semantic = semantic or result.broken_rules()
         raise InvalidConfigError(
             f"{config.name} cannot be corrected on {arch.name}: "
             + "; ".join(str(f) for f in result.errors if f.rule in semantic)
@@ -177,8 +184,10 @@ def auto_correct(config: GemmConfig, arch) -> tuple[GemmConfig, tuple[Correction
     return best, corrections
 
 
-def supports(config: GemmConfig, problem: GemmProblem) -> str | None:
+def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
     """None if this kernel computes `problem`; else why not, in words."""
+    if isinstance(config, VendorConfig):
+        return vendor.supports(config, problem)
     if config.types != problem.types:
         return f"built for {config.types.name}, the problem is {problem.types.name}"
     if config.epilogue != problem.epilogue:
@@ -187,6 +196,4 @@ def supports(config: GemmConfig, problem: GemmProblem) -> str | None:
         want, have = getattr(config.layout, role), getattr(problem.layout, role)
         if want is not Layout.STRIDED and want is not have:
             return f"built for layout {config.layout.name}, the problem is {problem.layout.name}"
-    if config.family is not Family.TILED:  # pragma: no cover - every family so far is tiled
-        return f"family {config.family.value} is unknown"
     return None

@@ -14,7 +14,7 @@ from typing import Iterator
 
 from ...core.dtypes import DType
 from ...core.op import RuleSet
-from .config import Family, GemmConfig
+from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from .problem import Activation, Epilogue, GemmLayout, GemmTypes
 
 
@@ -88,25 +88,28 @@ EPILOGUES = tuple(
 _PLAIN = (Epilogue(),)
 
 
-def _bind(tiles, types, layouts, epilogues) -> Iterator[GemmConfig]:
-    for t, layout, epilogue, tile in itertools.product(types, layouts, epilogues, tiles):
-        yield GemmConfig(Family.TILED, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
-                         tile.group_m, tile.num_warps, tile.num_stages, tile.split_k)
+def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
+    """Each tile for each signature, and the vendor path once per signature (GPU arches keep it)."""
+    for t, epilogue in itertools.product(types, epilogues):
+        yield VendorConfig(t, GemmLayout.parse("sss"), epilogue)
+        for layout, tile in itertools.product(layouts, tiles):
+            yield GemmConfig(Family.TILED, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
+                             tile.group_m, tile.num_warps, tile.num_stages, tile.split_k)
 
 
-def tiny() -> Iterator[GemmConfig]:
+def tiny() -> Iterator[AnyGemmConfig]:
     return _bind(TINY_TILES, TYPES, LAYOUTS, EPILOGUES)
 
 
-def tests() -> Iterator[GemmConfig]:
+def tests() -> Iterator[AnyGemmConfig]:
     return _bind(TESTS_TILES, TYPES, LAYOUTS, EPILOGUES)
 
 
-def default() -> Iterator[GemmConfig]:
+def default() -> Iterator[AnyGemmConfig]:
     return _bind(DEFAULT_TILES, TYPES, LAYOUTS, EPILOGUES)
 
 
-def full() -> Iterator[GemmConfig]:
+def full() -> Iterator[AnyGemmConfig]:
     """Every default config, plus the whole tile space for each signature without epilogue.
 
     The epilogue barely changes which tile is fastest, so sweeps over the whole space

@@ -1,0 +1,74 @@
+"""The vendor candidate: cuBLAS through PyTorch, with the epilogue as separate steps.
+
+It takes any strides (PyTorch copies what cuBLAS cannot read), so its layout is always
+``sss``; fp8 goes through ``torch._scaled_mm``, which wants A row-major, B column-major,
+K and N multiples of 16 and no batch. Each epilogue step is one more pass over C, and
+the ranking charges for it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...core.validation import Finding, Severity, ValidationResult
+from .config import VendorConfig
+from .problem import GemmProblem, Layout
+
+ACTIVATIONS = {0: None, 1: F.relu, 2: F.gelu, 3: F.silu}
+
+
+def run(a, b, out, bias, residual, scale_a, scale_b, activation: int) -> None:
+    """out = activation(scale * a @ b + bias) + residual, on batched (3-D) views."""
+    plain = bias is None and residual is None and activation == 0
+    if plain and scale_a is None and out.dtype == a.dtype and out.is_contiguous():
+        torch.matmul(a, b, out=out)  # straight into the output: no extra pass
+        return
+    if scale_a is not None:
+        result = torch._scaled_mm(a[0], b[0], scale_a, scale_b, out_dtype=out.dtype).unsqueeze(0)
+        if bias is not None:
+            result += bias
+    elif bias is not None and a.shape[0] == 1 and b.shape[0] == 1:
+        result = torch.addmm(bias, a[0], b[0]).unsqueeze(0)  # cuBLASLt adds the bias in its epilogue
+    else:
+        result = torch.matmul(a, b) if out.dtype == a.dtype else torch.matmul(a.float(), b.float())
+        if bias is not None:
+            result += bias
+    if ACTIVATIONS[activation] is not None:
+        result = ACTIVATIONS[activation](result)
+    if residual is not None:
+        result += residual
+    out.copy_(result.expand_as(out))
+
+
+def validate(config: VendorConfig, arch) -> ValidationResult:
+    from .rules import GemmRule
+
+    findings = []
+    if arch.is_interpreter:
+        findings.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
+                                "the vendor path is a GPU library; the interpreter target runs Triton kernels",
+                                "use a GPU arch"))
+    t = config.types
+    if t.a.is_fp8 and not arch.supports_dtype(t.a):
+        findings.append(Finding(GemmRule.DTYPE_ARCH, Severity.ERROR, f"{t.a.value} needs sm_89 or newer"))
+    if t.acc.value != "fp32":
+        findings.append(Finding(GemmRule.ACCUMULATOR, Severity.ERROR, "cuBLAS through PyTorch accumulates in fp32"))
+    if config.layout.name != "sss":
+        findings.append(Finding(GemmRule.LAYOUT, Severity.ERROR, "the vendor path takes any strides: use layout sss"))
+    return ValidationResult(tuple(findings))
+
+
+def supports(config: VendorConfig, problem: GemmProblem) -> str | None:
+    if config.types != problem.types:
+        return f"built for {config.types.name}, the problem is {problem.types.name}"
+    if config.epilogue != problem.epilogue:
+        return f"built for epilogue {config.epilogue.name}, the problem needs {problem.epilogue.name}"
+    if problem.types.scaled:
+        layout = problem.layout
+        if layout.a is not Layout.ROW or layout.b is not Layout.COL or problem.batch > 1:
+            return "torch._scaled_mm needs A row-major, B column-major and no batch"
+        if problem.k % 16 or problem.n % 16:
+            return f"torch._scaled_mm needs K and N multiples of 16 (K={problem.k}, N={problem.n})"
+    return None
+
