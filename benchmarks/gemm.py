@@ -39,7 +39,7 @@ from tiledispatch.ops.gemm import check_operands
 SUITE = Path(__file__).parent / "suites" / "gemm.json"
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8e4m3": torch.float8_e4m3fn}
 L2_BYTES = 60 * 2**20
-GPU_SECONDS_PER_KERNEL = 0.15  # timing budget per candidate and case: sets the repeat count
+GPU_SECONDS_PER_KERNEL = 0.05  # timing budget per candidate and case: sets the repeat count
 
 
 def make_sets(case: dict, dtype: str, shapes_only: bool = False) -> list[dict]:
@@ -233,7 +233,7 @@ def main() -> int:
                     print(f"WRONG RESULT {case['name']} {dtype} {spec.name}: rel error {err:.2e}", flush=True)
                     continue
                 first = median_ms(fn, sets, 3)
-                repeats = max(5, min(30, int(GPU_SECONDS_PER_KERNEL * 1e3 / max(first, 1e-3))))
+                repeats = max(5, min(25, int(GPU_SECONDS_PER_KERNEL * 1e3 / max(first, 1e-3))))
                 times[spec.name] = median_ms(fn, sets, repeats)
                 record("triton-candidate", spec.name, times[spec.name], err)
             selected = next((c.spec.name for c in explanation.ranked if c.spec.name in times), None)
