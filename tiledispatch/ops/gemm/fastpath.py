@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ...core.kernel import PythonLauncher
 from ...core.launch import Plan
 from .operands import GemmOperands, check_no_alias
 
@@ -41,11 +42,16 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
 
 @dataclass(frozen=True)
 class _Slot:
-    """Where a per-call tensor goes: launch `launch`, argument `index`."""
+    """Where a per-call tensor goes: launch `launch`, argument `index`.
+
+    A Triton launch reads only the pointer, so the caller's tensor goes in as it is; a
+    Python stage (the vendor path) reads shapes, so it gets the batched view it was planned with.
+    """
 
     launch: int
     index: int
     role: str
+    batched_view: bool = False
 
 
 class BoundGemm:
@@ -59,13 +65,14 @@ class BoundGemm:
         self._workspaces: list[tuple[_Slot, tuple, torch.dtype]] = []
         self._args = []
         for i, launch in enumerate(plan.launches):
+            python = isinstance(launchers[launch.stage], PythonLauncher)
             for j, value in enumerate(launch.args):
                 if isinstance(value, torch.Tensor):
                     role = by_id.get(id(value))
                     if role is None:  # made by the plan itself: a workspace, fresh per call
                         self._workspaces.append((_Slot(i, j, "workspace"), tuple(value.shape), value.dtype))
                     else:
-                        self._slots.append(_Slot(i, j, role))
+                        self._slots.append(_Slot(i, j, role, python and value.dim() == 3))
             self._args.append(list(launch.args))
         self._stages = [(launchers[launch.stage], launch.grid) for launch in plan.launches]
         self._shape = (p.batch, p.m, p.n)
@@ -86,7 +93,10 @@ class BoundGemm:
                   "scale_b": scale_b if scale_b is not None else self._defaults["scale_b"]}
         args = [list(template) for template in self._args]
         for slot in self._slots:
-            args[slot.launch][slot.index] = values[slot.role]
+            value = values[slot.role]
+            if slot.batched_view and value.dim() == 2:
+                value = value.unsqueeze(0)
+            args[slot.launch][slot.index] = value
         shared = {}
         for slot, shape, dtype in self._workspaces:
             key = (shape, dtype)
