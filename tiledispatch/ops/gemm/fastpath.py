@@ -73,7 +73,8 @@ class BoundGemm:
                         self._workspaces.append((_Slot(i, j, "workspace"), tuple(value.shape), value.dtype))
                     else:
                         self._slots.append(_Slot(i, j, role, python and value.dim() == 3))
-            self._args.append(list(launch.args))
+            # Tensors are filled in per call; holding the planning ones would pin their memory.
+            self._args.append([None if isinstance(v, torch.Tensor) else v for v in launch.args])
         self._stages = [(launchers[launch.stage], launch.grid) for launch in plan.launches]
         self._shape = (p.batch, p.m, p.n)
         self._dtype = p.types.c.torch

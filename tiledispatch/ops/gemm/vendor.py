@@ -31,7 +31,7 @@ def run(a, b, out, bias, residual, scale_a, scale_b, activation: int) -> None:
         result = torch._scaled_mm(a[0], b[0], scale_a, scale_b, out_dtype=out.dtype).unsqueeze(0)
         if bias is not None:
             result += bias
-    elif bias is not None and a.shape[0] == 1 and b.shape[0] == 1:
+    elif bias is not None and a.shape[0] == 1 and b.shape[0] == 1 and out.dtype == a.dtype:
         result = torch.addmm(bias, a[0], b[0]).unsqueeze(0)  # cuBLASLt adds the bias in its epilogue
     else:
         result = torch.matmul(a, b) if out.dtype == a.dtype else torch.matmul(a.float(), b.float())
