@@ -184,8 +184,15 @@ def main() -> int:
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--rule-set", default="default")
     parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--merge", nargs="+", type=Path, default=None,
+                        help="no GPU work: rebuild gemm.csv, the summary and the plot from these CSVs of "
+                             "earlier runs (a suite split over several device calls); host figures are "
+                             "taken from --host-json")
+    parser.add_argument("--host-json", type=Path, default=None)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        return merge(args)
 
     suite = json.loads(SUITE.read_text())
     cases = [c for c in suite["cases"] if not args.cases or c["name"] in args.cases.split(",")]
@@ -293,6 +300,36 @@ def main() -> int:
     })
     (args.out / "gemm_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(summary_cases, args.out / "gemm.png")
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_dtype"}, indent=1))
+    return 0
+
+
+def merge(args) -> int:
+    rows = [row for path in args.merge for row in csv.DictReader(path.open())]
+    with (args.out / "gemm.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        writer.writeheader()
+        writer.writerows(rows)
+    entries: dict[tuple, dict] = {}
+    keys = {"cublas": ("vendor", "cublas_ms"), "triton-selected": ("selected", "selected_ms"),
+            "triton-oracle": ("oracle", "oracle_ms"), "dispatcher": ("dispatcher", "dispatcher_ms")}
+    for row in rows:
+        entry = entries.setdefault((row["case"], row["dtype"]), {"case": row["case"], "dtype": row["dtype"]})
+        if row["provider"] in keys:
+            name_key, ms_key = keys[row["provider"]]
+            entry[name_key] = row["kernel"]
+            entry[ms_key] = float(row["ms"]) if row["ms"] else None
+    cases = list(entries.values())
+    dtypes = sorted({e["dtype"] for e in cases})
+    summary = summarize(cases, dtypes)
+    if args.host_json:
+        host = json.loads(args.host_json.read_text())
+        summary.update({k: v for k, v in host.items() if k.startswith("host_us")})
+    summary.update({"cases": len(cases), "command": "python " + " ".join(sys.argv) + " (merged runs)",
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "gpu": host.get("gpu") if args.host_json else None, "rule_set": args.rule_set})
+    (args.out / "gemm_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(cases, args.out / "gemm.png")
     print(json.dumps({k: v for k, v in summary.items() if k != "per_dtype"}, indent=1))
     return 0
 
