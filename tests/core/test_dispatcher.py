@@ -250,11 +250,11 @@ def test_launchers_are_specialised_on_alignment(dispatcher, monkeypatch):
     unaligned = check_operands(a, aligned.b[0])
     assert unaligned.problem == replace(PROBLEM, alignment=replace(PROBLEM.alignment, a=False))
     spec = dispatcher.select(PROBLEM)
-    assert dispatcher.select(unaligned.problem) == spec  # alignment never changes the choice ...
-    assert_close(dispatcher.run(aligned), aligned)
-    assert_close(dispatcher.run(unaligned), unaligned)
-    assert_close(dispatcher.run(unaligned), unaligned)
-    # ... but the artifact is specialised on it, once per alignment.
+    # Alignment may change the ranking (unaligned loads need registers), so force one kernel:
+    assert_close(dispatcher.run(aligned, kernel=spec), aligned)
+    assert_close(dispatcher.run(unaligned, kernel=spec), unaligned)
+    assert_close(dispatcher.run(unaligned, kernel=spec), unaligned)
+    # the artifact is specialised on alignment, once per alignment.
     assert loads == [(spec.name, PROBLEM.alignment), (spec.name, unaligned.problem.alignment)]
 
 

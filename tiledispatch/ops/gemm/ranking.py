@@ -25,6 +25,11 @@ VENDOR_FRACTION = 0.79
 VENDOR_CALL_SECONDS = 6e-6  # cuBLAS through PyTorch: launch plus its own heuristic
 L2_REUSE = 4.0  # grouped tile order serves operand re-reads from L2 at about this multiple of HBM
 GENERIC_LAYOUT_PENALTY = 0.97  # a specialised (contiguous) layout beats generic strides
+# Little's law on an H200: 4.8 TB/s over 132 multiprocessors at about 1 us of memory latency.
+BYTES_IN_FLIGHT_PER_SM = 36 * 1024
+# A kernel that spills registers to local memory: seen 5-10x slower on the unaligned cases
+# of benchmarks/results/h200/gemm.csv (odd_1000: 64x256 tiles over 4 warps).
+SPILL_PENALTY = 0.15
 
 
 def _peak_flops(problem: GemmProblem, arch) -> float:
@@ -65,27 +70,46 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         "tile_k": tile_efficiency(p.k, k_span) if p.k >= k_span else p.k / (math.ceil(p.k / config.block_k) * config.block_k),
     }
     threads = config.num_warps * 32
+    registers = accumulator_registers(config) + REGISTER_RESERVE
+    vectorised = p.alignment.a and p.alignment.b
+    if not vectorised:
+        # Unaligned operands are loaded element by element, each through its own 64-bit
+        # pointer held in registers: large tiles over few threads spill.
+        registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
+    spills = registers > arch.registers_per_thread_max
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
-                             registers_per_thread=accumulator_registers(config) + REGISTER_RESERVE)
+                             registers_per_thread=min(registers, arch.registers_per_thread_max))
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k
     waves = wave_efficiency(tiles, arch.sm_count * resident)
     # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
     feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
-    # One resident program cannot hide its own load latency: a little credit for two or more.
-    latency = 1.0 if resident >= 2 or config.num_stages >= 3 else 0.85
+    # One resident program cannot hide its own loads and epilogue behind another's math:
+    # credit for two or more (on the H200 suite, 128x128 tiles with 2 resident beat
+    # 128x256 with 1 by up to 1.6x in fp8 and 1.5x at 1024^3).
+    latency = 1.0 if resident >= 2 else 0.9 if config.num_stages >= 3 else 0.8
 
     efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency
+    efficiency *= SPILL_PENALTY if spills else 1.0
     compute_s = p.flops() / (peak * efficiency)
-    memory_s = p.bytes() / bandwidth
+    # Bandwidth needs bytes in flight (Little's law): the useful operand bytes that the
+    # resident programs of one multiprocessor have requested at once.
+    useful_rows = min(p.m, config.block_m)
+    per_program = (useful_rows * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize)
+    per_program *= max(config.num_stages - 1, 1)
+    programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
+    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    memory_s = p.bytes() / (bandwidth * in_flight)
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
-    modelled = max(compute_s, memory_s) / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
+    # A soft maximum: the bound that dominates sets the time, the other still separates ties.
+    bound_s = (compute_s**3 + memory_s**3) ** (1 / 3)
+    modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
         value *= GENERIC_LAYOUT_PENALTY
     terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "resident": float(resident),
-             "modelled_us": modelled * 1e6}
+             "in_flight": in_flight, "spills": float(spills), "modelled_us": modelled * 1e6}
     return Score(value, terms)
