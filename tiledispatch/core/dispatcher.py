@@ -6,7 +6,6 @@ a problem seen before costs a dict lookup, the plan and the launch.
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import threading
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import kernel as kernel_step
+from .choice import Choice
 from .cache import KernelCache
 from .errors import BuildError, InvalidProblemError, NoKernelError, UnsupportedError
 from .launch import execute
@@ -25,19 +25,9 @@ from .spec import KernelSpec
 log = logging.getLogger("tiledispatch.dispatcher")
 
 
-class Strategy(enum.Enum):
+class Strategy(Choice):
     FIRST = "first"  # the first supporting kernel in registry order
     RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
-
-    @classmethod
-    def parse(cls, text: "str | Strategy") -> "Strategy":
-        if isinstance(text, Strategy):
-            return text
-        try:
-            return cls(str(text).lower())
-        except ValueError:
-            raise UnsupportedError(
-                f"unknown strategy {text!r}; use one of: {', '.join(s.value for s in cls)}") from None
 
 
 @dataclass(frozen=True)

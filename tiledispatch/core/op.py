@@ -11,44 +11,23 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from .choice import Choice
 from .errors import UnsupportedError
 
 
-class OpKind(enum.Enum):
+class OpKind(Choice):
     GEMM = "gemm"
     CONV = "conv"
     ATTENTION = "attention"
 
-    @classmethod
-    def parse(cls, text: "str | OpKind") -> "OpKind":
-        if isinstance(text, OpKind):
-            return text
-        try:
-            return cls(str(text).lower())
-        except ValueError:
-            raise UnsupportedError(
-                f"unknown op {text!r}; known ops: {', '.join(o.value for o in cls)}"
-            ) from None
 
-
-class RuleSet(enum.Enum):
+class RuleSet(Choice):
     """Named config generators. tiny ⊂ tests ⊂ full and default ⊂ full (tests prove it)."""
 
     TINY = "tiny"  # a handful, cheap enough for the CPU interpreter
     TESTS = "tests"  # broader coverage for correctness tests
     DEFAULT = "default"  # the curated set that ships
     FULL = "full"  # the whole sensible space, for sweeps
-
-    @classmethod
-    def parse(cls, text: "str | RuleSet") -> "RuleSet":
-        if isinstance(text, RuleSet):
-            return text
-        try:
-            return cls(str(text).lower())
-        except ValueError:
-            raise UnsupportedError(
-                f"unknown rule set {text!r}; use one of: {', '.join(r.value for r in cls)}"
-            ) from None
 
 
 class UnitKind(enum.Enum):

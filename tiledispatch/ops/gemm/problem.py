@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ...core.choice import Choice
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
@@ -36,7 +37,7 @@ class Layout(enum.Enum):
         return cls.STRIDED
 
 
-class Activation(enum.Enum):
+class Activation(Choice):
     NONE = "none"
     RELU = "relu"
     GELU = "gelu"  # the exact (erf) form, as torch.nn.functional.gelu
@@ -44,16 +45,7 @@ class Activation(enum.Enum):
 
     @classmethod
     def parse(cls, value: "str | Activation | None") -> "Activation":
-        if value is None:
-            return cls.NONE
-        if isinstance(value, Activation):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise UnsupportedError(
-                f"unknown activation {value!r}; use one of: {', '.join(a.value for a in cls)}"
-            ) from None
+        return cls.NONE if value is None else super().parse(value)
 
 
 @dataclass(frozen=True)
