@@ -228,22 +228,24 @@ def test_run_computes_the_product(dispatcher):
     assert_close(dispatcher.run(ops), ops)
 
 
-def test_run_caches_launchers(dispatcher, monkeypatch):
-    loads = []
+@pytest.fixture
+def loads(monkeypatch):
+    """Every (kernel, specialisation) the kernel step loads, in order."""
+    seen = []
     original = kernel_step.load
-    monkeypatch.setattr(kernel_step, "load", lambda spec, cache, specialization=None: loads.append(
+    monkeypatch.setattr(kernel_step, "load", lambda spec, cache, specialization=None: seen.append(
         (spec.name, specialization)) or original(spec, cache, specialization))
+    return seen
+
+
+def test_run_caches_launchers(dispatcher, loads):
     ops = operands()
     dispatcher.run(ops)
     dispatcher.run(ops)
     assert loads == [(dispatcher.select(PROBLEM).name, PROBLEM.alignment)]
 
 
-def test_launchers_are_specialised_on_alignment(dispatcher, monkeypatch):
-    loads = []
-    original = kernel_step.load
-    monkeypatch.setattr(kernel_step, "load", lambda spec, cache, specialization=None: loads.append(
-        (spec.name, specialization)) or original(spec, cache, specialization))
+def test_launchers_are_specialised_on_alignment(dispatcher, loads):
     aligned = operands()
     g = torch.Generator().manual_seed(3)
     a = torch.randn(40, 49, generator=g).half()[:, :48]  # rows of 49 halves: A is not aligned

@@ -128,7 +128,7 @@ def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = No
     a, b = ops.a, ops.b
     res = ops.residual
     if isinstance(config, VendorConfig):
-        args = (a, b, out, ops.bias, res, ops.scale_a, ops.scale_b, ACTIVATION_CODES[p.epilogue.activation])
+        args = (a, b, out, ops.bias, res, ops.scale_a, ops.scale_b, p.epilogue.activation)
         return Plan((Launch("vendor", (1, 1, 1), args),), out)
     # Broadcast operands (batch 1 against batch > 1) are read with a zero batch stride.
     bstride = lambda t: 0 if t.shape[0] == 1 else t.stride(0)  # noqa: E731

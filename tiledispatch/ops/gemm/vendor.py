@@ -13,14 +13,14 @@ import torch.nn.functional as F
 
 from ...core.validation import Finding, Severity, ValidationResult
 from .config import VendorConfig
-from .problem import GemmProblem, Layout
+from .problem import Activation, GemmProblem, Layout
 
-ACTIVATIONS = {0: None, 1: F.relu, 2: F.gelu, 3: F.silu}
+ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
 
 
-def run(a, b, out, bias, residual, scale_a, scale_b, activation: int) -> None:
+def run(a, b, out, bias, residual, scale_a, scale_b, activation: Activation) -> None:
     """out = activation(scale * a @ b + bias) + residual, on batched (3-D) views."""
-    plain = bias is None and residual is None and activation == 0
+    plain = bias is None and residual is None and activation is Activation.NONE
     if plain and scale_a is None and out.dtype == a.dtype and out.is_contiguous():
         if a.shape[0] == b.shape[0] == out.shape[0] == 1:
             torch.mm(a[0], b[0], out=out[0])  # straight into the output: no extra pass
