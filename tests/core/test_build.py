@@ -218,3 +218,17 @@ def test_real_unit_modules_are_hashed(tiny90):
     assert "tiledispatch.ops.gemm.kernels.tiled" in main.modules
     assert "tiledispatch.ops.gemm.kernels.splitk_reduce" in reduce.modules
     assert kernel.source_hash(main.modules) != kernel.source_hash(reduce.modules)
+
+
+def test_tma_persistent_compiles_to_bulk_tensor_copies_and_wgmma(tmp_path):
+    """The Hopper family is compiled here for sm_90 (it runs on the H200 only), so a compile
+    error shows up in CI; its PTX must use TMA and warpgroup MMA, the features it exists for."""
+    os.chmod(tmp_path, 0o700)
+    cache = KernelCache(tmp_path / "cache")
+    spec = Registry.from_rule_set(OpKind.GEMM, RuleSet.DEFAULT, SM90).get(
+        "gemm_bf16_rcr_tma-persistent_128x128x64_w4_s4_g8_k1_e1_none_sm90")
+    (result,) = kernel.build_all([spec], cache, jobs=1, specializations=(Alignment(),))
+    assert result.ok, result.error
+    (entry,) = cache.entries()
+    ptx = entry.files[kernel.PTX_FILE].read_text()
+    assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx

@@ -66,17 +66,19 @@ BREAKERS = {
                            ["accumulator fp16", "bf16"]),
     GemmRule.OUTPUT_DTYPE: (dict(types=GemmTypes(DType.FP16, DType.FP16, DType.BF16)),
                             ["output dtype bf16", "fp16 inputs"]),
+    GemmRule.PERSISTENT_OPTIONS: (dict(epilogue_split=2), ["epilogue_split", "tma-persistent"]),
 }
 # The arch each breaker is checked on (DTYPE_ARCH needs one without fp8).
 BREAK_ON = {GemmRule.DTYPE_ARCH: SM80}
 
 
-VENDOR_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT}
+# Broken only by the vendor and tma-persistent families (tested with them below).
+FAMILY_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT}
 
 
 def test_every_error_rule_has_a_breaker():
     warning_only = {GemmRule.WARPS_FOR_TILE}
-    assert set(BREAKERS) == set(GemmRule) - warning_only - VENDOR_ONLY
+    assert set(BREAKERS) == set(GemmRule) - warning_only - FAMILY_ONLY
 
 
 @pytest.mark.parametrize("rule", list(BREAKERS), ids=lambda r: r.value)
@@ -352,3 +354,56 @@ def test_vendor_supports_any_layout_but_fp8_needs_rcr():
     assert "column-major" in supports(fp8, GemmProblem(64, 64, 64, types=fp8_types, layout=GemmLayout.parse("rrr")))
     assert "multiples of 16" in supports(fp8, GemmProblem(64, 64, 72 + 1, types=fp8_types,
                                                           layout=GemmLayout.parse("rcr")))
+
+
+# --- tma-persistent ----------------------------------------------------------------------
+
+PERSISTENT = replace(BASE, family=Family.TMA_PERSISTENT, block_m=128, block_n=128, block_k=64, num_warps=8,
+                     num_stages=4, epilogue_split=2)
+
+
+def test_persistent_name_spells_its_options():
+    assert PERSISTENT.name == "gemm_fp16_rcr_tma-persistent_128x128x64_w8_s4_g8_k1_e2_none"
+    assert replace(PERSISTENT, flatten=True).name.endswith("_k1_e2f_none")
+    assert "_e" not in BASE.name  # the tiled family's names are unchanged
+
+
+def test_persistent_needs_tma_and_counts_the_store_buffer():
+    assert validate(PERSISTENT, SM90).ok and validate(PERSISTENT, INTERP).ok
+    on_ampere = validate(PERSISTENT, SM80)
+    assert on_ampere.broken_rules() == {GemmRule.FAMILY_ARCH} and "tensor memory accelerator" in str(on_ampere.errors[0])
+    with pytest.raises(InvalidConfigError, match="family-arch"):
+        auto_correct(PERSISTENT, SM80)
+    # 4 stages x (128x64 + 64x128) x 2 B, plus one 128x64 fp16 slice of C staged for the TMA store.
+    assert shared_memory_bytes(PERSISTENT) == 4 * (128 * 64 * 2 + 64 * 128 * 2) + 128 * 64 * 2
+
+
+@pytest.mark.parametrize("changes, rule, words", [
+    (dict(layout=GemmLayout.parse("ssr")), GemmRule.LAYOUT, ["row- or column-major", "ssr"]),
+    (dict(layout=GemmLayout.parse("rrc")), GemmRule.LAYOUT, ["C row-major"]),
+    (dict(types=FP8, layout=GemmLayout.parse("rrr")), GemmRule.LAYOUT, ["K-major", "rcr"]),
+    (dict(split_k=2), GemmRule.SPLIT_K, ["split_k=1"]),
+    (dict(epilogue_split=4), GemmRule.PERSISTENT_OPTIONS, ["epilogue_split=4"]),
+    (dict(block_n=16), GemmRule.PERSISTENT_OPTIONS, ["block_n=16"]),
+])
+def test_persistent_rules(changes, rule, words):
+    result = validate(replace(PERSISTENT, **changes), SM90)
+    assert result.broken_rules() == {rule}
+    message = " ".join(str(f) for f in result.errors)
+    assert all(word in message for word in words), message
+
+
+def test_persistent_layouts_and_fp8():
+    for layout in ("rrr", "rcr", "crr", "ccr"):
+        assert validate(replace(PERSISTENT, layout=GemmLayout.parse(layout)), SM90).ok
+    assert validate(replace(PERSISTENT, types=FP8, block_k=128, num_stages=3), SM90).ok
+
+
+def test_persistent_supports_only_aligned_operands():
+    problem = GemmProblem(256, 256, 256, types=FP16, layout=RCR)
+    assert supports(PERSISTENT, problem) is None
+    unaligned = replace(problem, alignment=replace(problem.alignment, a=False, c=False))
+    reason = supports(PERSISTENT, unaligned)
+    assert "16-byte aligned" in reason and "a, c are not" in reason
+    tiled = replace(PERSISTENT, family=Family.TILED, epilogue_split=1)
+    assert supports(tiled, unaligned) is None  # the tiled family serves every alignment

@@ -12,6 +12,7 @@ class Family(enum.Enum):
     """A kernel family is one kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
 
     TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
+    TMA_PERSISTENT = "tma-persistent"  # Hopper tensor descriptors, one program per SM (sm_90+)
     VENDOR = "vendor"  # cuBLAS (cuBLASLt for fp8) through PyTorch, epilogue as separate steps
 
 
@@ -28,13 +29,18 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # >1: K is split over programs and reduced in a second stage
+    epilogue_split: int = 1  # tma-persistent: store the C tile in this many column slices
+    flatten: bool = False  # tma-persistent: one software pipeline across tiles, not per tile
 
     @property
     def name(self) -> str:
+        persistent = ""
+        if self.family is Family.TMA_PERSISTENT:
+            persistent = f"_e{self.epilogue_split}" + ("f" if self.flatten else "")
         return (
             f"gemm_{self.types.name}_{self.layout.name}_{self.family.value}"
             f"_{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
-            f"_g{self.group_m}_k{self.split_k}_{self.epilogue.name}"
+            f"_g{self.group_m}_k{self.split_k}{persistent}_{self.epilogue.name}"
         )
 
     def for_problem(self, problem: GemmProblem) -> "GemmConfig":

@@ -9,10 +9,12 @@ checks looked at is part of the signature, except aliasing, which is re-checked.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.kernel import PythonLauncher
 from ...core.launch import Plan
@@ -46,12 +48,23 @@ class _Slot:
 
     A Triton launch reads only the pointer, so the caller's tensor goes in as it is; a
     Python stage (the vendor path) reads shapes, so it gets the batched view it was planned with.
+    A TMA descriptor keeps its planned shape, strides and block, and takes the new base.
     """
 
     launch: int
     index: int
     role: str
     batched_view: bool = False
+    descriptor: TensorDescriptor | None = None
+
+    def value(self, tensor: torch.Tensor):
+        if self.descriptor is not None:
+            descriptor = copy.copy(self.descriptor)  # its checks passed at planning, for this signature
+            descriptor.base = tensor
+            return descriptor
+        if self.batched_view and tensor.dim() == 2:
+            return tensor.unsqueeze(0)
+        return tensor
 
 
 class BoundGemm:
@@ -67,14 +80,16 @@ class BoundGemm:
         for i, launch in enumerate(plan.launches):
             python = isinstance(launchers[launch.stage], PythonLauncher)
             for j, value in enumerate(launch.args):
-                if isinstance(value, torch.Tensor):
+                if isinstance(value, TensorDescriptor):
+                    self._slots.append(_Slot(i, j, by_id[id(value.base)], descriptor=value))
+                elif isinstance(value, torch.Tensor):
                     role = by_id.get(id(value))
                     if role is None:  # made by the plan itself: a workspace, fresh per call
                         self._workspaces.append((_Slot(i, j, "workspace"), tuple(value.shape), value.dtype))
                     else:
                         self._slots.append(_Slot(i, j, role, python and value.dim() == 3))
             # Tensors are filled in per call; holding the planning ones would pin their memory.
-            self._args.append([None if isinstance(v, torch.Tensor) else v for v in launch.args])
+            self._args.append([None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch.args])
         self._stages = [(launchers[launch.stage], launch.grid) for launch in plan.launches]
         self._shape = (p.batch, p.m, p.n)
         self._dtype = p.types.c.torch
@@ -94,10 +109,7 @@ class BoundGemm:
                   "scale_b": scale_b if scale_b is not None else self._defaults["scale_b"]}
         args = [list(template) for template in self._args]
         for slot in self._slots:
-            value = values[slot.role]
-            if slot.batched_view and value.dim() == 2:
-                value = value.unsqueeze(0)
-            args[slot.launch][slot.index] = value
+            args[slot.launch][slot.index] = slot.value(values[slot.role])
         shared = {}
         for slot, shape, dtype in self._workspaces:
             key = (shape, dtype)

@@ -23,7 +23,10 @@ from .operands import GemmOperands
 from .problem import Activation, Alignment, Layout
 
 ACTIVATION_CODES = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, Activation.SILU: 3}
-FAMILY_MODULES = {Family.TILED: "tiledispatch.ops.gemm.kernels.tiled"}
+FAMILY_MODULES = {
+    Family.TILED: "tiledispatch.ops.gemm.kernels.tiled",
+    Family.TMA_PERSISTENT: "tiledispatch.ops.gemm.kernels.tma_persistent",
+}
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
 REDUCE_BLOCK = (32, 64)  # reduction tile: memory-bound, 2K elements per program
@@ -60,6 +63,8 @@ def _divisible(alignment: Alignment, signature, split: bool) -> tuple[str, ...]:
 def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
+    if config.family is Family.TMA_PERSISTENT:
+        return (_persistent_unit(config, alignment),)
     t, layout = config.types, config.layout
     split = config.split_k > 1
     c_type = "*fp32" if split else f"*{t.c.triton}"
@@ -104,6 +109,87 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
     return main, reduce
 
 
+def _descriptor_blocks(config: GemmConfig) -> dict[str, tuple[int, int, int]]:
+    """The block each descriptor moves: one matrix of the batch, its contiguous dim last."""
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    return {
+        "a_desc": (1, bm, bk) if config.layout.a is Layout.ROW else (1, bk, bm),
+        "b_desc": (1, bn, bk) if config.layout.b is Layout.COL else (1, bk, bn),
+        "c_desc": (1, bm, bn // config.epilogue_split),
+    }
+
+
+def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+    t = config.types
+    dtypes = {"a_desc": t.a, "b_desc": t.b, "c_desc": t.c}
+    descriptors = [(name, f"tensordesc<{dtypes[name].triton}[{','.join(map(str, block))}]>")
+                   for name, block in _descriptor_blocks(config).items()]
+    args = descriptors + [
+        ("bias_ptr", f"*{t.c.triton}"), ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"),
+        ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("batch", "i32"),
+        ("a_batch_step", "i32"), ("b_batch_step", "i32"), ("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64"),
+    ]
+    constexprs = {
+        "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
+        "GROUP_M": config.group_m, "A_K_MAJOR": config.layout.a is Layout.ROW,
+        "B_K_MAJOR": config.layout.b is Layout.COL, "EPILOGUE_SPLIT": config.epilogue_split,
+        "FLATTEN": config.flatten, **_epilogue_constexprs(config),
+        "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
+        "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
+    }
+    signature = tuple(args + [(name, "constexpr") for name in constexprs])
+    module = FAMILY_MODULES[Family.TMA_PERSISTENT]
+    return KernelUnit(
+        stage="main", module=module, function="gemm_tma_persistent", signature=signature,
+        constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
+        modules=(module, _EPILOGUE_MODULE), divisible_by_16=_divisible(alignment, signature, False),
+    )
+
+
+def _tensor_descriptor(t: torch.Tensor, contiguous_last: bool, block: tuple[int, int, int]):
+    """A 3-D descriptor of `t` (batch, rows, cols), its unit-stride dim last.
+
+    The base is `t` itself, whatever the view (only its address is read), so the fast
+    path can find the operand a descriptor stands for. A dim of size one is never
+    stepped over, so its stride is set to one the copy engine accepts (a 16-byte multiple).
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    view = t if contiguous_last else t.transpose(1, 2)
+    shape = list(view.shape)
+    strides = list(view.stride())
+    strides[2] = 1
+    if shape[1] == 1:
+        strides[1] = triton.cdiv(shape[2], 16) * 16
+    if shape[0] == 1:
+        strides[0] = strides[1] * shape[1]
+    return TensorDescriptor(t, shape, strides, list(block))
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(device: torch.device) -> int:
+    """One persistent program per SM (a handful under the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _persistent_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor, epilogue_args: dict) -> Plan:
+    p = ops.problem
+    blocks = _descriptor_blocks(config)
+    bound = {
+        **epilogue_args, "K": p.k, "batch": p.batch,
+        # A broadcast operand (batch 1 against batch > 1) is read at batch coordinate 0.
+        "a_batch_step": int(ops.a.shape[0] > 1), "b_batch_step": int(ops.b.shape[0] > 1),
+        "a_desc": _tensor_descriptor(ops.a, config.layout.a is Layout.ROW, blocks["a_desc"]),
+        "b_desc": _tensor_descriptor(ops.b, config.layout.b is Layout.ROW, blocks["b_desc"]),
+        "c_desc": _tensor_descriptor(out, True, blocks["c_desc"]),
+    }
+    tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n) * p.batch
+    grid = (min(tiles, _programs(out.device)), 1, 1)
+    return Plan((Launch("main", grid, _values(kernel_units(config, p.alignment)[0], bound)),), out)
+
+
 def _values(unit: KernelUnit, bound: dict) -> tuple:
     """The unit's arguments in signature order, constexprs included (the launcher skips them)."""
     constants = dict(unit.constexprs)
@@ -144,6 +230,8 @@ def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = No
         "stride_rn": res.stride(2) if res is not None else 0,
         "M": p.m, "N": p.n,
     }
+    if config.family is Family.TMA_PERSISTENT:
+        return _persistent_plan(config, ops, out, epilogue_args)
     c_strides = {"stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
     units = kernel_units(config, p.alignment)
     split = config.split_k > 1

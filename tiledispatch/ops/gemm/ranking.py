@@ -12,7 +12,7 @@ import math
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
-from .config import AnyGemmConfig, VendorConfig
+from .config import AnyGemmConfig, Family, VendorConfig
 from .problem import Activation, GemmProblem, Layout
 from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
 
@@ -21,6 +21,7 @@ LAUNCH_SECONDS = 4e-6  # one extra kernel launch, as measured for Triton on an H
 # (benchmarks/results/h200/gemm_smoke.csv, 2026-11-21): 8192^3 bf16 ran at 610 TFLOP/s
 # with the best tiled kernel and 786 with cuBLAS, of a 989 TFLOP/s peak.
 TILED_FRACTION = 0.62
+TMA_FRACTION = 0.70  # first estimate, before the family was timed: refit from gemm.csv
 VENDOR_FRACTION = 0.79
 VENDOR_CALL_SECONDS = 6e-6  # cuBLAS through PyTorch: launch plus its own heuristic
 L2_REUSE = 4.0  # grouped tile order serves operand re-reads from L2 at about this multiple of HBM
@@ -80,14 +81,17 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k
-    waves = wave_efficiency(tiles, arch.sm_count * resident)
+    persistent = config.family is Family.TMA_PERSISTENT
+    # A persistent grid runs one program per SM, by design: its waves are over SMs alone,
+    # and it hides the next tile's loads behind this one's epilogue itself.
+    waves = wave_efficiency(tiles, arch.sm_count * (1 if persistent else resident))
     # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
     feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
     # One resident program cannot hide its own loads and epilogue behind another's math:
     # credit for two or more (on the H200 suite, 128x128 tiles with 2 resident beat
     # 128x256 with 1 by up to 1.6x in fp8 and 1.5x at 1024^3).
-    latency = 1.0 if resident >= 2 else 0.9 if config.num_stages >= 3 else 0.8
+    latency = 1.0 if resident >= 2 or persistent else 0.9 if config.num_stages >= 3 else 0.8
 
     efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency
     efficiency *= SPILL_PENALTY if spills else 1.0
@@ -97,7 +101,7 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     useful_rows = min(p.m, config.block_m)
     per_program = (useful_rows * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize)
     per_program *= max(config.num_stages - 1, 1)
-    programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
+    programs_per_sm = 1.0 if persistent else min(resident, max(tiles / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
     memory_s = p.bytes() / (bandwidth * in_flight)
     reduce_s = 0.0
@@ -105,7 +109,7 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
     # A soft maximum: the bound that dominates sets the time, the other still separates ties.
     bound_s = (compute_s**3 + memory_s**3) ** (1 / 3)
-    modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
+    modelled = bound_s / (TMA_FRACTION if persistent else TILED_FRACTION) + LAUNCH_SECONDS + reduce_s
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:

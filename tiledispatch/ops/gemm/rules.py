@@ -15,7 +15,8 @@ from ...core.dtypes import DType
 from ...core.errors import InvalidConfigError
 from ...core.validation import Correction, Finding, Severity, ValidationResult
 from . import vendor
-from .config import AnyGemmConfig, GemmConfig, VendorConfig
+from ...arch import Feature
+from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from .problem import GemmProblem, Layout
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
@@ -43,13 +44,18 @@ class GemmRule(enum.Enum):
     OUTPUT_DTYPE = "output-dtype"
     FAMILY_ARCH = "family-arch"
     LAYOUT = "layout"
+    PERSISTENT_OPTIONS = "persistent-options"
 
 
 def shared_memory_bytes(config: GemmConfig) -> int:
-    """Bytes of shared memory the software pipeline holds: one A and one B tile per stage."""
+    """Bytes of shared memory the software pipeline holds: one A and one B tile per stage,
+    and for TMA stores the staging buffer of one C slice."""
     t = config.types
     per_stage = config.block_m * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize
-    return max(config.num_stages, 1) * per_stage
+    staging = 0
+    if config.family is Family.TMA_PERSISTENT:
+        staging = config.block_m * config.block_n // config.epilogue_split * t.c.itemsize
+    return max(config.num_stages, 1) * per_stage + staging
 
 
 def accumulator_registers(config: GemmConfig) -> int:
@@ -99,6 +105,12 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
     if not 1 <= config.split_k <= MAX_SPLIT_K:
         error(GemmRule.SPLIT_K, f"split_k={config.split_k} must be within 1..{MAX_SPLIT_K}")
 
+    if config.family is Family.TMA_PERSISTENT:
+        out.extend(_persistent_findings(config, arch))
+    elif config.epilogue_split != 1 or config.flatten:
+        error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split and flatten belong to the tma-persistent family",
+              "leave them at 1 and False for the tiled family")
+
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
         error(GemmRule.SHARED_MEMORY,
@@ -133,13 +145,38 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
     return ValidationResult(tuple(out))
 
 
+def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
+    """What the tma-persistent family needs: TMA, descriptors with a unit-stride last dim, one K pass."""
+    out = []
+    t, layout = config.types, config.layout
+    if not arch.has(Feature.TMA):
+        out.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
+                           f"tma-persistent needs the tensor memory accelerator (sm_90+); {arch.name} has none",
+                           "use the tiled family"))
+    if Layout.STRIDED in (layout.a, layout.b) or layout.c is not Layout.ROW:
+        out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
+                           f"tma-persistent reads A and B row- or column-major and writes C row-major, "
+                           f"not {layout.name}", "use the tiled family for other strides"))
+    elif (t.a.is_fp8 or t.a is DType.FP32) and (layout.a, layout.b) != (Layout.ROW, Layout.COL):
+        out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
+                           f"{t.a.value} tensor-core MMA reads both operands K-major: layout rcr, not {layout.name}"))
+    if config.split_k != 1:
+        out.append(Finding(GemmRule.SPLIT_K, Severity.ERROR, "tma-persistent computes whole tiles: split_k=1",
+                           "use the tiled family for split-K"))
+    if config.epilogue_split not in (1, 2) or config.block_n // config.epilogue_split < 16:
+        out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
+                           f"epilogue_split={config.epilogue_split} must be 1 or 2 and leave slices of >= 16 "
+                           f"columns (block_n={config.block_n})"))
+    return out
+
+
 # Fields the corrector may move, with how far a step of one power of two "costs".
 _TUNABLE = {"block_m": 1.0, "block_n": 1.0, "block_k": 1.0, "num_warps": 1.0, "num_stages": 0.5}
 _CHOICES = {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
             "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES}
 # Rules no tile change can fix: they are about what is computed, not how.
 _SEMANTIC = {GemmRule.DTYPE_ARCH, GemmRule.TF32, GemmRule.ACCUMULATOR, GemmRule.OUTPUT_DTYPE,
-             GemmRule.FAMILY_ARCH, GemmRule.LAYOUT}
+             GemmRule.FAMILY_ARCH, GemmRule.LAYOUT, GemmRule.PERSISTENT_OPTIONS}
 
 
 def _distance(old: GemmConfig, new: GemmConfig) -> float:
@@ -196,4 +233,10 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
         want, have = getattr(config.layout, role), getattr(problem.layout, role)
         if want is not Layout.STRIDED and want is not have:
             return f"built for layout {config.layout.name}, the problem is {problem.layout.name}"
+    if config.family is Family.TMA_PERSISTENT:
+        al = problem.alignment
+        unaligned = [role for role in ("a", "b", "c") if not getattr(al, role)]
+        if unaligned:
+            return (f"tma-persistent needs 16-byte aligned base pointers and row strides; "
+                    f"{', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not")
     return None

@@ -27,6 +27,13 @@ class Tile:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
+    family: Family = Family.TILED
+    epilogue_split: int = 1
+    flatten: bool = False
+
+
+def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, group_m=8) -> Tile:
+    return Tile(bm, bn, bk, warps, stages, group_m, 1, Family.TMA_PERSISTENT, epilogue_split, flatten)
 
 
 # Small tiles that the CPU interpreter runs quickly; split-K included.
@@ -35,8 +42,10 @@ TINY_TILES = (
     Tile(16, 32, 32, 2, 1, 1),
     Tile(32, 16, 32, 2, 2, 2, split_k=3),
     Tile(64, 64, 32, 4, 3, 8),
+    _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2),
 )
 TESTS_TILES = TINY_TILES + (
+    _persistent(64, 32, 32, 4, 3, flatten=True),
     Tile(64, 32, 64, 4, 3, 8),
     Tile(16, 64, 64, 4, 3, 1, split_k=4),
     Tile(128, 64, 32, 4, 3, 8),
@@ -58,6 +67,22 @@ DEFAULT_TILES = TESTS_TILES + (
     Tile(64, 64, 128, 4, 3, 8, split_k=4),
     Tile(32, 64, 128, 4, 4, 1, split_k=8),
     Tile(64, 128, 64, 4, 4, 8, split_k=2),
+    # Hopper: TMA loads and stores, one program per SM. 16-bit tiles (block_k 64), fp8 (128).
+    _persistent(128, 256, 64, 8, 3, epilogue_split=2),
+    _persistent(128, 256, 64, 8, 4, epilogue_split=2),
+    _persistent(128, 256, 64, 8, 3, epilogue_split=2, flatten=True),
+    _persistent(256, 128, 64, 8, 3, epilogue_split=2),
+    _persistent(128, 128, 64, 8, 4, epilogue_split=2),
+    _persistent(128, 128, 64, 4, 4),
+    _persistent(128, 128, 64, 8, 4, flatten=True),
+    _persistent(64, 256, 64, 4, 4),
+    _persistent(128, 64, 64, 4, 4),
+    _persistent(64, 128, 64, 4, 4),
+    _persistent(64, 64, 64, 4, 4),
+    _persistent(128, 256, 128, 8, 3, epilogue_split=2),
+    _persistent(128, 128, 128, 8, 3),
+    _persistent(128, 128, 128, 4, 3),
+    _persistent(64, 128, 128, 4, 4),
 )
 FULL_TILES = tuple(
     Tile(bm, bn, bk, w, s, 8, k)
@@ -88,13 +113,27 @@ EPILOGUES = tuple(
 _PLAIN = (Epilogue(),)
 
 
+_K_MAJOR = GemmLayout.parse("rcr")
+
+
+def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout) -> bool:
+    """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands."""
+    if tile.family is not Family.TMA_PERSISTENT:
+        return True
+    if types.a.is_fp8 or types.a is DType.FP32:
+        return layout == _K_MAJOR
+    return "s" not in layout.name
+
+
 def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
     """Each tile for each signature, and the vendor path once per signature (GPU arches keep it)."""
     for t, epilogue in itertools.product(types, epilogues):
         yield VendorConfig(t, GemmLayout.parse("sss"), epilogue)
         for layout, tile in itertools.product(layouts, tiles):
-            yield GemmConfig(Family.TILED, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
-                             tile.group_m, tile.num_warps, tile.num_stages, tile.split_k)
+            if _fits(tile, t, layout):
+                yield GemmConfig(tile.family, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
+                                 tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
+                                 tile.epilogue_split, tile.flatten)
 
 
 def tiny() -> Iterator[AnyGemmConfig]:
