@@ -1,0 +1,112 @@
+"""Fused multi-head attention, forward and backward, in fp16, bf16 and fp32.
+
+Q (batch, heads_q, seqlen_q, d_qk), K (batch, heads_kv, seqlen_kv, d_qk), V (..., d_v),
+any strides with a contiguous head dim (BHSD or BSHD), or packed (tokens, heads, d) with
+cumulative sequence offsets (varlen). Masks (causal top-left or bottom-right, sliding
+window, a boolean or additive tensor), bias, ALiBi, soft-capping, sinks and dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...core.op import OpDefinition, OpKind
+from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
+from .function import AttentionFunction, Call, forward, parse_causal, parse_window
+from .operands import AttentionOperands, AttentionOptions, check_operands
+from .plan import AttentionGrads, AttentionResult, kernel_units, plan
+from .problem import (
+    AttentionProblem,
+    AttentionVariant,
+    Direction,
+    Layout,
+    MaskKind,
+    UserMask,
+    Window,
+)
+from .ranking import rule_score
+from .rules import AttentionRule, auto_correct, supports, validate
+from .rulesets import RULE_SETS
+
+OP = OpDefinition(
+    kind=OpKind.ATTENTION,
+    problem_type=AttentionProblem,
+    config_type=AnyAttentionConfig,
+    validate=validate,
+    auto_correct=auto_correct,
+    rule_sets=RULE_SETS,
+    supports=supports,
+    kernel_units=kernel_units,
+    specialization_of=lambda problem: problem.variant,
+    # Built ahead of time: plain and causal attention, with aligned operands.
+    specializations=(AttentionVariant(), AttentionVariant(band=True)),
+    plan=plan,
+    rule_score=rule_score,
+    family_of=lambda config: config.family.value,
+    dtype_of=lambda config: config.dtype.value,
+)
+
+
+def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi_slopes=None, softcap=None,
+              sinks=None, dropout_p: float = 0.0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+              return_lse: bool = False, deterministic: bool = False, dropout_seed: int | None = None,
+              dropout_offset: int = 0, kernel: str | None = None, backward_kernel: str | None = None,
+              dispatcher=None):
+    """softmax(mask(scale * q k^T + bias)) v by the fastest registered kernels, differentiable.
+
+    causal: False, True (top-left, as torch SDPA), "top_left" or "bottom_right" (the last
+    query on the last key, as FlashAttention). window: (left, right) keys beside the
+    bottom-right diagonal, -1 unbounded. mask: bool (True attends) or additive, and bias
+    (differentiable), both broadcastable to (batch, heads_q, seqlen_q, seqlen_kv).
+    alibi_slopes: (heads_q,) or (batch, heads_q). softcap: cap * tanh(s / cap). sinks:
+    (heads_q,) logits that take part in the softmax (differentiable). dropout_p with
+    `dropout_seed` (default: drawn from torch's generator, so torch.manual_seed repeats it).
+    Varlen: q (tokens, heads_q, d) with cu_seqlens_q/k (batch + 1,) int32.
+    Returns out, or (out, lse) with the natural-log LSE (batch, heads_q, seqlen_q) or
+    (heads_q, tokens). `kernel`/`backward_kernel` force kernels by name; `dispatcher`
+    replaces the default one. `deterministic` makes the backward bit-reproducible.
+    """
+    from ...core.dispatcher import default_dispatcher
+
+    if dropout_p and dropout_seed is None:
+        dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
+    tensors = (q, k, v, bias, sinks)
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    options = AttentionOptions(
+        causal=parse_causal(causal), window=parse_window(window), scale=scale, softcap=softcap,
+        dropout_p=float(dropout_p), dropout_seed=int(dropout_seed or 0), dropout_offset=int(dropout_offset),
+        needs_lse=return_lse or grad, deterministic=deterministic,
+    )
+    call = Call(options, kernel, backward_kernel, dispatcher or default_dispatcher())
+    if grad:
+        out, lse = AttentionFunction.apply(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
+    else:
+        result = forward(call, q, k, v, {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
+                                         "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
+        out, lse = result.out, result.lse
+    return (out, lse) if return_lse else out
+
+
+__all__ = [
+    "OP",
+    "AttentionConfig",
+    "AttentionGrads",
+    "AttentionOperands",
+    "AttentionOptions",
+    "AttentionProblem",
+    "AttentionResult",
+    "AttentionRule",
+    "AttentionVariant",
+    "Direction",
+    "Family",
+    "Layout",
+    "MaskKind",
+    "UserMask",
+    "VendorConfig",
+    "Window",
+    "attention",
+    "auto_correct",
+    "check_operands",
+    "supports",
+    "validate",
+]

@@ -1,0 +1,271 @@
+"""From user tensors to a checked AttentionProblem plus the views and scalars the kernels read.
+
+This is the one place that inspects the caller's tensors: shapes, dtypes, devices and
+strides. Everything downstream trusts what it returns. Each refusal names its rule in
+brackets (``[heads-group]``) and says what would work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidProblemError, UnsupportedError
+from .problem import (
+    DTYPES,
+    HEAD_DIMS,
+    AttentionProblem,
+    AttentionVariant,
+    Direction,
+    Layout,
+    MaskKind,
+    UserMask,
+    Window,
+)
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Everything of a call that is not a tensor, checked, typed and hashable."""
+
+    causal: MaskKind = MaskKind.NONE  # NONE, CAUSAL_TOP_LEFT or CAUSAL_BOTTOM_RIGHT
+    window: Window | None = None
+    scale: float | None = None
+    softcap: float | None = None
+    dropout_p: float = 0.0
+    dropout_seed: int = 0
+    dropout_offset: int = 0
+    needs_lse: bool = False
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class AttentionOperands:
+    problem: AttentionProblem
+    q: torch.Tensor  # (batch, heads_q, seqlen_q, d_qk), or (tokens, heads_q, d_qk) for varlen
+    k: torch.Tensor
+    v: torch.Tensor
+    bias: torch.Tensor | None  # (batch, heads_q, seqlen_q, seqlen_kv) view, broadcast dims of stride 0
+    mask: torch.Tensor | None  # the same shape; uint8 for a boolean mask
+    alibi_slopes: torch.Tensor | None  # (batch, heads_q) fp32 view
+    sinks: torch.Tensor | None  # (heads_q,) fp32
+    cu_seqlens_q: torch.Tensor | None  # (batch + 1,) int32
+    cu_seqlens_k: torch.Tensor | None
+    scale: float
+    softcap: float
+    dropout_p: float
+    dropout_seed: int
+    dropout_offset: int
+    # backward only: the forward's output and LSE, and the gradient of the output
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    grad_out: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+
+def _fail(rule: str, message: str) -> InvalidProblemError:
+    return InvalidProblemError(f"[{rule}] {message}")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "x".join(map(str, t.shape))
+
+
+def _aligned(*tensors: torch.Tensor | None) -> bool:
+    """16-byte aligned bases and every stride of a non-unit dim a multiple of 16 elements."""
+    for t in tensors:
+        if t is None:
+            continue
+        if t.data_ptr() % 16 or any(s % 16 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n != 1):
+            return False
+    return True
+
+
+def _layout(q: torch.Tensor, varlen: bool) -> Layout:
+    if varlen:
+        return Layout.THD
+    return Layout.BSHD if q.shape[1] > 1 and q.shape[2] > 1 and q.stride(1) < q.stride(2) else Layout.BHSD
+
+
+def _broadcast_4d(t: torch.Tensor, shape: tuple[int, int, int, int], what: str) -> torch.Tensor:
+    """`t` viewed as `shape` with stride 0 on broadcast dims; never copied."""
+    if t.dim() > 4 or t.dim() < 2:
+        raise _fail(f"{what}-shape", f"{what} must have 2 to 4 dims broadcastable to {shape}, got {_shape(t)}")
+    try:
+        view = t.expand(shape) if t.dim() == 4 else t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).expand(shape)
+    except RuntimeError:
+        raise _fail(f"{what}-shape", f"{what} of shape {_shape(t)} does not broadcast to (batch, heads_q, seqlen_q, "
+                    f"seqlen_kv) = {shape}") from None
+    if view.shape[-1] > 1 and view.stride(-1) != 1:
+        raise _fail(f"{what}-layout", f"{what} must be contiguous along the key dim; call .contiguous()")
+    return view
+
+
+def _check_qkv(q, k, v, varlen: bool) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidProblemError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        want = 3 if varlen else 4
+        if t.dim() != want:
+            form = "(tokens, heads, head_dim) with cu_seqlens" if varlen else "(batch, heads, seqlen, head_dim)"
+            raise _fail("rank", f"{name} must be {want}-D {form}, got shape {_shape(t)}")
+        if t.device != q.device:
+            raise InvalidProblemError(f"{name} is on {t.device} but q is on {q.device}; put every tensor on one device")
+        if t.dtype != q.dtype:
+            raise _fail("dtype", f"q is {q.dtype} but {name} is {t.dtype}; q, k and v must share one dtype")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise _fail("head-dim-stride", f"{name}'s head dim must be contiguous (stride 1), got strides "
+                        f"{tuple(t.stride())}; call .contiguous()")
+        if 0 in t.shape:
+            raise _fail("empty", f"{name} has shape {_shape(t)}: zero-size dims are not an attention")
+
+
+def _cu_seqlens(cu: Any, tokens: int, device, what: str) -> tuple[torch.Tensor, tuple[int, ...]]:
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+        raise _fail("varlen", f"{what} must be a 1-D int32 tensor of batch + 1 cumulative offsets")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise _fail("varlen", f"{what} must be int32 (or int64), got {cu.dtype}")
+    values = cu.detach().cpu().tolist()
+    lengths = tuple(b - a for a, b in itertools.pairwise(values))
+    if values[0] != 0 or any(n < 0 for n in lengths) or values[-1] > tokens:
+        raise _fail("varlen", f"{what}={values} must start at 0, never decrease, and end at most at the "
+                    f"{tokens} tokens given")
+    return cu.to(device=device, dtype=torch.int32).contiguous(), lengths
+
+
+def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), mask=None, bias=None,
+                   alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                   direction: Direction = Direction.FORWARD, out=None, lse=None, grad_out=None,
+                   bias_grad: bool = False) -> AttentionOperands:
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise _fail("varlen", "give both cu_seqlens_q and cu_seqlens_k (the key offsets may equal the query ones)")
+    _check_qkv(q, k, v, varlen)
+    try:
+        dtype = DType.from_torch(q.dtype)
+    except UnsupportedError:
+        dtype = None
+    if dtype not in DTYPES:
+        raise UnsupportedError(f"[dtype] q is {q.dtype}; attention takes "
+                               f"{', '.join('torch.' + str(d.torch).replace('torch.', '') for d in DTYPES)}")
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != d_qk:
+        raise _fail("head-dim-match", f"q's head dim is {d_qk} but k's is {k.shape[-1]}; they must agree")
+    for name, d in (("q/k", d_qk), ("v", d_v)):
+        if d not in HEAD_DIMS:
+            raise UnsupportedError(f"[head-dim] the {name} head dim {d} is not supported; use one of {HEAD_DIMS} "
+                                   "(pad the head dim up to the next one)")
+    head_axis = 1
+    heads_q, heads_kv = q.shape[head_axis], k.shape[head_axis]
+    if v.shape[head_axis] != heads_kv:
+        raise _fail("heads-match", f"k has {heads_kv} heads but v has {v.shape[head_axis]}; they must agree")
+    if heads_q % heads_kv:
+        raise _fail("heads-group", f"q has {heads_q} heads, not a multiple of the {heads_kv} key/value heads "
+                    f"(GQA needs heads_q = g * heads_kv; MQA: heads_kv = 1)")
+
+    cu_q = cu_k = None
+    seqlens: tuple = ()
+    if varlen:
+        if k.shape[0] != v.shape[0]:
+            raise _fail("seqlen-match", f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
+        cu_q, lengths_q = _cu_seqlens(cu_seqlens_q, q.shape[0], q.device, "cu_seqlens_q")
+        cu_k, lengths_k = _cu_seqlens(cu_seqlens_k, k.shape[0], q.device, "cu_seqlens_k")
+        if len(lengths_q) != len(lengths_k):
+            raise _fail("varlen", f"cu_seqlens_q describes {len(lengths_q)} sequences, cu_seqlens_k {len(lengths_k)}")
+        if min(lengths_q) < 1 or min(lengths_k) < 1:
+            raise _fail("varlen", "every sequence needs at least one query and one key token")
+        batch, seqlen_q, seqlen_kv = len(lengths_q), max(lengths_q), max(lengths_k)
+        seqlens = tuple(zip(lengths_q, lengths_k))
+    else:
+        batch, seqlen_q, seqlen_kv = q.shape[0], q.shape[2], k.shape[2]
+        if k.shape[0] != batch or v.shape[0] != batch:
+            raise _fail("batch-match", f"q, k, v batch sizes differ: {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+        if v.shape[2] != seqlen_kv:
+            raise _fail("seqlen-match", f"k has {seqlen_kv} keys but v has {v.shape[2]}")
+
+    full = (batch, heads_q, seqlen_q, seqlen_kv)
+    user_mask, mask_view = UserMask.NONE, None
+    if mask is not None:
+        if varlen:
+            raise _fail("varlen-features", "a mask tensor needs a fixed-length batch; varlen takes causal/window masks")
+        if mask.dtype == torch.bool:
+            user_mask, mask_view = UserMask.BOOLEAN, _broadcast_4d(mask.view(torch.uint8), full, "mask")
+        elif mask.dtype == q.dtype:
+            user_mask, mask_view = UserMask.ADDITIVE, _broadcast_4d(mask, full, "mask")
+        else:
+            raise _fail("mask-dtype", f"mask is {mask.dtype}; use torch.bool (True: attend) or q's dtype {q.dtype} "
+                        "(added to the scores)")
+    bias_view = None
+    if bias is not None:
+        if varlen:
+            raise _fail("varlen-features", "a bias tensor needs a fixed-length batch; varlen takes ALiBi slopes")
+        if bias.dtype != q.dtype:
+            raise _fail("bias-dtype", f"bias is {bias.dtype}; it must be q's dtype {q.dtype} (bias.to(q.dtype))")
+        bias_view = _broadcast_4d(bias, full, "bias")
+    slopes = None
+    if alibi_slopes is not None:
+        if alibi_slopes.shape not in ((heads_q,), (batch, heads_q)):
+            raise _fail("alibi-shape", f"alibi_slopes must be ({heads_q},) or ({batch}, {heads_q}), got "
+                        f"{_shape(alibi_slopes)}")
+        slopes = alibi_slopes.to(torch.float32).expand(batch, heads_q)
+    sinks32 = None
+    if sinks is not None:
+        if sinks.shape != (heads_q,):
+            raise _fail("sinks-shape", f"sinks must be ({heads_q},): one logit per query head, got {_shape(sinks)}")
+        sinks32 = sinks.detach().to(torch.float32).contiguous()
+    for name, t in (("mask", mask), ("bias", bias), ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if t is not None and t.device != q.device:
+            raise InvalidProblemError(f"{name} is on {t.device} but q is on {q.device}; put every tensor on one device")
+
+    o = options
+    if o.softcap is not None and not (math.isfinite(o.softcap) and o.softcap > 0):
+        raise _fail("softcap", f"softcap={o.softcap} must be a positive number (or None)")
+    if not 0.0 <= o.dropout_p < 1.0:
+        raise _fail("dropout", f"dropout_p={o.dropout_p} must be in [0, 1)")
+    scale = 1.0 / math.sqrt(d_qk) if o.scale is None else float(o.scale)
+    if not math.isfinite(scale):
+        raise _fail("scale", f"scale={o.scale} must be a finite number")
+    if o.causal is not MaskKind.NONE and o.window is not None:
+        # A causal sliding window: the window, its right side closed at the diagonal.
+        mask_kind, window = MaskKind.SLIDING_WINDOW, Window(o.window.left, 0)
+        if o.causal is MaskKind.CAUSAL_TOP_LEFT and seqlen_q != seqlen_kv and not varlen:
+            raise _fail("window-alignment", "a sliding window is aligned bottom-right; with seqlen_q != seqlen_kv "
+                        "combine it with causal='bottom_right'")
+    elif o.window is not None:
+        mask_kind, window = MaskKind.SLIDING_WINDOW, o.window
+    else:
+        mask_kind, window = o.causal, Window()
+    if mask_kind is MaskKind.SLIDING_WINDOW and window == Window():
+        mask_kind = MaskKind.NONE  # (-1, -1): unbounded on both sides
+
+    if direction is Direction.BACKWARD:
+        for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out)):
+            if not isinstance(t, torch.Tensor):
+                raise InvalidProblemError(f"the backward needs {name} as a tensor")
+    variant = AttentionVariant(
+        band=mask_kind is not MaskKind.NONE, user_mask=user_mask, bias=bias is not None,
+        alibi=alibi_slopes is not None, softcap=o.softcap is not None, sinks=sinks is not None,
+        dropout=o.dropout_p > 0, varlen=varlen, bias_grad=bias_grad and direction is Direction.BACKWARD,
+        aligned=_aligned(q, k, v, out, grad_out),
+    )
+    problem = AttentionProblem(
+        batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_kv=seqlen_kv,
+        head_dim_qk=d_qk, head_dim_v=d_v, dtype=dtype, direction=direction, layout=_layout(q, varlen),
+        mask=mask_kind, window=window, variant=variant,
+        needs_lse=o.needs_lse and direction is Direction.FORWARD,
+        deterministic=o.deterministic and direction is Direction.BACKWARD, seqlens=seqlens,
+    )
+    return AttentionOperands(
+        problem=problem, q=q, k=k, v=v, bias=bias_view, mask=mask_view, alibi_slopes=slopes, sinks=sinks32,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, softcap=float(o.softcap or 0.0),
+        dropout_p=float(o.dropout_p), dropout_seed=int(o.dropout_seed), dropout_offset=int(o.dropout_offset),
+        out=out, lse=lse, grad_out=grad_out,
+    )

@@ -1,0 +1,309 @@
+"""What to compile for an attention config, and how to launch it on given operands.
+
+`kernel_units(config, variant)` fixes the compiled signature: the feature flags of the
+variant become constexprs, pointers and strides of aligned operands are marked divisible
+by 16. `plan` binds operands to the stages: one for the forward, three for the backward
+(preprocess, dK/dV, then dQ or the dQ conversion).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ...core.dtypes import DType
+from ...core.errors import BuildError, InvalidProblemError
+from ...core.launch import Launch, Plan
+from ...core.op import KernelUnit, UnitKind
+from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
+from .kernels.scores import UNBOUNDED
+from .operands import AttentionOperands
+from .problem import AttentionVariant, Direction, MaskKind, UserMask
+
+_FWD = "tiledispatch.ops.attention.kernels.forward"
+_BWD = "tiledispatch.ops.attention.kernels.backward"
+_SCORES = "tiledispatch.ops.attention.kernels.scores"
+_VENDOR = "tiledispatch.ops.attention.vendor"
+USER_MASK_CODES = {UserMask.NONE: 0, UserMask.BOOLEAN: 1, UserMask.ADDITIVE: 2}
+PREPROCESS_BLOCK_M = 64  # memory-bound row sums: 64 rows of dO and O per program
+MAX_GRID_YZ = 65535
+
+
+@dataclass
+class AttentionResult:
+    """What a forward plan fills in. Mutable on purpose: a Triton stage writes into the
+    tensors allocated here, while the vendor stage hands over the ones it allocated itself
+    (copying them would cost a pass over O)."""
+
+    out: torch.Tensor | None
+    lse: torch.Tensor | None
+
+
+@dataclass
+class AttentionGrads:
+    """What a backward plan fills in; `delta` = rowsum(dO * O) serves the sinks' gradient,
+    `dbias` (batch, heads_q, seqlen_q, seqlen_kv) fp32 the bias gradient, when asked for."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    delta: torch.Tensor | None
+    dbias: torch.Tensor | None
+
+
+def _ptr(dtype: DType) -> str:
+    return f"*{dtype.triton}"
+
+
+def _strides(prefix: str, dims: str = "bhs") -> list[tuple[str, str]]:
+    return [(f"stride_{prefix}{d}", "i64") for d in dims]
+
+
+_FEATURE_STRIDES = (_strides("b", "bhmn") + _strides("m", "bhmn") + _strides("s", "bh"))
+_RUNTIME = [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("heads_q", "i32"), ("group", "i32"),
+            ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"), ("window_left", "i32"),
+            ("window_right", "i32"), ("dropout_p", "fp32"), ("seed", "i64"), ("rng_offset", "i64")]
+
+
+def _block(d: int) -> int:
+    return triton.next_power_of_2(d)
+
+
+def _feature_constexprs(config: AttentionConfig, v: AttentionVariant) -> dict:
+    return {
+        "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+        "HEAD_QK": config.head_dim_qk, "HEAD_V": config.head_dim_v,
+        "BLOCK_QK": _block(config.head_dim_qk), "BLOCK_V": _block(config.head_dim_v),
+        "HAS_BAND": v.band, "USER_MASK": USER_MASK_CODES[v.user_mask], "HAS_BIAS": v.bias,
+        "HAS_ALIBI": v.alibi, "HAS_SOFTCAP": v.softcap, "HAS_DROPOUT": v.dropout, "VARLEN": v.varlen,
+    }
+
+
+def _unit(stage: str, module: str, function: str, args: list, constexprs: dict, config: AttentionConfig,
+          variant: AttentionVariant, num_warps: int | None = None, num_stages: int | None = None) -> KernelUnit:
+    kinds = dict(args) | {name: "constexpr" for name in constexprs}
+    order = importlib.import_module(module).__dict__[function].arg_names
+    if set(order) != set(kinds):  # a kernel edited without its signature here
+        raise BuildError(f"{function} takes {sorted(set(order) ^ set(kinds))} differently from its unit")
+    signature = [(name, kinds[name]) for name in order]
+    tensors = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
+    divisible = tuple(name for name, kind in args if variant.aligned and (
+        name in tensors or (name.startswith("stride_") and name[7:-1] in {"q", "k", "v", "o", "do", "dq", "dk", "dv"})))
+    return KernelUnit(stage=stage, module=module, function=function, signature=tuple(signature),
+                      constexprs=tuple(constexprs.items()), num_warps=num_warps or config.num_warps,
+                      num_stages=num_stages or config.num_stages, modules=(module, _SCORES),
+                      divisible_by_16=divisible)
+
+
+def _dot_precision(config: AttentionConfig) -> str:
+    return "ieee"  # fp32 inputs are the exact path; half inputs ignore it
+
+
+_PLAIN = AttentionVariant()
+
+
+@functools.lru_cache(maxsize=4096)
+def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN) -> tuple[KernelUnit, ...]:
+    if isinstance(config, VendorConfig):
+        return (_VENDOR_UNITS[config.direction],)
+    t = _ptr(config.dtype)
+    bias_t = t
+    mask_t = "*u8" if variant.user_mask is UserMask.BOOLEAN else t
+    features = [("BIAS", bias_t), ("MASK", mask_t), ("SLOPES", "*fp32")]
+    cu = [("CU_Q", "*i32"), ("CU_K", "*i32")]
+    base = _feature_constexprs(config, variant)
+    if config.family is Family.FWD:
+        args = ([("Q", t), ("K", t), ("V", t), ("O", t), ("LSE", "*fp32"), *features, ("SINKS", "*fp32"), *cu]
+                + _strides("q") + _strides("k") + _strides("v") + _strides("o") + _strides("l", "bh")
+                + list(_FEATURE_STRIDES) + _RUNTIME)
+        constexprs = {**base, "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows,
+                      "DOT_PRECISION": _dot_precision(config)}
+        return (_unit("fwd", _FWD, "attention_fwd", args, constexprs, config, variant),)
+
+    preprocess_args = ([("O", t), ("DO", t), ("DELTA", "*fp32")] + _strides("o") + _strides("do")
+                       + _strides("l", "bh") + cu + [("seqlen_q", "i32"), ("seqlen_kv", "i32")])
+    preprocess = _unit("preprocess", _BWD, "attention_bwd_preprocess", preprocess_args,
+                       {"BLOCK_M": PREPROCESS_BLOCK_M, "HEAD_V": config.head_dim_v,
+                        "BLOCK_V": _block(config.head_dim_v), "VARLEN": variant.varlen},
+                       config, variant, num_warps=4, num_stages=1)
+    common = ([("Q", t), ("K", t), ("V", t), ("DO", t), ("LSE", "*fp32"), ("DELTA", "*fp32")])
+    inputs_strides = _strides("q") + _strides("k") + _strides("v") + _strides("do") + _strides("l", "bh")
+    dbias = [("DBIAS", "*fp32")]
+    dbias_strides = _strides("db", "bhm")
+    atomic = config.family is Family.BWD_ATOMIC
+    dkdv_args = (common + [("DK", t), ("DV", t), ("DQ_ACC", "*fp32")] + dbias + features + cu + inputs_strides
+                 + _strides("dk") + _strides("dv") + _strides("dq") + dbias_strides + list(_FEATURE_STRIDES)
+                 + _RUNTIME)
+    dkdv = _unit("dkdv", _BWD, "attention_bwd_dkdv", dkdv_args,
+                 {**base, "ATOMIC_DQ": atomic, "HAS_DBIAS": variant.bias_grad,
+                  "DOT_PRECISION": _dot_precision(config)}, config, variant)
+    if atomic:
+        convert_args = ([("DQ_ACC", "*fp32"), ("DQ", t)] + _strides("a") + _strides("dq") + cu
+                        + [("seqlen_q", "i32"), ("seqlen_kv", "i32")])
+        convert = _unit("convert", _BWD, "attention_bwd_convert", convert_args,
+                        {"BLOCK_M": PREPROCESS_BLOCK_M, "HEAD_QK": config.head_dim_qk,
+                         "BLOCK_QK": _block(config.head_dim_qk), "VARLEN": variant.varlen},
+                        config, variant, num_warps=4, num_stages=1)
+        return preprocess, dkdv, convert
+    dq_args = (common + [("DQ", t)] + dbias + features + cu + inputs_strides + _strides("dq") + dbias_strides
+               + list(_FEATURE_STRIDES) + _RUNTIME)
+    dq = _unit("dq", _BWD, "attention_bwd_dq", dq_args,
+               {**base, "HAS_DBIAS": variant.bias_grad, "DOT_PRECISION": _dot_precision(config)}, config, variant)
+    return preprocess, dkdv, dq
+
+
+_VENDOR_UNITS = {
+    Direction.FORWARD: KernelUnit(
+        stage="vendor", module=_VENDOR, function="forward",
+        signature=tuple((n, "python") for n in ("family", "q", "k", "v", "result", "scale", "causal", "needs_lse")),
+        constexprs=(), num_warps=0, num_stages=0, modules=(_VENDOR,), kind=UnitKind.PYTHON),
+    Direction.BACKWARD: KernelUnit(
+        stage="vendor", module=_VENDOR, function="backward",
+        signature=tuple((n, "python") for n in ("family", "grads", "grad_out", "q", "k", "v", "out", "lse",
+                                                 "scale", "causal")),
+        constexprs=(), num_warps=0, num_stages=0, modules=(_VENDOR,), kind=UnitKind.PYTHON),
+}
+
+
+def _values(unit: KernelUnit, bound: dict) -> tuple:
+    constants = dict(unit.constexprs)
+    return tuple(bound[name] if name in bound else constants[name] for name, _ in unit.signature)
+
+
+def _bhs(t: torch.Tensor | None, varlen: bool) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of a 4-D tensor, or of a (tokens, heads, d) varlen one."""
+    if t is None:
+        return 0, 0, 0
+    if varlen:
+        return 0, t.stride(1), t.stride(0)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _named(prefix: str, strides: tuple, dims: str = "bhs") -> dict:
+    return {f"stride_{prefix}{d}": s for d, s in zip(dims, strides)}
+
+
+def _lse_strides(lse: torch.Tensor, varlen: bool) -> dict:
+    # (batch, heads, seqlen_q), or (heads, tokens) for varlen
+    return _named("l", (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1)), "bh")
+
+
+def _lse_buffer(ops: AttentionOperands) -> torch.Tensor:
+    p = ops.problem
+    shape = (p.heads_q, ops.q.shape[0]) if p.variant.varlen else (p.batch, p.heads_q, p.seqlen_q)
+    return torch.empty(shape, dtype=torch.float32, device=ops.device)
+
+
+def like_layout(t: torch.Tensor, last: int, dtype=None) -> torch.Tensor:
+    """A new tensor of t's shape but head dim `last`, in t's layout (BSHD stays BSHD)."""
+    shape = (*t.shape[:-1], last)
+    order = sorted(range(t.dim()), key=lambda i: -t.stride(i) if t.shape[i] > 1 else -1 << 62)
+    if t.dim() == 4 and order[:3] == [0, 2, 1]:
+        return torch.empty((shape[0], shape[2], shape[1], last), dtype=dtype or t.dtype,
+                           device=t.device).transpose(1, 2)
+    return torch.empty(shape, dtype=dtype or t.dtype, device=t.device)
+
+
+def _runtime(ops: AttentionOperands) -> dict:
+    p = ops.problem
+    _, left, right = p.band(p.seqlen_q, p.seqlen_kv)
+    return {
+        "seqlen_q": p.seqlen_q, "seqlen_kv": p.seqlen_kv, "heads_q": p.heads_q, "group": p.group,
+        "sm_scale": ops.scale, "softcap": ops.softcap or 1.0,
+        "bottom_right": 0 if p.mask in (MaskKind.CAUSAL_TOP_LEFT, MaskKind.NONE) else 1,
+        "window_left": UNBOUNDED if left < 0 else left, "window_right": UNBOUNDED if right < 0 else right,
+        "dropout_p": ops.dropout_p, "seed": ops.dropout_seed, "rng_offset": ops.dropout_offset,
+    }
+
+
+def _features(ops: AttentionOperands, dummy: torch.Tensor) -> dict:
+    bias, mask, slopes = ops.bias, ops.mask, ops.alibi_slopes
+    out = {"BIAS": bias if bias is not None else dummy, "MASK": mask if mask is not None else dummy,
+           "SLOPES": slopes if slopes is not None else dummy,
+           "CU_Q": ops.cu_seqlens_q if ops.cu_seqlens_q is not None else dummy,
+           "CU_K": ops.cu_seqlens_k if ops.cu_seqlens_k is not None else dummy}
+    out.update(_named("b", bias.stride() if bias is not None else (0,) * 4, "bhmn"))
+    out.update(_named("m", mask.stride() if mask is not None else (0,) * 4, "bhmn"))
+    out.update(_named("s", slopes.stride() if slopes is not None else (0, 0), "bh"))
+    return out
+
+
+def _check_grid(p) -> None:
+    if p.heads_q > MAX_GRID_YZ or p.batch > MAX_GRID_YZ:
+        raise InvalidProblemError(f"batch {p.batch} or heads {p.heads_q} exceeds the grid limit {MAX_GRID_YZ}")
+
+
+def plan(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
+    p = ops.problem
+    _check_grid(p)
+    if p.direction is Direction.FORWARD:
+        return _forward(config, ops)
+    return _backward(config, ops)
+
+
+def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
+    p = ops.problem
+    if isinstance(config, VendorConfig):
+        result = AttentionResult(None, None)
+        args = (config.family, ops.q, ops.k, ops.v, result, ops.scale, p.mask is not MaskKind.NONE, p.needs_lse)
+        return Plan((Launch("vendor", (1, 1, 1), args),), result)
+    varlen = p.variant.varlen
+    out = like_layout(ops.q, p.head_dim_v)
+    lse = _lse_buffer(ops)
+    unit = kernel_units(config, p.variant)[0]
+    bound = {"Q": ops.q, "K": ops.k, "V": ops.v, "O": out, "LSE": lse,
+             "SINKS": ops.sinks if ops.sinks is not None else lse, **_features(ops, lse),
+             **_named("q", _bhs(ops.q, varlen)), **_named("k", _bhs(ops.k, varlen)),
+             **_named("v", _bhs(ops.v, varlen)), **_named("o", _bhs(out, varlen)), **_lse_strides(lse, varlen),
+             **_runtime(ops)}
+    grid = (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch)
+    return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
+
+
+def _backward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
+    p = ops.problem
+    dq = like_layout(ops.q, p.head_dim_qk)
+    dk = like_layout(ops.k, p.head_dim_qk)
+    dv = like_layout(ops.v, p.head_dim_v)
+    if isinstance(config, VendorConfig):
+        grads = AttentionGrads(dq, dk, dv, None, None)
+        args = (config.family, grads, ops.grad_out, ops.q, ops.k, ops.v, ops.out, ops.lse, ops.scale,
+                p.mask is not MaskKind.NONE)
+        return Plan((Launch("vendor", (1, 1, 1), args),), grads)
+    varlen = p.variant.varlen
+    lse = ops.lse
+    delta = torch.empty_like(lse)
+    # Zeros: pairs in skipped (fully masked) blocks are never written, and their gradient is 0.
+    dbias = (torch.zeros((p.batch, p.heads_q, p.seqlen_q, p.seqlen_kv), dtype=torch.float32, device=ops.device)
+             if p.variant.bias_grad else None)
+    units = {u.stage: u for u in kernel_units(config, p.variant)}
+    atomic = config.family is Family.BWD_ATOMIC
+    dq_acc = None
+    if atomic:
+        shape = (*ops.q.shape[:-1], p.head_dim_qk)
+        dq_acc = torch.zeros(shape, dtype=torch.float32, device=ops.device)
+    common = {"Q": ops.q, "K": ops.k, "V": ops.v, "DO": ops.grad_out, "LSE": lse, "DELTA": delta,
+              "O": ops.out, "DK": dk, "DV": dv, "DQ": dq, "DQ_ACC": dq_acc if atomic else lse,
+              "DBIAS": dbias if dbias is not None else lse, **_features(ops, lse),
+              **_named("q", _bhs(ops.q, varlen)), **_named("k", _bhs(ops.k, varlen)),
+              **_named("v", _bhs(ops.v, varlen)), **_named("o", _bhs(ops.out, varlen)),
+              **_named("do", _bhs(ops.grad_out, varlen)), **_lse_strides(lse, varlen),
+              **_named("dk", _bhs(dk, varlen)), **_named("dv", _bhs(dv, varlen)),
+              **_named("dq", _bhs(dq_acc if atomic else dq, varlen)),
+              **_named("db", dbias.stride()[:3] if dbias is not None else (0, 0, 0), "bhm"),
+              **_runtime(ops)}
+    q_blocks = triton.cdiv(p.seqlen_q, PREPROCESS_BLOCK_M)
+    launches = [Launch("preprocess", (q_blocks, p.heads_q, p.batch), _values(units["preprocess"], common))]
+    launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
+                           _values(units["dkdv"], common)))
+    if atomic:
+        convert = {**common, **_named("a", _bhs(dq_acc, varlen)), **_named("dq", _bhs(dq, varlen))}
+        launches.append(Launch("convert", (q_blocks, p.heads_q, p.batch), _values(units["convert"], convert)))
+    else:
+        launches.append(Launch("dq", (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch),
+                               _values(units["dq"], common)))
+    return Plan(tuple(launches), AttentionGrads(dq, dk, dv, delta, dbias))

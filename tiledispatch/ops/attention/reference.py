@@ -1,0 +1,139 @@
+"""The attention reference: the same function in float64 on the CPU, written plainly.
+
+Scores are materialised, each feature applied in the kernels' order (scale, soft-cap,
+bias, additive mask, ALiBi, boolean mask, position mask), then softmax with the sink as
+one more logit, then dropout with a given keep mask. Its autograd gradients are what the
+backward plan is checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ...core.dtypes import DType
+from .operands import AttentionOperands
+from .problem import AttentionProblem
+
+
+def _allowed(problem: AttentionProblem, sq: int, skv: int) -> torch.Tensor:
+    """(sq, skv) bool: the position mask (causal, window) of one sequence."""
+    offset, left, right = problem.band(sq, skv)
+    i = torch.arange(sq).unsqueeze(1)
+    j = torch.arange(skv).unsqueeze(0)
+    keep = torch.ones(sq, skv, dtype=torch.bool)
+    if left >= 0:
+        keep &= j >= i + offset - left
+    if right >= 0:
+        keep &= j <= i + offset + right
+    return keep
+
+
+def attend(q, k, v, problem: AttentionProblem, *, scale: float, softcap: float = 0.0, bias=None, mask=None,
+           slopes=None, sinks=None, keep=None, dropout_p: float = 0.0):
+    """One fixed-length batch in float64: q (B, Hq, Sq, D), k/v (B, Hkv, Skv, D) -> (out, lse).
+
+    bias and mask broadcast to (B, Hq, Sq, Skv); slopes is (B, Hq); sinks (Hq,); keep a
+    (B, Hq, Sq, Skv) bool dropout mask. Rows that see no key give 0 and LSE -inf.
+    """
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    sq, skv = q.shape[2], k.shape[2]
+    x = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        x = softcap * torch.tanh(x / softcap)
+    if bias is not None:
+        x = x + bias
+    if mask is not None and mask.dtype != torch.bool:
+        x = x + mask
+    if slopes is not None:
+        distance = (torch.arange(sq).unsqueeze(1) + skv - sq - torch.arange(skv).unsqueeze(0)).abs()
+        x = x - slopes[:, :, None, None] * distance.to(x.dtype)
+    if mask is not None and mask.dtype == torch.bool:
+        x = x.masked_fill(~mask, -math.inf)
+    x = x.masked_fill(~_allowed(problem, sq, skv), -math.inf)
+    if sinks is not None:
+        x = torch.cat([x, sinks.to(x.dtype)[None, :, None, None].expand(*x.shape[:3], 1)], dim=-1)
+    lse = torch.logsumexp(x, dim=-1)
+    weights = torch.exp(x - lse.masked_fill(torch.isinf(lse), 0.0).unsqueeze(-1))
+    weights = torch.where(torch.isinf(lse).unsqueeze(-1), torch.zeros_like(weights), weights)
+    if sinks is not None:
+        weights = weights[..., :-1]
+    if keep is not None:
+        weights = weights * keep / (1.0 - dropout_p)
+    return torch.matmul(weights, v), lse
+
+
+def _f64(t):
+    return None if t is None else t.detach().to("cpu", torch.float64)
+
+
+def reference(ops: AttentionOperands, keep: torch.Tensor | None = None):
+    """float64 (out, lse) on the CPU, in the kernels' shapes (varlen: (tokens, heads, d) and (heads, tokens))."""
+    p = ops.problem
+    common = {"scale": ops.scale, "softcap": ops.softcap, "dropout_p": ops.dropout_p, "sinks": _f64(ops.sinks)}
+    if not p.variant.varlen:
+        out, lse = attend(_f64(ops.q), _f64(ops.k), _f64(ops.v), p, bias=_f64(ops.bias),
+                          mask=None if ops.mask is None else (ops.mask.cpu().bool() if p.variant.user_mask.value == "bool"
+                                                              else _f64(ops.mask)),
+                          slopes=_f64(ops.alibi_slopes), keep=None if keep is None else keep.cpu().bool(), **common)
+        return out, lse
+    cu_q = ops.cu_seqlens_q.cpu().tolist()
+    cu_k = ops.cu_seqlens_k.cpu().tolist()
+    outs, lses = [], []
+    q, k, v = _f64(ops.q), _f64(ops.k), _f64(ops.v)
+    slopes = _f64(ops.alibi_slopes)
+    for b in range(p.batch):
+        qs = q[cu_q[b]:cu_q[b + 1]].transpose(0, 1).unsqueeze(0)
+        ks = k[cu_k[b]:cu_k[b + 1]].transpose(0, 1).unsqueeze(0)
+        vs = v[cu_k[b]:cu_k[b + 1]].transpose(0, 1).unsqueeze(0)
+        kb = None if keep is None else keep[b:b + 1, :, :qs.shape[2], :ks.shape[2]].cpu().bool()
+        out, lse = attend(qs, ks, vs, p, slopes=None if slopes is None else slopes[b:b + 1], keep=kb, **common)
+        outs.append(out[0].transpose(0, 1))
+        lses.append(lse[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+# Unit roundoff of each dtype as the tensor cores see it.
+_ROUNDOFF = {DType.FP32: 6e-8, DType.FP16: 4.9e-4, DType.BF16: 3.9e-3}
+
+
+def tolerance(dtype: DType, gradient: bool = False) -> float:
+    """Allowed ||got - ref|| / ||ref||: a few roundoffs (P is rounded to the input dtype before P V)."""
+    base = 8 * max(_ROUNDOFF[dtype], 1e-6)
+    return base * (4 if gradient else 1)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    max_abs_error: float
+    relative_error: float
+    tolerance: float
+    unwritten: int  # NaN where the reference is finite
+
+    @property
+    def passed(self) -> bool:
+        return self.unwritten == 0 and math.isfinite(self.relative_error) and self.relative_error <= self.tolerance
+
+    def to_dict(self) -> dict:
+        return {"max_abs_error": self.max_abs_error, "relative_error": self.relative_error,
+                "tolerance": self.tolerance, "unwritten": self.unwritten, "passed": self.passed}
+
+
+def compare_tensors(got: torch.Tensor, ref: torch.Tensor, tol: float) -> Comparison:
+    got = got.detach().to("cpu", torch.float64).reshape(ref.shape)
+    finite = torch.isfinite(ref)
+    unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
+    same_inf = (got == ref) & ~finite
+    diff = torch.where(finite, got - ref, torch.where(same_inf, 0.0, math.inf))
+    scale = torch.linalg.vector_norm(torch.where(finite, ref, 0.0)).clamp_min(1e-300)
+    rel = float(torch.linalg.vector_norm(diff) / scale) if diff.numel() else 0.0
+    return Comparison(float(diff.abs().max()) if diff.numel() else 0.0, rel, tol, unwritten)
+
+
+def compare(out: torch.Tensor, ops: AttentionOperands, keep: torch.Tensor | None = None) -> Comparison:
+    ref, _ = reference(ops, keep)
+    return compare_tensors(out, ref, tolerance(ops.problem.dtype))

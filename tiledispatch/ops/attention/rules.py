@@ -1,0 +1,180 @@
+"""The one validity predicate for attention configs, its auto-corrector, and `supports`.
+
+Each rule is a member of `AttentionRule`, so an error names the rule it breaks and tests
+can check for exactly that rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import replace
+
+import triton
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidConfigError
+from ...core.validation import Correction, Finding, Severity, ValidationResult
+from . import vendor
+from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
+from .problem import HEAD_DIMS, AttentionProblem, Direction
+
+BLOCK_CHOICES = (16, 32, 64, 128, 256)
+WARP_CHOICES = (1, 2, 4, 8, 16)
+STAGE_CHOICES = tuple(range(1, 6))
+REGISTER_RESERVE = 48  # addresses, row statistics and loop state beside the tiles
+
+
+class AttentionRule(enum.Enum):
+    TILE_POWER_OF_TWO = "tile-power-of-two"
+    TENSOR_CORE_MINIMUM = "tensor-core-minimum"
+    TILE_MAXIMUM = "tile-maximum"
+    HEAD_DIM = "head-dim"
+    WARPS = "warps"
+    STAGES = "stages"
+    SHARED_MEMORY = "shared-memory"
+    REGISTER_BUDGET = "register-budget"
+    DTYPE_ARCH = "dtype-arch"
+    FAMILY_ARCH = "family-arch"
+    FAMILY_DIRECTION = "family-direction"
+
+
+def padded(d: int) -> int:
+    """The head dim as a tile: the next power of two (80 -> 128, 192 -> 256)."""
+    return triton.next_power_of_2(d)
+
+
+def shared_memory_bytes(config: AttentionConfig) -> int:
+    """Shared memory the software pipeline holds.
+
+    Forward: the Q tile, plus a K and a V tile per stage. Backward (dK/dV): the K and V
+    tiles, plus a Q and a dO tile per stage.
+    """
+    size = config.dtype.itemsize
+    qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
+    stages = max(config.num_stages, 1)
+    if config.direction is Direction.FORWARD:
+        return size * (config.block_m * qk + stages * config.block_n * (qk + dv))
+    return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv))
+
+
+def accumulator_registers(config: AttentionConfig) -> int:
+    """32-bit registers per thread for the fp32 tiles held across the loop.
+
+    Forward: O (block_m x d_v) and the score block (block_m x block_n). Backward dK/dV:
+    dK and dV (block_n x d), and the score and dP blocks.
+    """
+    qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
+    if config.direction is Direction.FORWARD:
+        words = config.block_m * dv + config.block_m * config.block_n
+    else:
+        words = config.block_n * (qk + dv) + 2 * config.block_m * config.block_n
+    return math.ceil(words / (config.num_warps * 32))
+
+
+def _power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def validate(config: AnyAttentionConfig, arch) -> ValidationResult:
+    if isinstance(config, VendorConfig):
+        return vendor.validate(config, arch)
+    out: list[Finding] = []
+
+    def error(rule, message, fix=None):
+        out.append(Finding(rule, Severity.ERROR, message, fix))
+
+    if config.family.direction is None:
+        error(AttentionRule.FAMILY_DIRECTION, f"{config.family.value} is a vendor family; use VendorConfig")
+        return ValidationResult(tuple(out))
+    for field in ("block_m", "block_n"):
+        value = getattr(config, field)
+        if not _power_of_two(value):
+            error(AttentionRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
+                  f"use one of {BLOCK_CHOICES}")
+    if min(config.block_m, config.block_n) < 16:
+        error(AttentionRule.TENSOR_CORE_MINIMUM, f"tile {config.block_m}x{config.block_n} is below the "
+              "tensor-core minimum 16x16", "block_m, block_n >= 16")
+    if max(config.block_m, config.block_n) > 256:
+        error(AttentionRule.TILE_MAXIMUM, f"a block above 256 ({config.block_m}x{config.block_n})", "use <= 256")
+    for field in ("head_dim_qk", "head_dim_v"):
+        if getattr(config, field) not in HEAD_DIMS:
+            error(AttentionRule.HEAD_DIM, f"{field}={getattr(config, field)} is not one of {HEAD_DIMS}")
+    if config.num_warps not in WARP_CHOICES:
+        error(AttentionRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
+    if config.num_stages not in STAGE_CHOICES:
+        error(AttentionRule.STAGES, f"num_stages={config.num_stages} must be within 1..{STAGE_CHOICES[-1]}")
+    smem = shared_memory_bytes(config)
+    if smem > arch.shared_memory_per_block_optin:
+        error(AttentionRule.SHARED_MEMORY,
+              f"{config.num_stages} stages of {config.block_m}x{config.block_n} tiles with head dims "
+              f"{config.head_dim_qk}/{config.head_dim_v} need {smem} B of shared memory; {arch.name} allows "
+              f"{arch.shared_memory_per_block_optin} B per block", "fewer stages or smaller blocks")
+    regs = accumulator_registers(config)
+    budget = arch.registers_per_thread_max - REGISTER_RESERVE
+    if regs > budget:
+        error(AttentionRule.REGISTER_BUDGET,
+              f"the fp32 tiles of {config.block_m}x{config.block_n} with head dims {config.head_dim_qk}/"
+              f"{config.head_dim_v} need {regs} registers per thread over {config.num_warps} warps; at most "
+              f"{budget} fit", "more warps or smaller blocks")
+    if config.dtype is not DType.FP32 and not arch.supports_dtype(config.dtype):
+        where = "the interpreter (no bf16 tl.dot)" if arch.is_interpreter else arch.name
+        error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} attention cannot run on {where}", "use fp16")
+    if config.dtype not in (DType.FP16, DType.BF16, DType.FP32):
+        error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} is not an attention dtype", "use fp16 or bf16")
+    return ValidationResult(tuple(out))
+
+
+_TUNABLE = ("block_m", "block_n", "num_warps", "num_stages")
+_CHOICES = {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "num_warps": WARP_CHOICES,
+            "num_stages": STAGE_CHOICES}
+# Rules no tile change can fix: they are about what is computed, not how.
+_SEMANTIC = {AttentionRule.DTYPE_ARCH, AttentionRule.FAMILY_ARCH, AttentionRule.FAMILY_DIRECTION,
+             AttentionRule.HEAD_DIM}
+
+
+def _distance(old: AttentionConfig, new: AttentionConfig) -> float:
+    return sum(abs(math.log2(getattr(new, f)) - math.log2(max(getattr(old, f), 1))) for f in _TUNABLE)
+
+
+def auto_correct(config: AnyAttentionConfig, arch) -> tuple[AnyAttentionConfig, tuple[Correction, ...]]:
+    """The valid config nearest to `config` (fewest powers of two moved), and what changed.
+
+    Rules about what is computed (dtype, head dim, family) raise InvalidConfigError naming the rule.
+    """
+    result = validate(config, arch)
+    if result.ok:
+        return config, ()
+    semantic = result.broken_rules() & _SEMANTIC
+    if semantic or isinstance(config, VendorConfig):
+        semantic = semantic or result.broken_rules()
+        raise InvalidConfigError(f"{config.name} cannot be corrected on {arch.name}: "
+                                 + "; ".join(str(f) for f in result.errors if f.rule in semantic))
+    best, best_distance = None, math.inf
+    for values in itertools.product(*(_CHOICES[f] for f in _TUNABLE)):
+        candidate = replace(config, **dict(zip(_TUNABLE, values)))
+        distance = _distance(config, candidate)
+        if distance < best_distance and validate(candidate, arch).ok:
+            best, best_distance = candidate, distance
+    if best is None:
+        raise InvalidConfigError(f"no valid config near {config.name} on {arch.name}: {result.errors[0]}")
+    rules = tuple(sorted(r.value for r in result.broken_rules()))
+    return best, tuple(Correction(f, getattr(config, f), getattr(best, f), rules)
+                       for f in _TUNABLE if getattr(config, f) != getattr(best, f))
+
+
+def supports(config: AnyAttentionConfig, problem: AttentionProblem) -> str | None:
+    """None if this kernel computes `problem`; else why not, in words."""
+    if isinstance(config, VendorConfig):
+        return vendor.supports(config, problem)
+    if config.direction is not problem.direction:
+        return f"a {config.direction.value} kernel, the problem is {problem.direction.value}"
+    if config.dtype is not problem.dtype:
+        return f"built for {config.dtype.value}, the problem is {problem.dtype.value}"
+    if (config.head_dim_qk, config.head_dim_v) != (problem.head_dim_qk, problem.head_dim_v):
+        return (f"built for head dims {config.head_dim_qk}/{config.head_dim_v}, the problem has "
+                f"{problem.head_dim_qk}/{problem.head_dim_v}")
+    if config.family is Family.BWD_ATOMIC and problem.deterministic:
+        return "dQ by atomics is not deterministic; the problem asks for deterministic gradients"
+    return None

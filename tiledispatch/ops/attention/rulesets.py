@@ -1,0 +1,85 @@
+"""Attention rule sets: named generators of configs.
+
+A config is a tile (`Tile`) bound to a family, a dtype and a pair of head dims. By
+construction tiny ⊂ tests ⊂ default ⊂ full; the tests prove it and that no name repeats.
+Rule sets are arch-independent: `Registry.from_rule_set` drops what an arch cannot run
+(bf16 and the vendor families on the interpreter, tiles beyond the shared memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ...core.dtypes import DType
+from ...core.op import RuleSet
+from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
+from .problem import HEAD_DIMS, Direction
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Small tiles that the CPU interpreter runs quickly.
+TINY_FWD = (Tile(16, 16, 2, 1), Tile(32, 16, 4, 2))
+TINY_BWD = (Tile(16, 16, 2, 1),)
+TESTS_FWD = TINY_FWD + (Tile(16, 32, 4, 2), Tile(64, 32, 4, 2))
+TESTS_BWD = TINY_BWD + (Tile(32, 16, 4, 1),)
+# Curated for sm_80+ tensor cores: the shapes FlashAttention-2 and Triton's fused-attention
+# tutorial use for the forward (128 x 64..128 over 4-8 warps) and the backward (64 x 64,
+# 128 x 64 for dK/dV). Measured choices replace these after the H200 run.
+DEFAULT_FWD = TESTS_FWD + (
+    Tile(128, 64, 4, 3), Tile(128, 64, 8, 3), Tile(128, 128, 8, 3), Tile(128, 32, 4, 3),
+    Tile(64, 64, 4, 3), Tile(128, 64, 8, 2), Tile(64, 128, 4, 2),
+)
+DEFAULT_BWD = TESTS_BWD + (Tile(64, 64, 4, 2), Tile(32, 64, 4, 2), Tile(64, 128, 8, 2), Tile(32, 128, 4, 2))
+FULL_TILES = tuple(Tile(bm, bn, w, s) for bm, bn, w, s in itertools.product(
+    (16, 32, 64, 128, 256), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
+
+DTYPES = (DType.FP16, DType.FP32, DType.BF16)  # bf16 last: the interpreter drops it
+HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((192, 128),)
+VENDORS = (Family.SDPA_CUDNN, Family.SDPA_FLASH)
+
+
+def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES) -> Iterator[AnyAttentionConfig]:
+    """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction."""
+    for dtype in dtypes:
+        for direction in Direction:
+            for family in VENDORS:
+                yield VendorConfig(family, dtype, direction)
+        for (d_qk, d_v), tile in itertools.product(head_dims, fwd_tiles):
+            yield AttentionConfig(Family.FWD, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                                  tile.num_stages)
+        for family, (d_qk, d_v), tile in itertools.product((Family.BWD, Family.BWD_ATOMIC), head_dims, bwd_tiles):
+            yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                                  tile.num_stages)
+
+
+def tiny() -> Iterator[AnyAttentionConfig]:
+    return _bind(TINY_FWD, TINY_BWD, HEAD_DIM_PAIRS)
+
+
+def tests() -> Iterator[AnyAttentionConfig]:
+    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS)
+
+
+def default() -> Iterator[AnyAttentionConfig]:
+    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS)
+
+
+def full() -> Iterator[AnyAttentionConfig]:
+    """Every default config, plus the whole tile space for every signature."""
+    seen = set()
+    for config in itertools.chain(default(), _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS)):
+        if config not in seen:
+            seen.add(config)
+            yield config
+
+
+RULE_SETS = {RuleSet.TINY: tiny, RuleSet.TESTS: tests, RuleSet.DEFAULT: default, RuleSet.FULL: full}
