@@ -12,12 +12,13 @@ from .core.errors import (
 from .core.op import OpKind, RuleSet
 from .core.registry import Registry
 from .core.spec import KernelSpec
+from .ops.attention import attention
 from .ops.gemm import gemm
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "gemm", "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
+    "gemm", "attention", "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
     "TiledispatchError", "InvalidProblemError", "UnsupportedError", "InvalidConfigError", "UnknownKernelError",
     "NoKernelError", "RegistryFormatError", "CacheError", "InsecureCacheError", "BuildError", "ArchError",
 ]

@@ -96,7 +96,7 @@ def _layout(q: torch.Tensor, varlen: bool) -> Layout:
 
 
 def _broadcast_4d(t: torch.Tensor, shape: tuple[int, int, int, int], what: str) -> torch.Tensor:
-    """`t` viewed as `shape` with stride 0 on broadcast dims; never copied."""
+    """`t` viewed as `shape` with stride 0 on broadcast dims; never copied (the kernels take any strides)."""
     if t.dim() > 4 or t.dim() < 2:
         raise _fail(f"{what}-shape", f"{what} must have 2 to 4 dims broadcastable to {shape}, got {_shape(t)}")
     try:
@@ -104,8 +104,6 @@ def _broadcast_4d(t: torch.Tensor, shape: tuple[int, int, int, int], what: str) 
     except RuntimeError:
         raise _fail(f"{what}-shape", f"{what} of shape {_shape(t)} does not broadcast to (batch, heads_q, seqlen_q, "
                     f"seqlen_kv) = {shape}") from None
-    if view.shape[-1] > 1 and view.stride(-1) != 1:
-        raise _fail(f"{what}-layout", f"{what} must be contiguous along the key dim; call .contiguous()")
     return view
 
 

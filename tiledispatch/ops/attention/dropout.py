@@ -1,0 +1,22 @@
+"""The dropout keep mask as the kernels draw it, materialised: for tests, and users who want to see it."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .kernels.scores import dropout_mask
+
+
+def keep_mask(batch: int, heads_q: int, seqlen_q: int, seqlen_kv: int, dropout_p: float, seed: int,
+              offset: int = 0, device="cpu") -> torch.Tensor:
+    """(batch, heads_q, seqlen_q, seqlen_kv) bool: True where dropout keeps the (query, key) pair.
+
+    For varlen, seqlen_q/kv are the longest sequences and sequence b uses [b, :, :len_q, :len_kv].
+    Runs Triton's JIT (or the interpreter) directly: this is a debugging aid, not a hot path.
+    """
+    keep = torch.empty((batch, heads_q, seqlen_q, seqlen_kv), dtype=torch.uint8, device=device)
+    block_m, block_n = 16, 64
+    dropout_mask[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
+        keep, seed, offset, heads_q, seqlen_q, seqlen_kv, dropout_p, BLOCK_M=block_m, BLOCK_N=block_n)
+    return keep.bool()
