@@ -1,0 +1,129 @@
+"""Grouped convolution: forward, backward-data and backward-weight, 1-D/2-D/3-D, channels-last."""
+
+from __future__ import annotations
+
+from ...core.dtypes import DType
+from ...core.errors import UnsupportedError
+from ...core.op import OpDefinition, OpKind
+from .config import (
+    AnyConvConfig,
+    ConvSignature,
+    DirectConfig,
+    Family,
+    ImplicitGemmConfig,
+    SplitMode,
+    VendorConfig,
+)
+from .operands import ConvOperands, check_operands
+from .plan import kernel_units, plan
+from .problem import (
+    ConvEpilogue,
+    ConvProblem,
+    ConvSpecialization,
+    ConvTypes,
+    Direction,
+    SourceLayout,
+)
+from .ranking import rule_score
+from .rules import ConvRule, auto_correct, supports, validate
+from .rulesets import RULE_SETS
+
+OP = OpDefinition(
+    kind=OpKind.CONV,
+    problem_type=ConvProblem,
+    config_type=AnyConvConfig,
+    validate=validate,
+    auto_correct=auto_correct,
+    rule_sets=RULE_SETS,
+    supports=supports,
+    kernel_units=kernel_units,
+    specialization_of=lambda problem: problem.specialization,
+    # Built ahead of time: aligned and unaligned data. Pointwise (igemm) and depthwise
+    # (direct) variants are compiled into the cache on first use.
+    specializations=(ConvSpecialization(), ConvSpecialization(aligned=False)),
+    plan=plan,
+    rule_score=rule_score,
+    family_of=lambda config: config.family.value,
+    dtype_of=lambda config: config.signature.types.name,
+)
+
+
+def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, activation=None, residual=None,
+         out=None, allow_tf32: bool = False, kernel=None, dispatcher=None):
+    """``activation(conv(x, w) + bias) + residual``, by the fastest registered kernel.
+
+    x is (N, C, *spatial) and w (K, C/groups, *filter) with 1-3 spatial dims, in
+    channels-last memory (a contiguous tensor is copied into it, and `explain` says
+    so); bias is (K,), residual shaped as the output. Returns y (N, K, *out spatial),
+    channels-last. `kernel` forces a kernel by name; `dispatcher` replaces the default.
+    """
+    return _run(Direction.FORWARD, dispatcher, kernel, x=x, w=w, stride=stride, padding=padding,
+                dilation=dilation, groups=groups, bias=bias, activation=activation, residual=residual, out=out,
+                allow_tf32=allow_tf32)
+
+
+def conv_backward_data(dy, w, input_size, *, stride=1, padding=0, dilation=1, groups: int = 1, out=None,
+                       allow_tf32: bool = False, kernel=None, dispatcher=None):
+    """dx, the gradient of the forward conv's input: dy (N, K, *out spatial), w (K, C/groups, *filter).
+
+    `input_size` is x's shape (N, C, *spatial), or its spatial sizes: with stride > 1
+    several input sizes give one output size. Returns dx channels-last.
+    """
+    return _run(Direction.BWD_DATA, dispatcher, kernel, dy=dy, w=w, input_size=input_size, stride=stride,
+                padding=padding, dilation=dilation, groups=groups, out=out, allow_tf32=allow_tf32)
+
+
+def conv_backward_weight(x, dy, weight_size, *, stride=1, padding=0, dilation=1, groups: int = 1, out=None,
+                         allow_tf32: bool = False, kernel=None, dispatcher=None):
+    """dw, the gradient of the forward conv's weight: x (N, C, *spatial), dy (N, K, *out spatial).
+
+    `weight_size` is w's shape (K, C/groups, *filter), or the filter sizes. Returns dw
+    with its C/G dim contiguous (GKZYXC).
+    """
+    return _run(Direction.BWD_WEIGHT, dispatcher, kernel, x=x, dy=dy, weight_size=weight_size, stride=stride,
+                padding=padding, dilation=dilation, groups=groups, out=out, allow_tf32=allow_tf32)
+
+
+def _run(direction: Direction, dispatcher, kernel, **arguments):
+    from ...core.dispatcher import default_dispatcher
+
+    dispatcher = dispatcher or default_dispatcher()
+    operands = check_operands(direction, **arguments)
+    _check_dtype_on_arch(operands.problem.types, dispatcher.arch)
+    return dispatcher.run(operands, kernel=kernel)
+
+
+def _check_dtype_on_arch(types: ConvTypes, arch) -> None:
+    """The DTYPE_ARCH rule, said about the call: no kernel of this arch can take this dtype."""
+    dtype = types.dtype
+    if dtype is not DType.FP32 and not arch.supports_dtype(dtype):
+        where = ("Triton's CPU interpreter (TRITON_INTERPRET=1), which has no " + dtype.value + " tl.dot"
+                 if arch.is_interpreter else arch.name)
+        raise UnsupportedError(f"the tensors are {dtype.value}, but {dtype.value} convolution cannot run on "
+                               f"{where}; use fp16 or fp32" + (", or run on a GPU" if arch.is_interpreter else ""))
+
+
+__all__ = [
+    "OP",
+    "ConvEpilogue",
+    "ConvOperands",
+    "ConvProblem",
+    "ConvRule",
+    "ConvSignature",
+    "ConvSpecialization",
+    "ConvTypes",
+    "DirectConfig",
+    "Direction",
+    "Family",
+    "ImplicitGemmConfig",
+    "SourceLayout",
+    "SplitMode",
+    "VendorConfig",
+    "auto_correct",
+    "check_operands",
+    "conv",
+    "conv_backward_data",
+    "conv_backward_weight",
+    "supports",
+    "validate",
+]

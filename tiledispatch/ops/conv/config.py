@@ -1,0 +1,115 @@
+"""A conv kernel config: everything that changes the compiled code, and its name."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from .problem import ConvEpilogue, ConvProblem, ConvTypes, Direction
+
+
+class Family(enum.Enum):
+    """A kernel family is one kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
+
+    IMPLICIT_GEMM = "igemm"  # tensor-core tiles over (pixels x channels), groups on the grid
+    DIRECT = "direct"  # no tensor cores: channel vectors, for depthwise and few channels per group
+    VENDOR = "vendor"  # cuDNN through PyTorch
+
+
+class SplitMode(enum.Enum):
+    """How backward-weight programs that share an output tile combine their partial sums."""
+
+    WORKSPACE = "ws"  # each writes an fp32 slab; a second kernel sums them in a fixed order (deterministic)
+    ATOMIC = "at"  # fp32 atomic adds into one zeroed buffer, then a cast (order varies from run to run)
+
+
+@dataclass(frozen=True)
+class ConvSignature:
+    """What a kernel computes: direction, element types, and (forward only) the epilogue."""
+
+    direction: Direction
+    types: ConvTypes
+    epilogue: ConvEpilogue = field(default_factory=ConvEpilogue)
+
+    @property
+    def name(self) -> str:
+        return f"{self.direction.short}_{self.types.name}"
+
+    @classmethod
+    def of(cls, problem: ConvProblem) -> ConvSignature:
+        return cls(problem.direction, problem.types, problem.epilogue)
+
+
+@dataclass(frozen=True)
+class ImplicitGemmConfig:
+    """An implicit GEMM: block_m x block_n output tile, block_k deep steps of the reduction.
+
+    The GEMM view per group: forward M = output pixels, N = K/G, reduction = taps x C/G;
+    backward-data M = input pixels, N = C/G, reduction = taps x K/G; backward-weight
+    M = K/G, N = C/G (per tap), reduction = output pixels, split over `split_k` programs.
+    """
+
+    signature: ConvSignature
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8  # tiles of M visited together, so the filter tiles they share stay in L2
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1  # backward-weight only: programs sharing one tile of dw
+    split_mode: SplitMode = SplitMode.WORKSPACE
+    family: Family = Family.IMPLICIT_GEMM
+
+    @property
+    def name(self) -> str:
+        split = f"k{self.split_k}" + (self.split_mode.value if self.split_k > 1 else "")
+        return (f"conv_{self.signature.name}_{self.family.value}_{self.block_m}x{self.block_n}x{self.block_k}"
+                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{split}_{self.signature.epilogue.name}")
+
+    @property
+    def workspace_slabs(self) -> int:
+        """fp32 slabs of dw a split backward-weight writes: one per split, or one shared by atomic adds."""
+        return 1 if self.split_mode is SplitMode.ATOMIC else self.split_k
+
+    def for_problem(self, problem: ConvProblem) -> ImplicitGemmConfig:
+        return replace(self, signature=ConvSignature.of(problem))
+
+
+@dataclass(frozen=True)
+class DirectConfig:
+    """Direct convolution: block_p pixels x block_c channels per program, fp32 FMAs, no tensor cores.
+
+    Memory-bound by design: channels-last makes block_c consecutive channels one vector
+    load. Backward-weight splits the pixels over `split_k` programs (fp32 workspace).
+    """
+
+    signature: ConvSignature
+    block_p: int
+    block_c: int
+    num_warps: int = 4
+    split_k: int = 1
+    family: Family = Family.DIRECT
+
+    @property
+    def name(self) -> str:
+        return (f"conv_{self.signature.name}_{self.family.value}_{self.block_p}x{self.block_c}_w{self.num_warps}"
+                f"_k{self.split_k}_{self.signature.epilogue.name}")
+
+    @property
+    def workspace_slabs(self) -> int:
+        return self.split_k
+
+
+@dataclass(frozen=True)
+class VendorConfig:
+    """cuDNN through PyTorch as a candidate: it picks its own algorithm."""
+
+    signature: ConvSignature
+    family: Family = Family.VENDOR
+
+    @property
+    def name(self) -> str:
+        return f"conv_{self.signature.name}_vendor_{self.signature.epilogue.name}"
+
+
+AnyConvConfig = ImplicitGemmConfig | DirectConfig | VendorConfig

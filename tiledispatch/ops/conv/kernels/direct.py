@@ -1,0 +1,187 @@
+"""Family `direct`: depthwise and few-channels-per-group convolution on CUDA cores, at the bandwidth limit.
+
+These problems do 2 * (C/G) * taps FLOPs per output element, far too few for tensor
+cores to matter: the time is the bytes. A program owns BLOCK_P pixels x BLOCK_C
+channels; in channels-last BLOCK_C consecutive channels are one vector load per pixel,
+and the reuse between neighbouring taps is served by L1/L2. DEPTHWISE (C/G = K/G = 1)
+drops the per-lane group arithmetic so the channel loads stay provably contiguous.
+Same arguments as the implicit-GEMM kernels, so one plan serves both families.
+"""
+
+import triton
+import triton.language as tl
+
+from ...gemm.kernels.epilogue import apply_epilogue
+from .geometry import source_of, split_pixel, split_tap, target_of
+
+
+@triton.jit
+def conv_fwd_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                    N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                    SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                    sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                    VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
+    """Lanes are output channels k (all groups); each sums C/G input channels of its group over the taps."""
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    CG = CG // VEC * VEC
+    KG = KG // VEC * VEC
+    K = G * KG
+    M = N * OD * OH * OW
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_k = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_p = offs_p < M
+    in_k = offs_k < K
+    n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
+    x_n = n.to(tl.int64) * (sxn // VEC * VEC)
+    if DEPTHWISE:
+        x_ch = offs_k
+    else:
+        x_ch = (offs_k // KG) * CG
+    w_lane = offs_k.to(tl.int64) * swk
+
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for tap in range(FZ * FY * FX):
+        fz, fy, fx = split_tap(tap, FY, FX)
+        idd, ok_d = source_of(od, fz, D, SD, PD, DD)
+        ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
+        iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
+        ok = in_p & ok_d & ok_h & ok_w
+        x_row = x_n + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC) + iw * (sxw // VEC * VEC)
+        w_tap = w_lane + fz * swz + fy * swy + fx * swx
+        mask = ok[:, None] & in_k[None, :]
+        if DEPTHWISE:
+            xv = tl.load(x_ptr + x_row[:, None] + x_ch[None, :], mask=mask, other=0.0)
+            wv = tl.load(w_ptr + w_tap, mask=in_k, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+        else:
+            for c in range(CG):
+                xv = tl.load(x_ptr + x_row[:, None] + (x_ch + c)[None, :], mask=mask, other=0.0)
+                wv = tl.load(w_ptr + w_tap + c, mask=in_k, other=0.0)
+                acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+
+    acc = apply_epilogue(acc, offs_p, offs_k, M, K, 0, bias_ptr, bias_ptr, bias_ptr, 1,
+                         res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
+    mask = in_p[:, None] & in_k[None, :]
+    if HAS_RESIDUAL:
+        r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow * srw
+        acc += tl.load(res_ptr + r_row[:, None] + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
+             + ow * (syw // VEC * VEC))
+    tl.store(y_ptr + y_row[:, None] + offs_k[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def conv_bwd_data_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                         N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                         SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                         sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                         VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
+    """Lanes are input channels c (all groups); each sums the K/G output channels of its group over the taps."""
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    CG = CG // VEC * VEC
+    KG = KG // VEC * VEC
+    C = G * CG
+    M = N * D * H * W
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_p = offs_p < M
+    in_c = offs_c < C
+    n, idd, ih, iw = split_pixel(offs_p, D, H, W)
+    dy_n = n.to(tl.int64) * (syn // VEC * VEC)
+    if DEPTHWISE:
+        k_first = offs_c
+        c_in_group = offs_c * 0
+    else:
+        k_first = (offs_c // CG) * KG
+        c_in_group = offs_c % CG
+
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for tap in range(FZ * FY * FX):
+        fz, fy, fx = split_tap(tap, FY, FX)
+        od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
+        oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
+        ow, ok_w = target_of(iw, fx, OW, SW, PW, DW)
+        ok = in_p & ok_d & ok_h & ok_w
+        dy_row = dy_n + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC) + ow * (syw // VEC * VEC)
+        w_tap = fz * swz + fy * swy + fx * swx + c_in_group
+        mask = ok[:, None] & in_c[None, :]
+        for kk in range(KG):
+            k = k_first + kk
+            dyv = tl.load(y_ptr + dy_row[:, None] + k[None, :], mask=mask, other=0.0)
+            wv = tl.load(w_ptr + k.to(tl.int64) * swk + w_tap, mask=in_c, other=0.0)
+            acc += dyv.to(tl.float32) * wv.to(tl.float32)[None, :]
+
+    x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
+             + iw * (sxw // VEC * VEC))
+    tl.store(x_ptr + x_row[:, None] + offs_c[None, :], acc.to(x_ptr.dtype.element_ty),
+             mask=in_p[:, None] & in_c[None, :])
+
+
+@triton.jit
+def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                           N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                           SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                           sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                           BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
+    """Lanes are weights (k, c) of one tap (grid axis 1); pixels split over SPLIT_K programs (axis 2).
+
+    Products are summed per lane in a BLOCK_P x BLOCK_C tile and reduced over pixels
+    once at the end. With SPLIT_K > 1 the sums go to the fp32 workspace
+    [SPLIT_K, K, taps, C/G] that `conv_weight_reduce` finishes.
+    """
+    pid_c = tl.program_id(0)
+    tap = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    CG = CG // VEC * VEC
+    KG = KG // VEC * VEC
+    K = G * KG
+    taps = FZ * FY * FX
+    fz, fy, fx = split_tap(tap, FY, FX)
+    offs_j = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)  # flat (k, c) over K x C/G
+    in_j = offs_j < K * CG
+    if DEPTHWISE:
+        k = offs_j
+        c = offs_j * 0
+        x_ch = offs_j
+    else:
+        k = offs_j // CG
+        c = offs_j % CG
+        x_ch = (k // KG) * CG + c
+
+    P = N * OD * OH * OW
+    p_tiles = tl.cdiv(P, BLOCK_P)
+    per_split = tl.cdiv(p_tiles, SPLIT_K)
+    p_first = pid_s * per_split
+    p_last = min(p_first + per_split, p_tiles)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for pt in range(p_first, p_last):
+        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        in_p = offs_p < P
+        n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
+        dy_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
+                  + ow * (syw // VEC * VEC))
+        dyv = tl.load(y_ptr + dy_row[:, None] + k[None, :], mask=in_p[:, None] & in_j[None, :], other=0.0)
+        idd, ok_d = source_of(od, fz, D, SD, PD, DD)
+        ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
+        iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
+        ok = in_p & ok_d & ok_h & ok_w
+        x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
+                 + iw * (sxw // VEC * VEC))
+        xv = tl.load(x_ptr + x_row[:, None] + x_ch[None, :], mask=ok[:, None] & in_j[None, :], other=0.0)
+        acc += dyv.to(tl.float32) * xv.to(tl.float32)
+    total = tl.sum(acc, axis=0)
+
+    if SPLIT_K == 1:
+        w_off = k.to(tl.int64) * swk + fz * swz + fy * swy + fx * swx + c
+        tl.store(w_ptr + w_off, total.to(w_ptr.dtype.element_ty), mask=in_j)
+    else:
+        slab = pid_s.to(tl.int64) * K * taps * CG
+        tl.store(ws_ptr + slab + (k.to(tl.int64) * taps + tap) * CG + c, total, mask=in_j)

@@ -1,0 +1,49 @@
+"""Index helpers every conv kernel shares: pixel coordinates and taps in 3-D.
+
+1-D and 2-D convolutions arrive as 3-D ones with leading sizes of 1, so one set of
+helpers (and one kernel per direction) serves every dimensionality.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_pixel(offs, D, H, W):
+    """Flat pixel index over (N, D, H, W) -> (n, d, h, w)."""
+    w = offs % W
+    rest = offs // W
+    h = rest % H
+    rest = rest // H
+    d = rest % D
+    n = rest // D
+    return n, d, h, w
+
+
+@triton.jit
+def split_tap(tap, FY, FX):
+    """Flat filter tap over (Z, Y, X) -> (z, y, x)."""
+    fx = tap % FX
+    rest = tap // FX
+    return rest // FY, rest % FY, fx
+
+
+@triton.jit
+def source_of(o, f, size, STRIDE, PAD, DIL):
+    """Input index read by output index `o` at filter offset `f`, and whether it is inside the input."""
+    i = o * STRIDE - PAD + f * DIL
+    return i, (i >= 0) & (i < size)
+
+
+@triton.jit
+def target_of(i, f, size, STRIDE, PAD, DIL):
+    """Output index that reads input index `i` at filter offset `f` (backward-data), and whether one does.
+
+    The division is done on a non-negative value only, so it means the same in
+    compiled code and in the interpreter.
+    """
+    num = i + PAD - f * DIL
+    ok = num >= 0
+    num = tl.where(ok, num, 0)
+    o = num // STRIDE
+    return o, ok & (num % STRIDE == 0) & (o < size)

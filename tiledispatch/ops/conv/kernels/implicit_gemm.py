@@ -1,0 +1,220 @@
+"""Family `igemm`: implicit GEMM on tensor cores, one kernel per direction, groups on grid axis 1.
+
+Every kernel takes the same arguments: the three tensors (x, w, y: y stands for dy in
+the backward directions), bias, residual and the split-K workspace, the 3-D geometry,
+and the strides of every non-channel dim (channels are contiguous: NDHWGC / GKZYXC /
+NDHWGK). VEC is the vector width (in elements) the data's alignment allows: sizes and
+strides are rounded with ``// VEC * VEC``, a no-op on the data it is compiled for, which
+lets the compiler prove aligned vector loads along channels.
+
+The reduction walks (tap, channel block) in one flat loop, so the software pipeline
+spans all taps instead of restarting at each.
+"""
+
+import triton
+import triton.language as tl
+
+from ...gemm.kernels.epilogue import apply_epilogue
+from .geometry import source_of, split_pixel, split_tap, target_of
+
+
+@triton.jit
+def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                   N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                   SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                   sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                   HAS_RESIDUAL: tl.constexpr, DOT_PRECISION: tl.constexpr, VEC: tl.constexpr,
+                   POINTWISE: tl.constexpr):
+    """y[n, o, g, k] = sum over taps and c of x[n, o*S-P+tap*D, g, c] * w[g, k, tap, c]: M = pixels, N = K/G."""
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    CG = CG // VEC * VEC
+    KG = KG // VEC * VEC
+    M = N * OD * OH * OW
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(KG, BLOCK_N)
+    tiles_per_group = GROUP_M * grid_n
+    first_m = (pid // tiles_per_group) * GROUP_M
+    group_rows = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_group) % group_rows
+    pid_n = (pid % tiles_per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_m = offs_m < M
+    in_n = offs_n < KG
+    n, od, oh, ow = split_pixel(offs_m, OD, OH, OW)
+    x_row = n.to(tl.int64) * (sxn // VEC * VEC) + g * CG
+    w_col = (g * KG + offs_n).to(tl.int64) * (swk // VEC * VEC)
+
+    c_tiles = tl.cdiv(CG, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(FZ * FY * FX * c_tiles):
+        tap = step // c_tiles
+        offs_c = (step % c_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
+        in_c = offs_c < CG
+        if POINTWISE:
+            a_row = x_row + od * (sxd // VEC * VEC) + oh * (sxh // VEC * VEC) + ow * (sxw // VEC * VEC)
+            ok = in_m
+            w_tap = w_col
+        else:
+            fz, fy, fx = split_tap(tap, FY, FX)
+            idd, ok_d = source_of(od, fz, D, SD, PD, DD)
+            ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
+            iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
+            ok = in_m & ok_d & ok_h & ok_w
+            a_row = x_row + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC) + iw * (sxw // VEC * VEC)
+            w_tap = w_col + fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC)
+        a = tl.load(x_ptr + a_row[:, None] + offs_c[None, :], mask=ok[:, None] & in_c[None, :], other=0.0)
+        b = tl.load(w_ptr + w_tap[None, :] + offs_c[:, None], mask=in_c[:, None] & in_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    acc = apply_epilogue(acc, offs_m, offs_n, M, KG, 0, bias_ptr, bias_ptr, bias_ptr + g * KG, 1,
+                         res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
+    mask = in_m[:, None] & in_n[None, :]
+    if HAS_RESIDUAL:
+        r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow * srw + g * KG
+        acc += tl.load(res_ptr + r_row[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
+             + ow * (syw // VEC * VEC) + g * KG)
+    tl.store(y_ptr + y_row[:, None] + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                        N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                        SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                        sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr):
+    """dx[n, i, g, c] = sum over taps and k of dy[n, o, g, k] * w[g, k, tap, c] where o*S-P+tap*D = i.
+
+    M = input pixels, N = C/G; an (input pixel, tap) pair with no output pixel (stride
+    > 1, borders) contributes nothing and is masked.
+    """
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    CG = CG // VEC * VEC
+    KG = KG // VEC * VEC
+    M = N * D * H * W
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(CG, BLOCK_N)
+    tiles_per_group = GROUP_M * grid_n
+    first_m = (pid // tiles_per_group) * GROUP_M
+    group_rows = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_group) % group_rows
+    pid_n = (pid % tiles_per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_m = offs_m < M
+    in_n = offs_n < CG
+    n, idd, ih, iw = split_pixel(offs_m, D, H, W)
+    dy_n = n.to(tl.int64) * (syn // VEC * VEC) + g * KG
+
+    k_tiles = tl.cdiv(KG, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(FZ * FY * FX * k_tiles):
+        tap = step // k_tiles
+        offs_k = (step % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
+        in_k = offs_k < KG
+        if POINTWISE:
+            a_row = dy_n + idd * (syd // VEC * VEC) + ih * (syh // VEC * VEC) + iw * (syw // VEC * VEC)
+            ok = in_m
+            w_tap = 0
+        else:
+            fz, fy, fx = split_tap(tap, FY, FX)
+            od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
+            oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
+            ow, ok_w = target_of(iw, fx, OW, SW, PW, DW)
+            ok = in_m & ok_d & ok_h & ok_w
+            a_row = dy_n + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC) + ow * (syw // VEC * VEC)
+            w_tap = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC)
+        a = tl.load(y_ptr + a_row[:, None] + offs_k[None, :], mask=ok[:, None] & in_k[None, :], other=0.0)
+        w_rows = (g * KG + offs_k).to(tl.int64) * (swk // VEC * VEC) + w_tap
+        b = tl.load(w_ptr + w_rows[:, None] + offs_n[None, :], mask=in_k[:, None] & in_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
+             + iw * (sxw // VEC * VEC) + g * CG)
+    tl.store(x_ptr + x_row[:, None] + offs_n[None, :], acc.to(x_ptr.dtype.element_ty),
+             mask=in_m[:, None] & in_n[None, :])
+
+
+@triton.jit
+def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                          N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                          SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                          sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                          DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr):
+    """dw[g, k, tap, c] = sum over output pixels of dy[n, o, g, k] * x[n, o*S-P+tap*D, g, c].
+
+    M = K/G, N = C/G, one tap per program (grid axis 0 = tap x tiles), and the pixels
+    split over SPLIT_K programs (grid axis 2). With SPLIT_K > 1 each program writes an
+    fp32 slab of the workspace [SPLIT_K, K, taps, C/G] (or adds into one slab, ATOMIC)
+    and `conv_weight_reduce` finishes.
+    """
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    CG = CG // VEC * VEC
+    KG = KG // VEC * VEC
+    grid_m = tl.cdiv(KG, BLOCK_M)
+    grid_n = tl.cdiv(CG, BLOCK_N)
+    tiles = grid_m * grid_n
+    tap = pid // tiles
+    pid_m = (pid % tiles) // grid_n
+    pid_n = (pid % tiles) % grid_n
+    fz, fy, fx = split_tap(tap, FY, FX)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_m = offs_m < KG
+    in_n = offs_n < CG
+    P = N * OD * OH * OW
+    p_tiles = tl.cdiv(P, BLOCK_K)
+    per_split = tl.cdiv(p_tiles, SPLIT_K)
+    p_first = pid_s * per_split
+    p_last = min(p_first + per_split, p_tiles)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for pt in range(p_first, p_last):
+        offs_p = pt * BLOCK_K + tl.arange(0, BLOCK_K)
+        in_p = offs_p < P
+        n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
+        dy_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
+                  + ow * (syw // VEC * VEC) + g * KG)
+        a = tl.load(y_ptr + dy_row[None, :] + offs_m[:, None], mask=in_m[:, None] & in_p[None, :], other=0.0)
+        if POINTWISE:
+            idd, ih, iw = od, oh, ow
+            ok = in_p
+        else:
+            idd, ok_d = source_of(od, fz, D, SD, PD, DD)
+            ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
+            iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
+            ok = in_p & ok_d & ok_h & ok_w
+        x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
+                 + iw * (sxw // VEC * VEC) + g * CG)
+        b = tl.load(x_ptr + x_row[:, None] + offs_n[None, :], mask=ok[:, None] & in_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    mask = in_m[:, None] & in_n[None, :]
+    if SPLIT_K == 1:
+        w_rows = ((g * KG + offs_m).to(tl.int64) * (swk // VEC * VEC) + fz * (swz // VEC * VEC)
+                  + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC))
+        tl.store(w_ptr + w_rows[:, None] + offs_n[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
+    else:
+        taps = FZ * FY * FX
+        ws_rows = ((g * KG + offs_m).to(tl.int64) * taps + tap) * CG
+        if ATOMIC:
+            tl.atomic_add(ws_ptr + ws_rows[:, None] + offs_n[None, :], acc, mask=mask)
+        else:
+            slab = pid_s.to(tl.int64) * G * KG * taps * CG
+            tl.store(ws_ptr + slab + ws_rows[:, None] + offs_n[None, :], acc, mask=mask)

@@ -1,0 +1,199 @@
+"""What to compile for a conv config, and how to launch it on checked operands.
+
+Every Triton kernel of the op takes one argument list (tensors, 3-D geometry, strides
+of the non-channel dims), so one binder serves both families and all directions; a
+split backward-weight adds the `conv_weight_reduce` stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+
+from ...core.errors import InvalidProblemError
+from ...core.launch import Launch, Plan
+from ...core.op import KernelUnit, UnitKind
+from ..gemm.plan import ACTIVATION_CODES
+from .config import (
+    AnyConvConfig,
+    DirectConfig,
+    Family,
+    ImplicitGemmConfig,
+    SplitMode,
+    VendorConfig,
+)
+from .operands import ConvOperands, channels_last_empty
+from .problem import ConvSpecialization, Direction
+
+_KERNELS = "tiledispatch.ops.conv.kernels"
+FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct"}
+_SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue")
+_REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
+FUNCTIONS = {
+    (Family.IMPLICIT_GEMM, Direction.FORWARD): "conv_fwd_igemm",
+    (Family.IMPLICIT_GEMM, Direction.BWD_DATA): "conv_bwd_data_igemm",
+    (Family.IMPLICIT_GEMM, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm",
+    (Family.DIRECT, Direction.FORWARD): "conv_fwd_direct",
+    (Family.DIRECT, Direction.BWD_DATA): "conv_bwd_data_direct",
+    (Family.DIRECT, Direction.BWD_WEIGHT): "conv_bwd_weight_direct",
+}
+TENSORS = ("x_ptr", "w_ptr", "y_ptr", "bias_ptr", "res_ptr", "ws_ptr")
+GEOMETRY = ("N", "G", "CG", "KG", "D", "H", "W", "OD", "OH", "OW", "FZ", "FY", "FX",
+            "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
+STRIDES = ("sxn", "sxd", "sxh", "sxw", "swk", "swz", "swy", "swx", "syn", "syd", "syh", "syw",
+           "srn", "srd", "srh", "srw")
+REDUCE_BLOCK = 1024  # the reduction is a streaming pass: 1K elements per program
+MAX_GRID_YZ = 65535
+ALIGNED = ConvSpecialization()
+
+
+def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSpecialization) -> KernelUnit:
+    sig = config.signature
+    t = sig.types.dtype.triton
+    pointer = {"ws_ptr": "*fp32"}
+    signature = ([(name, pointer.get(name, f"*{t}")) for name in TENSORS] + [(n, "i32") for n in GEOMETRY]
+                 + [(n, "i64") for n in STRIDES])
+    epilogue = {"HAS_BIAS": sig.epilogue.bias, "ACTIVATION": ACTIVATION_CODES[sig.epilogue.activation],
+                "HAS_RESIDUAL": sig.epilogue.residual}
+    vec = specialization.vector(sig.types.dtype)
+    if isinstance(config, ImplicitGemmConfig):
+        constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
+                      "GROUP_M": config.group_m, "SPLIT_K": config.split_k,
+                      "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1, **epilogue,
+                      "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec,
+                      "POINTWISE": specialization.pointwise}
+        warps, stages = config.num_warps, config.num_stages
+    else:
+        constexprs = {"BLOCK_P": config.block_p, "BLOCK_C": config.block_c, "SPLIT_K": config.split_k, **epilogue,
+                      "VEC": vec, "DEPTHWISE": specialization.depthwise}
+        warps, stages = config.num_warps, 1
+    module = FAMILY_MODULES[config.family]
+    return KernelUnit(
+        stage="main", module=module, function=FUNCTIONS[(config.family, sig.direction)],
+        signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
+        constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
+        modules=(module, *_SHARED_MODULES),
+        divisible_by_16=tuple(n for n in TENSORS if n != "bias_ptr") if specialization.aligned else (),
+    )
+
+
+def _reduce_unit(config, specialization: ConvSpecialization) -> KernelUnit:
+    t = config.signature.types.dtype.triton
+    constexprs = {"BLOCK": REDUCE_BLOCK, "SPLIT_K": config.workspace_slabs}
+    signature = ([("ws_ptr", "*fp32"), ("w_ptr", f"*{t}")]
+                 + [(n, "i32") for n in ("TOTAL", "CG", "TAPS", "FY", "FX")]
+                 + [(n, "i64") for n in ("swk", "swz", "swy", "swx")] + [(n, "constexpr") for n in constexprs])
+    return KernelUnit(
+        stage="reduce", module=_REDUCE_MODULE, function="conv_weight_reduce", signature=tuple(signature),
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
+        modules=(_REDUCE_MODULE, f"{_KERNELS}.geometry"),
+        divisible_by_16=("ws_ptr", "w_ptr") if specialization.aligned else ("ws_ptr",),
+    )
+
+
+_VENDOR_UNIT = KernelUnit(
+    stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
+    signature=tuple((name, "python") for name in ("operands", "out")),
+    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.conv.vendor",), kind=UnitKind.PYTHON,
+)
+
+
+def splits(config: AnyConvConfig) -> bool:
+    """Whether the config adds a reduction stage (backward-weight split over pixels)."""
+    return (not isinstance(config, VendorConfig) and config.signature.direction is Direction.BWD_WEIGHT
+            and config.split_k > 1)
+
+
+@functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
+def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED) -> tuple[KernelUnit, ...]:
+    if isinstance(config, VendorConfig):
+        return (_VENDOR_UNIT,)
+    main = _main_unit(config, specialization)
+    return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
+
+
+def _values(unit: KernelUnit, bound: dict) -> tuple:
+    constants = dict(unit.constexprs)
+    return tuple(bound[name] if name in bound else constants[name] for name, _ in unit.signature)
+
+
+def _strides(t: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """(outer, d, h, w) strides of an (A, B, *spatial) tensor; a missing spatial dim has index 0 and stride 0."""
+    if t is None:
+        return (0, 0, 0, 0)
+    spatial = tuple(t.stride()[2:])
+    return (t.stride(0), *((0,) * (3 - len(spatial)) + spatial))
+
+
+def output_tensor(ops: ConvOperands) -> torch.Tensor:
+    return ops.out if ops.out is not None else channels_last_empty(
+        ops.output_shape(), ops.problem.types.dtype.torch, ops.device)
+
+
+def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
+    p = ops.problem
+    out = output_tensor(ops)
+    if isinstance(config, VendorConfig):
+        return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
+    direction = p.direction
+    x = out if direction is Direction.BWD_DATA else ops.x
+    w = out if direction is Direction.BWD_WEIGHT else ops.w
+    y = out if direction is Direction.FORWARD else ops.dy
+    dims = {"D": p.padded3(p.input_size, 1), "O": p.padded3(p.output_size, 1), "F": p.padded3(p.filter_size, 1)}
+    stride, pad, dil = p.padded3(p.stride, 1), p.padded3(p.padding, 0), p.padded3(p.dilation, 1)
+    taps = math.prod(p.filter_size)
+    split = splits(config)
+    workspace = None
+    if split:
+        slabs = config.workspace_slabs
+        make = torch.zeros if slabs == 1 else torch.empty  # atomic adds need a zeroed buffer
+        workspace = make(slabs * p.k * taps * p.c_per_group, dtype=torch.float32, device=out.device)
+    dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
+    bound = {
+        "x_ptr": x, "w_ptr": w, "y_ptr": y,
+        "bias_ptr": ops.bias if ops.bias is not None else dummy,
+        "res_ptr": ops.residual if ops.residual is not None else dummy,
+        "ws_ptr": workspace if workspace is not None else dummy,
+        "N": p.n, "G": p.groups, "CG": p.c_per_group, "KG": p.k_per_group,
+        **dict(zip(("D", "H", "W"), dims["D"])), **dict(zip(("OD", "OH", "OW"), dims["O"])),
+        **dict(zip(("FZ", "FY", "FX"), dims["F"])), **dict(zip(("SD", "SH", "SW"), stride)),
+        **dict(zip(("PD", "PH", "PW"), pad)), **dict(zip(("DD", "DH", "DW"), dil)),
+        **dict(zip(STRIDES[0:4], _strides(x))), **dict(zip(STRIDES[4:8], _strides(w))),
+        **dict(zip(STRIDES[8:12], _strides(y))), **dict(zip(STRIDES[12:16], _strides(ops.residual))),
+    }
+    units = kernel_units(config, p.specialization)
+    grid = _grid(config, p, taps)
+    if grid[1] > MAX_GRID_YZ or grid[2] > MAX_GRID_YZ:
+        raise InvalidProblemError(f"{config.name} needs a grid of {grid} programs for this conv; axes 1 and 2 "
+                                  f"are limited to {MAX_GRID_YZ}: use fewer groups or another kernel")
+    launches = [Launch("main", grid, _values(units[0], bound))]
+    if split:
+        total = p.k * taps * p.c_per_group
+        _fz, fy, fx = dims["F"]
+        reduce_bound = {"ws_ptr": workspace, "w_ptr": w, "TOTAL": total, "CG": p.c_per_group, "TAPS": taps,
+                        "FY": fy, "FX": fx, **dict(zip(("swk", "swz", "swy", "swx"), _strides(w)))}
+        launches.append(Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), _values(units[1], reduce_bound)))
+    return Plan(tuple(launches), out)
+
+
+def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int, int, int]:
+    cdiv = triton.cdiv
+    pixels_out = p.n * math.prod(p.output_size)
+    pixels_in = p.n * math.prod(p.input_size)
+    d = p.direction
+    if isinstance(config, ImplicitGemmConfig):
+        bm, bn = config.block_m, config.block_n
+        if d is Direction.FORWARD:
+            return (cdiv(pixels_out, bm) * cdiv(p.k_per_group, bn), p.groups, 1)
+        if d is Direction.BWD_DATA:
+            return (cdiv(pixels_in, bm) * cdiv(p.c_per_group, bn), p.groups, 1)
+        return (taps * cdiv(p.k_per_group, bm) * cdiv(p.c_per_group, bn), p.groups, config.split_k)
+    bp, bc = config.block_p, config.block_c
+    if d is Direction.FORWARD:
+        return (cdiv(pixels_out, bp), cdiv(p.k, bc), 1)
+    if d is Direction.BWD_DATA:
+        return (cdiv(pixels_in, bp), cdiv(p.c, bc), 1)
+    return (cdiv(p.k * p.c_per_group, bc), taps, config.split_k)

@@ -1,0 +1,255 @@
+"""The grouped-convolution problem, described without any tensor.
+
+Layouts are channels-last, PyTorch's memory format for a grouped conv: input NWGC /
+NHWGC / NDHWGC, weight GKXC / GKYXC / GKZYXC, output NWGK / NHWGK / NDHWGK, where C and
+K are totals over the G groups (each group sees C/G input and K/G output channels).
+1-D and 2-D problems are 3-D ones with leading spatial dims of size 1, which is how
+every kernel reads them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...core.choice import Choice
+from ...core.dtypes import DType
+from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.op import OpKind
+from ..gemm.problem import Activation
+
+MAX_SPATIAL_DIMS = 3
+DTYPES = (DType.FP16, DType.BF16, DType.FP32)
+
+
+class Direction(Choice):
+    """Which of the three convolutions: the roles of its tensors differ (see `ROLES`)."""
+
+    FORWARD = "forward"  # (x, w) -> y
+    BWD_DATA = "bwd_data"  # (dy, w) -> dx
+    BWD_WEIGHT = "bwd_weight"  # (x, dy) -> dw
+
+    @property
+    def short(self) -> str:
+        """The spelling in kernel names."""
+        return {Direction.FORWARD: "fwd", Direction.BWD_DATA: "bwdd", Direction.BWD_WEIGHT: "bwdw"}[self]
+
+
+class SourceLayout(enum.Enum):
+    """How the caller's tensors were laid out: channels-last, or contiguous and copied into it."""
+
+    CHANNELS_LAST = "channels-last"
+    CONVERTED = "converted-from-contiguous"  # one extra copy per converted tensor, said in `explain`
+
+
+@dataclass(frozen=True)
+class ConvTypes:
+    """One element type for every tensor, accumulation in fp32; `allow_tf32` lets fp32 use tensor cores."""
+
+    dtype: DType = DType.FP16
+    allow_tf32: bool = False
+
+    @property
+    def name(self) -> str:
+        return "tf32" if self.dtype is DType.FP32 and self.allow_tf32 else self.dtype.value
+
+    @classmethod
+    def parse(cls, text: str, allow_tf32: bool = False) -> ConvTypes:
+        """From a CLI dtype: fp16, bf16, fp32, tf32."""
+        if str(text).lower() == "tf32":
+            return cls(DType.FP32, True)
+        dtype = DType.parse(text)
+        if dtype not in DTYPES:
+            raise UnsupportedError(f"conv dtype {dtype.value} is not supported; use fp16, bf16, fp32 or tf32")
+        return cls(dtype, allow_tf32)
+
+
+@dataclass(frozen=True)
+class ConvEpilogue:
+    """Forward only, in this order: bias (per output channel), activation, residual (shaped as y)."""
+
+    bias: bool = False
+    activation: Activation = Activation.NONE
+    residual: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = (["bias"] if self.bias else []) + (
+            [self.activation.value] if self.activation is not Activation.NONE else []
+        ) + (["res"] if self.residual else [])
+        return "-".join(parts) or "none"
+
+    @property
+    def plain(self) -> bool:
+        return self == ConvEpilogue()
+
+
+@dataclass(frozen=True)
+class ConvSpecialization:
+    """Facts about the data that the compiled code may assume: the artifact is specialised on them.
+
+    `aligned`: every channel run starts on 16 bytes (base pointers, every pixel and
+    filter stride, the C/G and K/G group offsets), so loads along channels are 16-byte
+    vectors. `pointwise`: a 1x1 filter, stride 1, no padding (an output pixel reads its
+    own input pixel: no bounds arithmetic). `depthwise`: C/G = K/G = 1 (one channel per
+    lane, no group arithmetic). Every kernel serves every specialisation.
+    """
+
+    aligned: bool = True
+    pointwise: bool = False
+    depthwise: bool = False
+
+    @property
+    def tag(self) -> str:
+        return f"al{int(self.aligned)}" + ("-pw" if self.pointwise else "") + ("-dw" if self.depthwise else "")
+
+    def vector(self, dtype: DType) -> int:
+        """Elements per guaranteed 16-byte channel run for `dtype` (1: no guarantee)."""
+        return 16 // dtype.itemsize if self.aligned else 1
+
+
+def _as_tuple(value, dims: int, what: str) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * dims
+    try:
+        out = tuple(value)
+    except TypeError:
+        raise InvalidProblemError(f"{what} must be an int or a sequence of {dims} ints, got {value!r}") from None
+    if len(out) == 1 and dims > 1:
+        out = out * dims
+    if len(out) != dims:
+        raise InvalidProblemError(f"{what} has {len(out)} values ({out}) for a {dims}-D convolution; give {dims}")
+    return out
+
+
+def output_size(size: int, filt: int, stride: int, pad: int, dilation: int) -> int:
+    """PyTorch's formula: floor((size + 2*pad - dilation*(filt-1) - 1) / stride) + 1."""
+    return (size + 2 * pad - dilation * (filt - 1) - 1) // stride + 1
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    op: ClassVar[OpKind] = OpKind.CONV
+
+    direction: Direction
+    n: int
+    c: int  # input channels, all groups
+    k: int  # output channels, all groups
+    groups: int
+    input_size: tuple[int, ...]  # spatial: (W,), (H, W) or (D, H, W)
+    filter_size: tuple[int, ...]
+    stride: tuple[int, ...] = ()  # () means 1 in every dim; likewise padding 0, dilation 1
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    types: ConvTypes = ConvTypes()
+    epilogue: ConvEpilogue = ConvEpilogue()
+    specialization: ConvSpecialization = ConvSpecialization()
+    source_layout: SourceLayout = SourceLayout.CHANNELS_LAST
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "direction", Direction.parse(self.direction))
+        for name in ("n", "c", "k", "groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidProblemError(f"conv {name}={value!r} must be a positive integer")
+        dims = len(tuple(self.input_size))
+        if not 1 <= dims <= MAX_SPATIAL_DIMS:
+            raise InvalidProblemError(
+                f"input_size {tuple(self.input_size)} has {dims} spatial dims; conv takes 1, 2 or 3")
+        fields = {"input_size": (self.input_size, None, 1), "filter_size": (self.filter_size, None, 1),
+                  "stride": (self.stride, 1, 1), "padding": (self.padding, 0, 0), "dilation": (self.dilation, 1, 1)}
+        for name, (value, default, minimum) in fields.items():
+            value = _as_tuple(default if value == () and default is not None else value, dims, name)
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value):
+                raise InvalidProblemError(f"{name} {value} must hold integers >= {minimum}")
+            object.__setattr__(self, name, value)
+        if self.c % self.groups or self.k % self.groups:
+            raise InvalidProblemError(
+                f"C={self.c} and K={self.k} must both be divisible by groups={self.groups} "
+                f"(each group takes C/G input and K/G output channels); pick G dividing both, e.g. "
+                f"{math.gcd(self.c, self.k)}")
+        out = self.output_size
+        if min(out) < 1:
+            raise InvalidProblemError(
+                f"the output would be {out} for input {self.input_size}, filter {self.filter_size}, stride "
+                f"{self.stride}, padding {self.padding}, dilation {self.dilation}: every output size must be >= 1; "
+                "use a larger input or padding, or a smaller filter or dilation")
+        if self.types.dtype not in DTYPES:
+            raise UnsupportedError(f"conv dtype {self.types.dtype.value} is not supported; use fp16, bf16 or fp32")
+        if self.types.allow_tf32 and self.types.dtype is not DType.FP32:
+            raise InvalidProblemError(f"allow_tf32 applies to fp32 only, but the conv is {self.types.dtype.value}")
+        if self.direction is not Direction.FORWARD and not self.epilogue.plain:
+            raise InvalidProblemError(
+                f"bias, activation and residual apply to the forward conv only, not {self.direction.value}")
+        sizes = (self.n * self.c * math.prod(self.input_size), self.n * self.k * math.prod(out),
+                 self.k * self.c_per_group * math.prod(self.filter_size))
+        if max(sizes) >= 2**31:
+            raise InvalidProblemError(f"a conv tensor has {max(sizes)} elements; stay below 2**31 (split the batch)")
+
+    # -- derived sizes -------------------------------------------------------------------
+    @property
+    def spatial_dims(self) -> int:
+        return len(self.input_size)
+
+    @property
+    def output_size(self) -> tuple[int, ...]:
+        return tuple(output_size(*args) for args in zip(self.input_size, self.filter_size, self.stride,
+                                                          self.padding, self.dilation))
+
+    @property
+    def c_per_group(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def k_per_group(self) -> int:
+        return self.k // self.groups
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups == self.c and self.c_per_group == 1
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1 filter, stride 1, no padding: a plain GEMM over pixels."""
+        return (all(f == 1 for f in self.filter_size) and all(s == 1 for s in self.stride)
+                and all(p == 0 for p in self.padding))
+
+    def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
+        """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""
+        return (fill,) * (MAX_SPATIAL_DIMS - len(values)) + tuple(values)
+
+    def key(self) -> ConvProblem:
+        return self
+
+    def flops(self) -> int:
+        """2 * N * K * (output pixels) * C/G * (filter taps): the same in every direction."""
+        return 2 * self.n * self.k * math.prod(self.output_size) * self.c_per_group * math.prod(self.filter_size)
+
+    def bytes(self) -> int:
+        """The fewest bytes moved: each tensor read or written once (and y read, as residual)."""
+        item = self.types.dtype.itemsize
+        x = self.n * self.c * math.prod(self.input_size)
+        y = self.n * self.k * math.prod(self.output_size)
+        w = self.k * self.c_per_group * math.prod(self.filter_size)
+        extra = y * int(self.epilogue.residual) + self.k * int(self.epilogue.bias)
+        return (x + y + w + extra) * item
+
+    def describe(self) -> dict:
+        layout = ("channels-last" if self.source_layout is SourceLayout.CHANNELS_LAST else
+                  "contiguous (NC...) tensors converted to channels-last: one extra copy each, "
+                  "pass channels-last tensors to avoid it")
+        return {
+            "op": "conv",
+            "direction": self.direction.value,
+            "n": self.n, "c": self.c, "k": self.k, "groups": self.groups,
+            "input": list(self.input_size), "filter": list(self.filter_size), "output": list(self.output_size),
+            "stride": list(self.stride), "padding": list(self.padding), "dilation": list(self.dilation),
+            "dtype": self.types.name,
+            "epilogue": self.epilogue.name,
+            "specialization": self.specialization.tag,
+            "layout": layout,
+            "flops": self.flops(),
+            "bytes": self.bytes(),
+        }

@@ -1,0 +1,211 @@
+"""The `rules` score of a conv config for a problem: a small time model, no timing.
+
+Each family sees the problem as what it computes:
+- igemm: a GEMM per group (`gemm_view`), stretched by the padding of edge tiles, the
+  channel padding of each tap's reduction step, the idle slots of the last wave, and
+  for backward-data with stride > 1 the taps that hit no output pixel;
+- direct: a stream of the bytes, at the bandwidth a tile's vector loads can keep in
+  flight, or the CUDA-core FMA rate if that is slower;
+- vendor: cuDNN at the fraction of the ideal that ANCHORS.md measured for its kind of
+  problem (dense, grouped, depthwise).
+Score = ideal time / modelled time, in (0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ...core.dtypes import DType
+from ...core.op import Score
+from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
+from .config import (
+    AnyConvConfig,
+    DirectConfig,
+    ImplicitGemmConfig,
+    VendorConfig,
+)
+from .problem import ConvProblem, Direction
+from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
+
+LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
+# Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
+# of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
+TILED_FRACTION = 0.5
+# cuDNN through PyTorch on an H200 (ANCHORS.md, grouped-conv table): 0.35-0.6 of peak on
+# dense 3x3; 0.17 (resnext g32) to 0.34 (regnet g8) of the memory-bound ideal on grouped;
+# 0.3 (3x3) and 0.1 (7x7) on depthwise.
+VENDOR_FRACTION_DENSE = 0.55
+VENDOR_FRACTION_GROUPED = 0.25
+VENDOR_FRACTION_DEPTHWISE = 0.3
+VENDOR_CALL_SECONDS = 8e-6  # cuDNN through PyTorch: launch plus its algorithm choice
+DIRECT_FRACTION = 0.75  # of copy bandwidth, for a well-fed streaming kernel
+FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
+L2_REUSE = 4.0
+BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
+SPILL_PENALTY = 0.15
+
+
+@dataclass(frozen=True)
+class GemmView:
+    """The GEMM one group of the conv is, for a direction: rows, columns, and the reduction (taps x depth)."""
+
+    m: int
+    n: int
+    taps: int
+    depth: int  # channels reduced per tap (C/G or K/G); for backward-weight, the pixels
+
+
+def gemm_view(p: ConvProblem) -> GemmView:
+    taps = math.prod(p.filter_size)
+    pixels_out = p.n * math.prod(p.output_size)
+    if p.direction is Direction.FORWARD:
+        return GemmView(pixels_out, p.k_per_group, taps, p.c_per_group)
+    if p.direction is Direction.BWD_DATA:
+        return GemmView(p.n * math.prod(p.input_size), p.c_per_group, taps, p.k_per_group)
+    return GemmView(p.k_per_group, p.c_per_group * taps, 1, pixels_out)
+
+
+def _peak_flops(p: ConvProblem, arch) -> float:
+    t = p.types
+    if t.dtype is DType.FP32 and not t.allow_tf32:
+        return arch.peak_tflops[DType.FP32] * 1e12 * FMA_FRACTION_OF_TF32
+    dtype = t.dtype if arch.supports_dtype(t.dtype) else DType.FP16
+    return arch.peak_tflops.get(dtype, max(arch.peak_tflops.values())) * 1e12
+
+
+def _bandwidth(arch) -> float:
+    return arch.memory_bandwidth_gbs * 1e9
+
+
+def ideal_seconds(p: ConvProblem, arch) -> float:
+    return max(p.flops() / _peak_flops(p, arch), p.bytes() / _bandwidth(arch))
+
+
+def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
+    ideal = ideal_seconds(p, arch)
+    fraction = (VENDOR_FRACTION_DEPTHWISE if p.depthwise else VENDOR_FRACTION_DENSE if p.groups == 1
+                else VENDOR_FRACTION_GROUPED)
+    steps = int(p.epilogue.activation.value != "none") + int(p.epilogue.residual)
+    y_bytes = p.n * p.k * math.prod(p.output_size) * p.types.dtype.itemsize
+    step_s = 2 * y_bytes / _bandwidth(arch) + LAUNCH_SECONDS
+    modelled = ideal / fraction + VENDOR_CALL_SECONDS + steps * step_s
+    return Score(ideal / modelled, {"fraction": fraction, "epilogue_steps": float(steps),
+                                    "modelled_us": modelled * 1e6})
+
+
+def _stride_hit_rate(p: ConvProblem) -> float:
+    """Backward-data visits every (input pixel, tap): only 1 in prod(stride) of them meets an output pixel."""
+    return 1.0 / math.prod(p.stride) if p.direction is Direction.BWD_DATA else 1.0
+
+
+def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
+    v = gemm_view(p)
+    item = p.types.dtype.itemsize
+    peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
+    if p.direction is Direction.BWD_WEIGHT:
+        span = config.block_k * config.split_k
+        tile_k = tile_efficiency(v.depth, span) if v.depth >= span else v.depth / (
+            math.ceil(v.depth / config.block_k) * config.block_k)
+        tile_n = tile_efficiency(p.c_per_group, config.block_n)
+    else:
+        tile_k = tile_efficiency(v.depth, config.block_k)  # each tap's channels are padded to block_k
+        tile_n = tile_efficiency(v.n, config.block_n)
+    waste = {"tile_m": tile_efficiency(v.m, config.block_m), "tile_n": tile_n, "tile_k": tile_k}
+    threads = config.num_warps * 32
+    registers = accumulator_registers(config) + REGISTER_RESERVE
+    if not p.specialization.aligned:
+        registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
+    spills = registers > arch.registers_per_thread_max
+    resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
+                             registers_per_thread=min(registers, arch.registers_per_thread_max))
+    if p.direction is Direction.BWD_WEIGHT:
+        tiles = math.ceil(v.m / config.block_m) * math.ceil(p.c_per_group / config.block_n)
+        tiles *= math.prod(p.filter_size) * p.groups * config.split_k
+    else:
+        tiles = math.ceil(v.m / config.block_m) * math.ceil(v.n / config.block_n) * p.groups
+    waves = wave_efficiency(tiles, arch.sm_count * resident)
+    intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * item)
+    feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
+    latency = 1.0 if resident >= 2 else 0.9 if config.num_stages >= 3 else 0.8
+    hits = _stride_hit_rate(p)
+    efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency * hits
+    efficiency *= SPILL_PENALTY if spills else 1.0
+    compute_s = p.flops() / (peak * efficiency)
+    per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
+    programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
+    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    if not p.specialization.aligned:
+        in_flight *= 0.25  # element loads instead of 16-byte vectors
+    memory_s = p.bytes() / (bandwidth * in_flight)
+    reduce_s = 0.0
+    if config.split_k > 1:
+        weights = p.k * p.c_per_group * math.prod(p.filter_size)
+        reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
+    bound_s = (compute_s**3 + memory_s**3) ** (1 / 3)
+    modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
+    ideal = ideal_seconds(p, arch)
+    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits,
+             "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
+             "modelled_us": modelled * 1e6}
+    return Score(ideal / modelled, terms)
+
+
+def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
+    item = p.types.dtype.itemsize
+    bandwidth = _bandwidth(arch)
+    fma = arch.peak_tflops[DType.FP32] * 1e12 * FMA_FRACTION_OF_TF32
+    pixels_out = p.n * math.prod(p.output_size)
+    pixels_in = p.n * math.prod(p.input_size)
+    taps = math.prod(p.filter_size)
+    if p.direction is Direction.FORWARD:
+        rows, lanes, programs_axis = pixels_out, p.k, 1
+    elif p.direction is Direction.BWD_DATA:
+        rows, lanes, programs_axis = pixels_in, p.c, 1
+    else:
+        rows, lanes, programs_axis = pixels_out, p.k * p.c_per_group, taps * config.split_k
+    lane_use = tile_efficiency(lanes, config.block_c)
+    row_use = tile_efficiency(rows, config.block_p) if p.direction is not Direction.BWD_WEIGHT else 1.0
+    threads = config.num_warps * 32
+    registers = accumulator_registers(config) + REGISTER_RESERVE
+    spills = registers > arch.registers_per_thread_max
+    resident = blocks_per_sm(arch, threads=threads, shared_bytes=0,
+                             registers_per_thread=min(registers, arch.registers_per_thread_max))
+    if p.direction is Direction.BWD_WEIGHT:
+        programs = math.ceil(lanes / config.block_c) * programs_axis
+    else:
+        programs = math.ceil(rows / config.block_p) * math.ceil(lanes / config.block_c)
+    waves = wave_efficiency(programs, arch.sm_count * resident)
+    # Bytes a program has in flight: one channel vector per pixel row, each tap.
+    vector = min(config.block_c * item, 16) if p.specialization.aligned else item
+    per_program = config.block_p * config.block_c * item * (2 if p.direction is Direction.BWD_WEIGHT else 1)
+    programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
+    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM) * min(1.0, vector / 16)
+    efficiency = lane_use * row_use * waves * in_flight * DIRECT_FRACTION
+    efficiency *= SPILL_PENALTY if spills else 1.0
+    bytes_moved = p.bytes()
+    if p.direction is Direction.BWD_WEIGHT:
+        # Each tap's programs re-read dy and x: from L2 when they fit, else from memory.
+        reread = (taps - 1) * (bytes_moved - p.k * p.c_per_group * taps * item)
+        bytes_moved += reread / (L2_REUSE if bytes_moved < arch.l2_bytes else 1.0)
+    memory_s = bytes_moved / (bandwidth * efficiency)
+    hits = _stride_hit_rate(p)
+    compute_s = p.flops() / (fma * lane_use * row_use * waves * hits)
+    reduce_s = 0.0
+    if config.split_k > 1:
+        reduce_s = (config.split_k + 1) * p.k * p.c_per_group * taps * 4 / bandwidth + LAUNCH_SECONDS
+    if p.c_per_group > 1 and p.direction is not Direction.BWD_WEIGHT:
+        compute_s *= 2  # gathers of the group's channels, one lane at a time
+    modelled = max(memory_s, compute_s) + LAUNCH_SECONDS + reduce_s
+    ideal = ideal_seconds(p, arch)
+    terms = {"lanes": lane_use, "rows": row_use, "waves": waves, "in_flight": in_flight,
+             "resident": float(resident), "spills": float(spills), "modelled_us": modelled * 1e6}
+    return Score(ideal / modelled, terms)
+
+
+def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
+    if isinstance(config, VendorConfig):
+        return vendor_score(config, problem, arch)
+    if isinstance(config, DirectConfig):
+        return direct_score(config, problem, arch)
+    return igemm_score(config, problem, arch)

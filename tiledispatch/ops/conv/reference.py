@@ -1,0 +1,60 @@
+"""The conv reference: PyTorch's CPU convolution in float64, for tests, --validate and benchmarks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...core.dtypes import DType
+from ..gemm.problem import Activation
+from ..gemm.reference import Comparison
+from .operands import ConvOperands
+from .problem import ConvTypes, Direction
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_ACTIVATIONS = {Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
+# Unit roundoff of each output type, and of the inputs as tf32 tensor cores see them.
+_ROUNDOFF = {DType.FP32: 6e-8, DType.FP16: 4.9e-4, DType.BF16: 3.9e-3}
+_TF32_ROUNDOFF = 4.9e-4
+
+
+def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().to("cpu", torch.float64)
+
+
+def reference(ops: ConvOperands) -> torch.Tensor:
+    """The float64 result, shaped as the direction's output (y, dx or dw)."""
+    p = ops.problem
+    args = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
+    if p.direction is Direction.FORWARD:
+        out = _CONV[p.spatial_dims](_f64(ops.x), _f64(ops.w), _f64(ops.bias), **args)
+        if p.epilogue.activation in _ACTIVATIONS:
+            out = _ACTIVATIONS[p.epilogue.activation](out)
+        if ops.residual is not None:
+            out = out + _f64(ops.residual)
+        return out
+    dy = _f64(ops.dy)
+    x = _f64(ops.x) if ops.x is not None else torch.zeros(p.n, p.c, *p.input_size, dtype=torch.float64)
+    w = _f64(ops.w) if ops.w is not None else torch.zeros(p.k, p.c_per_group, *p.filter_size, dtype=torch.float64)
+    mask = [p.direction is Direction.BWD_DATA, p.direction is Direction.BWD_WEIGHT, False]
+    grads = torch.ops.aten.convolution_backward(dy, x, w, None, list(p.stride), list(p.padding), list(p.dilation),
+                                                False, [0] * p.spatial_dims, p.groups, mask)
+    return grads[0] if p.direction is Direction.BWD_DATA else grads[1]
+
+
+def tolerance(types: ConvTypes) -> float:
+    """Allowed ||out - ref|| / ||ref||: a few roundoffs of the coarsest step (fp32 sums over long reductions)."""
+    steps = [_ROUNDOFF[types.dtype], 2e-6]
+    if types.allow_tf32:
+        steps.append(_TF32_ROUNDOFF)
+    return 4 * max(steps)
+
+
+def compare(out: torch.Tensor, ops: ConvOperands) -> Comparison:
+    """Relative Frobenius error against the float64 reference, and elements never written (NaN)."""
+    ref = reference(ops)
+    got = out.detach().to("cpu", torch.float64).reshape(ref.shape)
+    unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
+    diff = got - ref
+    rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
+    return Comparison(float(diff.abs().max()), rel, tolerance(ops.problem.types), unwritten)

@@ -1,0 +1,227 @@
+"""The one validity predicate for conv configs, its auto-corrector, and `supports`.
+
+Each rule is a member of `ConvRule`, so an error names the rule it breaks and tests
+can check for exactly that rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import fields, replace
+
+from ...core.dtypes import DType
+from ...core.errors import InvalidConfigError
+from ...core.validation import Correction, Finding, Severity, ValidationResult
+from . import vendor
+from .config import (
+    AnyConvConfig,
+    ConvSignature,
+    DirectConfig,
+    ImplicitGemmConfig,
+    SplitMode,
+    VendorConfig,
+)
+from .problem import ConvProblem, Direction
+
+BLOCK_CHOICES = (16, 32, 64, 128, 256)
+DIRECT_BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+WARP_CHOICES = (1, 2, 4, 8, 16)
+STAGE_CHOICES = tuple(range(1, 9))
+MAX_SPLIT_K = 64
+REGISTER_RESERVE = 64  # registers for addresses, operands and loop state besides the accumulator
+# The direct family loops over C/G (forward) or K/G (backward-data) per lane: beyond this
+# many channels per group the tensor cores of the implicit GEMM win by far.
+DIRECT_MAX_CHANNELS_PER_GROUP = 16
+
+
+class ConvRule(enum.Enum):
+    TILE_POWER_OF_TWO = "tile-power-of-two"
+    TENSOR_CORE_MINIMUM = "tensor-core-minimum"
+    TILE_MAXIMUM = "tile-maximum"
+    WARPS = "warps"
+    WARPS_FOR_TILE = "warps-for-tile"
+    STAGES = "stages"
+    GROUP_M = "group-m"
+    SPLIT_K = "split-k"
+    SPLIT_MODE = "split-mode"
+    SHARED_MEMORY = "shared-memory"
+    REGISTER_BUDGET = "register-budget"
+    VECTOR_WIDTH = "vector-width"
+    DTYPE_ARCH = "dtype-arch"
+    TF32 = "tf32"
+    EPILOGUE_DIRECTION = "epilogue-direction"
+    FAMILY_ARCH = "family-arch"
+
+
+def shared_memory_bytes(config: ImplicitGemmConfig) -> int:
+    """Shared memory of the software pipeline: one A and one B tile per stage (0 for direct configs)."""
+    item = config.signature.types.dtype.itemsize
+    return max(config.num_stages, 1) * (config.block_m + config.block_n) * config.block_k * item
+
+
+def accumulator_registers(config: ImplicitGemmConfig | DirectConfig) -> int:
+    """32-bit registers per thread that the fp32 accumulator tile needs."""
+    if isinstance(config, ImplicitGemmConfig):
+        elements = config.block_m * config.block_n
+    else:
+        elements = config.block_p * config.block_c
+    return math.ceil(elements / (config.num_warps * 32))
+
+
+def _power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def _signature_findings(sig: ConvSignature, arch, error) -> None:
+    t = sig.types
+    if t.dtype is not DType.FP32 and not arch.supports_dtype(t.dtype):
+        where = "Triton's interpreter has no " + t.dtype.value if arch.is_interpreter else f"{arch.name} lacks it"
+        error(ConvRule.DTYPE_ARCH, f"{t.dtype.value} convolution: {where}", "use fp16 or fp32")
+    if t.allow_tf32 and t.dtype is not DType.FP32:
+        error(ConvRule.TF32, f"allow_tf32 applies to fp32 only, not {t.dtype.value}")
+    if sig.direction is not Direction.FORWARD and not sig.epilogue.plain:
+        error(ConvRule.EPILOGUE_DIRECTION,
+              f"epilogue {sig.epilogue.name} on {sig.direction.value}: bias, activation and residual are forward only",
+              "use no epilogue")
+
+
+def validate(config: AnyConvConfig, arch) -> ValidationResult:
+    if isinstance(config, VendorConfig):
+        return vendor.validate(config, arch)
+    out: list[Finding] = []
+
+    def error(rule, message, fix=None):
+        out.append(Finding(rule, Severity.ERROR, message, fix))
+
+    def warning(rule, message, fix=None):
+        out.append(Finding(rule, Severity.WARNING, message, fix))
+
+    sig = config.signature
+    _signature_findings(sig, arch, error)
+    if config.num_warps not in WARP_CHOICES:
+        error(ConvRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
+    if not 1 <= config.split_k <= MAX_SPLIT_K:
+        error(ConvRule.SPLIT_K, f"split_k={config.split_k} must be within 1..{MAX_SPLIT_K}")
+    elif config.split_k > 1 and sig.direction is not Direction.BWD_WEIGHT:
+        error(ConvRule.SPLIT_K, f"split_k={config.split_k} on {sig.direction.value}: only backward-weight "
+              "splits its reduction (over pixels) across programs", "use split_k=1")
+    budget = arch.registers_per_thread_max - REGISTER_RESERVE
+    regs = accumulator_registers(config)
+
+    if isinstance(config, DirectConfig):
+        for field in ("block_p", "block_c"):
+            value = getattr(config, field)
+            if value not in DIRECT_BLOCK_CHOICES:
+                error(ConvRule.TILE_POWER_OF_TWO, f"{field}={value} is not one of {DIRECT_BLOCK_CHOICES}")
+        vector = 16 // sig.types.dtype.itemsize
+        if config.block_c < vector:
+            warning(ConvRule.VECTOR_WIDTH, f"block_c={config.block_c} channels are less than one 16-byte vector "
+                    f"({vector} x {sig.types.dtype.value})", f"use block_c >= {vector}")
+        if regs > budget:
+            error(ConvRule.REGISTER_BUDGET, f"the {config.block_p}x{config.block_c} accumulator needs {regs} "
+                  f"registers per thread over {config.num_warps} warps; at most {budget} fit",
+                  "more warps or a smaller tile")
+        return ValidationResult(tuple(out))
+
+    blocks = {"block_m": config.block_m, "block_n": config.block_n, "block_k": config.block_k}
+    for field, value in blocks.items():
+        if not _power_of_two(value):
+            error(ConvRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
+                  f"use one of {BLOCK_CHOICES}")
+    if min(blocks.values()) < 16:
+        error(ConvRule.TENSOR_CORE_MINIMUM, f"tile {config.block_m}x{config.block_n}x{config.block_k} is below "
+              "the tensor-core minimum 16x16x16", "use blocks >= 16")
+    if max(blocks.values()) > 256:
+        error(ConvRule.TILE_MAXIMUM, f"a block dim above 256 ({blocks}) does not fit one program", "use <= 256")
+    if config.num_warps in WARP_CHOICES and config.block_m * config.block_n < config.num_warps * 512:
+        warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps share a {config.block_m}x{config.block_n} "
+                "tile: most would idle", "use fewer warps or a larger tile")
+    if config.num_stages not in STAGE_CHOICES:
+        error(ConvRule.STAGES, f"num_stages={config.num_stages} must be within 1..{STAGE_CHOICES[-1]}")
+    if config.group_m < 1:
+        error(ConvRule.GROUP_M, f"group_m={config.group_m} must be at least 1")
+    if config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
+        error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
+              "use split_mode workspace, or split_k > 1")
+    smem = shared_memory_bytes(config)
+    if smem > arch.shared_memory_per_block_optin:
+        error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of {config.block_m}x{config.block_k} and "
+              f"{config.block_k}x{config.block_n} tiles need {smem} B of shared memory; {arch.name} allows "
+              f"{arch.shared_memory_per_block_optin} B per block", "fewer stages or a smaller block_k")
+    if regs > budget:
+        error(ConvRule.REGISTER_BUDGET, f"the {config.block_m}x{config.block_n} accumulator needs {regs} "
+              f"registers per thread over {config.num_warps} warps; at most {budget} fit beside the operands",
+              "more warps or a smaller tile")
+    return ValidationResult(tuple(out))
+
+
+# Fields the corrector may move, with the values it may choose from.
+_TUNABLE = {
+    ImplicitGemmConfig: {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
+                         "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES},
+    DirectConfig: {"block_p": DIRECT_BLOCK_CHOICES, "block_c": DIRECT_BLOCK_CHOICES, "num_warps": WARP_CHOICES},
+}
+# Rules about what is computed, not how: no tile change fixes them.
+_SEMANTIC = {ConvRule.DTYPE_ARCH, ConvRule.TF32, ConvRule.EPILOGUE_DIRECTION, ConvRule.FAMILY_ARCH}
+
+
+def _distance(old, new, tunable) -> float:
+    return sum(abs(math.log2(getattr(new, f)) - math.log2(max(getattr(old, f), 1))) for f in tunable)
+
+
+def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Correction, ...]]:
+    """The valid config nearest to `config` (fewest powers of two moved), and what changed.
+
+    Rules about what is computed (dtype on this arch, tf32, an epilogue off forward)
+    cannot be corrected by a tile change; they raise InvalidConfigError naming the rule.
+    """
+    result = validate(config, arch)
+    if result.ok:
+        return config, ()
+    semantic = result.broken_rules() & _SEMANTIC
+    if semantic or isinstance(config, VendorConfig):
+        semantic = semantic or result.broken_rules()
+        raise InvalidConfigError(f"{config.name} cannot be corrected on {arch.name}: "
+                                 + "; ".join(str(f) for f in result.errors if f.rule in semantic))
+    split = min(max(config.split_k, 1), MAX_SPLIT_K)
+    if config.signature.direction is not Direction.BWD_WEIGHT:
+        split = 1
+    base = replace(config, split_k=split)
+    if isinstance(config, ImplicitGemmConfig):
+        base = replace(base, group_m=max(config.group_m, 1),
+                       split_mode=SplitMode.WORKSPACE if split == 1 else config.split_mode)
+    tunable = _TUNABLE[type(config)]
+    best, best_distance = None, math.inf
+    for values in itertools.product(*tunable.values()):
+        candidate = replace(base, **dict(zip(tunable, values)))
+        distance = _distance(config, candidate, tunable)
+        if distance < best_distance and validate(candidate, arch).ok:
+            best, best_distance = candidate, distance
+    if best is None:
+        raise InvalidConfigError(f"no valid config near {config.name} on {arch.name}: {result.errors[0]}")
+    rules = tuple(sorted(r.value for r in result.broken_rules()))
+    corrections = tuple(Correction(f.name, getattr(config, f.name), getattr(best, f.name), rules)
+                        for f in fields(config) if getattr(config, f.name) != getattr(best, f.name))
+    return best, corrections
+
+
+def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
+    """None if this kernel computes `problem`; else why not, in words."""
+    if isinstance(config, VendorConfig):
+        return vendor.supports(config, problem)
+    want = ConvSignature.of(problem)
+    sig = config.signature
+    if sig.direction is not want.direction:
+        return f"built for {sig.direction.value}, the problem is {want.direction.value}"
+    if sig.types != want.types:
+        return f"built for {sig.types.name}, the problem is {want.types.name}"
+    if sig.epilogue != want.epilogue:
+        return f"built for epilogue {sig.epilogue.name}, the problem needs {want.epilogue.name}"
+    if isinstance(config, DirectConfig):
+        per_group = max(problem.c_per_group, problem.k_per_group)
+        if per_group > DIRECT_MAX_CHANNELS_PER_GROUP:
+            return (f"the direct family serves up to {DIRECT_MAX_CHANNELS_PER_GROUP} channels per group; this "
+                    f"conv has C/G={problem.c_per_group}, K/G={problem.k_per_group}")
+    return None

@@ -1,0 +1,154 @@
+"""Conv rule sets: named generators of configs.
+
+A config is a tile bound to a signature (direction, types, epilogue). By construction
+tiny ⊂ tests ⊂ default ⊂ full; the tests prove it and that `full` never repeats a name.
+Rule sets are arch-independent: `Registry.from_rule_set` drops the configs an arch
+cannot run (bf16 and the vendor path on the interpreter).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ...core.dtypes import DType
+from ...core.op import RuleSet
+from ..gemm.problem import Activation
+from .config import (
+    AnyConvConfig,
+    ConvSignature,
+    DirectConfig,
+    ImplicitGemmConfig,
+    SplitMode,
+    VendorConfig,
+)
+from .problem import ConvEpilogue, ConvTypes, Direction
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    split_k: int = 1  # > 1: backward-weight only
+    split_mode: SplitMode = SplitMode.WORKSPACE
+
+
+@dataclass(frozen=True)
+class DirectTile:
+    block_p: int
+    block_c: int
+    num_warps: int
+    split_k: int = 1  # > 1: backward-weight only
+
+
+# Small tiles the CPU interpreter runs quickly; both split modes included.
+TINY_GEMM = (
+    GemmTile(32, 32, 32, 4, 2, 4),
+    GemmTile(16, 16, 16, 1, 1, 1),
+    GemmTile(32, 16, 16, 2, 2, 2, split_k=3),
+    GemmTile(16, 32, 32, 2, 2, 1, split_k=2, split_mode=SplitMode.ATOMIC),
+)
+TESTS_GEMM = TINY_GEMM + (
+    GemmTile(64, 32, 32, 4, 3, 8),
+    GemmTile(32, 64, 16, 4, 3, 8),
+    GemmTile(64, 64, 32, 4, 3, 8, split_k=4),
+)
+# For sm_80+ tensor cores: the GEMM op's proven shapes, narrowed in N where K/G or C/G is
+# small, and split backward-weight tiles for its long pixel reductions.
+DEFAULT_GEMM = TESTS_GEMM + (
+    GemmTile(128, 128, 64, 8, 3, 8),
+    GemmTile(128, 64, 64, 4, 4, 8),
+    GemmTile(64, 128, 64, 4, 4, 8),
+    GemmTile(128, 256, 64, 8, 3, 8),
+    GemmTile(256, 128, 64, 8, 3, 8),
+    GemmTile(128, 32, 32, 4, 4, 8),
+    GemmTile(128, 16, 16, 4, 4, 8),
+    GemmTile(256, 32, 32, 8, 3, 8),
+    GemmTile(64, 64, 64, 4, 4, 8, split_k=8),
+    GemmTile(128, 128, 64, 8, 3, 8, split_k=4),
+    GemmTile(64, 64, 64, 4, 4, 8, split_k=16),
+    GemmTile(32, 32, 64, 4, 4, 8, split_k=32),
+    GemmTile(64, 64, 64, 4, 4, 8, split_k=8, split_mode=SplitMode.ATOMIC),
+)
+FULL_GEMM = tuple(
+    GemmTile(bm, bn, bk, w, s, 8, k)
+    for bm, bn, bk, w, s, k in itertools.product(
+        (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64), (4, 8), (2, 3, 4), (1, 4, 16)
+    )
+)
+TINY_DIRECT = (
+    DirectTile(16, 16, 2),
+    DirectTile(32, 8, 2, split_k=3),
+)
+TESTS_DIRECT = TINY_DIRECT + (
+    DirectTile(8, 32, 4),
+    DirectTile(16, 16, 4, split_k=2),
+)
+# Channel vectors of 64-128 (8-16 bytes a lane), a few pixel rows per program.
+DEFAULT_DIRECT = TESTS_DIRECT + (
+    DirectTile(32, 64, 4),
+    DirectTile(16, 128, 4),
+    DirectTile(64, 64, 8),
+    DirectTile(8, 256, 4),
+    DirectTile(64, 32, 4, split_k=16),
+    DirectTile(32, 64, 4, split_k=32),
+    DirectTile(128, 32, 8, split_k=64),
+)
+FULL_DIRECT = tuple(
+    DirectTile(p, c, w, k)
+    for p, c, w, k in itertools.product((8, 16, 32, 64, 128), (16, 32, 64, 128, 256), (2, 4, 8), (1, 8, 32))
+)
+
+_CPU_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.FP32), ConvTypes(DType.FP32, allow_tf32=True))
+TYPES = _CPU_TYPES + (ConvTypes(DType.BF16),)  # no bf16 tl.dot in the interpreter: its arch drops them
+EPILOGUES = tuple(ConvEpilogue(bias, activation, residual)
+                  for bias, activation, residual in itertools.product((False, True), Activation, (False, True)))
+
+
+def signatures(epilogues=EPILOGUES) -> Iterator[ConvSignature]:
+    for direction, types in itertools.product(Direction, TYPES):
+        for epilogue in epilogues if direction is Direction.FORWARD else (ConvEpilogue(),):
+            yield ConvSignature(direction, types, epilogue)
+
+
+def _bind(gemm_tiles, direct_tiles, epilogues=EPILOGUES) -> Iterator[AnyConvConfig]:
+    """Each tile for each signature (split tiles for backward-weight only), and the vendor path once per signature."""
+    for sig in signatures(epilogues):
+        weight = sig.direction is Direction.BWD_WEIGHT
+        yield VendorConfig(sig)
+        for t in gemm_tiles:
+            if t.split_k == 1 or weight:
+                yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
+                                         t.num_stages, t.split_k, t.split_mode)
+        for t in direct_tiles:
+            if t.split_k == 1 or weight:
+                yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k)
+
+
+def tiny() -> Iterator[AnyConvConfig]:
+    return _bind(TINY_GEMM, TINY_DIRECT)
+
+
+def tests() -> Iterator[AnyConvConfig]:
+    return _bind(TESTS_GEMM, TESTS_DIRECT)
+
+
+def default() -> Iterator[AnyConvConfig]:
+    return _bind(DEFAULT_GEMM, DEFAULT_DIRECT)
+
+
+def full() -> Iterator[AnyConvConfig]:
+    """Every default config, plus the whole tile space for each signature without epilogue."""
+    seen = set()
+    for config in itertools.chain(default(), _bind(FULL_GEMM, FULL_DIRECT, (ConvEpilogue(),))):
+        if config not in seen:
+            seen.add(config)
+            yield config
+
+
+RULE_SETS = {RuleSet.TINY: tiny, RuleSet.TESTS: tests, RuleSet.DEFAULT: default, RuleSet.FULL: full}

@@ -1,0 +1,88 @@
+"""The vendor candidate: cuDNN through PyTorch, with the epilogue as separate steps.
+
+Forward is `torch.nn.functional.conv{1,2,3}d`; the backward directions are
+`torch.ops.aten.convolution_backward` with only the wanted gradient. PyTorch picks the
+cuDNN algorithm; each epilogue step (activation, residual) is one more pass over y,
+and the ranking charges for it. The interpreter target refuses it: it is a GPU library.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...core.validation import Finding, Severity, ValidationResult
+from ..gemm.problem import Activation
+from .config import VendorConfig
+from .problem import ConvProblem, Direction
+
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
+
+
+def run(operands, out: torch.Tensor) -> None:
+    """Computes the conv of `operands` (a ConvOperands) into `out`.
+
+    When `out` is the plan's own allocation (the caller passed none), it takes the
+    result's storage (`set_`) instead of a copy: nobody else holds it yet, and a copy
+    would be one more pass over the output.
+    """
+    p = operands.problem
+    with _tf32(p.types.allow_tf32):
+        if p.direction is Direction.FORWARD:
+            args = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
+            result = CONV[p.spatial_dims](operands.x, operands.w, operands.bias, **args)
+            activation = ACTIVATIONS[p.epilogue.activation]
+            if activation is not None:
+                result = activation(result)
+            if operands.residual is not None:
+                result += operands.residual
+        else:
+            # As torch.nn.grad does: the operand a direction does not read stands in by its shape only.
+            dy = operands.dy
+            x = operands.x if operands.x is not None else dy.new_empty(1).expand(p.n, p.c, *p.input_size)
+            w = operands.w if operands.w is not None else dy.new_empty(1).expand(
+                p.k, p.c_per_group, *p.filter_size)
+            mask = [p.direction is Direction.BWD_DATA, p.direction is Direction.BWD_WEIGHT, False]
+            grads = torch.ops.aten.convolution_backward(
+                dy, x, w, None, list(p.stride), list(p.padding), list(p.dilation), False,
+                [0] * p.spatial_dims, p.groups, mask)
+            result = grads[0] if p.direction is Direction.BWD_DATA else grads[1]
+    if operands.out is None:
+        out.set_(result)
+    else:
+        out.copy_(result)
+
+
+class _tf32:
+    """cuDNN's tf32 switch for the duration of one call."""
+
+    def __init__(self, allow: bool) -> None:
+        self.allow = allow
+
+    def __enter__(self):
+        self.saved = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def validate(config: VendorConfig, arch) -> ValidationResult:
+    from .rules import ConvRule
+
+    if arch.is_interpreter:
+        return ValidationResult((Finding(ConvRule.FAMILY_ARCH, Severity.ERROR,
+                                         "the vendor path is cuDNN, a GPU library; the interpreter target runs "
+                                         "Triton kernels", "use a GPU arch"),))
+    return ValidationResult()
+
+
+def supports(config: VendorConfig, problem: ConvProblem) -> str | None:
+    from .config import ConvSignature
+
+    want = ConvSignature.of(problem)
+    if config.signature != want:
+        return f"built for {config.signature.name} {config.signature.epilogue.name}, the problem is {want.name} " \
+               f"{want.epilogue.name}"
+    return None
