@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import arch as arch_facts
+from .attention import attention_command, explain_attention_command
 from .cache import cache_app
 from .common import emit, json_errors
 from .gemm import explain_gemm_command, gemm_command
@@ -16,6 +17,8 @@ explain_app = typer.Typer(help="Show how a problem's kernel is selected.", no_ar
 
 app.command("gemm")(gemm_command)
 explain_app.command("gemm")(explain_gemm_command)
+app.command("attention")(attention_command)
+explain_app.command("attention")(explain_attention_command)
 app.add_typer(explain_app, name="explain")
 app.add_typer(registry_app, name="registry")
 app.add_typer(cache_app, name="cache")

@@ -1,0 +1,159 @@
+"""Rule sets, validation, auto-correction, `supports`, ranking and the problem's FLOPs."""
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from tiledispatch import arch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.core.errors import InvalidConfigError
+from tiledispatch.core.op import OpKind, RuleSet, get_op
+from tiledispatch.core.registry import Registry
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.ops.attention import (
+    AttentionConfig, AttentionProblem, AttentionRule, AttentionVariant, Direction, Family, MaskKind, VendorConfig,
+    Window, auto_correct, supports, validate,
+)
+from tiledispatch.ops.attention.plan import kernel_units
+from tiledispatch.ops.attention.ranking import computed_pairs, rule_score
+from tiledispatch.ops.attention.rulesets import RULE_SETS
+
+SM80, SM90, INTERP = arch.load("sm_80"), arch.load("sm_90"), arch.load("interpreter")
+
+
+def names(rule_set):
+    return [c.name for c in RULE_SETS[rule_set]()]
+
+
+def test_rule_sets_nest_and_register():
+    assert get_op(OpKind.ATTENTION).rule_sets is RULE_SETS and set(RULE_SETS) == set(RuleSet)
+    tiny, tests, default, full = (set(names(r)) for r in RuleSet)
+    assert tiny < tests < default < full
+
+
+@pytest.mark.parametrize("rule_set", list(RuleSet), ids=lambda r: r.value)
+def test_no_two_configs_share_a_name(rule_set):
+    counts = Counter(names(rule_set))
+    assert [n for n, c in counts.items() if c > 1] == []
+
+
+def test_every_name_spells_its_fields():
+    config = AttentionConfig(Family.FWD, DType.BF16, 192, 128, 128, 64, 8, 3)
+    assert config.name == "attention_fwd_bf16_d192x128_fwd_128x64_w8_s3"
+    assert VendorConfig(Family.SDPA_CUDNN, DType.FP16, Direction.FORWARD).name == "attention_fwd_fp16_sdpa-cudnn"
+
+
+def test_registries_per_arch():
+    interp = Registry.from_rule_set("attention", "default", INTERP)
+    sm90 = Registry.from_rule_set("attention", "default", SM90)
+    assert {s.dtype for s in interp} == {"fp16", "fp32"}  # no bf16 tl.dot in the interpreter
+    assert not any(s.family.startswith("sdpa") for s in interp)
+    assert {"bf16", "fp16"} <= {s.dtype for s in sm90}
+    families = {s.family for s in sm90}
+    assert families == {"fwd", "bwd", "bwd-atomic", "sdpa-flash", "sdpa-cudnn"}
+    assert not any(s.family == "sdpa-cudnn" and s.name.startswith("attention_bwd") for s in sm90)
+    assert len(Registry.from_rule_set("attention", "default", SM80)) > 0
+
+
+def test_validation_names_the_rule():
+    good = AttentionConfig(Family.FWD, DType.FP16, 128, 128, 128, 64, 8, 3)
+    assert validate(good, SM90).ok
+    cases = {
+        replace(good, block_m=96): AttentionRule.TILE_POWER_OF_TWO,
+        replace(good, block_n=8): AttentionRule.TENSOR_CORE_MINIMUM,
+        replace(good, num_warps=3): AttentionRule.WARPS,
+        replace(good, num_stages=9): AttentionRule.STAGES,
+        replace(good, head_dim_qk=256, head_dim_v=256, block_m=256, block_n=128, num_stages=4):
+            AttentionRule.SHARED_MEMORY,
+        replace(good, block_m=256, block_n=256, num_warps=1): AttentionRule.REGISTER_BUDGET,
+        replace(good, head_dim_qk=72): AttentionRule.HEAD_DIM,
+        replace(good, family=Family.SDPA_FLASH): AttentionRule.FAMILY_DIRECTION,
+    }
+    for config, rule in cases.items():
+        assert rule in validate(config, SM90).broken_rules(), (config, validate(config, SM90))
+    assert AttentionRule.DTYPE_ARCH in validate(replace(good, dtype=DType.BF16), INTERP).broken_rules()
+    vendor = VendorConfig(Family.SDPA_FLASH, DType.FP16, Direction.FORWARD)
+    assert AttentionRule.FAMILY_ARCH in validate(vendor, INTERP).broken_rules()
+    assert AttentionRule.FAMILY_ARCH in validate(replace(vendor, family=Family.SDPA_CUDNN), SM80).broken_rules()
+
+
+def test_auto_correct_moves_the_fewest_powers_of_two():
+    bad = AttentionConfig(Family.FWD, DType.FP16, 256, 256, 256, 128, 8, 5)
+    fixed, corrections = auto_correct(bad, SM90)
+    assert validate(fixed, SM90).ok and corrections
+    assert all("shared-memory" in c.rules or "register-budget" in c.rules for c in corrections)
+    assert auto_correct(fixed, SM90) == (fixed, ())
+    with pytest.raises(InvalidConfigError, match="dtype-arch"):
+        auto_correct(replace(bad, dtype=DType.BF16), INTERP)
+
+
+def problem(**kw):
+    base = dict(batch=2, heads_q=8, heads_kv=2, seqlen_q=256, seqlen_kv=256, head_dim_qk=128, head_dim_v=128)
+    return AttentionProblem(**{**base, **kw})
+
+
+def test_supports_says_why():
+    fwd = AttentionConfig(Family.FWD, DType.FP16, 128, 128, 64, 64)
+    assert supports(fwd, problem()) is None
+    assert "bwd" in supports(fwd, problem(direction=Direction.BACKWARD))
+    assert "bf16" in supports(fwd, problem(dtype=DType.BF16))
+    assert "64/64" in supports(fwd, problem(head_dim_qk=64, head_dim_v=64)).replace("128/128", "")
+    atomic = AttentionConfig(Family.BWD_ATOMIC, DType.FP16, 128, 128, 64, 64)
+    assert "deterministic" in supports(atomic, problem(direction=Direction.BACKWARD, deterministic=True))
+    flash = VendorConfig(Family.SDPA_FLASH, DType.FP16, Direction.FORWARD)
+    assert supports(flash, problem()) is None  # GQA inference through enable_gqa
+    assert "GQA" in supports(flash, problem(needs_lse=True))
+    assert "soft-cap" in supports(flash, problem(heads_kv=8, variant=AttentionVariant(softcap=True)))
+    assert "window" in supports(flash, problem(heads_kv=8, mask=MaskKind.SLIDING_WINDOW, window=Window(4, 0),
+                                               variant=AttentionVariant(band=True)))
+    assert "seqlen_q == seqlen_kv" in supports(flash, problem(seqlen_q=100, mask=MaskKind.CAUSAL_TOP_LEFT,
+                                                              variant=AttentionVariant(band=True)))
+    cudnn = VendorConfig(Family.SDPA_CUDNN, DType.FP16, Direction.FORWARD)
+    assert "up to 128" in supports(cudnn, problem(heads_kv=8, head_dim_qk=256, head_dim_v=256))
+
+
+def test_flops_count_what_the_mask_keeps():
+    full = problem(batch=1, heads_q=1, heads_kv=1, seqlen_q=4, seqlen_kv=6, head_dim_qk=32, head_dim_v=64)
+    assert full.visible_pairs() == 24 and full.forward_flops() == 2 * 96 * 24
+    top_left = replace(full, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True))
+    assert top_left.visible_pairs() == 1 + 2 + 3 + 4
+    bottom_right = replace(top_left, mask=MaskKind.CAUSAL_BOTTOM_RIGHT)
+    assert bottom_right.visible_pairs() == 3 + 4 + 5 + 6
+    window = replace(top_left, mask=MaskKind.SLIDING_WINDOW, window=Window(1, 0))
+    assert window.visible_pairs() == 2 + 2 + 2 + 2
+    backward = replace(full, direction=Direction.BACKWARD)
+    assert backward.flops() == 2.5 * full.flops() and full.training_flops() == 3.5 * full.flops()
+    varlen = replace(full, batch=2, seqlens=((4, 6), (2, 3)), layout=full.layout.THD,
+                     variant=AttentionVariant(varlen=True))
+    assert varlen.visible_pairs() == 24 + 6
+
+
+def test_ranking_prefers_sensible_tiles_and_skips_the_masked_blocks():
+    p = problem(batch=8, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_kv=4096)
+    big = AttentionConfig(Family.FWD, DType.FP16, 128, 128, 128, 64, 8, 3)
+    tiny = AttentionConfig(Family.FWD, DType.FP16, 128, 128, 16, 16, 2, 1)
+    assert rule_score(big, p, SM90).value > rule_score(tiny, p, SM90).value
+    causal = replace(p, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True))
+    assert computed_pairs(causal, 128, 64) < 0.6 * computed_pairs(p, 128, 64)
+    assert 0 < rule_score(big, causal, SM90).terms["band"] <= 1
+
+
+def test_explain_lists_refusals_and_scores():
+    d = Dispatcher(Registry.from_rule_set("attention", "tests", SM90), SM90)
+    doc = d.explain(problem(dtype=DType.BF16)).to_dict()
+    assert doc["selected"] and doc["accepted"] > 0 and doc["refused_count"] > 0
+    assert all("score" in c for c in doc["ranking"]) and all(c["refused"] for c in doc["refused"])
+
+
+def test_kernel_units_follow_the_variant():
+    config = AttentionConfig(Family.BWD_ATOMIC, DType.FP16, 64, 64, 32, 32)
+    stages = [u.stage for u in kernel_units(config, AttentionVariant())]
+    assert stages == ["preprocess", "dkdv", "convert"]
+    assert [u.stage for u in kernel_units(replace(config, family=Family.BWD))] == ["preprocess", "dkdv", "dq"]
+    plain = dict(kernel_units(config, AttentionVariant())[1].constexprs)
+    causal = dict(kernel_units(config, AttentionVariant(band=True, bias_grad=True))[1].constexprs)
+    assert (plain["HAS_BAND"], causal["HAS_BAND"], causal["HAS_DBIAS"], plain["ATOMIC_DQ"]) == (False, True, True, True)
+    unaligned = kernel_units(config, AttentionVariant(aligned=False))[1]
+    assert unaligned.divisible_by_16 == () and "Q" in kernel_units(config, AttentionVariant())[1].divisible_by_16
+    assert AttentionVariant(band=True).tag != AttentionVariant().tag

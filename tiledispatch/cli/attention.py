@@ -1,0 +1,168 @@
+"""`tiledispatch attention` and `tiledispatch explain attention`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import typer
+
+from ..core.dispatcher import Dispatcher, Strategy
+from ..core.dtypes import DType
+from ..core.errors import InvalidProblemError
+from ..core.op import OpKind
+from ..core.registry import Registry
+from ..core.runtime import Backend, current_arch, current_backend
+from ..ops.attention import (
+    AttentionOptions,
+    AttentionProblem,
+    AttentionVariant,
+    Direction,
+    Layout,
+    MaskKind,
+    Window,
+    check_operands,
+    parse_causal,
+)
+from ..ops.attention.inputs import make_inputs
+from ..ops.attention.reference import compare_tensors, reference_from, tolerance
+from .common import EXIT_FAILED, emit, json_errors
+
+CAUSAL = {"none": False, "top-left": "top_left", "bottom-right": "bottom_right"}
+
+
+def _window(text: Optional[str]) -> Window | None:
+    if text is None:
+        return None
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise InvalidProblemError(f"--window {text!r} must be LEFT,RIGHT (e.g. 1024,0; -1 is unbounded)") from None
+    return Window(left, right)
+
+
+def _options(causal: str, window: Optional[str], softcap: Optional[float], needs_lse: bool) -> AttentionOptions:
+    if causal not in CAUSAL:
+        raise InvalidProblemError(f"--causal {causal!r}: use one of {', '.join(CAUSAL)}")
+    return AttentionOptions(causal=parse_causal(CAUSAL[causal]), window=_window(window), softcap=softcap,
+                            needs_lse=needs_lse)
+
+
+def _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward) -> AttentionProblem:
+    """The problem the command's random inputs will have (for explain, without any tensor)."""
+    options = _options(causal, window, softcap, backward)
+    mask, win = options.causal, Window()
+    if options.window is not None:
+        mask, win = MaskKind.SLIDING_WINDOW, Window(options.window.left, 0 if options.causal is not MaskKind.NONE
+                                                    else options.window.right)
+        if win == Window():
+            mask = MaskKind.NONE
+    variant = AttentionVariant(band=mask is not MaskKind.NONE, softcap=softcap is not None)
+    return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim_qk=d,
+                            head_dim_v=dv or d, dtype=DType.parse(dtype),
+                            direction=Direction.BACKWARD if backward else Direction.FORWARD,
+                            layout=Layout.parse(layout), mask=mask, window=win, variant=variant)
+
+
+def _dispatcher(rule_set: str, strategy: str) -> Dispatcher:
+    arch = current_arch()
+    return Dispatcher(Registry.from_rule_set(OpKind.ATTENTION, rule_set, arch), arch, strategy=Strategy.parse(strategy))
+
+
+B = typer.Argument(..., help="batch")
+HQ = typer.Argument(..., help="query heads")
+HKV = typer.Argument(..., help="key/value heads (a divisor of the query heads)")
+SQ = typer.Argument(..., help="query length")
+SKV = typer.Argument(..., help="key/value length")
+D = typer.Argument(..., help="head dim of Q and K (32, 64, 80, 96, 128, 192, 256)")
+DV = typer.Option(None, "--dv", help="head dim of V (default: D)")
+DTYPE = typer.Option("fp16", help="fp16, bf16 (GPU), fp32")
+LAYOUT = typer.Option("bhsd", help="bhsd or bshd (the memory order of the random inputs)")
+CAUSAL_OPT = typer.Option("none", "--causal", help="none, top-left, bottom-right")
+WINDOW = typer.Option(None, "--window", help="sliding window LEFT,RIGHT (bottom-right aligned; -1 unbounded)")
+SOFTCAP = typer.Option(None, "--softcap", help="soft-cap the scores: cap * tanh(s / cap)")
+BACKWARD = typer.Option(False, "--backward", help="forward and backward (the backward plan), gradients validated")
+RULE_SET = typer.Option("default", help="tiny, tests, default, full")
+STRATEGY = typer.Option("rules", help="rules or first")
+
+
+@json_errors
+def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, skv: int = SKV, d: int = D,
+                      dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT, causal: str = CAUSAL_OPT,
+                      window: Optional[str] = WINDOW, softcap: Optional[float] = SOFTCAP, backward: bool = BACKWARD,
+                      validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
+                      kernel: Optional[str] = typer.Option(None, help="force the forward kernel by name"),
+                      rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                      repeats: int = typer.Option(20, help="timed runs on the GPU (median)"),
+                      seed: int = typer.Option(0, help="seed of the random inputs")) -> None:
+    """Run one attention on random inputs; print the problem, kernels, time and validation as JSON."""
+    import tiledispatch
+
+    problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward)
+    backend = current_backend()
+    dispatcher = _dispatcher(rule_set, strategy)
+    inputs = make_inputs(problem, device=backend.device, seed=seed)
+    q, k, v = (t.requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
+    options = _options(causal, window, softcap, True)
+    kwargs = {"causal": CAUSAL[causal], "window": None if window is None else tuple(map(int, window.split(","))),
+              "softcap": softcap, "dispatcher": dispatcher, "kernel": kernel}
+    operands = check_operands(q.detach(), k.detach(), v.detach(), options=options)
+    fwd_spec = dispatcher.resolve(kernel, operands.problem) if kernel else dispatcher.select(operands.problem)
+    grad_out = torch.randn(*q.shape[:-1], problem.head_dim_v, generator=torch.Generator().manual_seed(seed + 1))
+    grad_out = grad_out.to(device=q.device, dtype=q.dtype)
+
+    def run():
+        out, lse = tiledispatch.attention(q, k, v, return_lse=True, **kwargs)
+        if backward:
+            return out, lse, torch.autograd.grad(out, (q, k, v), grad_out)
+        return out, lse, None
+
+    out, lse, grads = run()
+    from ..bench.timing import time_call
+
+    timing = time_call(run, on_gpu=backend is Backend.CUDA, repeats=repeats)
+    kernels = {"name": fwd_spec.name, "family": fwd_spec.family, "forced": kernel is not None,
+               "strategy": dispatcher.strategy.value, "rule_set": rule_set}
+    flops = problem.training_flops() if backward else problem.forward_flops()
+    if backward:
+        bwd_problem = check_operands(q.detach(), k.detach(), v.detach(), options=options,
+                                     direction=Direction.BACKWARD, out=out.detach(), lse=lse,
+                                     grad_out=grad_out).problem
+        bwd_spec = dispatcher.select(bwd_problem)
+        kernels["backward"] = {"name": bwd_spec.name, "family": bwd_spec.family}
+    document = {
+        "status": "ok", "device": backend.value, "arch": dispatcher.arch.name,
+        "problem": operands.problem.describe(), "kernel": kernels,
+        "execution": {"time_ms": timing.median_ms, "tflops": flops / timing.median_ms / 1e9,
+                      "method": timing.method, "repeats": timing.repeats,
+                      "measures": "forward+backward" if backward else "forward"},
+    }
+    if validate:
+        leaves = [t.detach().to("cpu", torch.float64).requires_grad_(backward) for t in (q, k, v)]
+        ref_out, ref_lse = reference_from(*leaves, operands.problem, scale=operands.scale, softcap=operands.softcap)
+        checks = {"out": compare_tensors(out, ref_out, tolerance(problem.dtype)),
+                  "lse": compare_tensors(lse, ref_lse, 1e-5)}
+        if backward:
+            ref_grads = torch.autograd.grad(ref_out, leaves, grad_out.to("cpu", torch.float64))
+            for name, mine, ref in zip(("dq", "dk", "dv"), grads, ref_grads):
+                checks[name] = compare_tensors(mine, ref, tolerance(problem.dtype, gradient=True))
+        document["validation"] = {name: c.to_dict() for name, c in checks.items()}
+        document["validation"]["passed"] = all(c.passed for c in checks.values())
+        if not document["validation"]["passed"]:
+            document["status"] = "failed"
+    emit(document)
+    if document["status"] != "ok":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@json_errors
+def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, skv: int = SKV, d: int = D,
+                              dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT,
+                              causal: str = CAUSAL_OPT, window: Optional[str] = WINDOW,
+                              softcap: Optional[float] = SOFTCAP,
+                              backward: bool = typer.Option(False, "--backward", help="explain the backward's pick"),
+                              rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                              limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
+    """Show every candidate for an attention: the ranking with its terms, and why each refused one refused."""
+    problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward)
+    emit(_dispatcher(rule_set, strategy).explain(problem).to_dict(limit=limit or None))
