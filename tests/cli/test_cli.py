@@ -180,7 +180,7 @@ def test_registry_list_filters():
 
 def test_registry_list_bad_arch_and_op():
     invoke_error("registry", "list", "--arch", "sm_99", error_type="ArchError")
-    invoke_error("registry", "list", "--op", "conv", error_type="UnsupportedError")
+    invoke_error("registry", "list", "--op", "nope", error_type="UnsupportedError")
 
 
 def test_registry_export_import_round_trip(tmp_path):

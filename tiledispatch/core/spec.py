@@ -40,5 +40,8 @@ class KernelSpec:
     def from_dict(cls, data: dict[str, Any]) -> "KernelSpec":
         """Raises ValueError naming the bad field when `data` is not a valid spec."""
         op = OpKind(data["op"])
-        config = from_jsonable(get_op(op).config_type, data["config"], "config")
+        try:
+            config = from_jsonable(get_op(op).config_type, data["config"], "config")
+        except ValueError as e:  # say which op's config it was read as: the op field may be the mistake
+            raise ValueError(f"{e} (read as a {op.value} config)") from None
         return cls(op=op, config=config, arch=str(data["arch"]))
