@@ -9,14 +9,14 @@ recomputes exactly what the forward saw:
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634  # exp(x) = exp2(x * LOG2E): exp2 is one instruction
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): exp2 is one instruction
+LN2 = tl.constexpr(0.6931471805599453)
 # What the host passes for an unbounded side of the band: far beyond any sequence length.
 UNBOUNDED = 1 << 30
 
-USER_MASK_NONE: tl.constexpr = 0
-USER_MASK_BOOL: tl.constexpr = 1
-USER_MASK_ADDITIVE: tl.constexpr = 2
+USER_MASK_NONE = tl.constexpr(0)
+USER_MASK_BOOL = tl.constexpr(1)
+USER_MASK_ADDITIVE = tl.constexpr(2)
 
 
 @triton.jit

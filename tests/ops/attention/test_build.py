@@ -1,0 +1,59 @@
+"""Ahead-of-time builds of the attention kernels for sm_90 on this (GPU-less) machine.
+
+Real compiles (Triton's CUDA backend in a spawned worker): one forward and one backward
+spec, in the plain and the causal specialisation, checked to use the tensor cores.
+"""
+
+import os
+
+import pytest
+
+from tiledispatch import arch
+from tiledispatch.core import kernel
+from tiledispatch.core.cache import KernelCache
+from tiledispatch.core.registry import Registry
+from tiledispatch.ops.attention import AttentionVariant
+from tiledispatch.ops.attention.rules import shared_memory_bytes
+
+SM90 = arch.load("sm_90")
+FWD = "attention_fwd_bf16_d128x128_fwd_128x64_w8_s3_sm90"
+BWD = "attention_bwd_fp16_d64x64_bwd-atomic_64x64_w4_s2_sm90"
+BWD_DETERMINISTIC = "attention_bwd_bf16_d128x128_bwd_64x64_w4_s2_sm90"
+FEATURES = AttentionVariant(band=True, bias=True, alibi=True, softcap=True, sinks=True, dropout=True, varlen=False)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attention-build")
+    os.chmod(root, 0o700)
+    cache = KernelCache(root / "cache")
+    registry = Registry.from_rule_set("attention", "default", SM90)
+    specs = [registry.get(FWD), registry.get(BWD), registry.get(BWD_DETERMINISTIC)]
+    results = kernel.build_all(specs, cache, jobs=2, specializations=(AttentionVariant(band=True), FEATURES))
+    return cache, specs, results
+
+
+def test_every_stage_compiles_for_sm90(built):
+    cache, specs, results = built
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    stages = sorted(e.metadata["stage"] for e in cache.entries())
+    assert stages == sorted(["fwd"] * 2 + ["preprocess", "dkdv", "convert"] * 2 + ["preprocess", "dkdv", "dq"] * 2)
+
+
+def test_the_dots_use_hopper_tensor_cores(built):
+    cache, *_ = built
+    for entry in cache.entries():
+        ptx = entry.files[kernel.PTX_FILE].read_text()
+        assert ".target sm_90" in ptx
+        if entry.metadata["stage"] in ("fwd", "dkdv", "dq"):
+            assert "wgmma" in ptx or "mma" in ptx, entry.key
+        assert entry.metadata["shared_bytes"] <= SM90.shared_memory_per_block_optin
+
+
+def test_the_shared_memory_rule_is_not_below_what_the_compiler_took(built):
+    """The SHARED_MEMORY rule must not admit configs that fail at load time on the GPU."""
+    cache, specs, _ = built
+    for entry in cache.entries():
+        spec = next(s for s in specs if entry.key.startswith(s.name + "."))
+        if entry.metadata["stage"] in ("fwd", "dkdv", "dq"):
+            assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config), entry.key
