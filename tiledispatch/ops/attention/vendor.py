@@ -5,11 +5,11 @@ optional causal mask on square problems (SDPA's flash backend refuses is_causal 
 seqlen_q != seqlen_kv, and its top-left alignment would differ from ours otherwise).
 Dropout is refused: its random stream is not ours, so the backward could not replay it.
 
-When the forward must keep the log-sum-exp (training, or return_lse), the private ATen
-entry points that return it are used; they take equal head counts only. Their LSE is
-fp32 (batch, heads, seqlen_q) in natural log, the same as the Triton kernels', so either
-family's backward can follow either forward. Only the flash backend is a backward
-candidate: cuDNN's backward wants its own forward's statistics and RNG state.
+When the forward must keep the log-sum-exp (training, or return_lse), only the flash
+backend is a candidate, through the private ATen entry point that returns it (equal head
+counts only). Its LSE is fp32 (batch, heads, seqlen_q) in natural log, the same as the
+Triton kernels', so either family's backward can follow either forward. Only the flash
+backend is a backward candidate: cuDNN's backward wants its own forward's statistics.
 """
 
 from __future__ import annotations
@@ -33,11 +33,7 @@ def _backend(family: Family):
 def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_lse: bool) -> None:
     """Fills `result.out` (and `result.lse` when it is needed) from SDPA."""
     if needs_lse:
-        if family is Family.SDPA_FLASH:
-            out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-        else:
-            out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
-                q, k, v, None, True, 0.0, causal, False, scale=scale)
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
         result.out = out
         result.lse = lse.reshape(q.shape[0], q.shape[1], q.shape[2]).float()
         return
@@ -104,6 +100,8 @@ def supports(config: VendorConfig, problem: AttentionProblem) -> str | None:
     if p.mask is not MaskKind.NONE and p.seqlen_q != p.seqlen_kv:
         return "SDPA's fused backends take is_causal only with seqlen_q == seqlen_kv"
     needs_lse = p.needs_lse or p.direction is Direction.BACKWARD
+    if needs_lse and config.family is Family.SDPA_CUDNN:
+        return "the LSE is kept for a backward or returned: cuDNN's statistics are not in the kernels' layout"
     if p.heads_q != p.heads_kv and (needs_lse or config.family is Family.SDPA_CUDNN):
         return "GQA/MQA goes to SDPA only for the flash backend's inference forward (enable_gqa)"
     return None
