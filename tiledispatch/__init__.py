@@ -13,12 +13,13 @@ from .core.op import OpKind, RuleSet
 from .core.registry import Registry
 from .core.spec import KernelSpec
 from .ops.attention import attention
+from .ops.conv import conv, conv_backward_data, conv_backward_weight
 from .ops.gemm import gemm
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "gemm", "attention", "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
+    "gemm", "attention", "conv", "conv_backward_data", "conv_backward_weight", "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
     "TiledispatchError", "InvalidProblemError", "UnsupportedError", "InvalidConfigError", "UnknownKernelError",
     "NoKernelError", "RegistryFormatError", "CacheError", "InsecureCacheError", "BuildError", "ArchError",
 ]

@@ -8,6 +8,7 @@ from .. import arch as arch_facts
 from .attention import attention_command, explain_attention_command
 from .cache import cache_app
 from .common import emit, json_errors
+from .conv import conv_command, explain_conv_command
 from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
 
@@ -17,6 +18,8 @@ explain_app = typer.Typer(help="Show how a problem's kernel is selected.", no_ar
 
 app.command("gemm")(gemm_command)
 explain_app.command("gemm")(explain_gemm_command)
+app.command("conv")(conv_command)
+explain_app.command("conv")(explain_conv_command)
 app.command("attention")(attention_command)
 explain_app.command("attention")(explain_attention_command)
 app.add_typer(explain_app, name="explain")

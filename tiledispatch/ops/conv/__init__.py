@@ -89,11 +89,11 @@ def _run(direction: Direction, dispatcher, kernel, **arguments):
 
     dispatcher = dispatcher or default_dispatcher()
     operands = check_operands(direction, **arguments)
-    _check_dtype_on_arch(operands.problem.types, dispatcher.arch)
+    check_dtype_on_arch(operands.problem.types, dispatcher.arch)
     return dispatcher.run(operands, kernel=kernel)
 
 
-def _check_dtype_on_arch(types: ConvTypes, arch) -> None:
+def check_dtype_on_arch(types: ConvTypes, arch) -> None:
     """The DTYPE_ARCH rule, said about the call: no kernel of this arch can take this dtype."""
     dtype = types.dtype
     if dtype is not DType.FP32 and not arch.supports_dtype(dtype):

@@ -216,6 +216,12 @@ class ConvProblem:
         return (all(f == 1 for f in self.filter_size) and all(s == 1 for s in self.stride)
                 and all(p == 0 for p in self.padding))
 
+    def dense_specialization(self) -> ConvSpecialization:
+        """The specialisation of freshly allocated (dense channels-last) tensors for this problem."""
+        item = self.types.dtype.itemsize
+        aligned = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
+        return ConvSpecialization(aligned, self.pointwise, self.depthwise)
+
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""
         return (fill,) * (MAX_SPATIAL_DIMS - len(values)) + tuple(values)
