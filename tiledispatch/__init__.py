@@ -19,7 +19,8 @@ from .ops.gemm import gemm
 __version__ = "0.1.0"
 
 __all__ = [
-    "gemm", "attention", "conv", "conv_backward_data", "conv_backward_weight", "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
+    "gemm", "attention", "conv", "conv_backward_data", "conv_backward_weight",
+    "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
     "TiledispatchError", "InvalidProblemError", "UnsupportedError", "InvalidConfigError", "UnknownKernelError",
     "NoKernelError", "RegistryFormatError", "CacheError", "InsecureCacheError", "BuildError", "ArchError",
 ]

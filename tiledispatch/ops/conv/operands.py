@@ -91,7 +91,7 @@ def _overlaps(t: torch.Tensor) -> bool:
 
 
 def _aligned(tensors, counts, itemsize: int) -> bool:
-    """Whether every channel run starts on 16 bytes: base pointers, strides of non-unit dims, group offsets."""
+    """Whether base pointers, strides of non-unit dims and `counts` (channels) are all multiples of 16 bytes."""
     return all(t.data_ptr() % 16 == 0 and all((s * itemsize) % 16 == 0 for s, n in zip(t.stride(), t.shape)
                                               if n > 1 and s != 1) for t in tensors) and all(
         (c * itemsize) % 16 == 0 for c in counts)
@@ -238,12 +238,12 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
                 raise InvalidProblemError(f"out shares memory with {role}; pass a separate output tensor")
 
     written = [t for t in (out,) if t is not None]
-    counts = (probe.c_per_group, probe.k_per_group)
-    aligned = _aligned([*views.values(), *written, *(t for t in (residual, bias) if t is not None)],
-                       counts, dtype.itemsize)
+    tensors_read = [*views.values(), *written, *(t for t in (residual, bias) if t is not None)]
+    aligned = _aligned(tensors_read, (c, k), dtype.itemsize)
+    groups_aligned = _aligned([], (probe.c_per_group, probe.k_per_group), dtype.itemsize)
     problem = ConvProblem(direction, n, c, k, groups, spatial, filt, probe.stride, probe.padding, probe.dilation,
                           probe.types, epilogue,
-                          ConvSpecialization(aligned, probe.pointwise, probe.depthwise),
+                          ConvSpecialization(aligned, groups_aligned, probe.pointwise, probe.depthwise),
                           SourceLayout.CONVERTED if converted else SourceLayout.CHANNELS_LAST)
     return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out,
                         tuple(converted))

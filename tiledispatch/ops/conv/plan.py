@@ -58,7 +58,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
                  + [(n, "i64") for n in STRIDES])
     epilogue = {"HAS_BIAS": sig.epilogue.bias, "ACTIVATION": ACTIVATION_CODES[sig.epilogue.activation],
                 "HAS_RESIDUAL": sig.epilogue.residual}
-    vec = specialization.vector(sig.types.dtype)
+    vec = specialization.vector(sig.types.dtype, per_group=isinstance(config, ImplicitGemmConfig))
     if isinstance(config, ImplicitGemmConfig):
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
                       "GROUP_M": config.group_m, "SPLIT_K": config.split_k,
@@ -76,7 +76,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
         modules=(module, *_SHARED_MODULES),
-        divisible_by_16=tuple(n for n in TENSORS if n != "bias_ptr") if specialization.aligned else (),
+        divisible_by_16=tuple(n for n in TENSORS if n != "bias_ptr") if vec > 1 else (),
     )
 
 

@@ -90,24 +90,31 @@ class ConvEpilogue:
 class ConvSpecialization:
     """Facts about the data that the compiled code may assume: the artifact is specialised on them.
 
-    `aligned`: every channel run starts on 16 bytes (base pointers, every pixel and
-    filter stride, the C/G and K/G group offsets), so loads along channels are 16-byte
-    vectors. `pointwise`: a 1x1 filter, stride 1, no padding (an output pixel reads its
-    own input pixel: no bounds arithmetic). `depthwise`: C/G = K/G = 1 (one channel per
-    lane, no group arithmetic). Every kernel serves every specialisation.
+    `aligned`: base pointers, every pixel and filter stride, and the C and K totals are
+    multiples of 16 bytes, so a run of channels read across groups (the direct family)
+    is 16-byte vectors. `groups_aligned`: besides, C/G and K/G are multiples of 16 bytes,
+    so a run of one group's channels (the implicit GEMM) is too. `pointwise`: a 1x1
+    filter, stride 1, no padding (an output pixel reads its own input pixel: no bounds
+    arithmetic). `depthwise`: C/G = K/G = 1 (one channel per lane, no group arithmetic).
+    Every kernel serves every specialisation.
     """
 
     aligned: bool = True
+    groups_aligned: bool = True
     pointwise: bool = False
     depthwise: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "groups_aligned", self.groups_aligned and self.aligned)
+
     @property
     def tag(self) -> str:
-        return f"al{int(self.aligned)}" + ("-pw" if self.pointwise else "") + ("-dw" if self.depthwise else "")
+        return (f"al{int(self.aligned)}{int(self.groups_aligned)}" + ("-pw" if self.pointwise else "")
+                + ("-dw" if self.depthwise else ""))
 
-    def vector(self, dtype: DType) -> int:
-        """Elements per guaranteed 16-byte channel run for `dtype` (1: no guarantee)."""
-        return 16 // dtype.itemsize if self.aligned else 1
+    def vector(self, dtype: DType, per_group: bool) -> int:
+        """Elements per guaranteed 16-byte run of channels (1: no guarantee), across or within groups."""
+        return 16 // dtype.itemsize if (self.groups_aligned if per_group else self.aligned) else 1
 
 
 def _as_tuple(value, dims: int, what: str) -> tuple[int, ...]:
@@ -219,8 +226,9 @@ class ConvProblem:
     def dense_specialization(self) -> ConvSpecialization:
         """The specialisation of freshly allocated (dense channels-last) tensors for this problem."""
         item = self.types.dtype.itemsize
-        aligned = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
-        return ConvSpecialization(aligned, self.pointwise, self.depthwise)
+        aligned = (self.c * item) % 16 == 0 and (self.k * item) % 16 == 0
+        per_group = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
+        return ConvSpecialization(aligned, per_group, self.pointwise, self.depthwise)
 
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""

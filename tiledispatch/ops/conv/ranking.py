@@ -23,6 +23,7 @@ from .config import (
     AnyConvConfig,
     DirectConfig,
     ImplicitGemmConfig,
+    SplitMode,
     VendorConfig,
 )
 from .problem import ConvProblem, Direction
@@ -44,6 +45,8 @@ FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak 
 L2_REUSE = 4.0
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
 SPILL_PENALTY = 0.15
+# Atomic split-K sums in a different order each run: taken only when clearly faster.
+NONDETERMINISTIC_PENALTY = 0.97
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     waste = {"tile_m": tile_efficiency(v.m, config.block_m), "tile_n": tile_n, "tile_k": tile_k}
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + REGISTER_RESERVE
-    if not p.specialization.aligned:
+    if not p.specialization.groups_aligned:
         registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
     spills = registers > arch.registers_per_thread_max
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
@@ -135,7 +138,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
     programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
-    if not p.specialization.aligned:
+    if not p.specialization.groups_aligned:
         in_flight *= 0.25  # element loads instead of 16-byte vectors
     memory_s = p.bytes() / (bandwidth * in_flight)
     reduce_s = 0.0
@@ -145,10 +148,13 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     bound_s = (compute_s**3 + memory_s**3) ** (1 / 3)
     modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
+    value = ideal / modelled
+    if config.split_k > 1 and config.split_mode is SplitMode.ATOMIC:
+        value *= NONDETERMINISTIC_PENALTY
     terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits,
              "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
              "modelled_us": modelled * 1e6}
-    return Score(ideal / modelled, terms)
+    return Score(value, terms)
 
 
 def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:

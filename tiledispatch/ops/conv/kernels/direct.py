@@ -26,9 +26,7 @@ def conv_fwd_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     """Lanes are output channels k (all groups); each sums C/G input channels of its group over the taps."""
     pid_p = tl.program_id(0)
     pid_c = tl.program_id(1)
-    CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
-    K = G * KG
+    K = G * KG // VEC * VEC
     M = N * OD * OH * OW
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_k = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -84,9 +82,7 @@ def conv_bwd_data_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     """Lanes are input channels c (all groups); each sums the K/G output channels of its group over the taps."""
     pid_p = tl.program_id(0)
     pid_c = tl.program_id(1)
-    CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
-    C = G * CG
+    C = G * CG // VEC * VEC
     M = N * D * H * W
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -140,9 +136,7 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     pid_c = tl.program_id(0)
     tap = tl.program_id(1)
     pid_s = tl.program_id(2)
-    CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
-    K = G * KG
+    K = G * KG // VEC * VEC
     taps = FZ * FY * FX
     fz, fy, fx = split_tap(tap, FY, FX)
     offs_j = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)  # flat (k, c) over K x C/G
