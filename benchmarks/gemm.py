@@ -12,6 +12,7 @@ Kernel times come from CUDA-graph replays (see `median_ms`), so they hold no hos
 Also the host time of a call on a tiny known problem, against torch.mm, and under a CUDA graph.
 
     python benchmarks/gemm.py --out benchmarks/results/h200 [--dtypes bf16,fp16,fp8e4m3] [--cases NAME,...]
+    python benchmarks/gemm.py --out DIR/1 --shard 1/3   (then 2/3, 3/3, then --merge DIR/*/gemm.csv)
 
 Writes gemm.csv (one row per case, dtype and provider), gemm_summary.json and gemm.png.
 """
@@ -182,6 +183,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
     parser.add_argument("--dtypes", default="bf16,fp16,fp8e4m3")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--shard", default="1/1", help="i/n: run the i-th of n equal slices of the cases "
+                        "(a suite too long for one device call); --merge joins the CSVs")
     parser.add_argument("--rule-set", default="default")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--merge", nargs="+", type=Path, default=None,
@@ -196,6 +199,8 @@ def main() -> int:
 
     suite = json.loads(SUITE.read_text())
     cases = [c for c in suite["cases"] if not args.cases or c["name"] in args.cases.split(",")]
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    cases = cases[(shard - 1) * len(cases) // shards: shard * len(cases) // shards]
     dtypes = args.dtypes.split(",")
     arch = current_arch()
     registry = Registry.from_rule_set("gemm", args.rule_set, arch)

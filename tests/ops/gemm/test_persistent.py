@@ -37,7 +37,8 @@ def check(dispatcher: Dispatcher, problem: GemmProblem, *, kernel=None, broadcas
     """Runs `problem` into a NaN-poisoned out; asserts a persistent kernel ran and the result is right."""
     inputs = make_inputs(problem, device=DEVICE, seed=seed)
     b = inputs.b[:1] if broadcast_b else inputs.b
-    ops = check_operands(inputs.a, b, activation=problem.epilogue.activation, **inputs.kwargs())
+    ops = check_operands(inputs.a, b, activation=problem.epilogue.activation, allow_tf32=problem.types.allow_tf32,
+                         **inputs.kwargs())
     assert all((ops.problem.alignment.a, ops.problem.alignment.b, ops.problem.alignment.c))
     spec = dispatcher.resolve(kernel, ops.problem) if kernel else dispatcher.select(ops.problem)
     assert spec.config.family is Family.TMA_PERSISTENT

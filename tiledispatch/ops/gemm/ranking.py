@@ -12,7 +12,7 @@ import math
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
-from .config import AnyGemmConfig, Family, VendorConfig
+from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from .problem import Activation, GemmProblem, Layout
 from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
 
@@ -21,7 +21,16 @@ LAUNCH_SECONDS = 4e-6  # one extra kernel launch, as measured for Triton on an H
 # (benchmarks/results/h200/gemm_smoke.csv, 2026-11-21): 8192^3 bf16 ran at 610 TFLOP/s
 # with the best tiled kernel and 786 with cuBLAS, of a 989 TFLOP/s peak.
 TILED_FRACTION = 0.62
-TMA_FRACTION = 0.70  # first estimate, before the family was timed: refit from gemm.csv
+# tma-persistent: 744 TFLOP/s at 4096^3 bf16 (benchmarks/results/h200/gemm.csv), after its own terms.
+TMA_FRACTION = 0.80
+# One persistent program per SM has no neighbour to hide its load latency: the stages in
+# flight must cover the operand bytes its MMAs consume meanwhile (fp8 with block_k 64 and
+# 3 stages ran 0.73x of block_k 128 at 4096^3).
+LOAD_LATENCY_S = 0.8e-6
+# Each tile's prologue (pipeline fill) and epilogue cost about this many K iterations,
+# unless the loop is flattened across tiles (batched 2048x2048x128: 1.5x faster flattened).
+TILE_OVERHEAD_ITERATIONS = 2.0
+FLATTENED_OVERHEAD_ITERATIONS = 0.7
 VENDOR_FRACTION = 0.79
 VENDOR_CALL_SECONDS = 6e-6  # cuBLAS through PyTorch: launch plus its own heuristic
 L2_REUSE = 4.0  # grouped tile order serves operand re-reads from L2 at about this multiple of HBM
@@ -55,6 +64,18 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / (arch.memory_bandwidth_gbs * 1e9) + LAUNCH_SECONDS
     modelled = ideal / VENDOR_FRACTION + VENDOR_CALL_SECONDS + steps * step_s
     return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
+
+
+def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float) -> dict[str, float]:
+    """Pipeline depth against load latency, and the per-tile overhead a flattened loop hides."""
+    t = p.types
+    operand_bytes_per_k = config.block_m * t.a.itemsize + config.block_n * t.b.itemsize
+    consumed_per_s = peak / arch.sm_count * operand_bytes_per_k / (2 * config.block_m * config.block_n)
+    in_flight = max(config.num_stages - 1, 1) * config.block_k * operand_bytes_per_k
+    depth = min(1.0, in_flight / (consumed_per_s * LOAD_LATENCY_S)) ** 0.5
+    k_tiles = math.ceil(p.k / config.block_k)
+    overhead = FLATTENED_OVERHEAD_ITERATIONS if config.flatten else TILE_OVERHEAD_ITERATIONS
+    return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
 
 
 def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
@@ -94,6 +115,10 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     latency = 1.0 if resident >= 2 or persistent else 0.9 if config.num_stages >= 3 else 0.8
 
     efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency
+    persistent_terms = {}
+    if persistent:
+        persistent_terms = _persistent_terms(config, p, arch, peak)
+        efficiency *= persistent_terms["depth"] * persistent_terms["overlap"]
     efficiency *= SPILL_PENALTY if spills else 1.0
     compute_s = p.flops() / (peak * efficiency)
     # Bandwidth needs bytes in flight (Little's law): the useful operand bytes that the
@@ -114,6 +139,6 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
         value *= GENERIC_LAYOUT_PENALTY
-    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "resident": float(resident),
+    terms = {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency, "resident": float(resident),
              "in_flight": in_flight, "spills": float(spills), "modelled_us": modelled * 1e6}
     return Score(value, terms)

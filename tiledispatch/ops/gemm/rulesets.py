@@ -80,6 +80,8 @@ DEFAULT_TILES = TESTS_TILES + (
     _persistent(64, 128, 64, 4, 4),
     _persistent(64, 64, 64, 4, 4),
     _persistent(128, 256, 128, 8, 3, epilogue_split=2),
+    _persistent(128, 256, 128, 8, 4, epilogue_split=2),
+    _persistent(128, 256, 128, 8, 3, epilogue_split=2, flatten=True),
     _persistent(128, 128, 128, 8, 3),
     _persistent(128, 128, 128, 4, 3),
     _persistent(64, 128, 128, 4, 4),

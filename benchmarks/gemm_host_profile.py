@@ -1,0 +1,80 @@
+"""Where the host time of a dispatched GEMM call goes, on a tiny problem seen before (GPU).
+
+Times each layer of the fast path on its own (the call signature, the memo lookup, the
+bound call, the bare launcher) against torch.mm, then profiles the whole call.
+
+    python benchmarks/gemm_host_profile.py [--kernel NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import tiledispatch
+import torch
+
+from tiledispatch.core.dispatcher import default_dispatcher
+from tiledispatch.ops.gemm import fastpath
+
+
+def per_call_us(fn, calls: int = 5000) -> float:
+    for _ in range(300):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kernel", default=None, help="force a kernel (default: the dispatcher's pick)")
+    args = parser.parse_args()
+    a = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(16, 16, device="cuda", dtype=torch.bfloat16)
+    dispatcher = default_dispatcher()
+    call = lambda: tiledispatch.gemm(a, b, out=out, kernel=args.kernel)  # noqa: E731
+    call()
+    key = fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel)
+    bound = dispatcher.memo(("gemm", key), lambda: None)
+    stage, grid = bound._stages[0]
+    stage_args = [list(t) for t in bound._args]
+    for slot in bound._slots:
+        stage_args[slot.launch][slot.index] = slot.value({"a": a, "b": b, "out": out.unsqueeze(0)}.get(slot.role))
+    stream = torch.cuda.current_stream().cuda_stream
+    print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel)
+    rows = {
+        "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
+        "tiledispatch.gemm(out=)": call,
+        "  call_key": lambda: fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel),
+        "  dispatcher.memo": lambda: dispatcher.memo(("gemm", key), lambda: None),
+        "  bound call": lambda: bound(a, b, None, None, out, None, None),
+        "  launcher alone": lambda: stage(grid, stage_args[0], stream),
+        "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
+    }
+    for name, fn in rows.items():
+        print(f"{name:28s} {per_call_us(fn):7.2f} us")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(5000):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
+def bound_problem(a, b, out):
+    from tiledispatch.ops.gemm import check_operands
+
+    return check_operands(a, b, out=out).problem
+
+
+if __name__ == "__main__":
+    main()
