@@ -238,12 +238,17 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
                 raise InvalidProblemError(f"out shares memory with {role}; pass a separate output tensor")
 
     written = [t for t in (out,) if t is not None]
-    tensors_read = [*views.values(), *written, *(t for t in (residual, bias) if t is not None)]
-    aligned = _aligned(tensors_read, (c, k), dtype.itemsize)
-    groups_aligned = _aligned([], (probe.c_per_group, probe.k_per_group), dtype.itemsize)
+    # Activations (x, y, dx, dy, residual, bias) are read in channel runs across groups; weights
+    # only within a group, so their alignment belongs with the per-group channel counts.
+    weights = [views[r] for r in views if r == "w"] + (written if direction is Direction.BWD_WEIGHT else [])
+    activations = [views[r] for r in views if r != "w"] + ([] if direction is Direction.BWD_WEIGHT else written)
+    activations += [t for t in (residual, bias) if t is not None]
+    aligned = _aligned(activations, (c, k), dtype.itemsize)
+    groups_aligned = _aligned(weights, (probe.c_per_group, probe.k_per_group), dtype.itemsize)
     problem = ConvProblem(direction, n, c, k, groups, spatial, filt, probe.stride, probe.padding, probe.dilation,
                           probe.types, epilogue,
-                          ConvSpecialization(aligned, groups_aligned, probe.pointwise, probe.depthwise),
+                          ConvSpecialization(aligned, groups_aligned, probe.pointwise,
+                                             probe.one_channel_per_group),
                           SourceLayout.CONVERTED if converted else SourceLayout.CHANNELS_LAST)
     return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out,
                         tuple(converted))

@@ -218,6 +218,11 @@ class ConvProblem:
         return self.groups == self.c and self.c_per_group == 1
 
     @property
+    def one_channel_per_group(self) -> bool:
+        """C/G = K/G = 1: depthwise with no channel multiplier, what the direct family's DEPTHWISE path assumes."""
+        return self.c_per_group == 1 and self.k_per_group == 1
+
+    @property
     def pointwise(self) -> bool:
         """1x1 filter, stride 1, no padding: a plain GEMM over pixels."""
         return (all(f == 1 for f in self.filter_size) and all(s == 1 for s in self.stride)
@@ -228,7 +233,7 @@ class ConvProblem:
         item = self.types.dtype.itemsize
         aligned = (self.c * item) % 16 == 0 and (self.k * item) % 16 == 0
         per_group = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
-        return ConvSpecialization(aligned, per_group, self.pointwise, self.depthwise)
+        return ConvSpecialization(aligned, per_group, self.pointwise, self.one_channel_per_group)
 
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""

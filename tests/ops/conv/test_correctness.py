@@ -1,0 +1,217 @@
+"""Conv correctness on the CPU interpreter (and natively on a GPU): every direction, 1-D/2-D/3-D,
+odd sizes, stride/padding/dilation, groups from 1 to depthwise, both Triton families, fp16 and fp32.
+
+Every run writes into a NaN-poisoned output and is compared with PyTorch's CPU
+convolution in float64 (relative Frobenius error within the dtype's tolerance, no
+element left unwritten). Shapes stay tiny: the interpreter runs each program in NumPy.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiledispatch
+from tiledispatch import Dispatcher, Registry
+from tiledispatch.ops.conv import (
+    ConvSignature, DirectConfig, Direction, Family, ImplicitGemmConfig, SourceLayout, SplitMode, check_operands,
+)
+from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.problem import ConvEpilogue
+from tiledispatch.ops.conv.rulesets import TESTS_DIRECT, TESTS_GEMM
+from tiledispatch.ops.gemm.problem import Activation
+
+from .helpers import ARCH, DEVICE, problem, run_and_check, spec_name
+
+DIRECTIONS = list(Direction)
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+
+
+def best_of(dispatcher, p, family: Family) -> str:
+    """The highest-ranked kernel of `family` for `p` (the test forces it)."""
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    names = [c.spec.name for c in dispatcher.explain(ops.problem).ranked if c.spec.family == family.value]
+    assert names, f"no {family.value} kernel supports {p.describe()}"
+    return names[0]
+
+
+# -- every tile of the `tests` rule set ------------------------------------------------------
+def _tiles(direction):
+    weight = direction is Direction.BWD_WEIGHT
+    gemm = [t for t in TESTS_GEMM if t.split_k == 1 or weight]
+    direct = [t for t in TESTS_DIRECT if t.split_k == 1 or weight]
+    return [(direction, t) for t in gemm + direct]
+
+
+def _tile_id(case) -> str:
+    direction, t = case
+    kind = "igemm" if hasattr(t, "block_m") else "direct"
+    return f"{direction.short}-{kind}-{'x'.join(str(v) for v in vars(t).values() if isinstance(v, int))}"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("case", [c for d in DIRECTIONS for c in _tiles(d)], ids=_tile_id)
+def test_every_tile(dispatcher, case, dtype):
+    # Odd sizes everywhere: 7x5 pixels, 3 groups of 3 input and 2 output channels, a 3x2 filter.
+    direction, t = case
+    p = problem(direction, 2, 9, 6, 3, (7, 5), (3, 2), 1, (1, 0), 1, dtype)
+    sig = ConvSignature(direction, p.types)
+    if hasattr(t, "block_m"):
+        config = ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps, t.num_stages,
+                                    t.split_k, t.split_mode)
+    else:
+        config = DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k)
+    run_and_check(dispatcher, p, spec_name(config))
+
+
+# -- dimensionality and geometry ---------------------------------------------------------------
+GEOMETRIES = {
+    "1d": ((11,), (3,), 1, 0, 1),
+    "1d-s2-p1-d2": ((13,), (3,), 2, 1, 2),
+    "2d-3x3-p1": ((6, 7), (3, 3), 1, 1, 1),
+    "2d-5x3-s2": ((9, 8), (5, 3), 2, 0, 1),
+    "2d-d2-p2": ((7, 6), (3, 3), 1, 2, 2),
+    "2d-1x1": ((5, 6), (1, 1), 1, 0, 1),
+    "2d-mixed": ((8, 9), (2, 3), (2, 1), (0, 1), (1, 2)),
+    "3d-3x3x3-p1": ((3, 4, 5), (3, 3, 3), 1, 1, 1),
+    "3d-mixed": ((5, 4, 6), (2, 3, 2), (1, 2, 1), (0, 1, 1), (2, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("family", [Family.IMPLICIT_GEMM, Family.DIRECT], ids=lambda f: f.value)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
+def test_dims_and_geometry(dispatcher, direction, geometry, family):
+    size, filt, stride, padding, dilation = GEOMETRIES[geometry]
+    p = problem(direction, 2, 4, 6, 2, size, filt, stride, padding, dilation)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, family))
+
+
+# -- groups, from dense to depthwise ------------------------------------------------------------
+GROUPS = {
+    "dense": (6, 5, 1),
+    "g2-aligned": (16, 16, 2),  # 8 fp16 channels per group: 16-byte runs, the vectorised path
+    "g4": (8, 12, 4),
+    "depthwise": (8, 8, 8),
+    "depthwise-x2": (4, 8, 4),  # channel multiplier 2
+    "c-gt-k": (12, 4, 2),
+}
+
+
+@pytest.mark.parametrize("groups", GROUPS, ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
+def test_groups(dispatcher, direction, groups):
+    c, k, g = GROUPS[groups]
+    p = problem(direction, 2, c, k, g, (5, 6), (3, 3), 1, 1, 1)
+    run_and_check(dispatcher, p)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, Family.DIRECT))
+
+
+def test_specialisations_are_detected(dispatcher):
+    ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 2, (4, 4), (1, 1)))
+    assert ops.problem.specialization.aligned and ops.problem.specialization.pointwise
+    assert ops.problem.specialization.tag == "al11-pw"
+    ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 16, (4, 4), (3, 3), 1, 1))
+    assert ops.problem.specialization.depthwise and not ops.problem.specialization.groups_aligned
+    assert ops.problem.specialization.tag == "al10-dw"
+    ops, _ = run_and_check(dispatcher, problem("forward", 1, 3, 5, 1, (4, 4), (3, 3)))
+    assert not ops.problem.specialization.aligned
+
+
+def test_tf32(dispatcher):
+    run_and_check(dispatcher, problem("forward", 2, 8, 8, 2, (5, 5), (3, 3), 1, 1, 1, "tf32"))
+
+
+# -- epilogue ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", [Family.IMPLICIT_GEMM, Family.DIRECT], ids=lambda f: f.value)
+@pytest.mark.parametrize("epilogue", [ConvEpilogue(True, Activation.RELU, True), ConvEpilogue(True, Activation.GELU),
+                                      ConvEpilogue(False, Activation.SILU, True)], ids=lambda e: e.name)
+def test_forward_epilogue(dispatcher, epilogue, family):
+    p = problem("forward", 2, 6, 4, 2, (5, 6), (3, 3), 1, 1, 1, epilogue=epilogue)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, family))
+
+
+# -- split backward-weight --------------------------------------------------------------------------
+def _weight_config(p, split_k, mode):
+    return spec_name(ImplicitGemmConfig(ConvSignature(p.direction, p.types), 32, 16, 16, 2, 2, 2, split_k, mode))
+
+
+def test_split_workspace_is_deterministic_and_atomic_agrees(dispatcher):
+    # 3 splits over 5 pixel tiles of 16: one split gets a single tile.
+    p = problem("bwd_weight", 2, 8, 8, 2, (7, 6), (3, 3), 1, 1, 1, "fp32")
+    inputs = make_inputs(p, device=DEVICE, seed=3)
+    ops = check_operands(p.direction, **inputs.kwargs(p))
+    first = dispatcher.run(ops, kernel=_weight_config(p, 3, SplitMode.WORKSPACE)).clone()
+    second = dispatcher.run(ops, kernel=_weight_config(p, 3, SplitMode.WORKSPACE)).clone()
+    assert torch.equal(first, second)
+    plain_name = spec_name(ImplicitGemmConfig(ConvSignature(p.direction, p.types), 32, 32, 32, 4, 4, 2))
+    plain = dispatcher.run(ops, kernel=plain_name).clone()
+    torch.testing.assert_close(first, plain, rtol=1e-5, atol=1e-5)
+    atomic_name = spec_name(ImplicitGemmConfig(ConvSignature(p.direction, p.types), 16, 32, 32, 1, 2, 2, 2,
+                                               SplitMode.ATOMIC))
+    atomic = dispatcher.run(ops, kernel=atomic_name)
+    torch.testing.assert_close(atomic, plain, rtol=1e-5, atol=1e-5)
+
+
+# -- layouts, the public functions and the output --------------------------------------------------
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
+def test_contiguous_inputs_are_converted_and_said_so(dispatcher, direction):
+    p = problem(direction, 2, 4, 4, 2, (5, 5), (3, 3), 1, 1)
+    ops, _ = run_and_check(dispatcher, p, channels_last=False)
+    assert ops.problem.source_layout is SourceLayout.CONVERTED and ops.converted
+    assert "converted" in dispatcher.explain(ops.problem).to_dict()["problem"]["layout"]
+    ops, _ = run_and_check(dispatcher, p)
+    assert ops.problem.source_layout is SourceLayout.CHANNELS_LAST and not ops.converted
+
+
+def test_public_functions_match_pytorch(dispatcher):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 7, 5, generator=g).to(DEVICE, torch.float32)  # contiguous NCHW
+    w = torch.randn(4, 3, 3, 2, generator=g).to(DEVICE, torch.float32)
+    bias = torch.randn(4, generator=g).to(DEVICE, torch.float32)
+    args = dict(stride=(2, 1), padding=(1, 0), dilation=1, groups=2)
+    y = tiledispatch.conv(x, w, bias=bias, activation="relu", dispatcher=dispatcher, **args)
+    want = F.relu(F.conv2d(x.double().cpu(), w.double().cpu(), bias.double().cpu(), **args))
+    torch.testing.assert_close(y.double().cpu(), want, rtol=1e-5, atol=1e-5)
+    assert y.stride(1) == 1  # channels-last
+
+    dy = torch.randn(*want.shape, generator=g).to(DEVICE, torch.float32)
+    dx = tiledispatch.conv_backward_data(dy, w, x.shape, dispatcher=dispatcher, **args)
+    torch.testing.assert_close(dx.double().cpu(), torch.nn.grad.conv2d_input(
+        x.shape, w.double().cpu(), dy.double().cpu(), **args), rtol=1e-5, atol=1e-5)
+    dw = tiledispatch.conv_backward_weight(x, dy, w.shape[2:], dispatcher=dispatcher, **args)
+    torch.testing.assert_close(dw.double().cpu(), torch.nn.grad.conv2d_weight(
+        x.double().cpu(), w.shape, dy.double().cpu(), **args), rtol=1e-5, atol=1e-5)
+
+
+def test_public_conv_with_the_default_dispatcher():
+    x = torch.randn(1, 4, 6, device=DEVICE, dtype=torch.float16)
+    w = torch.randn(4, 1, 3, device=DEVICE, dtype=torch.float16)
+    y = tiledispatch.conv(x, w, padding=1, groups=4)
+    want = F.conv1d(x.double().cpu(), w.double().cpu(), padding=1, groups=4)
+    torch.testing.assert_close(y.double().cpu(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_out_is_written_in_place(dispatcher):
+    x = torch.randn(2, 8, 5, 5, device=DEVICE).to(memory_format=torch.channels_last)
+    w = torch.randn(8, 4, 3, 3, device=DEVICE).to(memory_format=torch.channels_last)
+    out = torch.full((2, 8, 3, 3), float("nan"), device=DEVICE).to(memory_format=torch.channels_last)
+    y = tiledispatch.conv(x, w, groups=2, out=out, dispatcher=dispatcher)
+    assert y.data_ptr() == out.data_ptr() and not torch.isnan(out).any()
+    torch.testing.assert_close(out.cpu(), F.conv2d(x.cpu(), w.cpu(), groups=2), rtol=1e-4, atol=1e-4)
+
+
+def test_strided_channels_last_views_are_read_in_place(dispatcher):
+    # A crop of a larger channels-last tensor: channels stay contiguous, pixel strides are the big tensor's.
+    big = torch.randn(2, 6, 9, 9, device=DEVICE).to(memory_format=torch.channels_last)
+    x = big[:, :, 1:7, 2:8]
+    w = torch.randn(6, 3, 3, 3, device=DEVICE)
+    ops = check_operands("forward", x=x, w=w, groups=2)
+    assert ops.converted == ("w",) and ops.x.data_ptr() == x.data_ptr()
+    y = tiledispatch.conv(x, w, groups=2, dispatcher=dispatcher)
+    torch.testing.assert_close(y.cpu(), F.conv2d(x.cpu(), w.cpu(), groups=2), rtol=1e-4, atol=1e-4)
