@@ -15,7 +15,14 @@ import torch.nn.functional as F
 import tiledispatch
 from tiledispatch import Dispatcher, Registry
 from tiledispatch.ops.conv import (
-    ConvSignature, DirectConfig, Direction, Family, ImplicitGemmConfig, SourceLayout, SplitMode, check_operands,
+    ConvSignature,
+    DirectConfig,
+    Direction,
+    Family,
+    ImplicitGemmConfig,
+    SourceLayout,
+    SplitMode,
+    check_operands,
 )
 from tiledispatch.ops.conv.inputs import make_inputs
 from tiledispatch.ops.conv.problem import ConvEpilogue
@@ -174,7 +181,7 @@ def test_public_functions_match_pytorch(dispatcher):
     x = torch.randn(2, 6, 7, 5, generator=g).to(DEVICE, torch.float32)  # contiguous NCHW
     w = torch.randn(4, 3, 3, 2, generator=g).to(DEVICE, torch.float32)
     bias = torch.randn(4, generator=g).to(DEVICE, torch.float32)
-    args = dict(stride=(2, 1), padding=(1, 0), dilation=1, groups=2)
+    args = {"stride": (2, 1), "padding": (1, 0), "dilation": 1, "groups": 2}
     y = tiledispatch.conv(x, w, bias=bias, activation="relu", dispatcher=dispatcher, **args)
     want = F.relu(F.conv2d(x.double().cpu(), w.double().cpu(), bias.double().cpu(), **args))
     torch.testing.assert_close(y.double().cpu(), want, rtol=1e-5, atol=1e-5)

@@ -129,11 +129,11 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
     direction = Direction.parse(direction)
     reads, writes = ROLES[direction]
     given = {"x": x, "w": w, "dy": dy}
-    for role in reads:
-        _tensor(given[role], role)
     for role, t in given.items():
         if role not in reads and t is not None:
             raise InvalidProblemError(f"{direction.value} takes {' and '.join(reads)}, not {role}")
+    for role in reads:
+        _tensor(given[role], role)
     tensors = {role: given[role] for role in reads}
     first = tensors[reads[0]]
     device, dims = first.device, first.dim() - 2
