@@ -1,0 +1,90 @@
+"""Conv kernels compile ahead of time for sm_90 on this GPU-less machine, one per family and stage.
+
+Compiling is real (Triton's CUDA backend and its bundled ptxas, in spawned workers),
+so a handful of specs is built once for the module; the PTX is checked for what each
+specialisation promises (tensor-core MMAs, 16-byte copies when aligned).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tiledispatch import Registry, arch
+from tiledispatch.core import kernel
+from tiledispatch.core.cache import CacheEntry, KernelCache
+from tiledispatch.ops.conv import ConvSpecialization
+
+SM90 = arch.load("sm_90")
+ALIGNED = ConvSpecialization()
+UNALIGNED = ConvSpecialization(aligned=False)
+POINTWISE = ConvSpecialization(pointwise=True)
+DEPTHWISE = ConvSpecialization(groups_aligned=False, depthwise=True)
+BUILDS = {  # kernel -> the specialisations built for it
+    "conv_fwd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED, UNALIGNED, POINTWISE),
+    "conv_fwd_bf16_igemm_32x32x32_w4_s2_g4_k1_bias-relu-res_sm90": (ALIGNED,),
+    "conv_bwdd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED,),
+    "conv_bwdw_fp16_igemm_32x16x16_w2_s2_g2_k3ws_none_sm90": (ALIGNED,),
+    "conv_bwdw_bf16_igemm_16x32x32_w2_s2_g1_k2at_none_sm90": (ALIGNED,),
+    "conv_fwd_fp16_direct_16x16_w2_k1_none_sm90": (DEPTHWISE, UNALIGNED),
+    "conv_bwdd_fp32_direct_16x16_w2_k1_none_sm90": (DEPTHWISE,),
+    "conv_bwdw_fp16_direct_32x8_w2_k3_none_sm90": (DEPTHWISE,),
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conv-build")
+    os.chmod(root, 0o700)
+    cache = KernelCache(root / "cache")
+    registry = Registry.from_rule_set("conv", "tiny", SM90)
+    results = []
+    for specialization in {s for specs in BUILDS.values() for s in specs}:
+        specs = [registry.get(name) for name, wanted in BUILDS.items() if specialization in wanted]
+        results += kernel.build_all(specs, cache, jobs=2, specializations=(specialization,))
+    return cache, registry, results
+
+
+def ptx(cache: KernelCache, spec, specialization, stage: str = "main") -> str:
+    unit = next(u for u in kernel.units(spec, specialization) if u.stage == stage)
+    entry = cache.lookup(kernel.unit_key(spec, unit, specialization))
+    assert isinstance(entry, CacheEntry), f"{spec.name} {specialization.tag} {stage} was not built"
+    return entry.read_bytes(kernel.PTX_FILE).decode()
+
+
+def test_every_build_succeeds(built):
+    _, _, results = built
+    failed = [(r.name, r.error) for r in results if not r.ok]
+    assert not failed
+    assert {r.name for r in results} == set(BUILDS)
+
+
+def test_implicit_gemm_uses_tensor_cores_and_16_byte_copies_when_aligned(built):
+    cache, registry, _ = built
+    spec = registry.get("conv_fwd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90")
+    aligned, unaligned = ptx(cache, spec, ALIGNED), ptx(cache, spec, UNALIGNED)
+    assert ".target sm_90" in aligned and "mma" in aligned and "mma" in unaligned
+    assert "cp.async.cg.shared.global" in aligned and "0x10" in aligned
+    assert "cp.async.cg.shared.global" not in unaligned
+    assert "mma" in ptx(cache, registry.get("conv_fwd_bf16_igemm_32x32x32_w4_s2_g4_k1_bias-relu-res_sm90"), ALIGNED)
+
+
+def test_split_backward_weight_builds_both_stages(built):
+    cache, registry, _ = built
+    for name in ("conv_bwdw_fp16_igemm_32x16x16_w2_s2_g2_k3ws_none_sm90",
+                 "conv_bwdw_bf16_igemm_16x32x32_w2_s2_g1_k2at_none_sm90"):
+        spec = registry.get(name)
+        assert [u.stage for u in kernel.units(spec, ALIGNED)] == ["main", "reduce"]
+        assert "mma" in ptx(cache, spec, ALIGNED)
+        assert ptx(cache, spec, ALIGNED, "reduce")
+    assert "atom.global" in ptx(cache, registry.get("conv_bwdw_bf16_igemm_16x32x32_w2_s2_g1_k2at_none_sm90"),
+                                ALIGNED)
+
+
+def test_direct_family_vectorises_depthwise_channels(built):
+    cache, registry, _ = built
+    spec = registry.get("conv_fwd_fp16_direct_16x16_w2_k1_none_sm90")
+    depthwise, unaligned = ptx(cache, spec, DEPTHWISE), ptx(cache, spec, UNALIGNED)
+    assert "mma" not in depthwise
+    assert "ld.global.v" in depthwise and "ld.global.v" not in unaligned

@@ -1,0 +1,76 @@
+"""Conv on a GPU: bf16 (which the interpreter cannot run), every family including cuDNN, and
+suite-sized problems through the default dispatcher. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiledispatch import Dispatcher, Registry
+from tiledispatch.ops.conv import Direction, Family, SplitMode, check_operands
+from tiledispatch.ops.conv.inputs import make_inputs
+
+from ...conftest import requires_gpu
+from .helpers import ARCH, DEVICE, problem, run_and_check
+
+pytestmark = requires_gpu
+DIRECTIONS = list(Direction)
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "default", ARCH), ARCH)
+
+
+def ranked(dispatcher, p, family: Family):
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    return [c.spec for c in dispatcher.explain(ops.problem).ranked if c.spec.family == family.value]
+
+
+@pytest.mark.parametrize("family", list(Family), ids=lambda f: f.value)
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_every_family_on_the_gpu(dispatcher, direction, dims, family, dtype):
+    size, filt = {1: ((37,), (3,)), 2: ((13, 11), (3, 3)), 3: ((5, 7, 6), (3, 3, 3))}[dims]
+    c, k, g = (16, 16, 16) if family is Family.DIRECT else (48, 32, 2)
+    p = problem(direction, 3, c, k, g, size, filt, 1, 1, 1, dtype)
+    specs = ranked(dispatcher, p, family)
+    assert specs, f"no {family.value} kernel for {p.describe()}"
+    run_and_check(dispatcher, p, specs[0].name)
+
+
+SUITE_LIKE = {  # the benchmark's shapes, shrunk in N
+    "resnet50_3x3": {"c": 256, "k": 256, "g": 1, "size": (14, 14), "filt": (3, 3), "stride": 1, "padding": 1},
+    "stem_7x7s2": {"c": 3, "k": 64, "g": 1, "size": (56, 56), "filt": (7, 7), "stride": 2, "padding": 3},
+    "resnext_g32": {"c": 256, "k": 256, "g": 32, "size": (28, 28), "filt": (3, 3), "stride": 1, "padding": 1},
+    "regnet_g8": {"c": 448, "k": 448, "g": 8, "size": (28, 28), "filt": (3, 3), "stride": 1, "padding": 1},
+    "depthwise_7x7": {"c": 384, "k": 384, "g": 384, "size": (28, 28), "filt": (7, 7), "stride": 1, "padding": 3},
+    "mamba_k4": {"c": 2048, "k": 2048, "g": 2048, "size": (512,), "filt": (4,), "stride": 1, "padding": 1},
+    "video_3d_g4": {"c": 128, "k": 128, "g": 4, "size": (8, 14, 14), "filt": (3, 3, 3), "stride": 1, "padding": 1},
+}
+
+
+@pytest.mark.parametrize("case", SUITE_LIKE, ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
+def test_suite_shapes_through_the_dispatcher(dispatcher, direction, case):
+    a = SUITE_LIKE[case]
+    p = problem(direction, 4, a["c"], a["k"], a["g"], a["size"], a["filt"], a["stride"], a["padding"], 1, "bf16")
+    run_and_check(dispatcher, p)
+    for family in (Family.IMPLICIT_GEMM, Family.DIRECT):
+        specs = ranked(dispatcher, p, family)
+        if specs:
+            run_and_check(dispatcher, p, specs[0].name)
+
+
+@pytest.mark.parametrize("mode", list(SplitMode), ids=lambda m: m.value)
+def test_split_backward_weight_on_the_gpu(dispatcher, mode):
+    p = problem("bwd_weight", 16, 128, 128, 4, (28, 28), (3, 3), 1, 1, 1, "bf16")
+    specs = [s for s in ranked(dispatcher, p, Family.IMPLICIT_GEMM)
+             if s.config.split_k > 1 and s.config.split_mode is mode]
+    assert specs
+    run_and_check(dispatcher, p, specs[0].name)
+
+
+def test_fp32_and_tf32_on_the_gpu(dispatcher):
+    run_and_check(dispatcher, problem("forward", 2, 32, 32, 2, (9, 9), (3, 3), 1, 1, 1, "fp32"))
+    run_and_check(dispatcher, problem("bwd_data", 2, 32, 32, 2, (9, 9), (3, 3), 2, 1, 1, "tf32"))

@@ -1,0 +1,178 @@
+"""Conv configs: each validity rule, auto-correction, `supports`, the rule sets and the ranking."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tiledispatch import InvalidConfigError, Registry, arch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.core.op import RuleSet
+from tiledispatch.ops.conv import (
+    ConvRule,
+    ConvSignature,
+    ConvTypes,
+    DirectConfig,
+    Direction,
+    ImplicitGemmConfig,
+    SplitMode,
+    VendorConfig,
+    auto_correct,
+    supports,
+    validate,
+)
+from tiledispatch.ops.conv.problem import ConvEpilogue
+from tiledispatch.ops.conv.rulesets import RULE_SETS
+from tiledispatch.ops.gemm.problem import Activation
+
+from .helpers import problem
+
+SM90 = arch.load("sm_90")
+INTERP = arch.load("interpreter")
+FWD16 = ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16))
+BWDW16 = ConvSignature(Direction.BWD_WEIGHT, ConvTypes(DType.FP16))
+GOOD = ImplicitGemmConfig(FWD16, 128, 64, 64, 8, 4, 4)
+
+
+def broken(config, target=SM90) -> set:
+    return set(validate(config, target).broken_rules())
+
+
+@pytest.mark.parametrize("change, rule", [
+    ({"block_m": 96}, ConvRule.TILE_POWER_OF_TWO),
+    ({"block_k": 8}, ConvRule.TENSOR_CORE_MINIMUM),
+    ({"block_m": 16, "block_n": 512, "num_warps": 16, "num_stages": 1}, ConvRule.TILE_MAXIMUM),
+    ({"num_warps": 3}, ConvRule.WARPS),
+    ({"num_stages": 0}, ConvRule.STAGES),
+    ({"group_m": 0}, ConvRule.GROUP_M),
+    ({"split_k": 2}, ConvRule.SPLIT_K),  # forward does not split
+    ({"signature": BWDW16, "split_k": 65}, ConvRule.SPLIT_K),
+    ({"signature": BWDW16, "split_mode": SplitMode.ATOMIC}, ConvRule.SPLIT_MODE),
+    ({"block_m": 256, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 16}, ConvRule.SHARED_MEMORY),
+    ({"block_m": 256, "block_n": 256, "num_warps": 4, "num_stages": 1, "block_k": 16}, ConvRule.REGISTER_BUDGET),
+    ({"signature": ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16, True))}, ConvRule.TF32),
+    ({"signature": ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16), ConvEpilogue(bias=True))},
+     ConvRule.EPILOGUE_DIRECTION),
+])
+def test_each_rule_breaks_alone(change, rule):
+    assert validate(GOOD, SM90).ok
+    assert broken(dataclasses.replace(GOOD, **change)) == {rule}
+
+
+def test_bf16_and_the_vendor_on_the_interpreter():
+    bf16 = dataclasses.replace(GOOD, signature=ConvSignature(Direction.FORWARD, ConvTypes(DType.BF16)))
+    assert validate(bf16, SM90).ok and broken(bf16, INTERP) == {ConvRule.DTYPE_ARCH}
+    vendor = VendorConfig(FWD16)
+    assert validate(vendor, SM90).ok and broken(vendor, INTERP) == {ConvRule.FAMILY_ARCH}
+
+
+def test_direct_rules():
+    good = DirectConfig(FWD16, 32, 64, 4)
+    assert validate(good, SM90).ok
+    assert broken(dataclasses.replace(good, block_c=48)) == {ConvRule.TILE_POWER_OF_TWO}
+    assert broken(dataclasses.replace(good, block_p=512, block_c=512, num_warps=1)) == {ConvRule.REGISTER_BUDGET}
+    assert broken(dataclasses.replace(good, split_k=4)) == {ConvRule.SPLIT_K}
+    narrow = validate(dataclasses.replace(good, block_c=4), SM90)
+    assert narrow.ok and {f.rule for f in narrow.warnings} == {ConvRule.VECTOR_WIDTH}
+
+
+def test_auto_correct_moves_the_tile_and_refuses_semantics():
+    bad = dataclasses.replace(GOOD, block_m=96, num_stages=9)
+    fixed, corrections = auto_correct(bad, SM90)
+    assert validate(fixed, SM90).ok and {c.field for c in corrections} == {"block_m", "num_stages"}
+    assert auto_correct(GOOD, SM90) == (GOOD, ())
+    big = dataclasses.replace(GOOD, block_m=256, block_n=256, block_k=64, num_stages=4)
+    fixed, _ = auto_correct(big, SM90)
+    assert validate(fixed, SM90).ok
+    direct, _ = auto_correct(DirectConfig(FWD16, 512, 512, 1), SM90)
+    assert validate(direct, SM90).ok
+    with pytest.raises(InvalidConfigError, match="tf32"):
+        auto_correct(dataclasses.replace(GOOD, signature=ConvSignature(Direction.FORWARD,
+                                                                        ConvTypes(DType.FP16, True))), SM90)
+    with pytest.raises(InvalidConfigError, match="family-arch"):
+        auto_correct(VendorConfig(FWD16), INTERP)
+
+
+def test_supports_says_why_not():
+    p = problem("forward", 2, 64, 64, 2, (8, 8), (3, 3), 1, 1)
+    assert supports(GOOD, p) is None
+    assert "bwd_weight" in supports(ImplicitGemmConfig(BWDW16, 32, 32, 32), p)
+    assert "fp32" in supports(GOOD, problem("forward", 2, 64, 64, 2, (8, 8), (3, 3), dtype="fp32"))
+    relu = problem("forward", 2, 64, 64, 2, (8, 8), (3, 3), epilogue=ConvEpilogue(activation=Activation.RELU))
+    assert "relu" in supports(GOOD, relu)
+    assert "up to 16 channels per group" in supports(DirectConfig(FWD16, 32, 64, 4), p)
+    assert supports(DirectConfig(FWD16, 32, 64, 4), problem("forward", 2, 64, 64, 64, (8, 8), (3, 3))) is None
+    assert supports(VendorConfig(FWD16), p) is None and "relu" in supports(VendorConfig(FWD16), relu)
+
+
+# -- rule sets -----------------------------------------------------------------------------------------
+def configs(rule_set: RuleSet) -> set:
+    return set(RULE_SETS[rule_set]())
+
+
+def test_rule_sets_nest():
+    tiny, tests, default, full = (configs(r) for r in (RuleSet.TINY, RuleSet.TESTS, RuleSet.DEFAULT, RuleSet.FULL))
+    assert tiny < tests < default < full
+
+
+@pytest.mark.parametrize("rule_set", list(RuleSet), ids=lambda r: r.value)
+def test_names_are_unique_and_registries_build(rule_set):
+    every = list(RULE_SETS[rule_set]())
+    assert len({c.name for c in every}) == len(every) == len(set(every))
+    registry = Registry.from_rule_set("conv", rule_set, SM90)  # raises on a repeated name
+    assert len(registry) > 0.8 * len(every)  # what sm_90 drops is the odd shared-memory or register breaker
+    assert all(validate(spec.config, SM90).ok for spec in registry)
+
+
+def test_every_signature_has_every_family():
+    registry = Registry.from_rule_set("conv", "default", SM90)
+    counts = registry.counts()
+    assert set(counts["by_family"]) == {"igemm", "direct", "vendor"}
+    assert set(counts["by_dtype"]) == {"fp16", "bf16", "fp32", "tf32"}
+    interp = Registry.from_rule_set("conv", "tiny", INTERP)
+    assert "vendor" not in interp.counts()["by_family"] and "bf16" not in interp.counts()["by_dtype"]
+
+
+def test_registry_json_round_trip():
+    registry = Registry.from_rule_set("conv", "tiny", SM90)
+    back = Registry.from_json(registry.to_json())
+    assert [s.name for s in back] == [s.name for s in registry]
+    assert [s.config for s in back] == [s.config for s in registry]
+
+
+# -- ranking -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sm90_dispatcher():
+    from tiledispatch import Dispatcher
+
+    return Dispatcher(Registry.from_rule_set("conv", "default", SM90), SM90)
+
+
+def ranked(dispatcher, p):
+    p = dataclasses.replace(p, specialization=p.dense_specialization())
+    return [c.spec for c in dispatcher.explain(p).ranked]
+
+
+def test_depthwise_prefers_the_direct_family(sm90_dispatcher):
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        p = problem(direction, 32, 384, 384, 384, (28, 28), (3, 3), 1, 1, 1, "bf16")
+        triton = [s for s in ranked(sm90_dispatcher, p) if s.family != "vendor"]
+        assert triton[0].family == "direct"
+
+
+def test_grouped_prefers_triton_and_long_weight_reductions_split(sm90_dispatcher):
+    p = problem("forward", 32, 512, 512, 16, (2048,), (3,), 1, 1, 1, "bf16")
+    assert ranked(sm90_dispatcher, p)[0].family == "igemm"
+    w = problem("bwd_weight", 32, 512, 512, 16, (2048,), (3,), 1, 1, 1, "bf16")
+    best = next(s for s in ranked(sm90_dispatcher, w) if s.family == "igemm")
+    assert best.config.split_k > 1 and best.config.split_mode is SplitMode.WORKSPACE
+
+
+def test_unaligned_channels_rank_lower():
+    from tiledispatch.ops.conv.ranking import rule_score
+
+    aligned = problem("forward", 8, 64, 64, 1, (32, 32), (3, 3), 1, 1)
+    unaligned = dataclasses.replace(aligned, specialization=dataclasses.replace(aligned.specialization,
+                                                                                aligned=False))
+    assert rule_score(GOOD, unaligned, SM90).value < rule_score(GOOD, aligned, SM90).value
