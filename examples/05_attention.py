@@ -6,7 +6,12 @@ Runs on a GPU, or on the CPU under Triton's interpreter (small shapes, fp16).
 import torch
 
 import tiledispatch
-from tiledispatch.ops.attention import AttentionOptions, Direction, check_operands, parse_causal
+from tiledispatch.ops.attention import (
+                          AttentionOptions,
+                          Direction,
+                          check_operands,
+                          parse_causal,
+)
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 q = torch.randn(1, 8, 64, 64, device=device, dtype=torch.float16, requires_grad=True)

@@ -15,9 +15,18 @@ from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
-from tiledispatch.ops.attention import AttentionOptions, check_operands, parse_causal, parse_window
+from tiledispatch.ops.attention import (
+    AttentionOptions,
+    check_operands,
+    parse_causal,
+    parse_window,
+)
 from tiledispatch.ops.attention.dropout import keep_mask
-from tiledispatch.ops.attention.reference import compare_tensors, reference_from, tolerance
+from tiledispatch.ops.attention.reference import (
+    compare_tensors,
+    reference_from,
+    tolerance,
+)
 
 from ...conftest import on_gpu
 
@@ -25,7 +34,7 @@ ARCH = current_arch()
 DEVICE = "cuda" if on_gpu() else "cpu"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dispatcher(*families: str, rule_set: str = "tiny") -> Dispatcher:
     """The rule set's kernels of these families only (default: the forward and the deterministic backward)."""
     families = families or ("fwd", "bwd")

@@ -11,7 +11,11 @@ from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.attention import AttentionOptions, check_operands
-from tiledispatch.ops.attention.reference import compare_tensors, reference_from, tolerance
+from tiledispatch.ops.attention.reference import (
+    compare_tensors,
+    reference_from,
+    tolerance,
+)
 
 from ...conftest import requires_gpu
 from .helpers import check, randn

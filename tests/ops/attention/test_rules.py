@@ -6,14 +6,24 @@ from dataclasses import replace
 import pytest
 
 from tiledispatch import arch
+from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.errors import InvalidConfigError
 from tiledispatch.core.op import OpKind, RuleSet, get_op
 from tiledispatch.core.registry import Registry
-from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.ops.attention import (
-    AttentionConfig, AttentionProblem, AttentionRule, AttentionVariant, Direction, Family, MaskKind, VendorConfig,
-    Window, auto_correct, supports, validate,
+    AttentionConfig,
+    AttentionProblem,
+    AttentionRule,
+    AttentionVariant,
+    Direction,
+    Family,
+    MaskKind,
+    VendorConfig,
+    Window,
+    auto_correct,
+    supports,
+    validate,
 )
 from tiledispatch.ops.attention.plan import kernel_units
 from tiledispatch.ops.attention.ranking import computed_pairs, rule_score
