@@ -15,7 +15,7 @@ from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.core.dtypes import DType
-from tiledispatch.ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
+from tiledispatch.ops.gemm import Alignment, GemmLayout, GemmProblem, GemmTypes, check_operands
 from tiledispatch.ops.gemm.inputs import make_inputs
 from tiledispatch.ops.gemm.problem import Activation, Epilogue
 from tiledispatch.ops.gemm.reference import compare
@@ -75,7 +75,10 @@ def test_every_tests_tile_in_bf16_with_split_k():
     registry = Registry.from_rule_set("gemm", "tests", arch)
     dispatcher = Dispatcher(registry, arch)
     problem = GemmProblem(77, 93, 515, types=GemmTypes.parse("bf16"), epilogue=Epilogue(True, Activation.GELU, True))
-    names = [s.name for s in registry if s.definition.supports(s.config, problem) is None]
+    # Odd sizes leave no operand 16-byte aligned: the data's alignment, not the default, decides support.
+    unaligned = replace(problem, alignment=Alignment(*[False] * 6))
+    names = [s.name for s in registry if s.definition.supports(s.config, unaligned) is None]
+    assert not any("tma-persistent" in n for n in names)
     assert any("_k1_" not in n for n in names)
     for name in names:
         _check(problem, dispatcher, kernel=name)
