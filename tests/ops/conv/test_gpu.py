@@ -74,3 +74,20 @@ def test_split_backward_weight_on_the_gpu(dispatcher, mode):
 def test_fp32_and_tf32_on_the_gpu(dispatcher):
     run_and_check(dispatcher, problem("forward", 2, 32, 32, 2, (9, 9), (3, 3), 1, 1, 1, "fp32"))
     run_and_check(dispatcher, problem("bwd_data", 2, 32, 32, 2, (9, 9), (3, 3), 2, 1, 1, "tf32"))
+
+
+def test_vendor_without_out_hands_back_cudnn_storage(dispatcher):
+    import torch
+    import torch.nn.functional as F
+
+    import tiledispatch
+
+    x = torch.randn(4, 64, 14, 14, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    w = torch.randn(64, 8, 3, 3, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    p = check_operands("forward", x=x, w=w, padding=1, groups=8).problem
+    vendor = next(c.spec.name for c in dispatcher.explain(p).ranked if c.spec.family == "vendor")
+    y = tiledispatch.conv(x, w, padding=1, groups=8, kernel=vendor, dispatcher=dispatcher)
+    torch.testing.assert_close(y, F.conv2d(x, w, padding=1, groups=8))
+    dx = tiledispatch.conv_backward_data(y, w, x.shape, padding=1, groups=8, kernel=vendor.replace("fwd", "bwdd"),
+                                         dispatcher=dispatcher)
+    assert dx.shape == x.shape and torch.isfinite(dx).all()
