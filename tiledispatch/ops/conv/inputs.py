@@ -36,7 +36,7 @@ class ConvInputs:
 
 
 def _tensor(shape, dtype, device, generator, scale: float, channels_last: bool) -> torch.Tensor:
-    values = torch.randn(*shape, generator=generator) * scale
+    values = torch.randn(*shape, generator=generator, device=generator.device) * scale
     if not channels_last:
         return values.to(device=device, dtype=dtype)
     out = channels_last_empty(tuple(shape), dtype, device)
@@ -45,7 +45,8 @@ def _tensor(shape, dtype, device, generator, scale: float, channels_last: bool) 
 
 
 def make_inputs(problem: ConvProblem, device="cpu", seed: int = 0, channels_last: bool = True) -> ConvInputs:
-    g = torch.Generator().manual_seed(seed)
+    # Drawn where they will live: a CPU draw of a benchmark-sized tensor takes longer than the conv.
+    g = torch.Generator(device=device).manual_seed(seed)
     p = problem
     dtype = p.types.dtype.torch
     taps = math.prod(p.filter_size)
@@ -61,7 +62,7 @@ def make_inputs(problem: ConvProblem, device="cpu", seed: int = 0, channels_last
     x = make(x_shape) if p.direction is not Direction.BWD_DATA else None
     w = make(w_shape) if p.direction is not Direction.BWD_WEIGHT else None
     dy = make(y_shape) if p.direction is not Direction.FORWARD else None
-    bias = (torch.randn(p.k, generator=g) * 0.5).to(device=device, dtype=dtype) if p.epilogue.bias else None
+    bias = (torch.randn(p.k, generator=g, device=g.device) * 0.5).to(dtype) if p.epilogue.bias else None
     residual = make(y_shape, 1.0) if p.epilogue.residual else None
     out_shape = {Direction.FORWARD: y_shape, Direction.BWD_DATA: x_shape, Direction.BWD_WEIGHT: w_shape}[p.direction]
     out = channels_last_empty(out_shape, dtype, device).fill_(float("nan"))

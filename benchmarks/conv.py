@@ -1,0 +1,372 @@
+"""The grouped-convolution suite on the GPU, side by side with cuDNN measured in the same run.
+
+For every case of benchmarks/suites/conv.json (a copy of ../shared/suites/conv.json),
+every direction (forward, bwd_data, bwd_weight) and every dtype, channels-last:
+  - cuDNN through PyTorch (F.conv{1,2,3}d, aten.convolution_backward), timed;
+  - the Triton candidates of the registry that support the problem (the best `--top` of
+    each family by the `rules` ranking, 0 for all), each checked against an fp32 cuDNN
+    reference before it is timed; the fastest is the oracle;
+  - the `rules` pick among the Triton kernels, and the dispatcher's pick with cuDNN as a
+    candidate.
+Times are CUDA-event medians of CUDA-graph replays (no host time in them), with input
+sets rotated so that the working set is beyond L2. TFLOP/s and TB/s (the fewest bytes
+the conv must move) are reported for each.
+
+    python benchmarks/conv.py --out benchmarks/results/h200 [--dtypes bf16,fp16]
+        [--directions forward,bwd_data,bwd_weight] [--cases NAME,...] [--top 8]
+
+Writes conv.csv (one row per case, direction, dtype and provider), conv_summary.json and conv.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import tiledispatch  # noqa: F401  (first: it picks the backend)
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.errors import TiledispatchError
+from tiledispatch.core.kernel import build_all
+from tiledispatch.core.registry import Registry
+from tiledispatch.core.runtime import current_arch
+from tiledispatch.ops.conv import ConvProblem, ConvTypes, Direction, check_operands
+from tiledispatch.ops.conv.inputs import make_inputs
+
+SUITE = Path(__file__).parent / "suites" / "conv.json"
+L2_BYTES = 60 * 2**20
+COPY_BANDWIDTH = 4.25e12  # device-to-device copy on the H200, bytes read + written (ANCHORS.md)
+GPU_SECONDS_PER_KERNEL = 0.03  # timing budget per candidate and case: sets the repeat count
+TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+FIELDS = ["case", "direction", "dtype", "n", "c", "k", "g", "provider", "kernel", "ms", "tflops", "tbps",
+          "ratio_vs_vendor", "rel_error"]
+
+
+def problem_of(case: dict, direction: Direction, dtype: str) -> ConvProblem:
+    return ConvProblem(direction, case["N"], case["C"], case["K"], case["G"], tuple(case["input"]),
+                       tuple(case["filter"]), case["stride"], tuple(case["pad"]), case["dilation"],
+                       ConvTypes.parse(dtype))
+
+
+def make_sets(p: ConvProblem) -> list[dict]:
+    """Checked operands for enough input sets that rotating through them defeats L2."""
+    count = max(2, min(8, math.ceil(3 * L2_BYTES / p.bytes())))
+    sets = []
+    for seed in range(count):
+        inputs = make_inputs(p, device="cuda", seed=seed)
+        kwargs = inputs.kwargs(p)
+        kwargs["out"] = None  # each call allocates, as a caller without `out` does
+        sets.append({"inputs": inputs, "ops": check_operands(p.direction, **kwargs)})
+    return sets
+
+
+def cudnn_fn(p: ConvProblem):
+    """The vendor call a PyTorch user makes for this direction."""
+    args = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
+    conv = CONV[p.spatial_dims]
+    if p.direction is Direction.FORWARD:
+        return lambda s: conv(s["inputs"].x, s["inputs"].w, **args)
+    mask = [p.direction is Direction.BWD_DATA, p.direction is Direction.BWD_WEIGHT, False]
+    index = 0 if p.direction is Direction.BWD_DATA else 1
+
+    def backward(s):
+        i = s["inputs"]
+        x = i.x if i.x is not None else i.dy.new_empty(1).expand(p.n, p.c, *p.input_size)
+        w = i.w if i.w is not None else i.dy.new_empty(1).expand(p.k, p.c_per_group, *p.filter_size)
+        return torch.ops.aten.convolution_backward(i.dy, x, w, None, list(p.stride), list(p.padding),
+                                                   list(p.dilation), False, [0] * p.spatial_dims, p.groups,
+                                                   mask)[index]
+    return backward
+
+
+def reference(p: ConvProblem, s: dict) -> torch.Tensor:
+    """fp32 cuDNN without tf32: accurate enough to judge bf16 and fp16 kernels."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        i = s["inputs"]
+        as32 = lambda t: None if t is None else t.float()
+        fp32 = {"inputs": type(i)(as32(i.x), as32(i.w), as32(i.dy), None, None, i.out)}
+        return cudnn_fn(p)(fp32).float()
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def median_ms(fn, sets, repeats: int) -> float:
+    """GPU time per call: `repeats` calls over the rotating sets captured in one CUDA graph, median of 5 replays."""
+    for i in range(2):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    calls = max(repeats, len(sets))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(sets[i % len(sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
+
+
+def call(dispatcher: Dispatcher, spec):
+    return lambda s: dispatcher.run(s["ops"], kernel=spec)
+
+
+def candidates(dispatcher: Dispatcher, p: ConvProblem, top: int):
+    """The Triton candidates to time (best `top` of each family by the rules), and the explanation."""
+    explanation = dispatcher.explain(p)
+    chosen, per_family = [], {}
+    for c in explanation.ranked:
+        if c.spec.family == "vendor":
+            continue
+        per_family[c.spec.family] = per_family.get(c.spec.family, 0) + 1
+        if not top or per_family[c.spec.family] <= top:
+            chosen.append(c.spec)
+    return chosen, explanation
+
+
+def precompile(dispatcher: Dispatcher, work: list, workers: int) -> None:
+    """Compiles every (candidate, specialisation) the run will time, in parallel, before timing."""
+    by_specialization: dict = {}
+    for entry in work:
+        by_specialization.setdefault(entry["problem"].specialization, set()).update(entry["triton"])
+    for specialization, specs in by_specialization.items():
+        start = time.perf_counter()
+        results = build_all(sorted(specs, key=lambda s: s.name), dispatcher.cache, workers,
+                            specializations=(specialization,))
+        failed = [r for r in results if not r.ok]
+        print(f"built {len(results) - len(failed)} kernels for {specialization.tag} in "
+              f"{time.perf_counter() - start:.0f} s" + (f"; {len(failed)} failed: {failed[0].error[:300]}"
+                                                         if failed else ""), flush=True)
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def percentile(values, q):
+    values = sorted(values)
+    if not values:
+        return None
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def run_case(dispatcher, entry, writer_rows) -> dict:
+    p, case, dtype = entry["problem"], entry["case"], entry["dtype"]
+    sets = make_sets(p)
+    ref = reference(p, sets[0])
+    flops, moved = p.flops(), p.bytes()
+
+    def record(provider, kernel, ms, err):
+        row = {"case": case["name"], "direction": p.direction.value, "dtype": dtype, "n": p.n, "c": p.c, "k": p.k,
+               "g": p.groups, "provider": provider, "kernel": kernel, "ms": None if ms is None else round(ms, 5),
+               "tflops": None if ms is None else round(flops / ms / 1e9, 3),
+               "tbps": None if ms is None else round(moved / ms / 1e9, 4), "ratio_vs_vendor": None,
+               "rel_error": None if err is None else f"{err:.2e}"}
+        writer_rows.append(row)
+        return row
+
+    vendor = cudnn_fn(p)
+    vendor_ms = median_ms(vendor, sets, 20)
+    record("cudnn", "torch " + ("F.conv" if p.direction is Direction.FORWARD else "convolution_backward"),
+           vendor_ms, rel_error(vendor(sets[0]), ref))
+    times, estimate = {}, vendor_ms
+    for spec in entry["triton"]:
+        fn = call(dispatcher, spec)
+        try:
+            err = rel_error(fn(sets[0]), ref)
+        except (TiledispatchError, RuntimeError) as e:  # does not build or launch here: reported, not fatal
+            record("triton-failed", spec.name, None, None)
+            print(f"FAILED {case['name']} {p.direction.value} {dtype} {spec.name}: {str(e)[:300]}", flush=True)
+            continue
+        if not err <= TOLERANCE[dtype]:
+            record("triton-rejected", spec.name, None, err)
+            print(f"WRONG RESULT {case['name']} {p.direction.value} {dtype} {spec.name}: rel error {err:.2e}",
+                  flush=True)
+            continue
+        repeats = max(5, min(25, int(GPU_SECONDS_PER_KERNEL * 1e3 / max(estimate, 1e-3))))
+        times[spec.name] = median_ms(fn, sets, repeats)
+        record("triton-candidate", spec.name, times[spec.name], err)
+    explanation = entry["explanation"]
+    selected = next((c.spec.name for c in explanation.ranked if c.spec.name in times), None)
+    oracle = min(times, key=times.get) if times else None
+    # The dispatcher as a user gets it: its own selection (cuDNN a candidate), falling back past a
+    # kernel that fails to build.
+    pick = dispatcher.select(sets[0]["ops"].problem).name
+    dispatch_ms = times.get(pick)
+    if pick not in times:
+        dispatch_ms = median_ms(call(dispatcher, None), sets, 20)
+        pick = dispatcher.select(sets[0]["ops"].problem).name
+    result = {"case": case["name"], "direction": p.direction.value, "dtype": dtype, "groups": p.groups,
+              "depthwise": p.depthwise, "flops": flops, "bytes": moved, "cudnn_ms": vendor_ms,
+              "selected": selected, "selected_ms": times.get(selected), "oracle": oracle,
+              "oracle_ms": times.get(oracle), "dispatcher": pick, "dispatcher_ms": dispatch_ms}
+    for provider, name, ms in (("triton-selected", selected, result["selected_ms"]),
+                               ("triton-oracle", oracle, result["oracle_ms"]), ("dispatcher", pick, dispatch_ms)):
+        record(provider, name, ms, None)
+    for row in writer_rows:
+        if row["ms"] and row["provider"] != "cudnn":
+            row["ratio_vs_vendor"] = round(vendor_ms / row["ms"], 4)
+    tf = lambda ms: flops / ms / 1e9 if ms else float("nan")
+    print(f"{case['name']:<26} {p.direction.value:<10} {dtype:<5} cudnn {tf(vendor_ms):7.1f}  selected "
+          f"{tf(result['selected_ms']):7.1f}  oracle {tf(result['oracle_ms']):7.1f}  dispatcher "
+          f"{tf(dispatch_ms):7.1f} TFLOP/s  ({moved / (dispatch_ms or math.nan) / 1e9:.2f} TB/s)", flush=True)
+    del sets, ref
+    torch.cuda.empty_cache()
+    return result
+
+
+def summarize(results: list[dict]) -> dict:
+    def ratio(subset, key):
+        return [e["cudnn_ms"] / e[key] for e in subset if e.get(key)]
+
+    grouped = [e for e in results if e["groups"] >= 8]
+    dense = [e for e in results if e["groups"] == 1]
+    depthwise = [e for e in results if e["depthwise"]]
+    efficiency = [e["oracle_ms"] / e["selected_ms"] for e in results if e["selected_ms"]]
+    dispatcher_ratio = ratio(results, "dispatcher_ms")
+
+    def fraction(key):
+        return [e["bytes"] / (e[key] * 1e-3) / COPY_BANDWIDTH for e in depthwise if e.get(key)]
+
+    return {
+        "geomean_ratio_grouped": geomean(ratio(grouped, "dispatcher_ms")),
+        "geomean_ratio_grouped_triton_selected": geomean(ratio(grouped, "selected_ms")),
+        "geomean_ratio_dense": geomean(ratio(dense, "selected_ms")),  # the Triton kernels alone
+        "geomean_ratio_dense_triton_oracle": geomean(ratio(dense, "oracle_ms")),
+        "geomean_ratio_dense_dispatcher": geomean(ratio(dense, "dispatcher_ms")),
+        "geomean_ratio_dispatcher": geomean(dispatcher_ratio),
+        "min_ratio_dispatcher": min(dispatcher_ratio) if dispatcher_ratio else None,
+        "bandwidth_fraction_depthwise": statistics.mean(fraction("dispatcher_ms")) if depthwise else None,
+        "bandwidth_fraction_depthwise_triton_selected": (statistics.mean(fraction("selected_ms"))
+                                                         if fraction("selected_ms") else None),
+        "bandwidth_fraction_depthwise_cudnn": statistics.mean(fraction("cudnn_ms")) if depthwise else None,
+        "selection_efficiency_mean": statistics.mean(efficiency) if efficiency else None,
+        "selection_efficiency_median": statistics.median(efficiency) if efficiency else None,
+        "selection_efficiency_p10": percentile(efficiency, 0.10),
+        "selection_efficiency_min": min(efficiency) if efficiency else None,
+        "per_direction": {d.value: {"geomean_ratio_dispatcher": geomean(ratio(
+            [e for e in results if e["direction"] == d.value], "dispatcher_ms")),
+            "geomean_ratio_triton_selected": geomean(ratio(
+                [e for e in results if e["direction"] == d.value], "selected_ms"))} for d in Direction},
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is missing (the `bench` extra): no plot", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({e["dtype"] for e in results})
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(18, 5 * len(dtypes)), squeeze=False)
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        subset = [e for e in results if e["dtype"] == dtype]
+        x = range(len(subset))
+        for key, label, marker in (("selected_ms", "Triton, rules pick", "o"), ("oracle_ms", "Triton, oracle", "^"),
+                                   ("dispatcher_ms", "dispatcher (with cuDNN)", "s")):
+            ys = [e["cudnn_ms"] / e[key] if e.get(key) else float("nan") for e in subset]
+            ax.scatter(x, ys, label=label, marker=marker, s=22)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{dtype}: speed / cuDNN")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([f"{e['case']} {e['direction']}" for e in subset], rotation=80, fontsize=6)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--directions", default="forward,bwd_data,bwd_weight")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--top", type=int, default=8, help="Triton candidates timed per family (0: all)")
+    parser.add_argument("--rule-set", default="default")
+    parser.add_argument("--jobs", type=int, default=16)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    suite = json.loads(SUITE.read_text())
+    cases = [c for c in suite["cases"] if not args.cases or c["name"] in args.cases.split(",")]
+    directions = [Direction.parse(d) for d in args.directions.split(",")]
+    arch = current_arch()
+    dispatcher = Dispatcher(Registry.from_rule_set("conv", args.rule_set, arch), arch)
+
+    work = []
+    for case in cases:
+        for direction in directions:
+            for dtype in args.dtypes.split(","):
+                p = problem_of(case, direction, dtype)
+                # What make_sets' fresh dense channels-last tensors will be specialised on.
+                p = replace(p, specialization=p.dense_specialization())
+                triton, explanation = candidates(dispatcher, p, args.top)
+                work.append({"case": case, "dtype": dtype, "problem": p, "triton": triton,
+                             "explanation": explanation})
+    torch.cuda.empty_cache()
+    precompile(dispatcher, work, args.jobs)
+
+    results, rows = [], []
+    csv_path = args.out / "conv.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for entry in work:
+            case_rows: list[dict] = []
+            results.append(run_case(dispatcher, entry, case_rows))
+            writer.writerows(case_rows)
+            f.flush()
+            rows += case_rows
+
+    summary = summarize(results)
+    summary.update({
+        "cases": len(results),
+        "command": "python " + " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "rule_set": args.rule_set,
+        "top_per_family": args.top,
+        "seconds": round(time.perf_counter() - started, 1),
+    })
+    (args.out / "conv_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(results, args.out / "conv.png")
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_direction"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
