@@ -196,4 +196,4 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
         return (cdiv(pixels_out, bp), cdiv(p.k, bc), 1)
     if d is Direction.BWD_DATA:
         return (cdiv(pixels_in, bp), cdiv(p.c, bc), 1)
-    return (cdiv(p.k * p.c_per_group, bc), taps, config.split_k)
+    return (cdiv(p.k * p.c_per_group, bc), config.split_k, 1)

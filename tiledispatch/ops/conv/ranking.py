@@ -169,7 +169,7 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     elif p.direction is Direction.BWD_DATA:
         rows, lanes, programs_axis = pixels_in, p.c, 1
     else:
-        rows, lanes, programs_axis = pixels_out, p.k * p.c_per_group, taps * config.split_k
+        rows, lanes, programs_axis = pixels_out, p.k * p.c_per_group, config.split_k
     lane_use = tile_efficiency(lanes, config.block_c)
     row_use = tile_efficiency(rows, config.block_p) if p.direction is not Direction.BWD_WEIGHT else 1.0
     threads = config.num_warps * 32
@@ -191,9 +191,8 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     efficiency *= SPILL_PENALTY if spills else 1.0
     bytes_moved = p.bytes()
     if p.direction is Direction.BWD_WEIGHT:
-        # Each tap's programs re-read dy and x: from L2 when they fit, else from memory.
-        reread = (taps - 1) * (bytes_moved - p.k * p.c_per_group * taps * item)
-        bytes_moved += reread / (L2_REUSE if bytes_moved < arch.l2_bytes else 1.0)
+        # Each program re-reads its pixels' dy and x once per tap, mostly from L1/L2.
+        bytes_moved += (taps - 1) * (bytes_moved - p.k * p.c_per_group * taps * item) / (4 * L2_REUSE)
     memory_s = bytes_moved / (bandwidth * efficiency)
     hits = _stride_hit_rate(p)
     compute_s = p.flops() / (fma * lane_use * row_use * waves * hits)

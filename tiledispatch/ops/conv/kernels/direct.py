@@ -127,18 +127,18 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                            VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
-    """Lanes are weights (k, c) of one tap (grid axis 1); pixels split over SPLIT_K programs (axis 2).
+    """Lanes are weights (k, c), over every tap; the pixels split over SPLIT_K programs (grid axis 1).
 
-    Products are summed per lane in a BLOCK_P x BLOCK_C tile and reduced over pixels
-    once at the end. With SPLIT_K > 1 the sums go to the fp32 workspace
-    [SPLIT_K, K, taps, C/G] that `conv_weight_reduce` finishes.
+    Taps are the outer loop and this program's pixels the inner one, so the dy and x
+    rows a program reads for its first tap are still in L1/L2 for the others: memory
+    sees each byte about once, not once per tap. Products are summed per lane in a
+    BLOCK_P x BLOCK_C tile and reduced over pixels once per tap. With SPLIT_K > 1 the
+    sums go to the fp32 workspace [SPLIT_K, K, taps, C/G] that `conv_weight_reduce` finishes.
     """
     pid_c = tl.program_id(0)
-    tap = tl.program_id(1)
-    pid_s = tl.program_id(2)
+    pid_s = tl.program_id(1)
     K = G * KG // VEC * VEC
     taps = FZ * FY * FX
-    fz, fy, fx = split_tap(tap, FY, FX)
     offs_j = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)  # flat (k, c) over K x C/G
     in_j = offs_j < K * CG
     if DEPTHWISE:
@@ -155,27 +155,28 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     per_split = tl.cdiv(p_tiles, SPLIT_K)
     p_first = pid_s * per_split
     p_last = min(p_first + per_split, p_tiles)
-    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    for pt in range(p_first, p_last):
-        offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
-        in_p = offs_p < P
-        n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
-        dy_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
-                  + ow * (syw // VEC * VEC))
-        dyv = tl.load(y_ptr + dy_row[:, None] + k[None, :], mask=in_p[:, None] & in_j[None, :], other=0.0)
-        idd, ok_d = source_of(od, fz, D, SD, PD, DD)
-        ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
-        iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
-        ok = in_p & ok_d & ok_h & ok_w
-        x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
-                 + iw * (sxw // VEC * VEC))
-        xv = tl.load(x_ptr + x_row[:, None] + x_ch[None, :], mask=ok[:, None] & in_j[None, :], other=0.0)
-        acc += dyv.to(tl.float32) * xv.to(tl.float32)
-    total = tl.sum(acc, axis=0)
-
-    if SPLIT_K == 1:
-        w_off = k.to(tl.int64) * swk + fz * swz + fy * swy + fx * swx + c
-        tl.store(w_ptr + w_off, total.to(w_ptr.dtype.element_ty), mask=in_j)
-    else:
-        slab = pid_s.to(tl.int64) * K * taps * CG
-        tl.store(ws_ptr + slab + (k.to(tl.int64) * taps + tap) * CG + c, total, mask=in_j)
+    for tap in range(taps):
+        fz, fy, fx = split_tap(tap, FY, FX)
+        acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+        for pt in range(p_first, p_last):
+            offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+            in_p = offs_p < P
+            n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
+            dy_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
+                      + ow * (syw // VEC * VEC))
+            dyv = tl.load(y_ptr + dy_row[:, None] + k[None, :], mask=in_p[:, None] & in_j[None, :], other=0.0)
+            idd, ok_d = source_of(od, fz, D, SD, PD, DD)
+            ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
+            iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
+            ok = in_p & ok_d & ok_h & ok_w
+            x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
+                     + iw * (sxw // VEC * VEC))
+            xv = tl.load(x_ptr + x_row[:, None] + x_ch[None, :], mask=ok[:, None] & in_j[None, :], other=0.0)
+            acc += dyv.to(tl.float32) * xv.to(tl.float32)
+        total = tl.sum(acc, axis=0)
+        if SPLIT_K == 1:
+            w_off = k.to(tl.int64) * swk + fz * swz + fy * swy + fx * swx + c
+            tl.store(w_ptr + w_off, total.to(w_ptr.dtype.element_ty), mask=in_j)
+        else:
+            slab = pid_s.to(tl.int64) * K * taps * CG
+            tl.store(ws_ptr + slab + (k.to(tl.int64) * taps + tap) * CG + c, total, mask=in_j)
