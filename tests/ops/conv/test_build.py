@@ -25,6 +25,8 @@ BUILDS = {  # kernel -> the specialisations built for it
     "conv_fwd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED, UNALIGNED, POINTWISE),
     "conv_fwd_bf16_igemm_32x32x32_w4_s2_g4_k1_bias-relu-res_sm90": (ALIGNED,),
     "conv_bwdd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED,),
+    "conv_fwd_bf16_igemm_128x64x64_w4_s3_g8_k1_gt8_none_sm90": (ALIGNED,),
+    "conv_bwdd_fp16_igemm_128x32x32_w4_s3_g8_k1_gt4_none_sm90": (ALIGNED,),
     "conv_bwdw_fp16_igemm_32x16x16_w2_s2_g2_k3ws_none_sm90": (ALIGNED,),
     "conv_bwdw_bf16_igemm_16x32x32_w2_s2_g1_k2at_none_sm90": (ALIGNED,),
     "conv_fwd_fp16_direct_16x16_w2_k1_none_sm90": (DEPTHWISE, UNALIGNED),
@@ -38,7 +40,7 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("conv-build")
     os.chmod(root, 0o700)
     cache = KernelCache(root / "cache")
-    registry = Registry.from_rule_set("conv", "tiny", SM90)
+    registry = Registry.from_rule_set("conv", "default", SM90)
     results = []
     for specialization in {s for specs in BUILDS.values() for s in specs}:
         specs = [registry.get(name) for name, wanted in BUILDS.items() if specialization in wanted]

@@ -50,7 +50,7 @@ def best_of(dispatcher, p, family: Family) -> str:
 # -- every tile of the `tests` rule set ------------------------------------------------------
 def _tiles(direction):
     weight = direction is Direction.BWD_WEIGHT
-    gemm = [t for t in TESTS_GEMM if t.split_k == 1 or weight]
+    gemm = [t for t in TESTS_GEMM if (t.split_k == 1 or weight) and (t.groups_per_tile == 1 or not weight)]
     direct = [t for t in TESTS_DIRECT if t.split_k == 1 or weight]
     return [(direction, t) for t in gemm + direct]
 
@@ -70,7 +70,7 @@ def test_every_tile(dispatcher, case, dtype):
     sig = ConvSignature(direction, p.types)
     if hasattr(t, "block_m"):
         config = ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps, t.num_stages,
-                                    t.split_k, t.split_mode)
+                                    t.split_k, t.split_mode, t.groups_per_tile)
     else:
         config = DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k)
     run_and_check(dispatcher, p, spec_name(config))
@@ -222,3 +222,15 @@ def test_strided_channels_last_views_are_read_in_place(dispatcher):
     assert ops.converted == ("w",) and ops.x.data_ptr() == x.data_ptr()
     y = tiledispatch.conv(x, w, groups=2, dispatcher=dispatcher)
     torch.testing.assert_close(y.cpu(), F.conv2d(x.cpu(), w.cpu(), groups=2), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("merged", [2, 4])
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+def test_merged_groups_on_aligned_channels(dispatcher, direction, merged):
+    # 8 fp16 channels per group (16 bytes, the vectorised path), 5 groups: the last tile is partial.
+    p = problem(direction, 2, 40, 40, 5, (5, 6), (3, 3), 1, 1, 1)
+    tile = next(t for t in TESTS_GEMM if t.groups_per_tile == merged)
+    config = ImplicitGemmConfig(ConvSignature(direction, p.types), tile.block_m, tile.block_n, tile.block_k,
+                                tile.group_m, tile.num_warps, tile.num_stages, groups_per_tile=merged)
+    ops, _ = run_and_check(dispatcher, p, spec_name(config))
+    assert ops.problem.specialization.groups_aligned

@@ -49,6 +49,8 @@ def broken(config, target=SM90) -> set:
     ({"split_k": 2}, ConvRule.SPLIT_K),  # forward does not split
     ({"signature": BWDW16, "split_k": 65}, ConvRule.SPLIT_K),
     ({"signature": BWDW16, "split_mode": SplitMode.ATOMIC}, ConvRule.SPLIT_MODE),
+    ({"groups_per_tile": 3}, ConvRule.GROUP_MERGE),
+    ({"signature": BWDW16, "groups_per_tile": 4}, ConvRule.GROUP_MERGE),
     ({"block_m": 256, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 16}, ConvRule.SHARED_MEMORY),
     ({"block_m": 256, "block_n": 256, "num_warps": 4, "num_stages": 1, "block_k": 16}, ConvRule.REGISTER_BUDGET),
     ({"signature": ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16, True))}, ConvRule.TF32),
@@ -167,6 +169,12 @@ def test_grouped_prefers_triton_and_long_weight_reductions_split(sm90_dispatcher
     w = problem("bwd_weight", 32, 512, 512, 16, (2048,), (3,), 1, 1, 1, "bf16")
     best = next(s for s in ranked(sm90_dispatcher, w) if s.family == "igemm")
     assert best.config.split_k > 1 and best.config.split_mode is SplitMode.WORKSPACE
+
+
+def test_small_groups_are_merged(sm90_dispatcher):
+    p = problem("forward", 32, 256, 256, 32, (28, 28), (3, 3), 1, 1, 1, "bf16")  # ResNeXt: C/G = K/G = 8
+    best = next(s for s in ranked(sm90_dispatcher, p) if s.family == "igemm")
+    assert best.config.groups_per_tile > 1
 
 
 def test_unaligned_channels_rank_lower():

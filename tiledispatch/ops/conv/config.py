@@ -58,13 +58,15 @@ class ImplicitGemmConfig:
     num_stages: int = 3
     split_k: int = 1  # backward-weight only: programs sharing one tile of dw
     split_mode: SplitMode = SplitMode.WORKSPACE
+    groups_per_tile: int = 1  # > 1: that many groups merged into one block-diagonal tile (small C/G, K/G)
     family: Family = Family.IMPLICIT_GEMM
 
     @property
     def name(self) -> str:
         split = f"k{self.split_k}" + (self.split_mode.value if self.split_k > 1 else "")
+        merge = f"_gt{self.groups_per_tile}" if self.groups_per_tile > 1 else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_m}x{self.block_n}x{self.block_k}"
-                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{split}_{self.signature.epilogue.name}")
+                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{split}{merge}_{self.signature.epilogue.name}")
 
     @property
     def workspace_slabs(self) -> int:

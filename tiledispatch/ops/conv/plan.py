@@ -64,7 +64,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
                       "GROUP_M": config.group_m, "SPLIT_K": config.split_k,
                       "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1, **epilogue,
                       "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec,
-                      "POINTWISE": specialization.pointwise}
+                      "POINTWISE": specialization.pointwise, "GROUPS_PER_TILE": config.groups_per_tile}
         warps, stages = config.num_warps, config.num_stages
     else:
         constexprs = {"BLOCK_P": config.block_p, "BLOCK_C": config.block_c, "SPLIT_K": config.split_k, **epilogue,
@@ -185,11 +185,11 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
     pixels_in = p.n * math.prod(p.input_size)
     d = p.direction
     if isinstance(config, ImplicitGemmConfig):
-        bm, bn = config.block_m, config.block_n
+        bm, bn, merged = config.block_m, config.block_n, config.groups_per_tile
         if d is Direction.FORWARD:
-            return (cdiv(pixels_out, bm) * cdiv(p.k_per_group, bn), p.groups, 1)
+            return (cdiv(pixels_out, bm) * cdiv(merged * p.k_per_group, bn), cdiv(p.groups, merged), 1)
         if d is Direction.BWD_DATA:
-            return (cdiv(pixels_in, bm) * cdiv(p.c_per_group, bn), p.groups, 1)
+            return (cdiv(pixels_in, bm) * cdiv(merged * p.c_per_group, bn), cdiv(p.groups, merged), 1)
         return (taps * cdiv(p.k_per_group, bm) * cdiv(p.c_per_group, bn), p.groups, config.split_k)
     bp, bc = config.block_p, config.block_c
     if d is Direction.FORWARD:

@@ -112,8 +112,10 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
             math.ceil(v.depth / config.block_k) * config.block_k)
         tile_n = tile_efficiency(p.c_per_group, config.block_n)
     else:
-        tile_k = tile_efficiency(v.depth, config.block_k)  # each tap's channels are padded to block_k
-        tile_n = tile_efficiency(v.n, config.block_n)
+        merged = config.groups_per_tile
+        # Each tap's channels are padded to block_k; merged groups fill a tile block-diagonally.
+        tile_k = tile_efficiency(merged * v.depth, config.block_k) / merged
+        tile_n = tile_efficiency(merged * v.n, config.block_n)
     waste = {"tile_m": tile_efficiency(v.m, config.block_m), "tile_n": tile_n, "tile_k": tile_k}
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + REGISTER_RESERVE
@@ -126,7 +128,8 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
         tiles = math.ceil(v.m / config.block_m) * math.ceil(p.c_per_group / config.block_n)
         tiles *= math.prod(p.filter_size) * p.groups * config.split_k
     else:
-        tiles = math.ceil(v.m / config.block_m) * math.ceil(v.n / config.block_n) * p.groups
+        tiles = (math.ceil(v.m / config.block_m) * math.ceil(config.groups_per_tile * v.n / config.block_n)
+                 * math.ceil(p.groups / config.groups_per_tile))
     waves = wave_efficiency(tiles, arch.sm_count * resident)
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * item)
     feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
@@ -140,6 +143,10 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
     if not p.specialization.groups_aligned:
         in_flight *= 0.25  # element loads instead of 16-byte vectors
+    # DRAM moves 32-byte sectors: a channel run shorter than one wastes the rest of it.
+    run_bytes = min(config.groups_per_tile * v.depth, config.block_k) * item
+    sectors = min(1.0, run_bytes / 32) if p.direction is not Direction.BWD_WEIGHT else 1.0
+    in_flight *= sectors
     memory_s = p.bytes() / (bandwidth * in_flight)
     reduce_s = 0.0
     if config.split_k > 1:
@@ -151,7 +158,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     value = ideal / modelled
     if config.split_k > 1 and config.split_mode is SplitMode.ATOMIC:
         value *= NONDETERMINISTIC_PENALTY
-    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits,
+    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits, "sectors": sectors,
              "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
              "modelled_us": modelled * 1e6}
     return Score(value, terms)

@@ -30,6 +30,7 @@ DIRECT_BLOCK_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 9))
 MAX_SPLIT_K = 64
+MERGE_CHOICES = (1, 2, 4, 8, 16)
 REGISTER_RESERVE = 64  # registers for addresses, operands and loop state besides the accumulator
 # The direct family loops over C/G (forward) or K/G (backward-data) per lane: beyond this
 # many channels per group the tensor cores of the implicit GEMM win by far.
@@ -46,6 +47,7 @@ class ConvRule(enum.Enum):
     GROUP_M = "group-m"
     SPLIT_K = "split-k"
     SPLIT_MODE = "split-mode"
+    GROUP_MERGE = "group-merge"
     SHARED_MEMORY = "shared-memory"
     REGISTER_BUDGET = "register-budget"
     VECTOR_WIDTH = "vector-width"
@@ -142,6 +144,11 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
         error(ConvRule.STAGES, f"num_stages={config.num_stages} must be within 1..{STAGE_CHOICES[-1]}")
     if config.group_m < 1:
         error(ConvRule.GROUP_M, f"group_m={config.group_m} must be at least 1")
+    if config.groups_per_tile not in MERGE_CHOICES:
+        error(ConvRule.GROUP_MERGE, f"groups_per_tile={config.groups_per_tile} is not one of {MERGE_CHOICES}")
+    elif config.groups_per_tile > 1 and sig.direction is Direction.BWD_WEIGHT:
+        error(ConvRule.GROUP_MERGE, "backward-weight does not merge groups: each group's dw tile is its own",
+              "use groups_per_tile=1")
     if config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
         error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
               "use split_mode workspace, or split_k > 1")
@@ -190,8 +197,10 @@ def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Corr
         split = 1
     base = replace(config, split_k=split)
     if isinstance(config, ImplicitGemmConfig):
+        merge = config.groups_per_tile if config.groups_per_tile in MERGE_CHOICES else 1
         base = replace(base, group_m=max(config.group_m, 1),
-                       split_mode=SplitMode.WORKSPACE if split == 1 else config.split_mode)
+                       split_mode=SplitMode.WORKSPACE if split == 1 else config.split_mode,
+                       groups_per_tile=1 if config.signature.direction is Direction.BWD_WEIGHT else merge)
     tunable = _TUNABLE[type(config)]
     best, best_distance = None, math.inf
     for values in itertools.product(*tunable.values()):

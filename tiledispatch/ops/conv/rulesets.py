@@ -36,6 +36,7 @@ class GemmTile:
     group_m: int = 8
     split_k: int = 1  # > 1: backward-weight only
     split_mode: SplitMode = SplitMode.WORKSPACE
+    groups_per_tile: int = 1  # > 1: forward and backward-data only
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ TESTS_GEMM = TINY_GEMM + (
     GemmTile(64, 32, 32, 4, 3, 8),
     GemmTile(32, 64, 16, 4, 3, 8),
     GemmTile(64, 64, 32, 4, 3, 8, split_k=4),
+    GemmTile(32, 16, 16, 2, 2, 4, groups_per_tile=2),
+    GemmTile(16, 32, 32, 2, 2, 4, groups_per_tile=4),
 )
 # For sm_80+ tensor cores: the GEMM op's proven shapes, narrowed in N where K/G or C/G is
 # small, and split backward-weight tiles for its long pixel reductions.
@@ -74,6 +77,12 @@ DEFAULT_GEMM = TESTS_GEMM + (
     GemmTile(64, 64, 64, 4, 4, 8, split_k=16),
     GemmTile(32, 32, 64, 4, 4, 8, split_k=32),
     GemmTile(64, 64, 64, 4, 4, 8, split_k=8, split_mode=SplitMode.ATOMIC),
+    # Merged groups for C/G, K/G of 4-16 (ResNeXt's 8 and 16): 32-128 channels per tile.
+    GemmTile(128, 32, 32, 4, 3, 8, groups_per_tile=4),
+    GemmTile(128, 64, 64, 4, 3, 8, groups_per_tile=8),
+    GemmTile(128, 32, 32, 4, 3, 8, groups_per_tile=2),
+    GemmTile(64, 64, 64, 4, 3, 8, groups_per_tile=4),
+    GemmTile(128, 128, 128, 8, 3, 8, groups_per_tile=16),
 )
 FULL_GEMM = tuple(
     GemmTile(bm, bn, bk, w, s, 8, k)
@@ -122,9 +131,9 @@ def _bind(gemm_tiles, direct_tiles, epilogues=EPILOGUES) -> Iterator[AnyConvConf
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
         for t in gemm_tiles:
-            if t.split_k == 1 or weight:
+            if (t.split_k == 1 or weight) and (t.groups_per_tile == 1 or not weight):
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
-                                         t.num_stages, t.split_k, t.split_mode)
+                                         t.num_stages, t.split_k, t.split_mode, t.groups_per_tile)
         for t in direct_tiles:
             if t.split_k == 1 or weight:
                 yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k)

@@ -26,15 +26,27 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                    HAS_RESIDUAL: tl.constexpr, DOT_PRECISION: tl.constexpr, VEC: tl.constexpr,
-                   POINTWISE: tl.constexpr):
-    """y[n, o, g, k] = sum over taps and c of x[n, o*S-P+tap*D, g, c] * w[g, k, tap, c]: M = pixels, N = K/G."""
+                   POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr):
+    """y[n, o, g, k] = sum over taps and c of x[n, o*S-P+tap*D, g, c] * w[g, k, tap, c]: M = pixels, N = K/G.
+
+    GROUPS_PER_TILE > 1 merges that many groups into one tile when C/G and K/G are small:
+    N = their K/G x GROUPS_PER_TILE output channels, the reduction their input channels,
+    and the weight tile block-diagonal (zero across groups). The MMAs do GROUPS_PER_TILE
+    times the useful work, but the channel runs loaded and stored get that much longer.
+    """
     pid = tl.program_id(0)
-    g = tl.program_id(1)
+    g = tl.program_id(1) * GROUPS_PER_TILE  # the tile's first group
     CG = CG // VEC * VEC
     KG = KG // VEC * VEC
+    if GROUPS_PER_TILE == 1:
+        n_valid = KG
+        c_valid = CG
+    else:  # the last tile may hold fewer groups
+        n_valid = min(GROUPS_PER_TILE, G - g) * KG
+        c_valid = min(GROUPS_PER_TILE, G - g) * CG
     M = N * OD * OH * OW
     grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(KG, BLOCK_N)
+    grid_n = tl.cdiv(GROUPS_PER_TILE * KG, BLOCK_N)
     tiles_per_group = GROUP_M * grid_n
     first_m = (pid // tiles_per_group) * GROUP_M
     group_rows = min(grid_m - first_m, GROUP_M)
@@ -44,17 +56,17 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_m = offs_m < M
-    in_n = offs_n < KG
+    in_n = offs_n < n_valid
     n, od, oh, ow = split_pixel(offs_m, OD, OH, OW)
     x_row = n.to(tl.int64) * (sxn // VEC * VEC) + g * CG
     w_col = (g * KG + offs_n).to(tl.int64) * (swk // VEC * VEC)
 
-    c_tiles = tl.cdiv(CG, BLOCK_K)
+    c_tiles = tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(FZ * FY * FX * c_tiles):
         tap = step // c_tiles
         offs_c = (step % c_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
-        in_c = offs_c < CG
+        in_c = offs_c < c_valid
         if POINTWISE:
             a_row = x_row + od * (sxd // VEC * VEC) + oh * (sxh // VEC * VEC) + ow * (sxw // VEC * VEC)
             ok = in_m
@@ -68,10 +80,15 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
             a_row = x_row + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC) + iw * (sxw // VEC * VEC)
             w_tap = w_col + fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC)
         a = tl.load(x_ptr + a_row[:, None] + offs_c[None, :], mask=ok[:, None] & in_c[None, :], other=0.0)
-        b = tl.load(w_ptr + w_tap[None, :] + offs_c[:, None], mask=in_c[:, None] & in_n[None, :], other=0.0)
+        if GROUPS_PER_TILE == 1:
+            b = tl.load(w_ptr + w_tap[None, :] + offs_c[:, None], mask=in_c[:, None] & in_n[None, :], other=0.0)
+        else:
+            same_group = (offs_c // CG)[:, None] == (offs_n // KG)[None, :]
+            b = tl.load(w_ptr + w_tap[None, :] + (offs_c % CG)[:, None],
+                        mask=in_c[:, None] & in_n[None, :] & same_group, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    acc = apply_epilogue(acc, offs_m, offs_n, M, KG, 0, bias_ptr, bias_ptr, bias_ptr + g * KG, 1,
+    acc = apply_epilogue(acc, offs_m, offs_n, M, n_valid, 0, bias_ptr, bias_ptr, bias_ptr + g * KG, 1,
                          res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
     mask = in_m[:, None] & in_n[None, :]
     if HAS_RESIDUAL:
@@ -90,19 +107,27 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
+                        GROUPS_PER_TILE: tl.constexpr):
     """dx[n, i, g, c] = sum over taps and k of dy[n, o, g, k] * w[g, k, tap, c] where o*S-P+tap*D = i.
 
     M = input pixels, N = C/G; an (input pixel, tap) pair with no output pixel (stride
-    > 1, borders) contributes nothing and is masked.
+    > 1, borders) contributes nothing and is masked. GROUPS_PER_TILE merges groups as
+    the forward kernel does (N = their input channels, the reduction their output channels).
     """
     pid = tl.program_id(0)
-    g = tl.program_id(1)
+    g = tl.program_id(1) * GROUPS_PER_TILE
     CG = CG // VEC * VEC
     KG = KG // VEC * VEC
+    if GROUPS_PER_TILE == 1:
+        n_valid = CG
+        k_valid = KG
+    else:
+        n_valid = min(GROUPS_PER_TILE, G - g) * CG
+        k_valid = min(GROUPS_PER_TILE, G - g) * KG
     M = N * D * H * W
     grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(CG, BLOCK_N)
+    grid_n = tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_N)
     tiles_per_group = GROUP_M * grid_n
     first_m = (pid // tiles_per_group) * GROUP_M
     group_rows = min(grid_m - first_m, GROUP_M)
@@ -112,16 +137,20 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_m = offs_m < M
-    in_n = offs_n < CG
+    in_n = offs_n < n_valid
     n, idd, ih, iw = split_pixel(offs_m, D, H, W)
     dy_n = n.to(tl.int64) * (syn // VEC * VEC) + g * KG
+    if GROUPS_PER_TILE == 1:
+        c_in_group = offs_n
+    else:
+        c_in_group = offs_n % CG
 
-    k_tiles = tl.cdiv(KG, BLOCK_K)
+    k_tiles = tl.cdiv(GROUPS_PER_TILE * KG, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(FZ * FY * FX * k_tiles):
         tap = step // k_tiles
         offs_k = (step % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
-        in_k = offs_k < KG
+        in_k = offs_k < k_valid
         if POINTWISE:
             a_row = dy_n + idd * (syd // VEC * VEC) + ih * (syh // VEC * VEC) + iw * (syw // VEC * VEC)
             ok = in_m
@@ -136,7 +165,10 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
             w_tap = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC)
         a = tl.load(y_ptr + a_row[:, None] + offs_k[None, :], mask=ok[:, None] & in_k[None, :], other=0.0)
         w_rows = (g * KG + offs_k).to(tl.int64) * (swk // VEC * VEC) + w_tap
-        b = tl.load(w_ptr + w_rows[:, None] + offs_n[None, :], mask=in_k[:, None] & in_n[None, :], other=0.0)
+        b_mask = in_k[:, None] & in_n[None, :]
+        if GROUPS_PER_TILE > 1:
+            b_mask = b_mask & ((offs_k // KG)[:, None] == (offs_n // CG)[None, :])
+        b = tl.load(w_ptr + w_rows[:, None] + c_in_group[None, :], mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
@@ -153,7 +185,8 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
+                          GROUPS_PER_TILE: tl.constexpr):
     """dw[g, k, tap, c] = sum over output pixels of dy[n, o, g, k] * x[n, o*S-P+tap*D, g, c].
 
     M = K/G, N = C/G, one tap per program (grid axis 0 = tap x tiles), and the pixels
