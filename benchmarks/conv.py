@@ -13,7 +13,7 @@ sets rotated so that the working set is beyond L2. TFLOP/s and TB/s (the fewest 
 the conv must move) are reported for each.
 
     python benchmarks/conv.py --out benchmarks/results/h200 [--dtypes bf16,fp16]
-        [--directions forward,bwd_data,bwd_weight] [--cases NAME,...] [--top 8]
+        [--directions forward,bwd_data,bwd_weight] [--cases NAME,...] [--top 8] [--budget-s 450]
 
 Writes conv.csv (one row per case, direction, dtype and provider), conv_summary.json and conv.png.
 """
@@ -314,6 +314,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=8, help="Triton candidates timed per family (0: all)")
     parser.add_argument("--rule-set", default="default")
     parser.add_argument("--jobs", type=int, default=16)
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="stop starting new cases after this many seconds; the summary lists what was left")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -337,12 +339,15 @@ def main() -> int:
     torch.cuda.empty_cache()
     precompile(dispatcher, work, args.jobs)
 
-    results, rows = [], []
+    results, rows, skipped = [], [], []
     csv_path = args.out / "conv.csv"
     with csv_path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         for entry in work:
+            if time.perf_counter() - started > args.budget_s:
+                skipped.append(f"{entry['case']['name']} {entry['problem'].direction.value} {entry['dtype']}")
+                continue
             case_rows: list[dict] = []
             results.append(run_case(dispatcher, entry, case_rows))
             writer.writerows(case_rows)
@@ -360,6 +365,7 @@ def main() -> int:
         "cudnn": torch.backends.cudnn.version(),
         "rule_set": args.rule_set,
         "top_per_family": args.top,
+        "skipped_for_time": skipped,
         "seconds": round(time.perf_counter() - started, 1),
     })
     (args.out / "conv_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
