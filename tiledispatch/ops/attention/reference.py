@@ -135,8 +135,8 @@ class Comparison:
 
 
 def compare_tensors(got: torch.Tensor, ref: torch.Tensor, tol: float) -> Comparison:
+    ref = ref.detach().to("cpu", torch.float64)
     got = got.detach().to("cpu", torch.float64).reshape(ref.shape)
-    ref = ref.detach()
     finite = torch.isfinite(ref)
     unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
     same_inf = (got == ref) & ~finite

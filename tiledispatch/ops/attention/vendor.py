@@ -48,10 +48,11 @@ def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_l
 
 def backward(family: Family, grads, grad_out, q, k, v, out, lse, scale: float, causal: bool) -> None:
     """Fills `grads.dq`, `dk`, `dv` from the flash backend's backward."""
-    empty = torch.empty(0, dtype=torch.int64, device=q.device)
-    no_rng = torch.zeros(2, dtype=torch.int64, device=q.device)
+    no_offsets = torch.empty(0, dtype=torch.int32, device=q.device)  # not varlen (the op checks the dtype)
+    no_rng = torch.zeros(2, dtype=torch.int64, device=q.device)  # no dropout: the seed is never read
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        grad_out, q, k, v, out, lse, empty, empty, q.shape[2], k.shape[2], 0.0, causal, no_rng, empty, scale=scale)
+        grad_out, q, k, v, out, lse, no_offsets, no_offsets, q.shape[2], k.shape[2], 0.0, causal, no_rng,
+        torch.empty(0, dtype=torch.int64, device=q.device), scale=scale)
     grads.dq, grads.dk, grads.dv = dq, dk, dv
 
 
