@@ -95,19 +95,14 @@ def test_vendor_forward_with_and_without_lse(family, causal):
     assert compare_tensors(lse, ref_lse, 1e-3).passed
 
 
-def test_vendor_flash_backward_after_a_triton_forward():
+def test_vendor_flash_backward_is_refused_with_its_reason():
+    """Its private ATen entry point failed standalone on the H200; forcing it says so."""
     d = default_families("fwd", "sdpa-flash")
     q, k, v = (randn(2, 8, 256, 128, dtype=BF16, grad=True) for _ in range(3))
     out = tiledispatch.attention(q, k, v, causal=True, dispatcher=d,
                                  backward_kernel=f"attention_bwd_bf16_sdpa-flash_{d.arch.tag}")
-    out.backward(torch.ones_like(out))
-    mine = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    ref.backward(torch.ones_like(ref))
-    for a, t in zip(mine, (q, k, v)):
-        assert compare_tensors(a, t.grad.double(), 2e-2).passed
+    with pytest.raises(tiledispatch.UnsupportedError, match="flash backward"):
+        out.backward(torch.ones_like(out))
 
 
 def test_default_dispatcher_training_step_on_the_suite_shape():

@@ -85,6 +85,10 @@ def supports(config: VendorConfig, problem: AttentionProblem) -> str | None:
     p, v = problem, problem.variant
     if config.direction is not p.direction:
         return f"a {config.direction.value} kernel, the problem is {p.direction.value}"
+    if config.direction is Direction.BACKWARD:
+        # Reachable only through a private ATen op, which refused a standalone call on the
+        # H200 (torch 2.11: "batch size must be positive" without its forward's offsets).
+        return "SDPA's flash backward is not callable apart from its own forward here; the Triton backward runs"
     if config.dtype is not p.dtype:
         return f"built for {config.dtype.value}, the problem is {p.dtype.value}"
     if p.head_dim_qk != p.head_dim_v:
