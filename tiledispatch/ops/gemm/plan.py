@@ -127,7 +127,8 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     args = descriptors + [
         ("bias_ptr", f"*{t.c.triton}"), ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"),
         ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("batch", "i32"),
-        ("a_batch_step", "i32"), ("b_batch_step", "i32"), ("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64"),
+        ("a_batch_step", "i32"), ("b_batch_step", "i32"),
+        ("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64"),
     ]
     constexprs = {
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,

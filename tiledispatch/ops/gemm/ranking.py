@@ -104,7 +104,7 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k
     persistent = config.family is Family.TMA_PERSISTENT
     # A persistent grid runs one program per SM, by design: its waves are over SMs alone,
-    # and it hides the next tile's loads behind this one's epilogue itself.
+    # and its latency is modelled by its own terms (`_persistent_terms`), not by residency.
     waves = wave_efficiency(tiles, arch.sm_count * (1 if persistent else resident))
     # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
@@ -139,6 +139,6 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
         value *= GENERIC_LAYOUT_PENALTY
-    terms = {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency, "resident": float(resident),
-             "in_flight": in_flight, "spills": float(spills), "modelled_us": modelled * 1e6}
+    terms = {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency,
+             "resident": float(resident), "in_flight": in_flight, "spills": float(spills), "modelled_us": modelled * 1e6}
     return Score(value, terms)
