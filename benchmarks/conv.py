@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch  # noqa: F401  (first: it picks the backend)
+from tiledispatch.bench.timing import geomean, graph_median_ms, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.errors import TiledispatchError
 from tiledispatch.core.kernel import build_all
@@ -107,30 +108,6 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.float() - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def median_ms(fn, sets, repeats: int) -> float:
-    """GPU time per call: `repeats` calls over the rotating sets captured in one CUDA graph, median of 5 replays."""
-    for i in range(2):
-        fn(sets[i % len(sets)])
-    torch.cuda.synchronize()
-    calls = max(repeats, len(sets))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
-
-
 def call(dispatcher: Dispatcher, spec):
     return lambda s: dispatcher.run(s["ops"], kernel=spec)
 
@@ -163,18 +140,6 @@ def precompile(dispatcher: Dispatcher, work: list, workers: int) -> None:
                                                          if failed else ""), flush=True)
 
 
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def percentile(values, q):
-    values = sorted(values)
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
 def run_case(dispatcher, entry, writer_rows) -> dict:
     p, case, dtype = entry["problem"], entry["case"], entry["dtype"]
     sets = make_sets(p)
@@ -191,7 +156,7 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
         return row
 
     vendor = cudnn_fn(p)
-    vendor_ms = median_ms(vendor, sets, 20)
+    vendor_ms = graph_median_ms(vendor, sets, 20)
     record("cudnn", "torch " + ("F.conv" if p.direction is Direction.FORWARD else "convolution_backward"),
            vendor_ms, rel_error(vendor(sets[0]), ref))
     times, estimate = {}, vendor_ms
@@ -209,7 +174,7 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
                   flush=True)
             continue
         repeats = max(5, min(25, int(GPU_SECONDS_PER_KERNEL * 1e3 / max(estimate, 1e-3))))
-        times[spec.name] = median_ms(fn, sets, repeats)
+        times[spec.name] = graph_median_ms(fn, sets, repeats)
         record("triton-candidate", spec.name, times[spec.name], err)
     explanation = entry["explanation"]
     selected = next((c.spec.name for c in explanation.ranked if c.spec.name in times), None)
@@ -219,7 +184,7 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
     pick = dispatcher.select(sets[0]["ops"].problem).name
     dispatch_ms = times.get(pick)
     if pick not in times:
-        dispatch_ms = median_ms(call(dispatcher, None), sets, 20)
+        dispatch_ms = graph_median_ms(call(dispatcher, None), sets, 20)
         pick = dispatcher.select(sets[0]["ops"].problem).name
     result = {"case": case["name"], "direction": p.direction.value, "dtype": dtype, "groups": p.groups,
               "depthwise": p.depthwise, "flops": flops, "bytes": moved, "cudnn_ms": vendor_ms,

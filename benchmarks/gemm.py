@@ -32,6 +32,7 @@ from pathlib import Path
 import tiledispatch  # noqa: F401  (first: it picks the backend)
 import torch
 
+from tiledispatch.bench.timing import geomean, graph_median_ms, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.kernel import build_all
 from tiledispatch.core.registry import Registry
@@ -66,35 +67,6 @@ def make_sets(case: dict, dtype: str, shapes_only: bool = False) -> list[dict]:
             entry["scale_b"] = torch.tensor(1.0, device="cuda")
         sets.append(entry)
     return sets
-
-
-def median_ms(fn, sets, repeats: int) -> float:
-    """GPU time per call: `repeats` calls over the rotating sets are captured in a CUDA graph,
-    and the median over 5 replays (CUDA events) of the time per call is returned.
-
-    A graph takes host overhead out of the kernel's time, for every provider alike; the
-    host cost of a call is measured on its own (`host_overhead`).
-    """
-    for i in range(2):
-        fn(sets[i % len(sets)])
-    torch.cuda.synchronize()
-    calls = max(repeats, len(sets))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
 
 
 def vendor_fn(dtype: str):
@@ -166,18 +138,6 @@ def host_overhead(dispatcher: Dispatcher) -> dict:
     return {k: round(v, 2) for k, v in results.items()}
 
 
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def percentile(values, q):
-    values = sorted(values)
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, int(round(q * (len(values) - 1)))))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
@@ -245,7 +205,7 @@ def main() -> int:
             estimate_ms = flops / 300e9  # before cuBLAS has been timed: 300 TFLOP/s
             try:
                 fn = vendor_fn(dtype)
-                vendor_ms = estimate_ms = median_ms(fn, sets, 20)
+                vendor_ms = estimate_ms = graph_median_ms(fn, sets, 20)
                 record("cublas", "torch._scaled_mm" if dtype.startswith("fp8") else "torch.matmul", vendor_ms,
                        rel_error(fn(sets[0]), ref))
             except RuntimeError as e:
@@ -260,14 +220,14 @@ def main() -> int:
                     print(f"WRONG RESULT {case['name']} {dtype} {spec.name}: rel error {err:.2e}", flush=True)
                     continue
                 repeats = max(5, min(25, int(GPU_SECONDS_PER_KERNEL * 1e3 / max(estimate_ms, 1e-3))))
-                times[spec.name] = median_ms(fn, sets, repeats)
+                times[spec.name] = graph_median_ms(fn, sets, repeats)
                 record("triton-candidate", spec.name, times[spec.name], err)
             selected = next((c.spec.name for c in explanation.ranked if c.spec.name in times), None)
             oracle = min(times, key=times.get) if times else None
             dispatcher_pick = explanation.selected.name if explanation.selected else None
             dispatch_ms = times.get(dispatcher_pick) if dispatcher_pick in times else None
             if dispatcher_pick and dispatcher_pick not in times:  # the vendor candidate
-                dispatch_ms = median_ms(call(dispatcher, dispatcher_pick), sets, 20)
+                dispatch_ms = graph_median_ms(call(dispatcher, dispatcher_pick), sets, 20)
             entry = {"case": case["name"], "dtype": dtype, "cublas_ms": vendor_ms,
                      "selected": selected, "selected_ms": times.get(selected), "oracle": oracle,
                      "oracle_ms": times.get(oracle), "dispatcher": dispatcher_pick, "dispatcher_ms": dispatch_ms}
