@@ -4,13 +4,18 @@ Every Triton candidate of every case was timed by benchmarks/gemm.py; this re-ra
 with the current `rule_score` and reports time(oracle) / time(pick) per case: mean,
 median, P10 and minimum, and the worst cases. Edit ops/gemm/ranking.py, rerun, compare.
 
-    python benchmarks/evaluate_rules.py benchmarks/results/h200/gemm.csv [--arch sm_90]
+With --vendor the vendor candidate takes part too, timed as the table's cuBLAS row (what
+the dispatcher with the vendor family would run), and the report adds the pick's ratio to
+cuBLAS: the figure the issue's "never below 0.98x" target is about.
+
+    python benchmarks/evaluate_rules.py benchmarks/results/h200/gemm.csv [--arch sm_90] [--vendor]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 from collections import defaultdict
 
@@ -35,27 +40,44 @@ def main() -> None:
     parser.add_argument("table")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--worst", type=int, default=10)
+    parser.add_argument("--vendor", action="store_true", help="the vendor candidate takes part (timed as cuBLAS)")
     args = parser.parse_args()
     arch = arch_facts.load(args.arch)
     times: dict[tuple, dict[str, float]] = defaultdict(dict)
+    vendor_ms: dict[tuple, float] = {}
     problems = {}
     for row in csv.DictReader(open(args.table)):
+        key = (row["case"], row["dtype"])
         if row["provider"] == "triton-candidate" and row["ms"]:
-            key = (row["case"], row["dtype"])
             times[key][row["kernel"]] = float(row["ms"])
             problems[key] = problem_of(row)
+        elif row["provider"] == "cublas" and row["ms"]:
+            vendor_ms[key] = float(row["ms"])
     registry = Registry.from_rule_set("gemm", "default", arch)
-    efficiency = {}
+    efficiency, vs_vendor, picks = {}, {}, {}
     for key, measured in times.items():
+        if args.vendor and key in vendor_ms:
+            vendor = next(s for s in registry if s.family == "vendor"
+                          and s.definition.supports(s.config, problems[key]) is None)
+            measured = {**measured, vendor.name: vendor_ms[key]}
         # The dispatcher's own ranking (ties keep registry order), over the kernels that were timed.
         dispatcher = Dispatcher(registry.filter(lambda s, names=measured: s.name in names), arch)
         pick = dispatcher.select(problems[key])
+        picks[key] = pick.name
         efficiency[key] = min(measured.values()) / measured[pick.name]
-    values = sorted(efficiency.values())
-    print(f"{len(values)} cases: mean {statistics.mean(values):.3f}  median {statistics.median(values):.3f}  "
-          f"P10 {values[len(values) // 10]:.3f}  min {values[0]:.3f}")
-    for key, value in sorted(efficiency.items(), key=lambda kv: kv[1])[:args.worst]:
-        print(f"  {value:.3f}  {key[0]} {key[1]}")
+        if key in vendor_ms:
+            vs_vendor[key] = vendor_ms[key] / measured[pick.name]
+    report("selection efficiency (oracle / pick)", efficiency, picks, args.worst)
+    report("pick vs cuBLAS", vs_vendor, picks, args.worst)
+
+
+def report(title: str, values_by_case: dict, picks: dict, worst: int) -> None:
+    values = sorted(values_by_case.values())
+    geomean = math.exp(statistics.mean(map(math.log, values)))
+    print(f"{title}, {len(values)} cases: mean {statistics.mean(values):.3f}  geomean {geomean:.3f}  "
+          f"median {statistics.median(values):.3f}  P10 {values[len(values) // 10]:.3f}  min {values[0]:.3f}")
+    for key, value in sorted(values_by_case.items(), key=lambda kv: kv[1])[:worst]:
+        print(f"  {value:.3f}  {key[0]} {key[1]}  ({picks[key]})")
 
 
 if __name__ == "__main__":

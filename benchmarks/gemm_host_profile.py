@@ -44,10 +44,11 @@ def main() -> None:
     call()
     key = fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel)
     bound = dispatcher.memo(("gemm", key), lambda: None)
-    stage, grid = bound._stages[0]
-    stage_args = [list(t) for t in bound._args]
-    for slot in bound._slots:
-        stage_args[slot.launch][slot.index] = slot.value({"a": a, "b": b, "out": out.unsqueeze(0)}.get(slot.role))
+    stage = bound._stages[0]
+    values = {"a": a, "b": b, "out": out.unsqueeze(0)}
+    stage_args = stage.template.copy()
+    for slot in stage.slots:
+        stage_args[slot.index] = slot.value(values.get(fastpath.ROLES[slot.role]))
     stream = torch.cuda.current_stream().cuda_stream
     print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel)
     rows = {
@@ -56,7 +57,7 @@ def main() -> None:
         "  call_key": lambda: fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel),
         "  dispatcher.memo": lambda: dispatcher.memo(("gemm", key), lambda: None),
         "  bound call": lambda: bound(a, b, None, None, out, None, None),
-        "  launcher alone": lambda: stage(grid, stage_args[0], stream),
+        "  launcher alone": lambda: stage.launcher(stage.grid, stage_args, stream),
         "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
     }
     for name, fn in rows.items():

@@ -4,13 +4,15 @@ The first call with a given signature (shapes, strides, dtypes, device, 16-byte
 alignment of each pointer, epilogue) runs every check, selects the kernel, loads its
 launchers and lays out the launch arguments once. Every later call with the same
 signature only swaps the new tensors into their slots and launches: everything the
-checks looked at is part of the signature, except aliasing, which is re-checked.
+checks looked at is part of the signature, except aliasing, which is re-checked whenever
+the pointers differ from the last call's.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -20,51 +22,67 @@ from ...core.kernel import PythonLauncher
 from ...core.launch import Plan
 from .operands import GemmOperands, check_no_alias
 
-ROLES = ("a", "b", "bias", "residual", "out", "scale_a", "scale_b")
+ROLES = ("a", "b", "bias", "residual", "out", "scale_a", "scale_b")  # the order of `BoundGemm.__call__`
 
 
-def _meta(t) -> tuple | None:
-    if t is None:
-        return None
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+def _meta(t) -> tuple:
+    """What the checks looked at: shape, strides, dtype, device index, 16-byte alignment."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
 
 
 def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel) -> tuple | None:
     """The signature of a call, or None where only the checked path can handle it."""
-    tensors = (a, b, bias, residual, out, scale_a, scale_b)
-    if not all(t is None or type(t) is torch.Tensor for t in tensors) or a is None or b is None:
-        return None
-    if a.device.type != "cuda":
+    if type(a) is not torch.Tensor or type(b) is not torch.Tensor or not a.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
-    if kernel is not None and not isinstance(kernel, str):
+    if kernel is not None and type(kernel) is not str:
         return None
-    return (_meta(a), _meta(b), _meta(bias), activation, _meta(residual), _meta(out), out_dtype,
-            allow_tf32, _meta(scale_a), _meta(scale_b), kernel)
+    key = [_meta(a), _meta(b), activation, out_dtype, allow_tf32, kernel]
+    for t in (bias, residual, out, scale_a, scale_b):
+        if t is None:
+            key.append(None)
+        elif type(t) is torch.Tensor:
+            key.append(_meta(t))
+        else:
+            return None
+    return tuple(key)
+
+
+class _Fill(Enum):
+    """How a per-call tensor goes into its argument slot."""
+
+    TENSOR = 0  # a Triton launch reads only the pointer: the caller's tensor as it is
+    BATCHED_VIEW = 1  # a Python stage (the vendor path) reads shapes: the 3-D view it was planned with
+    DESCRIPTOR = 2  # a TMA descriptor keeps its planned shape, strides and block, and takes the new base
 
 
 @dataclass(frozen=True)
 class _Slot:
-    """Where a per-call tensor goes: launch `launch`, argument `index`.
+    """Argument `index` of a launch takes the tensor of role `ROLES[role]`, filled as `fill` says."""
 
-    A Triton launch reads only the pointer, so the caller's tensor goes in as it is; a
-    Python stage (the vendor path) reads shapes, so it gets the batched view it was planned with.
-    A TMA descriptor keeps its planned shape, strides and block, and takes the new base.
-    """
-
-    launch: int
     index: int
-    role: str
-    batched_view: bool = False
+    role: int
+    fill: _Fill
     descriptor: TensorDescriptor | None = None
 
     def value(self, tensor: torch.Tensor):
-        if self.descriptor is not None:
-            descriptor = copy.copy(self.descriptor)  # its checks passed at planning, for this signature
-            descriptor.base = tensor
-            return descriptor
-        if self.batched_view and tensor.dim() == 2:
-            return tensor.unsqueeze(0)
-        return tensor
+        if self.fill is _Fill.TENSOR:
+            return tensor
+        if self.fill is _Fill.BATCHED_VIEW:
+            return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor
+        descriptor = copy.copy(self.descriptor)  # its checks passed at planning, for this signature
+        descriptor.base = tensor
+        return descriptor
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One launch of the plan: its launcher and grid, its arguments with holes, and what fills them."""
+
+    launcher: Any
+    grid: tuple
+    template: list
+    slots: tuple[_Slot, ...]
+    workspaces: tuple[tuple[int, tuple, torch.dtype], ...]  # (index, shape, dtype), fresh per call
 
 
 class BoundGemm:
@@ -72,53 +90,58 @@ class BoundGemm:
 
     def __init__(self, operands: GemmOperands, plan: Plan, launchers: dict, result_2d: bool) -> None:
         p = operands.problem
-        by_id = {id(getattr(operands, role)): role for role in ROLES if getattr(operands, role) is not None}
-        by_id[id(plan.output)] = "out"
-        self._slots: list[_Slot] = []
-        self._workspaces: list[tuple[_Slot, tuple, torch.dtype]] = []
-        self._args = []
-        for i, launch in enumerate(plan.launches):
-            python = isinstance(launchers[launch.stage], PythonLauncher)
-            for j, value in enumerate(launch.args):
-                if isinstance(value, TensorDescriptor):
-                    self._slots.append(_Slot(i, j, by_id[id(value.base)], descriptor=value))
-                elif isinstance(value, torch.Tensor):
-                    role = by_id.get(id(value))
-                    if role is None:  # made by the plan itself: a workspace, fresh per call
-                        self._workspaces.append((_Slot(i, j, "workspace"), tuple(value.shape), value.dtype))
-                    else:
-                        self._slots.append(_Slot(i, j, role, python and value.dim() == 3))
-            # Tensors are filled in per call; holding the planning ones would pin their memory.
-            self._args.append([None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch.args])
-        self._stages = [(launchers[launch.stage], launch.grid) for launch in plan.launches]
+        by_id = {id(getattr(operands, role)): i for i, role in enumerate(ROLES) if getattr(operands, role) is not None}
+        by_id[id(plan.output)] = ROLES.index("out")
+        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id) for launch in plan.launches)
         self._shape = (p.batch, p.m, p.n)
         self._dtype = p.types.c.torch
         self._device = operands.device
         self._result_2d = result_2d
-        self._defaults = {"scale_a": operands.scale_a, "scale_b": operands.scale_b}
+        self._scale_a, self._scale_b = operands.scale_a, operands.scale_b
         self._stream = _stream_getter(operands.device)
+        self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
+
+    @staticmethod
+    def _stage(launch, launcher, by_id: dict) -> _Stage:
+        python = isinstance(launcher, PythonLauncher)
+        slots, workspaces = [], []
+        for j, value in enumerate(launch.args):
+            if isinstance(value, TensorDescriptor):
+                slots.append(_Slot(j, by_id[id(value.base)], _Fill.DESCRIPTOR, value))
+            elif isinstance(value, torch.Tensor):
+                role = by_id.get(id(value))
+                if role is None:  # made by the plan itself: a workspace
+                    workspaces.append((j, tuple(value.shape), value.dtype))
+                else:
+                    slots.append(_Slot(j, role, _Fill.BATCHED_VIEW if python and value.dim() == 3 else _Fill.TENSOR))
+        # Tensors are filled in per call; holding the planning ones would pin their memory.
+        template = [None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch.args]
+        return _Stage(launcher, launch.grid, template, tuple(slots), tuple(workspaces))
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
-        if out is not None:
-            check_no_alias(out, a, b, bias)
-            result = out
-        else:
+        if out is None:
             result = torch.empty(self._shape, dtype=self._dtype, device=self._device)
-        values = {"a": a, "b": b, "bias": bias, "residual": residual, "out": result,
-                  "scale_a": scale_a if scale_a is not None else self._defaults["scale_a"],
-                  "scale_b": scale_b if scale_b is not None else self._defaults["scale_b"]}
-        args = [list(template) for template in self._args]
-        for slot in self._slots:
-            args[slot.launch][slot.index] = slot.value(values[slot.role])
+        else:
+            # Same pointers as a call that passed, and the same shapes (the signature): same answer.
+            pointers = (out.data_ptr(), a.data_ptr(), b.data_ptr(), None if bias is None else bias.data_ptr())
+            if pointers != self._unaliased:
+                check_no_alias(out, a, b, bias)
+                self._unaliased = pointers
+            result = out
+        values = (a, b, bias, residual, result, self._scale_a if scale_a is None else scale_a,
+                  self._scale_b if scale_b is None else scale_b)
         shared = {}
-        for slot, shape, dtype in self._workspaces:
-            key = (shape, dtype)
-            if key not in shared:
-                shared[key] = torch.empty(shape, dtype=dtype, device=self._device)
-            args[slot.launch][slot.index] = shared[key]
         stream = self._stream()
-        for (launcher, grid), stage_args in zip(self._stages, args):
-            launcher(grid, stage_args, stream)
+        for stage in self._stages:
+            args = stage.template.copy()
+            for slot in stage.slots:
+                args[slot.index] = slot.value(values[slot.role])
+            for index, shape, dtype in stage.workspaces:
+                workspace = shared.get((shape, dtype))
+                if workspace is None:
+                    workspace = shared[(shape, dtype)] = torch.empty(shape, dtype=dtype, device=self._device)
+                args[index] = workspace
+            stage.launcher(stage.grid, args, stream)
         if out is not None:
             return out
         return result[0] if self._result_2d else result

@@ -32,11 +32,20 @@ LOAD_LATENCY_S = 0.8e-6
 TILE_OVERHEAD_ITERATIONS = 2.0
 FLATTENED_OVERHEAD_ITERATIONS = 0.7
 VENDOR_FRACTION = 0.79
-VENDOR_CALL_SECONDS = 6e-6  # cuBLAS through PyTorch: launch plus its own heuristic
+# torch._scaled_mm reached 1194-1348 TFLOP/s at 4096^3/8192^3 fp8, of a 1979 peak.
+VENDOR_FP8_FRACTION = 0.70
+# The fractions above are of the tensor-core peak; of the memory bandwidth, on the
+# memory-bound (M <= 16) cases of benchmarks/results/h200/gemm.csv, the small-M tiled
+# tiles reached 4.1-4.3 TB/s, the persistent ones 3.8-4.0 and cuBLAS 4.1 of 4.8.
+TILED_BANDWIDTH_FRACTION = 0.88
+TMA_BANDWIDTH_FRACTION = 0.82
+VENDOR_BANDWIDTH_FRACTION = 0.86
+VENDOR_CALL_SECONDS = LAUNCH_SECONDS  # one kernel launch, as a Triton kernel (the benchmark times device work)
 L2_REUSE = 4.0  # grouped tile order serves operand re-reads from L2 at about this multiple of HBM
 GENERIC_LAYOUT_PENALTY = 0.97  # a specialised (contiguous) layout beats generic strides
 # Little's law on an H200: 4.8 TB/s over 132 multiprocessors at about 1 us of memory latency.
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024
+SM_BANDWIDTH_SHARE = 1.5
 # A kernel that spills registers to local memory: seen 5-10x slower on the unaligned cases
 # of benchmarks/results/h200/gemm.csv (odd_1000: 64x256 tiles over 4 warps).
 SPILL_PENALTY = 0.15
@@ -54,6 +63,11 @@ def _ideal_seconds(problem: GemmProblem, arch) -> float:
     return max(problem.flops() / _peak_flops(problem, arch), problem.bytes() / (arch.memory_bandwidth_gbs * 1e9))
 
 
+def _soft_max(compute_s: float, memory_s: float) -> float:
+    """The bound that dominates sets the time; the other still separates near-ties."""
+    return (compute_s**3 + memory_s**3) ** (1 / 3)
+
+
 def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     """cuBLAS picks its own tile, so no waste terms; but each epilogue step is one more pass."""
     p = problem
@@ -62,7 +76,9 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     if p.types.c is not p.types.a and not p.types.scaled:
         steps += 1  # fp32 output from half inputs: computed in fp32, then copied
     step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / (arch.memory_bandwidth_gbs * 1e9) + LAUNCH_SECONDS
-    modelled = ideal / VENDOR_FRACTION + VENDOR_CALL_SECONDS + steps * step_s
+    compute_s = p.flops() / _peak_flops(p, arch) / (VENDOR_FP8_FRACTION if p.types.scaled else VENDOR_FRACTION)
+    memory_s = p.bytes() / (arch.memory_bandwidth_gbs * 1e9) / VENDOR_BANDWIDTH_FRACTION
+    modelled = _soft_max(compute_s, memory_s) + VENDOR_CALL_SECONDS + steps * step_s
     return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
 
 
@@ -128,13 +144,16 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     per_program *= max(config.num_stages - 1, 1)
     programs_per_sm = 1.0 if persistent else min(resident, max(tiles / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    # Fewer programs than multiprocessors leave some idle; one busy SM draws more than its
+    # even share of the bandwidth, but not all of it.
+    in_flight *= min(1.0, tiles / arch.sm_count * SM_BANDWIDTH_SHARE)
     memory_s = p.bytes() / (bandwidth * in_flight)
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
-    # A soft maximum: the bound that dominates sets the time, the other still separates ties.
-    bound_s = (compute_s**3 + memory_s**3) ** (1 / 3)
-    modelled = bound_s / (TMA_FRACTION if persistent else TILED_FRACTION) + LAUNCH_SECONDS + reduce_s
+    compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
+    memory_s /= TMA_BANDWIDTH_FRACTION if persistent else TILED_BANDWIDTH_FRACTION
+    modelled = _soft_max(compute_s, memory_s) + LAUNCH_SECONDS + reduce_s
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:

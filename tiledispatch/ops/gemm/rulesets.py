@@ -67,6 +67,12 @@ DEFAULT_TILES = TESTS_TILES + (
     Tile(64, 64, 128, 4, 3, 8, split_k=4),
     Tile(32, 64, 128, 4, 4, 1, split_k=8),
     Tile(64, 128, 64, 4, 4, 8, split_k=2),
+    # Deep K over few output tiles (deep_k_*, tall_skinny_* of the suite): enough programs
+    # to fill 132 SMs only when K is split 16-64 ways.
+    Tile(128, 64, 64, 4, 4, 8, split_k=2),
+    Tile(128, 128, 64, 8, 3, 1, split_k=16),
+    Tile(64, 64, 128, 4, 4, 1, split_k=16),
+    Tile(32, 64, 128, 4, 4, 1, split_k=64),
     # Hopper: TMA loads and stores, one program per SM. 16-bit tiles (block_k 64), fp8 (128).
     _persistent(128, 256, 64, 8, 3, epilogue_split=2),
     _persistent(128, 256, 64, 8, 4, epilogue_split=2),
