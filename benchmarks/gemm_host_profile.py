@@ -44,22 +44,24 @@ def main() -> None:
     call()
     key = fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel)
     bound = dispatcher.memo(("gemm", key), lambda: None)
-    stage = bound._stages[0]
-    values = {"a": a, "b": b, "out": out.unsqueeze(0)}
-    stage_args = stage.template.copy()
-    for slot in stage.slots:
-        stage_args[slot.index] = slot.value(values.get(fastpath.ROLES[slot.role]))
     stream = torch.cuda.current_stream().cuda_stream
-    print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel)
+    print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel,
+          f"({type(bound).__name__})")
     rows = {
         "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
         "tiledispatch.gemm(out=)": call,
         "  call_key": lambda: fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel),
         "  dispatcher.memo": lambda: dispatcher.memo(("gemm", key), lambda: None),
         "  bound call": lambda: bound(a, b, None, None, out, None, None),
-        "  launcher alone": lambda: stage.launcher(stage.grid, stage_args, stream),
         "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
     }
+    if isinstance(bound, fastpath.BoundGemm):
+        stage = bound._stages[0]
+        values = {"a": a, "b": b, "out": out.unsqueeze(0)}
+        stage_args = stage.template.copy()
+        for slot in stage.slots:
+            stage_args[slot.index] = slot.value(values.get(fastpath.ROLES[slot.role]))
+        rows["  launcher alone"] = lambda: stage.launcher(stage.grid, stage_args, stream)
     for name, fn in rows.items():
         print(f"{name:28s} {per_call_us(fn):7.2f} us")
     profiler = cProfile.Profile()

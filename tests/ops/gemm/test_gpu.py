@@ -191,3 +191,23 @@ def test_dispatcher_explains_the_vendor_candidate():
     explanation = tiledispatch.default_dispatcher().explain(problem)
     vendor = [c for c in explanation.ranked if c.spec.family == "vendor"]
     assert len(vendor) == 1 and "epilogue_steps" in vendor[0].score.terms
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "batched"])
+def test_fast_path_direct_vendor_matmul(batched):
+    """A plain call bound to the vendor goes straight to PyTorch's matmul: new data, out=, aliasing."""
+    name = "gemm_bf16_sss_vendor_none_sm90"
+    rows = (3, 96) if batched else (96,)
+    for _ in range(2):
+        a = torch.randn(*rows, 72, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(72, 80, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((*rows, 80), float("nan"), device="cuda", dtype=torch.bfloat16)
+        got = tiledispatch.gemm(a, b, out=out, kernel=name)
+        assert got.data_ptr() == out.data_ptr()
+        assert _rel(got, _ref(a, b)) < 1.6e-2
+        plain = tiledispatch.gemm(a, b, kernel=name)
+        assert plain.shape == out.shape and _rel(plain, _ref(a, b)) < 1.6e-2
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    tiledispatch.gemm(x, x.clone(), out=torch.empty_like(x), kernel=name)  # binds the signature
+    with pytest.raises(tiledispatch.InvalidProblemError, match="shares memory with a"):
+        tiledispatch.gemm(x, x.clone(), out=x, kernel=name)

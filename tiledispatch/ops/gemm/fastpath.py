@@ -20,6 +20,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.kernel import PythonLauncher
 from ...core.launch import Plan
+from . import vendor
+from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
 
 ROLES = ("a", "b", "bias", "residual", "out", "scale_a", "scale_b")  # the order of `BoundGemm.__call__`
@@ -155,7 +157,29 @@ def _stream_getter(device: torch.device):
     return lambda: torch.cuda.current_stream(index).cuda_stream
 
 
-def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> BoundGemm:
+class DirectMatmul:
+    """The vendor candidate on a plain call: PyTorch's matmul on the caller's own tensors.
+
+    Nothing is planned or laid out: the call costs what torch.mm costs, plus the signature.
+    """
+
+    def __init__(self, result_2d: bool) -> None:
+        self._matmul = torch.mm if result_2d else torch.matmul
+        self._unaliased: tuple | None = None
+
+    def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
+        if out is None:
+            return self._matmul(a, b)
+        pointers = (out.data_ptr(), a.data_ptr(), b.data_ptr())
+        if pointers != self._unaliased:
+            check_no_alias(out, a, b, None)
+            self._unaliased = pointers
+        return self._matmul(a, b, out=out)
+
+
+def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> BoundGemm | DirectMatmul:
     """Selects (or resolves), loads and plans once, for `BoundGemm` to replay."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
+    if isinstance(spec.config, VendorConfig) and vendor.is_plain(operands):
+        return DirectMatmul(result_2d)
     return BoundGemm(operands, spec.definition.plan(spec.config, operands), launchers, result_2d)
