@@ -21,10 +21,13 @@ ALIGNED = ConvSpecialization()
 UNALIGNED = ConvSpecialization(aligned=False)
 POINTWISE = ConvSpecialization(pointwise=True)
 DEPTHWISE = ConvSpecialization(groups_aligned=False, depthwise=True)
+DENSE = ConvSpecialization(unit_stride=True, channel_multiple=128)  # resnet's 256-channel 3x3 convs
 BUILDS = {  # kernel -> the specialisations built for it
     "conv_fwd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED, UNALIGNED, POINTWISE),
     "conv_fwd_bf16_igemm_32x32x32_w4_s2_g4_k1_bias-relu-res_sm90": (ALIGNED,),
     "conv_bwdd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED,),
+    "conv_fwd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90": (DENSE,),
+    "conv_bwdd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90": (DENSE,),
     "conv_fwd_bf16_igemm_128x64x64_w4_s3_g8_k1_gt8_none_sm90": (ALIGNED,),
     "conv_bwdd_fp16_igemm_128x32x32_w4_s3_g8_k1_gt4_none_sm90": (ALIGNED,),
     "conv_bwdw_fp16_igemm_32x16x16_w2_s2_g2_k3ws_none_sm90": (ALIGNED,),
@@ -90,3 +93,14 @@ def test_direct_family_vectorises_depthwise_channels(built):
     depthwise, unaligned = ptx(cache, spec, DEPTHWISE), ptx(cache, spec, UNALIGNED)
     assert "mma" not in depthwise
     assert "ld.global.v" in depthwise and "ld.global.v" not in unaligned
+
+
+def test_dense_tiles_use_wgmma_in_a_pipelined_loop(built):
+    """The 128x128 dense tiles: Hopper wgmma, 16-byte cp.async into a multi-stage pipeline."""
+    cache, registry, _ = built
+    for name in ("conv_fwd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90",
+                 "conv_bwdd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90"):
+        code = ptx(cache, registry.get(name), DENSE)
+        assert "wgmma.mma_async" in code
+        assert "cp.async.cg.shared.global" in code and "0x10" in code
+        assert "cp.async.wait_group" in code

@@ -122,10 +122,10 @@ def test_groups(dispatcher, direction, groups):
 def test_specialisations_are_detected(dispatcher):
     ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 2, (4, 4), (1, 1)))
     assert ops.problem.specialization.aligned and ops.problem.specialization.pointwise
-    assert ops.problem.specialization.tag == "al11-pw"
+    assert ops.problem.specialization.tag == "al11-pw-s1-c8"
     ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 16, (4, 4), (3, 3), 1, 1))
     assert ops.problem.specialization.depthwise and not ops.problem.specialization.groups_aligned
-    assert ops.problem.specialization.tag == "al10-dw"
+    assert ops.problem.specialization.tag == "al10-dw-s1"
     ops, _ = run_and_check(dispatcher, problem("forward", 1, 3, 5, 1, (4, 4), (3, 3)))
     assert not ops.problem.specialization.aligned
 
@@ -234,3 +234,28 @@ def test_merged_groups_on_aligned_channels(dispatcher, direction, merged):
                                 tile.group_m, tile.num_warps, tile.num_stages, groups_per_tile=merged)
     ops, _ = run_and_check(dispatcher, p, spec_name(config))
     assert ops.problem.specialization.groups_aligned
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+def test_whole_channel_blocks_and_unit_stride(dispatcher, direction, stride):
+    """C/G = K/G = 32 with block_k 32 and 16: the loop without channel masks (EVEN_K); stride 1 takes
+    the hoisted backward-data path, stride 2 the divided one. Dilation 2 and uneven borders on top."""
+    p = problem(direction, 2, 64, 64, 2, (7, 9), (3, 3), stride, 2, 2)
+    for tile in (t for t in TESTS_GEMM if t.split_k == 1 and t.groups_per_tile == 1 and t.block_k in (16, 32)):
+        config = ImplicitGemmConfig(ConvSignature(direction, p.types), tile.block_m, tile.block_n, tile.block_k,
+                                    tile.group_m, tile.num_warps, tile.num_stages)
+        ops, _ = run_and_check(dispatcher, p, spec_name(config))
+        assert ops.problem.specialization.channel_multiple == 32
+        assert ops.problem.specialization.unit_stride == (stride == 1)
+
+
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+def test_partial_channel_blocks(dispatcher, direction):
+    """C/G = 24, K/G = 40 (fp16: 16-byte aligned, not a multiple of block_k 32): the masked channel loop."""
+    p = problem(direction, 2, 48, 80, 2, (5, 6), (3, 3), 1, 1)
+    tile = next(t for t in TESTS_GEMM if t.block_k == 32 and t.split_k == 1 and t.groups_per_tile == 1)
+    config = ImplicitGemmConfig(ConvSignature(direction, p.types), tile.block_m, tile.block_n, tile.block_k,
+                                tile.group_m, tile.num_warps, tile.num_stages)
+    ops, _ = run_and_check(dispatcher, p, spec_name(config))
+    assert ops.problem.specialization.channel_multiple == 8 and ops.problem.specialization.groups_aligned

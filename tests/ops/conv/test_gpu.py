@@ -91,3 +91,20 @@ def test_vendor_without_out_hands_back_cudnn_storage(dispatcher):
     dx = tiledispatch.conv_backward_data(y, w, x.shape, padding=1, groups=8, kernel=vendor.replace("fwd", "bwdd"),
                                          dispatcher=dispatcher)
     assert dx.shape == x.shape and torch.isfinite(dx).all()
+
+
+@pytest.mark.parametrize("tile", ["128x128x64_w8_s3", "128x128x64_w8_s4", "128x256x64_w8_s3", "64x256x64_w8_s3"])
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+def test_dense_wgmma_tiles_with_whole_channel_blocks(dispatcher, direction, tile):
+    """The large dense tiles on resnet's 3x3 (C/G = 256: no channel mask, stride 1: hoisted rows), bf16."""
+    p = problem(direction, 4, 256, 256, 1, (14, 14), (3, 3), 1, 1, 1, "bf16")
+    name = f"conv_{direction.short}_bf16_igemm_{tile}_g8_k1_none_{ARCH.name}"
+    ops, _ = run_and_check(dispatcher, p, name)
+    assert ops.problem.specialization.channel_multiple == 128 and ops.problem.specialization.unit_stride
+
+
+@pytest.mark.parametrize("tile", ["128x64_w4", "256x64_w8", "64x64_w4"])
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+def test_tall_depthwise_tiles(dispatcher, direction, tile):
+    p = problem(direction, 4, 384, 384, 384, (28, 28), (7, 7), 1, 3, 1, "bf16")
+    run_and_check(dispatcher, p, f"conv_{direction.short}_bf16_direct_{tile}_k1_none_{ARCH.name}")

@@ -184,3 +184,38 @@ def test_unaligned_channels_rank_lower():
     unaligned = dataclasses.replace(aligned, specialization=dataclasses.replace(aligned.specialization,
                                                                                 aligned=False))
     assert rule_score(GOOD, unaligned, SM90).value < rule_score(GOOD, aligned, SM90).value
+
+
+def test_merged_groups_must_fit_one_channel_block():
+    p = problem("forward", 2, 64, 64, 4, (8, 8), (3, 3), 1, 1)  # C/G = K/G = 16
+    fits = ImplicitGemmConfig(FWD16, 32, 32, 32, groups_per_tile=2)
+    too_deep = ImplicitGemmConfig(FWD16, 32, 32, 16, groups_per_tile=2)
+    assert supports(fits, p) is None
+    assert "exceed block_k=16" in supports(too_deep, p)
+
+
+def test_large_tiles_rank_first_for_dense_convs(sm90_dispatcher):
+    """98 tiles of 128x128 keep 98 SMs busy: the wave model must not halve them for a second resident slot."""
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        p = problem(direction, 32, 256, 256, 1, (14, 14), (3, 3), 1, 1, 1, "bf16")  # resnet50 3x3
+        best = next(s for s in ranked(sm90_dispatcher, p) if s.family == "igemm")
+        assert (best.config.block_m, best.config.block_n, best.config.num_warps) == (128, 128, 8)
+
+
+def test_tall_direct_tiles_rank_first_for_depthwise(sm90_dispatcher):
+    p = problem("forward", 16, 2048, 2048, 2048, (4096,), (4,), 1, 1, 1, "bf16")  # mamba's causal conv1d
+    best = next(s for s in ranked(sm90_dispatcher, p) if s.family == "direct")
+    assert best.config.block_p * best.config.block_c // (best.config.num_warps * 32) >= 32  # >= 4 rows a thread
+
+
+def test_specialisation_channel_multiple():
+    from tiledispatch.core.errors import InvalidProblemError
+    from tiledispatch.ops.conv import ConvSpecialization
+    from tiledispatch.ops.conv.problem import channel_multiple
+
+    assert channel_multiple(256, 256) == 128 and channel_multiple(56, 56) == 8 and channel_multiple(3, 64) == 1
+    p = problem("bwd_data", 2, 64, 96, 2, (8, 8), (3, 3), 1, 1).dense_specialization()
+    assert p.channel_multiple == 16 and p.unit_stride and p.tag == "al11-s1-c16"
+    assert not problem("forward", 2, 64, 96, 2, (9, 9), (3, 3), 2, 1).dense_specialization().unit_stride
+    with pytest.raises(InvalidProblemError, match="power of two"):
+        ConvSpecialization(channel_multiple=24)

@@ -23,6 +23,7 @@ from .problem import (
     ConvTypes,
     Direction,
     SourceLayout,
+    channel_multiple,
 )
 
 ROLES = {  # the tensors each direction reads, and the one it writes
@@ -248,7 +249,8 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
     problem = ConvProblem(direction, n, c, k, groups, spatial, filt, probe.stride, probe.padding, probe.dilation,
                           probe.types, epilogue,
                           ConvSpecialization(aligned, groups_aligned, probe.pointwise,
-                                             probe.one_channel_per_group),
+                                             probe.one_channel_per_group, probe.unit_stride,
+                                             channel_multiple(probe.c_per_group, probe.k_per_group)),
                           SourceLayout.CONVERTED if converted else SourceLayout.CHANNELS_LAST)
     return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out,
                         tuple(converted))

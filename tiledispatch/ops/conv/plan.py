@@ -64,11 +64,14 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
                       "GROUP_M": config.group_m, "SPLIT_K": config.split_k,
                       "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1, **epilogue,
                       "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec,
-                      "POINTWISE": specialization.pointwise, "GROUPS_PER_TILE": config.groups_per_tile}
+                      "POINTWISE": specialization.pointwise, "GROUPS_PER_TILE": config.groups_per_tile,
+                      "EVEN_K": (config.groups_per_tile == 1 and sig.direction is not Direction.BWD_WEIGHT
+                                 and specialization.even_channels(config.block_k)),
+                      "UNIT_STRIDE": specialization.unit_stride}
         warps, stages = config.num_warps, config.num_stages
     else:
         constexprs = {"BLOCK_P": config.block_p, "BLOCK_C": config.block_c, "SPLIT_K": config.split_k, **epilogue,
-                      "VEC": vec, "DEPTHWISE": specialization.depthwise}
+                      "VEC": vec, "DEPTHWISE": specialization.depthwise, "UNIT_STRIDE": specialization.unit_stride}
         warps, stages = config.num_warps, 1
     module = FAMILY_MODULES[config.family]
     return KernelUnit(

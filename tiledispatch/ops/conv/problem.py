@@ -86,6 +86,17 @@ class ConvEpilogue:
         return self == ConvEpilogue()
 
 
+MAX_CHANNEL_MULTIPLE = 128  # the largest block_k: beyond it, a larger multiple changes no code
+
+
+def channel_multiple(*counts: int) -> int:
+    """The largest power of two (at most MAX_CHANNEL_MULTIPLE) that divides every count."""
+    multiple = MAX_CHANNEL_MULTIPLE
+    while multiple > 1 and any(c % multiple for c in counts):
+        multiple //= 2
+    return multiple
+
+
 @dataclass(frozen=True)
 class ConvSpecialization:
     """Facts about the data that the compiled code may assume: the artifact is specialised on them.
@@ -96,25 +107,39 @@ class ConvSpecialization:
     so a run of one group's channels (the implicit GEMM) is too. `pointwise`: a 1x1
     filter, stride 1, no padding (an output pixel reads its own input pixel: no bounds
     arithmetic). `depthwise`: C/G = K/G = 1 (one channel per lane, no group arithmetic).
-    Every kernel serves every specialisation.
+    `unit_stride`: stride 1 in every dim, so backward-data finds the output pixel of a
+    tap by a subtraction (no division, no divisibility mask). `channel_multiple`: a power
+    of two dividing C/G and K/G; an implicit GEMM whose block_k divides it reads whole
+    channel blocks and drops the channel mask from its loop. Every kernel serves every
+    specialisation.
     """
 
     aligned: bool = True
     groups_aligned: bool = True
     pointwise: bool = False
     depthwise: bool = False
+    unit_stride: bool = False
+    channel_multiple: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups_aligned", self.groups_aligned and self.aligned)
+        if self.channel_multiple not in {2**i for i in range(MAX_CHANNEL_MULTIPLE.bit_length())}:
+            raise InvalidProblemError(f"channel_multiple={self.channel_multiple} must be a power of two "
+                                      f"up to {MAX_CHANNEL_MULTIPLE}")
 
     @property
     def tag(self) -> str:
         return (f"al{int(self.aligned)}{int(self.groups_aligned)}" + ("-pw" if self.pointwise else "")
-                + ("-dw" if self.depthwise else ""))
+                + ("-dw" if self.depthwise else "") + ("-s1" if self.unit_stride else "")
+                + (f"-c{self.channel_multiple}" if self.channel_multiple > 1 else ""))
 
     def vector(self, dtype: DType, per_group: bool) -> int:
         """Elements per guaranteed 16-byte run of channels (1: no guarantee), across or within groups."""
         return 16 // dtype.itemsize if (self.groups_aligned if per_group else self.aligned) else 1
+
+    def even_channels(self, block_k: int) -> bool:
+        """Whether every channel block of block_k is whole (no channel mask needed)."""
+        return self.channel_multiple % block_k == 0
 
 
 def _as_tuple(value, dims: int, what: str) -> tuple[int, ...]:
@@ -228,12 +253,17 @@ class ConvProblem:
         return (all(f == 1 for f in self.filter_size) and all(s == 1 for s in self.stride)
                 and all(p == 0 for p in self.padding))
 
+    @property
+    def unit_stride(self) -> bool:
+        return all(s == 1 for s in self.stride)
+
     def dense_specialization(self) -> ConvSpecialization:
         """The specialisation of freshly allocated (dense channels-last) tensors for this problem."""
         item = self.types.dtype.itemsize
         aligned = (self.c * item) % 16 == 0 and (self.k * item) % 16 == 0
         per_group = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
-        return ConvSpecialization(aligned, per_group, self.pointwise, self.one_channel_per_group)
+        return ConvSpecialization(aligned, per_group, self.pointwise, self.one_channel_per_group,
+                                  self.unit_stride, channel_multiple(self.c_per_group, self.k_per_group))
 
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""

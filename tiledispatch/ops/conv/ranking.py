@@ -41,10 +41,16 @@ VENDOR_FRACTION_GROUPED = 0.25
 VENDOR_FRACTION_DEPTHWISE = 0.3
 VENDOR_CALL_SECONDS = 8e-6  # cuDNN through PyTorch: launch plus its algorithm choice
 DIRECT_FRACTION = 0.75  # of copy bandwidth, for a well-fed streaming kernel
+DIRECT_REGISTERS_PER_ACCUMULATOR = 3
+DIRECT_REGISTER_BASE = 32
+DIRECT_ISSUE_ROWS = 1.0  # rows a thread needs to halve its issue overhead (a guess to calibrate on the H200)
 FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
 L2_REUSE = 4.0
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
 SPILL_PENALTY = 0.15
+# Warps an SM needs issuing wgmma/mma to keep its tensor cores busy: two warpgroups (the
+# 8-warp 128x128 and 128x256 tiles of the GEMM op's fastest H200 kernels).
+WARPS_TO_FILL_SM = 8
 # Atomic split-K sums in a different order each run: taken only when clearly faster.
 NONDETERMINISTIC_PENALTY = 0.97
 
@@ -97,6 +103,20 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
                                     "modelled_us": modelled * 1e6})
 
 
+def sm_efficiency(tiles: int, resident: int, num_warps: int, sm_count: int) -> tuple[float, int]:
+    """Busy fraction of the tensor cores, and the programs each SM runs at once.
+
+    Time follows the busiest SM: it runs ceil(tiles / SMs) tiles, min(that, resident) at
+    a time, and its tensor cores are full once WARPS_TO_FILL_SM warps issue MMAs. So 98
+    tiles of 128x128 (8 warps) on 132 SMs keep 98 SMs full (0.74), where counting slots
+    of two resident programs would say 0.37 and prefer twice as many half-size tiles.
+    """
+    per_sm = math.ceil(tiles / sm_count)
+    concurrent = min(resident, per_sm)
+    balance = tiles / (sm_count * per_sm)
+    return balance * min(1.0, concurrent * num_warps / WARPS_TO_FILL_SM), concurrent
+
+
 def _stride_hit_rate(p: ConvProblem) -> float:
     """Backward-data visits every (input pixel, tap): only 1 in prod(stride) of them meets an output pixel."""
     return 1.0 / math.prod(p.stride) if p.direction is Direction.BWD_DATA else 1.0
@@ -130,10 +150,10 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     else:
         tiles = (math.ceil(v.m / config.block_m) * math.ceil(config.groups_per_tile * v.n / config.block_n)
                  * math.ceil(p.groups / config.groups_per_tile))
-    waves = wave_efficiency(tiles, arch.sm_count * resident)
+    waves, concurrent = sm_efficiency(tiles, resident, config.num_warps, arch.sm_count)
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * item)
     feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
-    latency = 1.0 if resident >= 2 else 0.9 if config.num_stages >= 3 else 0.8
+    latency = 1.0 if concurrent >= 2 else 0.9 if config.num_stages >= 3 else 0.8
     hits = _stride_hit_rate(p)
     efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency * hits
     efficiency *= SPILL_PENALTY if spills else 1.0
@@ -180,7 +200,10 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     lane_use = tile_efficiency(lanes, config.block_c)
     row_use = tile_efficiency(rows, config.block_p) if p.direction is not Direction.BWD_WEIGHT else 1.0
     threads = config.num_warps * 32
-    registers = accumulator_registers(config) + REGISTER_RESERVE
+    # Each accumulator row a thread holds also keeps its loaded vector (widened to fp32),
+    # its pointer and coordinates: sm_90 builds of the depthwise forward take 72, 123 and 226
+    # registers for 16, 32 and 64 accumulators a thread.
+    registers = DIRECT_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config) + DIRECT_REGISTER_BASE
     spills = registers > arch.registers_per_thread_max
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=0,
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
@@ -194,7 +217,12 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     per_program = config.block_p * config.block_c * item * (2 if p.direction is Direction.BWD_WEIGHT else 1)
     programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM) * min(1.0, vector / 16)
-    efficiency = lane_use * row_use * waves * in_flight * DIRECT_FRACTION
+    # Issue: a thread's per-tap weight loads and tap arithmetic are shared by the rows it
+    # holds of one channel vector; with few rows the kernel runs out of instruction slots
+    # before it runs out of bandwidth.
+    rows_per_thread = max(1.0, config.block_p * config.block_c / (threads * max(16 // item, 1)))
+    issue = rows_per_thread / (rows_per_thread + DIRECT_ISSUE_ROWS)
+    efficiency = lane_use * row_use * waves * in_flight * issue * DIRECT_FRACTION
     efficiency *= SPILL_PENALTY if spills else 1.0
     bytes_moved = p.bytes()
     if p.direction is Direction.BWD_WEIGHT:

@@ -228,6 +228,11 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
         return f"built for {sig.types.name}, the problem is {want.types.name}"
     if sig.epilogue != want.epilogue:
         return f"built for epilogue {sig.epilogue.name}, the problem needs {want.epilogue.name}"
+    if isinstance(config, ImplicitGemmConfig) and config.groups_per_tile > 1:
+        depth = problem.c_per_group if problem.direction is Direction.FORWARD else problem.k_per_group
+        if config.groups_per_tile * depth > config.block_k:
+            return (f"{config.groups_per_tile} merged groups of {depth} reduction channels exceed block_k="
+                    f"{config.block_k}: a merged tile reads all its groups' channels in one block")
     if isinstance(config, DirectConfig):
         per_group = max(problem.c_per_group, problem.k_per_group)
         if per_group > DIRECT_MAX_CHANNELS_PER_GROUP:

@@ -65,9 +65,13 @@ TESTS_GEMM = TINY_GEMM + (
 # small, and split backward-weight tiles for its long pixel reductions.
 DEFAULT_GEMM = TESTS_GEMM + (
     GemmTile(128, 128, 64, 8, 3, 8),
+    GemmTile(128, 128, 64, 8, 4, 8),
     GemmTile(128, 64, 64, 4, 4, 8),
     GemmTile(64, 128, 64, 4, 4, 8),
+    GemmTile(64, 128, 64, 4, 3, 8),
     GemmTile(128, 256, 64, 8, 3, 8),
+    GemmTile(128, 256, 64, 8, 4, 8),
+    GemmTile(64, 256, 64, 8, 3, 8),
     GemmTile(256, 128, 64, 8, 3, 8),
     GemmTile(128, 32, 32, 4, 4, 8),
     GemmTile(128, 16, 16, 4, 4, 8),
@@ -98,12 +102,19 @@ TESTS_DIRECT = TINY_DIRECT + (
     DirectTile(8, 32, 4),
     DirectTile(16, 16, 4, split_k=2),
 )
-# Channel vectors of 64-128 (8-16 bytes a lane), a few pixel rows per program.
+# Channel vectors of 64-128 (8-16 bytes a lane), a few pixel rows per program; the tall
+# tiles give each thread 4-8 rows of one channel vector, so its per-tap weight loads and
+# tap arithmetic are shared by 4-8 row loads (sm_90 SASS: 2 rows a thread spend ~150
+# instructions a tap on 16 FMAs).
 DEFAULT_DIRECT = TESTS_DIRECT + (
     DirectTile(32, 64, 4),
     DirectTile(16, 128, 4),
     DirectTile(64, 64, 8),
     DirectTile(8, 256, 4),
+    DirectTile(64, 64, 4),
+    DirectTile(128, 64, 4),
+    DirectTile(256, 64, 8),
+    DirectTile(64, 128, 8),
     DirectTile(64, 32, 4, split_k=16),
     DirectTile(32, 64, 4, split_k=32),
     DirectTile(128, 32, 8, split_k=64),

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
-from .geometry import source_of, split_pixel, split_tap, target_of
+from .geometry import inside, next_tap, source_of, split_pixel, split_tap, target_of
 
 
 @triton.jit
@@ -22,7 +22,7 @@ def conv_fwd_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                     sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
                     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                    VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
+                    VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """Lanes are output channels k (all groups); each sums C/G input channels of its group over the taps."""
     pid_p = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -33,32 +33,39 @@ def conv_fwd_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     in_p = offs_p < M
     in_k = offs_k < K
     n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
-    x_n = n.to(tl.int64) * (sxn // VEC * VEC)
+    sxd_v, sxh_v, sxw_v = sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
     if DEPTHWISE:
         x_ch = offs_k
     else:
         x_ch = (offs_k // KG) * CG
-    w_lane = offs_k.to(tl.int64) * swk
+    # Hoisted out of the tap loop: each row's input pixel at tap 0 and its pointers; a tap
+    # adds one scalar offset and checks the rows against the borders (unsigned compares).
+    d0 = od * SD - PD
+    h0 = oh * SH - PH
+    w0 = ow * SW - PW
+    x_rows = n.to(tl.int64) * (sxn // VEC * VEC) + d0 * sxd_v + h0 * sxh_v + w0 * sxw_v
+    x_ptrs = x_ptr + x_rows[:, None] + x_ch[None, :]
+    w_ptrs = w_ptr + offs_k.to(tl.int64) * swk
 
+    fz = tl.full((), 0, tl.int32)  # the tap, carried: see next_step
+    fy = fz
+    fx = fz
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    for tap in range(FZ * FY * FX):
-        fz, fy, fx = split_tap(tap, FY, FX)
-        idd, ok_d = source_of(od, fz, D, SD, PD, DD)
-        ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
-        iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
-        ok = in_p & ok_d & ok_h & ok_w
-        x_row = x_n + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC) + iw * (sxw // VEC * VEC)
-        w_tap = w_lane + fz * swz + fy * swy + fx * swx
+    for _ in range(FZ * FY * FX):
+        ok = in_p & inside(d0 + fz * DD, D) & inside(h0 + fy * DH, H) & inside(w0 + fx * DW, W)
+        x_off = (fz * DD) * sxd_v + (fy * DH) * sxh_v + (fx * DW) * sxw_v
+        w_off = fz * swz + fy * swy + fx * swx
         mask = ok[:, None] & in_k[None, :]
         if DEPTHWISE:
-            xv = tl.load(x_ptr + x_row[:, None] + x_ch[None, :], mask=mask, other=0.0)
-            wv = tl.load(w_ptr + w_tap, mask=in_k, other=0.0)
+            xv = tl.load(x_ptrs + x_off, mask=mask, other=0.0)
+            wv = tl.load(w_ptrs + w_off, mask=in_k, other=0.0)
             acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
         else:
             for c in range(CG):
-                xv = tl.load(x_ptr + x_row[:, None] + (x_ch + c)[None, :], mask=mask, other=0.0)
-                wv = tl.load(w_ptr + w_tap + c, mask=in_k, other=0.0)
+                xv = tl.load(x_ptrs + (x_off + c), mask=mask, other=0.0)
+                wv = tl.load(w_ptrs + (w_off + c), mask=in_k, other=0.0)
                 acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+        fz, fy, fx = next_tap(fz, fy, fx, FY, FX)
 
     acc = apply_epilogue(acc, offs_p, offs_k, M, K, 0, bias_ptr, bias_ptr, bias_ptr, 1,
                          res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
@@ -78,7 +85,7 @@ def conv_bwd_data_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                          sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
                          BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                          HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                         VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
+                         VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """Lanes are input channels c (all groups); each sums the K/G output channels of its group over the taps."""
     pid_p = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -89,6 +96,7 @@ def conv_bwd_data_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     in_p = offs_p < M
     in_c = offs_c < C
     n, idd, ih, iw = split_pixel(offs_p, D, H, W)
+    syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
     dy_n = n.to(tl.int64) * (syn // VEC * VEC)
     if DEPTHWISE:
         k_first = offs_c
@@ -96,22 +104,43 @@ def conv_bwd_data_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     else:
         k_first = (offs_c // CG) * KG
         c_in_group = offs_c % CG
+    # Stride 1: a tap's output pixel is the row's (i + P) minus the tap's offset, so the rows'
+    # pointers are hoisted and a tap adds one scalar, as in the forward kernel.
+    d0 = idd + PD
+    h0 = ih + PH
+    w0 = iw + PW
+    if UNIT_STRIDE:
+        dy_ptrs = y_ptr + (dy_n + d0 * syd_v + h0 * syh_v + w0 * syw_v)[:, None] + k_first[None, :]
+    else:
+        dy_ptrs = y_ptr + dy_n[:, None] + k_first[None, :]
+    w_ptrs = w_ptr + k_first.to(tl.int64) * swk + c_in_group
 
+    fz = tl.full((), 0, tl.int32)  # the tap, carried: see next_step
+    fy = fz
+    fx = fz
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    for tap in range(FZ * FY * FX):
-        fz, fy, fx = split_tap(tap, FY, FX)
-        od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
-        oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
-        ow, ok_w = target_of(iw, fx, OW, SW, PW, DW)
-        ok = in_p & ok_d & ok_h & ok_w
-        dy_row = dy_n + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC) + ow * (syw // VEC * VEC)
-        w_tap = fz * swz + fy * swy + fx * swx + c_in_group
+    for _ in range(FZ * FY * FX):
+        if UNIT_STRIDE:
+            ok = in_p & inside(d0 - fz * DD, OD) & inside(h0 - fy * DH, OH) & inside(w0 - fx * DW, OW)
+            at = dy_ptrs - ((fz * DD) * syd_v + (fy * DH) * syh_v + (fx * DW) * syw_v)
+        else:
+            od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
+            oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
+            ow, ok_w = target_of(iw, fx, OW, SW, PW, DW)
+            ok = in_p & ok_d & ok_h & ok_w
+            at = dy_ptrs + (od * syd_v + oh * syh_v + ow * syw_v)[:, None]
+        w_tap = w_ptrs + (fz * swz + fy * swy + fx * swx)
         mask = ok[:, None] & in_c[None, :]
-        for kk in range(KG):
-            k = k_first + kk
-            dyv = tl.load(y_ptr + dy_row[:, None] + k[None, :], mask=mask, other=0.0)
-            wv = tl.load(w_ptr + k.to(tl.int64) * swk + w_tap, mask=in_c, other=0.0)
+        if DEPTHWISE:  # one output channel per lane: no loop over K/G
+            dyv = tl.load(at, mask=mask, other=0.0)
+            wv = tl.load(w_tap, mask=in_c, other=0.0)
             acc += dyv.to(tl.float32) * wv.to(tl.float32)[None, :]
+        else:
+            for kk in range(KG):
+                dyv = tl.load(at + kk, mask=mask, other=0.0)
+                wv = tl.load(w_tap + kk * swk, mask=in_c, other=0.0)
+                acc += dyv.to(tl.float32) * wv.to(tl.float32)[None, :]
+        fz, fy, fx = next_tap(fz, fy, fx, FY, FX)
 
     x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
              + iw * (sxw // VEC * VEC))
@@ -126,7 +155,7 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                            sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                           VEC: tl.constexpr, DEPTHWISE: tl.constexpr):
+                           VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """Lanes are weights (k, c), over every tap; the pixels split over SPLIT_K programs (grid axis 1).
 
     Taps are the outer loop and this program's pixels the inner one, so the dy and x

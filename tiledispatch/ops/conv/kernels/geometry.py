@@ -47,3 +47,36 @@ def target_of(i, f, size, STRIDE, PAD, DIL):
     num = tl.where(ok, num, 0)
     o = num // STRIDE
     return o, ok & (num % STRIDE == 0) & (o < size)
+
+
+@triton.jit
+def inside(i, size):
+    """0 <= i < size, in one unsigned compare (a negative i wraps to a huge unsigned value)."""
+    return i.to(tl.uint32, bitcast=True) < size.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def next_tap(fz, fy, fx, FY, FX):
+    """The filter tap after (fz, fy, fx), x fastest: carried from step to step by compares and selects."""
+    fx += 1
+    wrap = fx == FX
+    fx = tl.where(wrap, 0, fx)
+    fy = tl.where(wrap, fy + 1, fy)
+    wrap = fy == FY
+    fy = tl.where(wrap, 0, fy)
+    fz = tl.where(wrap, fz + 1, fz)
+    return fz, fy, fx
+
+
+@triton.jit
+def next_step(cb, fz, fy, fx, c_tiles, FY, FX):
+    """The (channel block, tap) after (cb, fz, fy, fx) in a flat reduction loop, channel blocks innermost.
+
+    Carried from step to step with compares and selects: the implicit GEMM's loop would
+    otherwise divide its step counter by c_tiles, FX and FY at every step.
+    """
+    cb += 1
+    wrap = cb == c_tiles
+    cb = tl.where(wrap, 0, cb)
+    nz, ny, nx = next_tap(fz, fy, fx, FY, FX)
+    return cb, tl.where(wrap, nz, fz), tl.where(wrap, ny, fy), tl.where(wrap, nx, fx)

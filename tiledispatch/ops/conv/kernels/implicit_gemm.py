@@ -8,14 +8,20 @@ strides are rounded with ``// VEC * VEC``, a no-op on the data it is compiled fo
 lets the compiler prove aligned vector loads along channels.
 
 The reduction walks (tap, channel block) in one flat loop, so the software pipeline
-spans all taps instead of restarting at each.
+spans all taps instead of restarting at each. What a step costs besides its MMAs was
+what made these kernels slow (sm_90 SASS, 128x128x64 with 8 warps: 396 instructions a
+step forward, 738 backward-data, against 4 wgmma): so each row's pixel and pointers are
+computed once before the loop, a step adds one scalar offset for its (tap, channel
+block), carried from step to step by compares instead of divisions (`next_step`), checks
+rows against the borders with unsigned compares (`inside`), and with EVEN_K (C/G a
+multiple of BLOCK_K) has no channel mask at all: 195-199 instructions a step.
 """
 
 import triton
 import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
-from .geometry import source_of, split_pixel, split_tap, target_of
+from .geometry import inside, next_step, source_of, split_pixel, split_tap, target_of
 
 
 @triton.jit
@@ -26,7 +32,8 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                    HAS_RESIDUAL: tl.constexpr, DOT_PRECISION: tl.constexpr, VEC: tl.constexpr,
-                   POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr):
+                   POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr,
+                   UNIT_STRIDE: tl.constexpr):
     """y[n, o, g, k] = sum over taps and c of x[n, o*S-P+tap*D, g, c] * w[g, k, tap, c]: M = pixels, N = K/G.
 
     GROUPS_PER_TILE > 1 merges that many groups into one tile when C/G and K/G are small:
@@ -55,38 +62,58 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
     in_m = offs_m < M
     in_n = offs_n < n_valid
     n, od, oh, ow = split_pixel(offs_m, OD, OH, OW)
-    x_row = n.to(tl.int64) * (sxn // VEC * VEC) + g * CG
+    sxd_v, sxh_v, sxw_v = sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
+    swz_v, swy_v, swx_v = swz // VEC * VEC, swy // VEC * VEC, swx // VEC * VEC
+    # Hoisted out of the loop: each row's input pixel at tap 0 and its pointers; a step only
+    # adds one scalar offset (tap and channel block) and checks the rows against the borders.
+    d0 = od * SD - PD
+    h0 = oh * SH - PH
+    w0 = ow * SW - PW
+    x_rows = n.to(tl.int64) * (sxn // VEC * VEC) + d0 * sxd_v + h0 * sxh_v + w0 * sxw_v + g * CG
+    a_ptrs = x_ptr + x_rows[:, None] + offs_k[None, :]
     w_col = (g * KG + offs_n).to(tl.int64) * (swk // VEC * VEC)
+    if GROUPS_PER_TILE == 1:
+        b_ptrs = w_ptr + w_col[None, :] + offs_k[:, None]
+    else:  # merged channel c belongs to group c // CG: its weight is that group's channel c % CG
+        b_ptrs = w_ptr + w_col[None, :] + (offs_k % CG)[:, None]
+        # One channel block holds every merged channel (`supports` asks GROUPS_PER_TILE * C/G <=
+        # BLOCK_K), so the block-diagonal mask is the same at every step: built once, here.
+        in_c = offs_k < c_valid
+        a_cols = in_c[None, :]
+        b_mask = in_c[:, None] & in_n[None, :] & ((offs_k // CG)[:, None] == (offs_n // KG)[None, :])
 
     c_tiles = tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_K)
+    cb = tl.full((), 0, tl.int32)  # the (channel block, tap) of this step, carried: see next_step
+    fz = cb
+    fy = cb
+    fx = cb
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(FZ * FY * FX * c_tiles):
-        tap = step // c_tiles
-        offs_c = (step % c_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
-        in_c = offs_c < c_valid
+    for _ in range(FZ * FY * FX * c_tiles):
+        c0 = cb * BLOCK_K
         if POINTWISE:
-            a_row = x_row + od * (sxd // VEC * VEC) + oh * (sxh // VEC * VEC) + ow * (sxw // VEC * VEC)
             ok = in_m
-            w_tap = w_col
+            x_off = c0.to(tl.int64)
+            w_off = 0
         else:
-            fz, fy, fx = split_tap(tap, FY, FX)
-            idd, ok_d = source_of(od, fz, D, SD, PD, DD)
-            ih, ok_h = source_of(oh, fy, H, SH, PH, DH)
-            iw, ok_w = source_of(ow, fx, W, SW, PW, DW)
-            ok = in_m & ok_d & ok_h & ok_w
-            a_row = x_row + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC) + iw * (sxw // VEC * VEC)
-            w_tap = w_col + fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC)
-        a = tl.load(x_ptr + a_row[:, None] + offs_c[None, :], mask=ok[:, None] & in_c[None, :], other=0.0)
-        if GROUPS_PER_TILE == 1:
-            b = tl.load(w_ptr + w_tap[None, :] + offs_c[:, None], mask=in_c[:, None] & in_n[None, :], other=0.0)
-        else:
-            same_group = (offs_c // CG)[:, None] == (offs_n // KG)[None, :]
-            b = tl.load(w_ptr + w_tap[None, :] + (offs_c % CG)[:, None],
-                        mask=in_c[:, None] & in_n[None, :] & same_group, other=0.0)
+            ok = in_m & inside(d0 + fz * DD, D) & inside(h0 + fy * DH, H) & inside(w0 + fx * DW, W)
+            x_off = (fz * DD) * sxd_v + (fy * DH) * sxh_v + (fx * DW) * sxw_v + c0
+            w_off = fz * swz_v + fy * swy_v + fx * swx_v
+        if EVEN_K:  # whole channel blocks: only the border rows are masked
+            a = tl.load(a_ptrs + x_off, mask=ok[:, None], other=0.0)
+            b = tl.load(b_ptrs + (w_off + c0), mask=in_n[None, :], other=0.0)
+        elif GROUPS_PER_TILE == 1:
+            in_c = c0 + offs_k < c_valid
+            a = tl.load(a_ptrs + x_off, mask=ok[:, None] & in_c[None, :], other=0.0)
+            b = tl.load(b_ptrs + (w_off + c0), mask=in_c[:, None] & in_n[None, :], other=0.0)
+        else:  # merged groups: a single channel block (c0 = 0), its masks built before the loop
+            a = tl.load(a_ptrs + x_off, mask=ok[:, None] & a_cols, other=0.0)
+            b = tl.load(b_ptrs + w_off, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        cb, fz, fy, fx = next_step(cb, fz, fy, fx, c_tiles, FY, FX)
 
     acc = apply_epilogue(acc, offs_m, offs_n, M, n_valid, 0, bias_ptr, bias_ptr, bias_ptr + g * KG, 1,
                          res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
@@ -108,7 +135,7 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                         DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
-                        GROUPS_PER_TILE: tl.constexpr):
+                        GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """dx[n, i, g, c] = sum over taps and k of dy[n, o, g, k] * w[g, k, tap, c] where o*S-P+tap*D = i.
 
     M = input pixels, N = C/G; an (input pixel, tap) pair with no output pixel (stride
@@ -136,40 +163,74 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
     in_m = offs_m < M
     in_n = offs_n < n_valid
     n, idd, ih, iw = split_pixel(offs_m, D, H, W)
+    syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
+    swz_v, swy_v, swx_v = swz // VEC * VEC, swy // VEC * VEC, swx // VEC * VEC
     dy_n = n.to(tl.int64) * (syn // VEC * VEC) + g * KG
     if GROUPS_PER_TILE == 1:
         c_in_group = offs_n
     else:
         c_in_group = offs_n % CG
+    # Stride 1: the output pixel a tap meets is the row's (i + P) minus the tap's offset, so
+    # rows and pointers are hoisted and a step adds one scalar, as in the forward kernel.
+    d0 = idd + PD
+    h0 = ih + PH
+    w0 = iw + PW
+    if UNIT_STRIDE or POINTWISE:
+        dy_rows = dy_n + d0 * syd_v + h0 * syh_v + w0 * syw_v
+    else:
+        dy_rows = dy_n
+    a_ptrs = y_ptr + dy_rows[:, None] + offs_k[None, :]
+    b_ptrs = w_ptr + (g * KG + offs_k).to(tl.int64)[:, None] * (swk // VEC * VEC) + c_in_group[None, :]
+    if GROUPS_PER_TILE > 1:
+        # One channel block holds every merged output channel (`supports` asks GROUPS_PER_TILE *
+        # K/G <= BLOCK_K): the block-diagonal mask is the same at every step, built once here.
+        in_k = offs_k < k_valid
+        a_cols = in_k[None, :]
+        b_mask = in_k[:, None] & in_n[None, :] & ((offs_k // KG)[:, None] == (offs_n // CG)[None, :])
 
     k_tiles = tl.cdiv(GROUPS_PER_TILE * KG, BLOCK_K)
+    cb = tl.full((), 0, tl.int32)  # the (channel block, tap) of this step, carried: see next_step
+    fz = cb
+    fy = cb
+    fx = cb
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(FZ * FY * FX * k_tiles):
-        tap = step // k_tiles
-        offs_k = (step % k_tiles) * BLOCK_K + tl.arange(0, BLOCK_K)
-        in_k = offs_k < k_valid
+    for _ in range(FZ * FY * FX * k_tiles):
+        k0 = cb * BLOCK_K
         if POINTWISE:
-            a_row = dy_n + idd * (syd // VEC * VEC) + ih * (syh // VEC * VEC) + iw * (syw // VEC * VEC)
             ok = in_m
-            w_tap = 0
+            dy_off = k0.to(tl.int64)
+            w_off = k0.to(tl.int64) * (swk // VEC * VEC)
+        elif UNIT_STRIDE:
+            ok = in_m & inside(d0 - fz * DD, OD) & inside(h0 - fy * DH, OH) & inside(w0 - fx * DW, OW)
+            dy_off = k0 - (fz * DD) * syd_v - (fy * DH) * syh_v - (fx * DW) * syw_v
+            w_off = k0.to(tl.int64) * (swk // VEC * VEC) + fz * swz_v + fy * swy_v + fx * swx_v
         else:
-            fz, fy, fx = split_tap(tap, FY, FX)
             od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
             oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
             ow, ok_w = target_of(iw, fx, OW, SW, PW, DW)
             ok = in_m & ok_d & ok_h & ok_w
-            a_row = dy_n + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC) + ow * (syw // VEC * VEC)
-            w_tap = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC)
-        a = tl.load(y_ptr + a_row[:, None] + offs_k[None, :], mask=ok[:, None] & in_k[None, :], other=0.0)
-        w_rows = (g * KG + offs_k).to(tl.int64) * (swk // VEC * VEC) + w_tap
-        b_mask = in_k[:, None] & in_n[None, :]
-        if GROUPS_PER_TILE > 1:
-            b_mask = b_mask & ((offs_k // KG)[:, None] == (offs_n // CG)[None, :])
-        b = tl.load(w_ptr + w_rows[:, None] + c_in_group[None, :], mask=b_mask, other=0.0)
+            dy_off = k0
+            w_off = k0.to(tl.int64) * (swk // VEC * VEC) + fz * swz_v + fy * swy_v + fx * swx_v
+        if POINTWISE or UNIT_STRIDE:
+            a_at = a_ptrs + dy_off
+        else:  # the output pixel of each row: divided by the stride, per tap
+            a_at = a_ptrs + (od * syd_v + oh * syh_v + ow * syw_v)[:, None] + dy_off
+        if EVEN_K:  # whole channel blocks: only the rows without an output pixel are masked
+            a = tl.load(a_at, mask=ok[:, None], other=0.0)
+            b = tl.load(b_ptrs + w_off, mask=in_n[None, :], other=0.0)
+        elif GROUPS_PER_TILE == 1:
+            in_k = k0 + offs_k < k_valid
+            a = tl.load(a_at, mask=ok[:, None] & in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs + w_off, mask=in_k[:, None] & in_n[None, :], other=0.0)
+        else:  # merged groups: a single channel block (k0 = 0), its masks built before the loop
+            a = tl.load(a_at, mask=ok[:, None] & a_cols, other=0.0)
+            b = tl.load(b_ptrs + w_off, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        cb, fz, fy, fx = next_step(cb, fz, fy, fx, k_tiles, FY, FX)
 
     x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
              + iw * (sxw // VEC * VEC) + g * CG)
@@ -186,7 +247,7 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                           GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
-                          GROUPS_PER_TILE: tl.constexpr):
+                          GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """dw[g, k, tap, c] = sum over output pixels of dy[n, o, g, k] * x[n, o*S-P+tap*D, g, c].
 
     M = K/G, N = C/G, one tap per program (grid axis 0 = tap x tiles), and the pixels
