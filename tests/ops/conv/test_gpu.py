@@ -98,7 +98,7 @@ def test_vendor_without_out_hands_back_cudnn_storage(dispatcher):
 def test_dense_wgmma_tiles_with_whole_channel_blocks(dispatcher, direction, tile):
     """The large dense tiles on resnet's 3x3 (C/G = 256: no channel mask, stride 1: hoisted rows), bf16."""
     p = problem(direction, 4, 256, 256, 1, (14, 14), (3, 3), 1, 1, 1, "bf16")
-    name = f"conv_{direction.short}_bf16_igemm_{tile}_g8_k1_none_{ARCH.name}"
+    name = f"conv_{direction.short}_bf16_igemm_{tile}_g8_k1_none_{ARCH.tag}"
     ops, _ = run_and_check(dispatcher, p, name)
     assert ops.problem.specialization.channel_multiple == 128 and ops.problem.specialization.unit_stride
 
@@ -107,4 +107,4 @@ def test_dense_wgmma_tiles_with_whole_channel_blocks(dispatcher, direction, tile
 @pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
 def test_tall_depthwise_tiles(dispatcher, direction, tile):
     p = problem(direction, 4, 384, 384, 384, (28, 28), (7, 7), 1, 3, 1, "bf16")
-    run_and_check(dispatcher, p, f"conv_{direction.short}_bf16_direct_{tile}_k1_none_{ARCH.name}")
+    run_and_check(dispatcher, p, f"conv_{direction.short}_bf16_direct_{tile}_k1_none_{ARCH.tag}")
