@@ -3,7 +3,9 @@
 For every `prefill` case of benchmarks/suites/attention.json (a copy of ../shared/suites/attention.json)
 and every dtype asked for, forward and forward+backward:
   - tiledispatch.attention through the default dispatcher (Triton families plus the SDPA
-    candidates), and the `rules` pick among the Triton kernels alone;
+    candidates; forward+backward: its pick for the forward that keeps the LSE and its pick
+    for the backward, e.g. cuDNN's forward then cuDNN's backward), and the `rules` pick
+    among the Triton kernels alone (`fwd_tflops_d128_noncausal_S4096_triton` in the summary);
   - the Triton candidates ranked highest by the rules (`--top`), each timed: the oracle;
   - SDPA's cuDNN and flash backends (GQA through enable_gqa, else K/V expanded before timing;
     no window or soft-cap there: those rows are left out).
@@ -262,8 +264,12 @@ def main() -> int:
             best_vendor = min((t for t in vendors if not math.isnan(t)), default=math.nan)
             timed_all = [t for t in times.values() if not math.isnan(t)]
             mine = times["tiledispatch"]
+            # What the default dispatcher ran, per direction (its timed calls select the same: the
+            # problems are the same keys).
+            kernels = {kind: picks[("default", case.name, case.dtype, kind)].name
+                       for kind in ((fwd_kind, "bwd") if backward else (fwd_kind,))}
             entry = {"case": case.name, "dtype": case.dtype, "direction": direction, "flops": flops,
-                     "tiledispatch_ms": mine, "triton_rules_ms": times["triton-rules"],
+                     "tiledispatch_ms": mine, "tiledispatch_kernels": kernels, "triton_rules_ms": times["triton-rules"],
                      "cudnn_ms": vendors[0], "flash_ms": vendors[1],
                      "ratio_vs_cudnn": vendors[0] / mine if not math.isnan(vendors[0]) else None,
                      "triton_ratio_vs_cudnn": vendors[0] / times["triton-rules"] if not math.isnan(vendors[0]) else None,
@@ -284,6 +290,9 @@ def main() -> int:
     efficiencies = [e["selection_efficiency"] for e in entries if e["selection_efficiency"]]
     summary = {
         "fwd_tflops_d128_noncausal_S4096": s4096["flops"] / s4096["tiledispatch_ms"] / 1e9 if s4096 else None,
+        # the same case by the Triton kernel the rules pick among the Triton families alone
+        "fwd_tflops_d128_noncausal_S4096_triton": (s4096["flops"] / s4096["triton_rules_ms"] / 1e9
+                                                   if s4096 and not math.isnan(s4096["triton_rules_ms"]) else None),
         "geomean_ratio_fwd_vs_cudnn": geomean([e["ratio_vs_cudnn"] for e in fwd]),
         "geomean_ratio_fwdbwd_vs_cudnn": geomean([e["ratio_vs_cudnn"] for e in both]),
         "geomean_ratio_fwd_triton_vs_cudnn": geomean([e["triton_ratio_vs_cudnn"] for e in fwd]),

@@ -51,12 +51,14 @@ def _f64_leaf(t):
     return None if t is None else t.detach().to("cpu", torch.float64).requires_grad_(t.requires_grad)
 
 
-def check(q, k, v, *, families=("fwd", "bwd"), grad=True, deterministic=False, seed=1234, **features):
+def check(q, k, v, *, families=("fwd", "bwd"), grad=True, deterministic=False, seed=1234, rule_set="tiny",
+          kernel=None, backward_kernel=None, **features):
     """Runs tiledispatch.attention (and its backward when `grad`) and compares with the reference.
 
-    Returns (out, lse, grads) of tiledispatch for further checks.
+    `kernel` / `backward_kernel` force kernels of the rule set by name. Returns (out, lse,
+    grads) of tiledispatch for further checks.
     """
-    d = dispatcher(*families)
+    d = dispatcher(*families, rule_set=rule_set)
     dtype = DType.from_torch(q.dtype)
     tensors = {n: features.get(n) for n in ("bias", "mask", "alibi_slopes", "sinks")}
     cu_q, cu_k = features.get("cu_seqlens_q"), features.get("cu_seqlens_k")
@@ -66,7 +68,8 @@ def check(q, k, v, *, families=("fwd", "bwd"), grad=True, deterministic=False, s
             t.requires_grad_(True)
     dropout_p = features.get("dropout_p", 0.0)
     out, lse = tiledispatch.attention(q, k, v, return_lse=True, dispatcher=d, deterministic=deterministic,
-                                      dropout_seed=seed if dropout_p else None, **features)
+                                      dropout_seed=seed if dropout_p else None, kernel=kernel,
+                                      backward_kernel=backward_kernel, **features)
     options = AttentionOptions(causal=parse_causal(features.get("causal", False)),
                                window=parse_window(features.get("window")), scale=features.get("scale"),
                                softcap=features.get("softcap"), dropout_p=dropout_p)

@@ -57,3 +57,61 @@ def test_the_shared_memory_rule_is_not_below_what_the_compiler_took(built):
         spec = next(s for s in specs if entry.key.startswith(s.name + "."))
         if entry.metadata["stage"] in ("fwd", "dkdv", "dq"):
             assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config), entry.key
+
+
+HOPPER = ["attention_fwd_bf16_d128x128_fwd-tma_128x128_w8_s2_sm90",
+          "attention_fwd_bf16_d128x128_fwd-tma-ws_128x128_w4_s2_sm90",
+          "attention_fwd_bf16_d128x128_fwd_128x128_w8_s2_sm90",
+          "attention_bwd_bf16_d128x128_bwd_32x128_w8_s2_sm90"]
+
+
+@pytest.fixture(scope="module")
+def built_hopper(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attention-hopper")
+    os.chmod(root, 0o700)
+    cache = KernelCache(root / "cache")
+    registry = Registry.from_rule_set("attention", "default", SM90)
+    specs = [registry.get(name) for name in HOPPER]
+    results = kernel.build_all(specs, cache, jobs=2, specializations=(AttentionVariant(),))
+    return cache, specs, results
+
+
+def _entries(cache, name):
+    return {e.metadata["stage"]: e for e in cache.entries() if e.key.startswith(name + ".")}
+
+
+def test_tma_forward_uses_bulk_tensor_copies_and_wgmma(built_hopper):
+    """The Hopper families exist for TMA and warpgroup MMA: a compile that lost either fails here."""
+    cache, specs, results = built_hopper
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    for name in HOPPER[:2]:
+        ptx = _entries(cache, name)["fwd"].files[kernel.PTX_FILE].read_text()
+        assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx, name
+
+
+def test_warp_specialised_forward_is_split_into_partitions(built_hopper):
+    """Triton 3.6 splits the loop into a TMA producer and consumer warpgroups, which trade
+    registers by setmaxnreg; a silent fallback to one partition would drop it."""
+    cache, *_ = built_hopper
+    ws = _entries(cache, HOPPER[1])["fwd"]
+    assert "setmaxnreg" in ws.files[kernel.PTX_FILE].read_text()
+    plain = _entries(cache, HOPPER[0])["fwd"]
+    assert "setmaxnreg" not in plain.files[kernel.PTX_FILE].read_text()
+
+
+def test_pointer_forward_and_backward_vectorise_and_pipeline(built_hopper):
+    """Aligned operands: 16-byte cp.async copies into the software pipeline, wgmma dots."""
+    cache, *_ = built_hopper
+    for name, stages in ((HOPPER[2], ("fwd",)), (HOPPER[3], ("dkdv", "dq"))):
+        entries = _entries(cache, name)
+        for stage in stages:
+            ptx = entries[stage].files[kernel.PTX_FILE].read_text()
+            assert "cp.async.cg.shared.global" in ptx and "wgmma" in ptx, (name, stage)
+
+
+def test_shared_memory_rule_covers_the_hopper_kernels(built_hopper):
+    cache, specs, _ = built_hopper
+    for spec in specs:
+        for stage, entry in _entries(cache, spec.name).items():
+            if stage in ("fwd", "dkdv", "dq"):
+                assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config), (spec.name, stage)

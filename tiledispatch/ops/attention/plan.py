@@ -25,6 +25,7 @@ from .operands import AttentionOperands
 from .problem import AttentionVariant, Direction, MaskKind, UserMask
 
 _FWD = "tiledispatch.ops.attention.kernels.forward"
+_FWD_TMA = "tiledispatch.ops.attention.kernels.forward_tma"
 _BWD = "tiledispatch.ops.attention.kernels.backward"
 _SCORES = "tiledispatch.ops.attention.kernels.scores"
 _VENDOR = "tiledispatch.ops.attention.vendor"
@@ -46,11 +47,12 @@ class AttentionResult:
 @dataclass
 class AttentionGrads:
     """What a backward plan fills in; `delta` = rowsum(dO * O) serves the sinks' gradient,
-    `dbias` (batch, heads_q, seqlen_q, seqlen_kv) fp32 the bias gradient, when asked for."""
+    `dbias` (batch, heads_q, seqlen_q, seqlen_kv) fp32 the bias gradient, when asked for.
+    Mutable like `AttentionResult`: a vendor stage fills dq/dk/dv with the tensors it made."""
 
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
+    dq: torch.Tensor | None
+    dk: torch.Tensor | None
+    dv: torch.Tensor | None
     delta: torch.Tensor | None
     dbias: torch.Tensor | None
 
@@ -116,6 +118,8 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
     features = [("BIAS", bias_t), ("MASK", mask_t), ("SLOPES", "*fp32")]
     cu = [("CU_Q", "*i32"), ("CU_K", "*i32")]
     base = _feature_constexprs(config, variant)
+    if config.family.uses_tma:
+        return (_tma_unit(config, variant),)
     if config.family is Family.FWD:
         args = ([("Q", t), ("K", t), ("V", t), ("O", t), ("LSE", "*fp32"), *features, ("SINKS", "*fp32"), *cu]
                 + _strides("q") + _strides("k") + _strides("v") + _strides("o") + _strides("l", "bh")
@@ -151,9 +155,57 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
         return preprocess, dkdv, convert
     dq_args = (common + [("DQ", t)] + dbias + features + cu + inputs_strides + _strides("dq") + dbias_strides
                + list(_FEATURE_STRIDES) + _RUNTIME)
+    # The dQ kernel owns block_n query rows and steps block_m keys: the long side stays on chip.
     dq = _unit("dq", _BWD, "attention_bwd_dq", dq_args,
-               {**base, "HAS_DBIAS": variant.bias_grad, "DOT_PRECISION": _dot_precision(config)}, config, variant)
+               {**base, "BLOCK_M": config.block_n, "BLOCK_N": config.block_m, "HAS_DBIAS": variant.bias_grad,
+                "DOT_PRECISION": _dot_precision(config)}, config, variant)
     return preprocess, dkdv, dq
+
+
+def _descriptor_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
+    """The (batch, head, rows, d) block each 4-D descriptor moves: one head's rows, whole head dims."""
+    return {"q_desc": (1, 1, config.block_m, config.head_dim_qk), "k_desc": (1, 1, config.block_n, config.head_dim_qk),
+            "v_desc": (1, 1, config.block_n, config.head_dim_v)}
+
+
+def _tma_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+    t = config.dtype.triton
+    descriptors = [(name, f"tensordesc<{t}[{','.join(map(str, block))}]>")
+                   for name, block in _descriptor_blocks(config).items()]
+    args = (descriptors + [("O", _ptr(config.dtype)), ("LSE", "*fp32"), ("SINKS", "*fp32")] + _strides("o")
+            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
+                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
+                                     ("window_left", "i32"), ("window_right", "i32")])
+    constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "HEAD_QK": config.head_dim_qk,
+                  "HEAD_V": config.head_dim_v, "HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap,
+                  "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows,
+                  "WARP_SPECIALIZE": config.family is Family.FWD_TMA_WS}
+    return _unit("fwd", _FWD_TMA, "attention_fwd_tma", args, constexprs, config, variant)
+
+
+def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
+    """A 4-D descriptor of a (batch, heads, seq, d) view with a unit-stride head dim (BHSD or BSHD).
+
+    A dim of size one is never stepped over: its stride is set to one the copy engine
+    accepts (a 16-byte multiple beyond the inner dims), whatever the view said.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    shape, strides = list(t.shape), list(t.stride())
+    strides[-1] = 1
+    for i in range(len(shape) - 2, -1, -1):
+        if shape[i] == 1:
+            span = max(s * n for s, n in zip(strides[i + 1:], shape[i + 1:]))
+            strides[i] = triton.cdiv(span, 16) * 16
+    return TensorDescriptor(t, shape, strides, list(block))
+
+
+def _positive_scale(ops: AttentionOperands) -> tuple[torch.Tensor, float]:
+    """K and the scale with scale >= 0: the forwards take rowmax(qk) * c for rowmax(qk * c),
+    which holds for c >= 0 only, so a negative scale is moved into a negated copy of K."""
+    if ops.scale >= 0:
+        return ops.k, ops.scale
+    return -ops.k, -ops.scale
 
 
 _VENDOR_UNITS = {
@@ -255,25 +307,35 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
     out = like_layout(ops.q, p.head_dim_v)
     lse = _lse_buffer(ops)
     unit = kernel_units(config, p.variant)[0]
-    bound = {"Q": ops.q, "K": ops.k, "V": ops.v, "O": out, "LSE": lse,
-             "SINKS": ops.sinks if ops.sinks is not None else lse, **_features(ops, lse),
-             **_named("q", _bhs(ops.q, varlen)), **_named("k", _bhs(ops.k, varlen)),
-             **_named("v", _bhs(ops.v, varlen)), **_named("o", _bhs(out, varlen)), **_lse_strides(lse, varlen),
-             **_runtime(ops)}
+    k, scale = _positive_scale(ops)
     grid = (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch)
+    if config.family.uses_tma:
+        blocks = _descriptor_blocks(config)
+        bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),
+                 "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]), "O": out, "LSE": lse,
+                 "SINKS": ops.sinks if ops.sinks is not None else lse, **_named("o", _bhs(out, False)),
+                 **_lse_strides(lse, False), **_runtime(ops), "sm_scale": scale}
+        return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
+    bound = {"Q": ops.q, "K": k, "V": ops.v, "O": out, "LSE": lse,
+             "SINKS": ops.sinks if ops.sinks is not None else lse, **_features(ops, lse),
+             **_named("q", _bhs(ops.q, varlen)), **_named("k", _bhs(k, varlen)),
+             **_named("v", _bhs(ops.v, varlen)), **_named("o", _bhs(out, varlen)), **_lse_strides(lse, varlen),
+             **_runtime(ops), "sm_scale": scale}
     return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
 
 
 def _backward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
     p = ops.problem
-    dq = like_layout(ops.q, p.head_dim_qk)
-    dk = like_layout(ops.k, p.head_dim_qk)
-    dv = like_layout(ops.v, p.head_dim_v)
     if isinstance(config, VendorConfig):
-        grads = AttentionGrads(dq, dk, dv, None, None)
+        # The library allocates dQ/dK/dV itself (in Q's and K/V's layouts) and the stage hands
+        # them over; the LSE goes as ours, (batch, heads_q, seqlen_q), from whichever forward.
+        grads = AttentionGrads(None, None, None, None, None)
         args = (config.family, grads, ops.grad_out, ops.q, ops.k, ops.v, ops.out, ops.lse, ops.scale,
                 p.mask is not MaskKind.NONE)
         return Plan((Launch("vendor", (1, 1, 1), args),), grads)
+    dq = like_layout(ops.q, p.head_dim_qk)
+    dk = like_layout(ops.k, p.head_dim_qk)
+    dv = like_layout(ops.v, p.head_dim_v)
     varlen = p.variant.varlen
     lse = ops.lse
     delta = torch.empty_like(lse)
@@ -304,6 +366,6 @@ def _backward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
         convert = {**common, **_named("a", _bhs(dq_acc, varlen)), **_named("dq", _bhs(dq, varlen))}
         launches.append(Launch("convert", (q_blocks, p.heads_q, p.batch), _values(units["convert"], convert)))
     else:
-        launches.append(Launch("dq", (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch),
+        launches.append(Launch("dq", (triton.cdiv(p.seqlen_q, config.block_n), p.heads_q, p.batch),
                                _values(units["dq"], common)))
     return Plan(tuple(launches), AttentionGrads(dq, dk, dv, delta, dbias))

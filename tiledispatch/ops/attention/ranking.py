@@ -18,21 +18,55 @@ from .problem import AttentionProblem, Direction
 from .rules import REGISTER_RESERVE, accumulator_registers, padded, shared_memory_bytes
 
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md: Triton on an H200)
-# Fractions of the dense tensor-core peak each path reaches at its best. The vendor ones
-# are ANCHORS.md's H200 measurements at D=128 (cuDNN 574 and FA2 343 TFLOP/s forward,
-# 529 and 308 forward+backward, of 989); the Triton ones are priors until the H200 run
-# of benchmarks/attention.py replaces them.
+# Fractions of the dense tensor-core peak each Triton family reaches at its best: priors
+# until the H200 run of benchmarks/attention.py replaces them. The vendor ones: VENDOR_FRACTION.
 FRACTION = {
-    (Family.FWD, Direction.FORWARD): 0.50,
+    # fwd: 424 TFLOP/s measured at d=128 (128x64 w8 s3) before the FMA softmax; the TMA ones
+    # are kept below cuDNN's until benchmarks/attention_sweep.py has timed them on the H200.
+    (Family.FWD, Direction.FORWARD): 0.46,
+    (Family.FWD_TMA, Direction.FORWARD): 0.50,
+    (Family.FWD_TMA_WS, Direction.FORWARD): 0.55,
     (Family.BWD, Direction.BACKWARD): 0.36,
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.40,
-    (Family.SDPA_CUDNN, Direction.FORWARD): 0.58,
-    (Family.SDPA_FLASH, Direction.FORWARD): 0.35,
-    (Family.SDPA_FLASH, Direction.BACKWARD): 0.30,
-    (Family.SDPA_CUDNN, Direction.BACKWARD): 0.50,
 }
+# The SDPA backends, measured on the H200 (torch 2.11, cuDNN 9.19; benchmarks/results/h200/
+# attention.csv, bf16, of 989 TFLOP/s): the fraction at D=128 without a mask on large
+# problems, a factor per head dim, and one for a causal mask. Backward figures are derived
+# from forward+backward less the forward: cuDNN 533 fwd+bwd and 660 fwd at S4096 give a
+# backward of 495 (a standalone cuDNN backward ran 524 at B4 H32 S2048); flash 306 and 338
+# give 295. Flash's backward is refused (vendor.supports); its figure is kept for explain.
+VENDOR_FRACTION = {
+    (Family.SDPA_CUDNN, Direction.FORWARD): 0.66,  # 660 TFLOP/s (mha_S4096_D128; 603 at S1024)
+    (Family.SDPA_CUDNN, Direction.BACKWARD): 0.50,  # 495
+    (Family.SDPA_FLASH, Direction.FORWARD): 0.34,  # 338
+    (Family.SDPA_FLASH, Direction.BACKWARD): 0.30,  # 295
+}
+# Throughput at a head dim relative to D=128, from the same run: D=64 (mha_S2048_D64) and
+# D=256 (d256_S2048). Head dims between are read at the tabulated dim above them, times
+# their share of it (80 -> 128's factor * 80/128): the libraries' tiles pad them.
+VENDOR_HEAD_DIM_FACTOR = {
+    (Family.SDPA_CUDNN, Direction.FORWARD): {64: 0.70, 128: 1.0, 256: 1.0},  # 460, 660, 663
+    (Family.SDPA_CUDNN, Direction.BACKWARD): {64: 0.82, 128: 1.0, 256: 0.67},  # 408, 495, 331
+    (Family.SDPA_FLASH, Direction.FORWARD): {64: 0.87, 128: 1.0, 256: 0.92},  # 295, 338, 312
+    (Family.SDPA_FLASH, Direction.BACKWARD): {64: 0.83, 128: 1.0, 256: 0.76},  # 246, 295, 223
+}
+# A causal (or any band) mask: the triangle's edge blocks and its uneven work per query
+# block. cuDNN 593/660 forward and 444/495 backward at S4096; flash 294/338 and 271/295.
+VENDOR_MASK_FACTOR = 0.90
 VENDOR_CALL_SECONDS = 8e-6  # SDPA's dispatch and checks on the host
 L2_REUSE = 4.0  # K/V re-reads by neighbouring query blocks come from L2 at about this multiple of HBM
+# Register pressure: the modelled registers a thread (fp32 tiles + reserve) above which ptxas
+# starts to spill, and the efficiency left at 256. sm_90 compiles: fwd 128x64 w4 at d=128
+# (240 modelled) spills and ran at 0.69x the 8-warp tile on the H200; bwd dK/dV 32x128 w8
+# at d=64 (144) does not spill, 64x128 w8 (176) a little, 32x128 w8 at d=128 (208) more.
+PRESSURE_FREE = 160
+PRESSURE_FLOOR = 0.7
+# 8 warps on a tile 4 can hold: 128x64 at d=64 ran 280 TFLOP/s over 8 warps, 339 over 4 (H200).
+EIGHT_WARPS = 0.83
+# Elementwise softmax work per score, relative to the exp2: the O rescale costs d_v / block_n
+# multiplies a score, so wide key steps amortise it.
+RESCALE_COST = 0.1
+WS_PRODUCER_REGISTERS = 40
 
 
 def _peak_flops(problem: AttentionProblem, arch) -> float:
@@ -60,12 +94,29 @@ def computed_pairs(problem: AttentionProblem, block_m: int, block_n: int) -> int
     return total if problem.seqlens else total * problem.batch
 
 
+def vendor_head_dim_factor(family: Family, direction: Direction, head_dim: int) -> float:
+    """Throughput at `head_dim` relative to D=128 (VENDOR_HEAD_DIM_FACTOR, padded dims scaled down)."""
+    table = VENDOR_HEAD_DIM_FACTOR[(family, direction)]
+    above = min((d for d in table if d >= head_dim), default=max(table))
+    return table[above] * min(1.0, head_dim / above)
+
+
+def register_pressure(registers: int) -> float:
+    """1 up to PRESSURE_FREE registers a thread, falling linearly to PRESSURE_FLOOR at 256."""
+    over = max(0, registers - PRESSURE_FREE) / (256 - PRESSURE_FREE)
+    return max(PRESSURE_FLOOR, 1.0 - (1.0 - PRESSURE_FLOOR) * over)
+
+
 def vendor_score(config: VendorConfig, problem: AttentionProblem, arch) -> Score:
+    """time = ideal / (fraction * head-dim factor * mask factor) + the host's call; no tile terms:
+    the library picks its own kernel."""
     ideal = _ideal_seconds(problem, arch)
-    fraction = FRACTION[(config.family, problem.direction)]
-    waste = 1.0 if problem.head_dim_qk % 64 == 0 else 0.85  # odd head dims pad inside the library too
-    modelled = ideal / (fraction * waste) + VENDOR_CALL_SECONDS
-    return Score(ideal / modelled, {"fraction": fraction, "modelled_us": modelled * 1e6})
+    fraction = VENDOR_FRACTION[(config.family, problem.direction)]
+    head_dim = vendor_head_dim_factor(config.family, problem.direction, problem.head_dim_qk)
+    mask = VENDOR_MASK_FACTOR if problem.variant.band else 1.0
+    modelled = ideal / (fraction * head_dim * mask) + VENDOR_CALL_SECONDS
+    return Score(ideal / modelled, {"fraction": fraction, "head_dim": head_dim, "mask": mask,
+                                    "modelled_us": modelled * 1e6})
 
 
 def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> Score:
@@ -81,6 +132,9 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     band = visible / computed if computed else 1.0
     threads = config.num_warps * 32
     registers = min(accumulator_registers(config) + REGISTER_RESERVE, arch.registers_per_thread_max)
+    if config.family is Family.FWD_TMA_WS:  # a producer warpgroup (~40 registers) beside two consumer ones
+        threads *= 3
+        registers = (2 * registers + WS_PRODUCER_REGISTERS) // 3
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=registers)
     rows = p.seqlen_q if forward else p.seqlen_kv
@@ -91,10 +145,14 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     peak = _peak_flops(p, arch)
     intensity = own / p.dtype.itemsize  # FLOPs per byte of the streamed operand
     feed = min(1.0, intensity * arch.memory_bandwidth_gbs * 1e9 * L2_REUSE / peak)
-    # Tensor cores want a tall M per warpgroup and a wide N per step; tiny tiles idle them.
-    shape = min(1.0, own / 128) ** 0.5 * min(1.0, other / 64) ** 0.25
+    # Tensor cores want a tall M per warpgroup and a wide N per step; tiny tiles idle them. The
+    # backward keeps K/V (or Q/dO) on chip, so its step only needs to fill a wgmma's N (>= 32).
+    shape = min(1.0, own / 128) ** 0.5 * min(1.0, other / (64 if forward else 32)) ** 0.25
     latency = 1.0 if resident >= 2 or config.num_stages >= 2 else 0.85
-    efficiency = dims * band * waves * feed * shape * latency
+    pressure = register_pressure(accumulator_registers(config) + REGISTER_RESERVE)
+    warps = EIGHT_WARPS if forward and config.num_warps >= 8 and config.family is not Family.FWD_TMA_WS else 1.0
+    softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n) if forward else 1.0
+    efficiency = dims * band * waves * feed * shape * latency * pressure * warps * softmax
     fraction = FRACTION[(config.family, config.direction)]
     stages = 1 if forward else 3
     modelled = p.flops() / (peak * efficiency) / fraction + stages * LAUNCH_SECONDS
@@ -103,7 +161,8 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
         modelled += 2 * tq * p.heads_q * p.head_dim_v * p.dtype.itemsize / (arch.memory_bandwidth_gbs * 1e9)
     ideal = _ideal_seconds(p, arch)
     terms = {"head_dims": dims, "band": band, "waves": waves, "feed": feed, "shape": shape, "latency": latency,
-             "resident": float(resident), "modelled_us": modelled * 1e6}
+             "pressure": pressure, "warps": warps, "softmax": softmax, "resident": float(resident),
+             "modelled_us": modelled * 1e6}
     return Score(ideal / modelled, terms)
 
 

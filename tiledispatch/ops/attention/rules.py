@@ -13,18 +13,23 @@ from dataclasses import replace
 
 import triton
 
+from ...arch import Feature
 from ...core.dtypes import DType
 from ...core.errors import InvalidConfigError
 from ...core.validation import Correction, Finding, Severity, ValidationResult
 from . import vendor
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .problem import HEAD_DIMS, AttentionProblem, Direction
+from .problem import HEAD_DIMS, AttentionProblem, Direction, UserMask
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 6))
 REGISTER_RESERVE = 48
-FEATURE_BYTES = 4096  # bias, mask and row statistics staged beside the tiles (sm_90 compiles: +4 KiB)  # addresses, row statistics and loop state beside the tiles
+FEATURE_BYTES = 4096  # bias, mask and row statistics staged beside the tiles (sm_90 compiles: +4 KiB)
+# fwd-tma-ws: the partitions' barriers and an extra half-tile the pass allocates (sm_90 compiles of
+# 128x64 s3 and 128x128 s2 at d=128: 16.5 KiB above Q plus the K/V stages).
+WARP_SPECIALIZE_BYTES = 17 * 1024
+TMA_DTYPES = (DType.FP16, DType.BF16)
 
 
 class AttentionRule(enum.Enum):
@@ -39,6 +44,9 @@ class AttentionRule(enum.Enum):
     DTYPE_ARCH = "dtype-arch"
     FAMILY_ARCH = "family-arch"
     FAMILY_DIRECTION = "family-direction"
+    FAMILY_DTYPE = "family-dtype"
+    FAMILY_HEAD_DIM = "family-head-dim"
+    WARP_SPECIALIZE = "warp-specialize"
 
 
 def padded(d: int) -> int:
@@ -56,9 +64,11 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
     stages = max(config.num_stages, 1)
     if config.direction is Direction.FORWARD:
-        return size * (config.block_m * qk + stages * config.block_n * (qk + dv)) + FEATURE_BYTES
-    # The backward also stages P and dS (block_m x block_n) for their transposed dots; the
-    # compiled dK/dV kernels for sm_90 came within 1 % of this (tests/ops/attention/test_build.py).
+        extra = WARP_SPECIALIZE_BYTES if config.family is Family.FWD_TMA_WS else 0
+        return size * (config.block_m * qk + stages * config.block_n * (qk + dv)) + FEATURE_BYTES + extra
+    # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
+    # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
+    # read them transposed.
     return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)
                    + 2 * config.block_m * config.block_n) + FEATURE_BYTES
 
@@ -70,6 +80,8 @@ def accumulator_registers(config: AttentionConfig) -> int:
     dK and dV (block_n x d), and the score and dP blocks.
     """
     qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
+    if config.family is Family.FWD_TMA_WS:  # two consumer warpgroups of num_warps each share the rows
+        return math.ceil((config.block_m * dv + config.block_m * config.block_n) / (2 * config.num_warps * 32))
     if config.direction is Direction.FORWARD:
         words = config.block_m * dv + config.block_m * config.block_n
     else:
@@ -127,7 +139,29 @@ def validate(config: AnyAttentionConfig, arch) -> ValidationResult:
         error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} attention cannot run on {where}", "use fp16")
     if config.dtype not in (DType.FP16, DType.BF16, DType.FP32):
         error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} is not an attention dtype", "use fp16 or bf16")
+    if config.family.uses_tma:
+        _tma_findings(config, arch, error)
     return ValidationResult(tuple(out))
+
+
+def _tma_findings(config: AttentionConfig, arch, error) -> None:
+    """What the tensor-descriptor forward needs: TMA, half inputs, power-of-two head dims."""
+    name = config.family.value
+    if not arch.has(Feature.TMA):
+        error(AttentionRule.FAMILY_ARCH, f"{name} needs the tensor memory accelerator (sm_90+); {arch.name} has "
+              "none", "use the fwd family")
+    if config.dtype not in TMA_DTYPES:
+        error(AttentionRule.FAMILY_DTYPE, f"{name} takes fp16 and bf16, not {config.dtype.value}",
+              "use the fwd family for fp32")
+    for field in ("head_dim_qk", "head_dim_v"):
+        d = getattr(config, field)
+        if not _power_of_two(d):
+            error(AttentionRule.FAMILY_HEAD_DIM, f"{name} loads whole head dims: {field}={d} is not a power of "
+                  "two", "use the fwd family (it pads the head dim)")
+    if config.family is Family.FWD_TMA_WS and (config.num_warps != 4 or config.block_m != 128):
+        error(AttentionRule.WARP_SPECIALIZE, f"{name} runs two consumer warpgroups of 64 rows and a producer: "
+              f"block_m=128 and num_warps=4 (per partition), not {config.block_m} and {config.num_warps}",
+              "block_m=128, num_warps=4")
 
 
 _TUNABLE = ("block_m", "block_n", "num_warps", "num_stages")
@@ -135,7 +169,7 @@ _CHOICES = {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "num_warps": WAR
             "num_stages": STAGE_CHOICES}
 # Rules no tile change can fix: they are about what is computed, not how.
 _SEMANTIC = {AttentionRule.DTYPE_ARCH, AttentionRule.FAMILY_ARCH, AttentionRule.FAMILY_DIRECTION,
-             AttentionRule.HEAD_DIM}
+             AttentionRule.HEAD_DIM, AttentionRule.FAMILY_DTYPE, AttentionRule.FAMILY_HEAD_DIM}
 
 
 def _distance(old: AttentionConfig, new: AttentionConfig) -> float:
@@ -181,4 +215,24 @@ def supports(config: AnyAttentionConfig, problem: AttentionProblem) -> str | Non
                 f"{problem.head_dim_qk}/{problem.head_dim_v}")
     if config.family is Family.BWD_ATOMIC and problem.deterministic:
         return "dQ by atomics is not deterministic; the problem asks for deterministic gradients"
+    if config.family.uses_tma:
+        return _tma_supports(config, problem)
+    return None
+
+
+def _tma_supports(config: AttentionConfig, problem: AttentionProblem) -> str | None:
+    v = problem.variant
+    name = config.family.value
+    extras = [what for what, on in (("a mask tensor", v.user_mask is not UserMask.NONE), ("a bias", v.bias),
+                                    ("ALiBi", v.alibi), ("dropout", v.dropout), ("varlen", v.varlen)) if on]
+    if extras:
+        return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the fwd family does)"
+    if not v.aligned:
+        return f"{name} needs 16-byte aligned base pointers and strides (tensor descriptors); the operands are not"
+    if config.family is Family.FWD_TMA_WS:
+        if v.band:
+            return f"{name} has no masked edge blocks: no causal or window band (fwd-tma takes it)"
+        if problem.seqlen_kv % config.block_n:
+            return (f"{name} has no masked edge blocks: seqlen_kv={problem.seqlen_kv} must be a multiple of "
+                    f"block_n={config.block_n}")
     return None

@@ -28,27 +28,53 @@ class Tile:
 
 # Small tiles that the CPU interpreter runs quickly.
 TINY_FWD = (Tile(16, 16, 2, 1), Tile(32, 16, 4, 2))
+TINY_TMA = (Tile(16, 16, 4, 2),)
 TINY_BWD = (Tile(16, 16, 2, 1),)
 TESTS_FWD = TINY_FWD + (Tile(16, 32, 4, 2), Tile(64, 32, 4, 2))
-TESTS_BWD = TINY_BWD + (Tile(32, 16, 4, 1),)
+TESTS_TMA = TINY_TMA + (Tile(32, 16, 4, 2),)
+TESTS_TMA_WS = (Tile(128, 16, 4, 2),)
+TESTS_BWD = TINY_BWD + (Tile(32, 16, 4, 1), Tile(16, 32, 4, 2))
 # Curated for sm_80+ tensor cores: the shapes FlashAttention-2 and Triton's fused-attention
-# tutorial use for the forward (128 x 64..128 over 4-8 warps) and the backward (64 x 64,
-# 128 x 64 for dK/dV). Measured choices replace these after the H200 run.
+# tutorial use for the forward (128 x 64..128 over 4-8 warps; 128 x 128 over 8 warps holds
+# O and the scores in 128 registers a thread at d=128, where 128 x 64 over 4 warps spills:
+# sm_90 compiles). Tiles beyond the shared memory (128 x 128 x 3 stages at d=128) are
+# dropped per arch by the registry. Measured choices replace these after the H200 sweep
+# (benchmarks/attention_sweep.py).
 DEFAULT_FWD = TESTS_FWD + (
     Tile(128, 64, 4, 3), Tile(128, 64, 8, 3), Tile(128, 128, 8, 3), Tile(128, 32, 4, 3),
-    Tile(64, 64, 4, 3), Tile(128, 64, 8, 2), Tile(64, 128, 4, 2),
+    Tile(64, 64, 4, 3), Tile(128, 64, 8, 2), Tile(64, 128, 4, 2), Tile(128, 128, 8, 2), Tile(128, 128, 4, 2),
 )
-DEFAULT_BWD = TESTS_BWD + (Tile(64, 64, 4, 2), Tile(32, 64, 4, 2), Tile(64, 128, 8, 2), Tile(32, 128, 4, 2))
+DEFAULT_TMA = TESTS_TMA + (
+    Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(128, 64, 4, 3),
+    Tile(128, 128, 4, 2), Tile(64, 64, 4, 3),
+)
+# Warp-specialised: a producer warp and two consumer warpgroups of 64 rows each (Triton 3.6, sm_90).
+DEFAULT_TMA_WS = TESTS_TMA_WS + (Tile(128, 128, 4, 2), Tile(128, 64, 4, 3), Tile(128, 64, 4, 2),
+                                 Tile(128, 128, 4, 3))
+# Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
+# tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
+DEFAULT_BWD = TESTS_BWD + (
+    Tile(64, 64, 4, 2), Tile(32, 64, 4, 2), Tile(64, 128, 8, 2), Tile(32, 128, 4, 2), Tile(64, 128, 8, 3),
+    Tile(32, 128, 4, 3), Tile(32, 128, 8, 2), Tile(32, 128, 8, 3), Tile(128, 128, 8, 2), Tile(16, 128, 4, 3),
+)
 FULL_TILES = tuple(Tile(bm, bn, w, s) for bm, bn, w, s in itertools.product(
     (16, 32, 64, 128, 256), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
+FULL_TMA_WS = tuple(Tile(128, bn, 4, s) for bn, s in itertools.product((16, 32, 64, 128), (1, 2, 3, 4)))
 
 DTYPES = (DType.FP16, DType.FP32, DType.BF16)  # bf16 last: the interpreter drops it
 HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((192, 128),)
 VENDORS = (Family.SDPA_CUDNN, Family.SDPA_FLASH)
 
 
-def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES) -> Iterator[AnyAttentionConfig]:
-    """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction."""
+TMA_HEAD_DIMS = tuple((d_qk, d_v) for d_qk, d_v in HEAD_DIM_PAIRS if d_qk & (d_qk - 1) == 0 == d_v & (d_v - 1))
+TMA_DTYPES = (DType.FP16, DType.BF16)
+
+
+def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), tma_ws_tiles=()) -> Iterator[AnyAttentionConfig]:
+    """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction.
+
+    The tensor-descriptor families are bound to half dtypes and power-of-two head dims only.
+    """
     for dtype in dtypes:
         for direction in Direction:
             for family in VENDORS:
@@ -56,27 +82,33 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES) -> Iterator[AnyAttenti
         for (d_qk, d_v), tile in itertools.product(head_dims, fwd_tiles):
             yield AttentionConfig(Family.FWD, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
+        if dtype in TMA_DTYPES:
+            for family, tiles in ((Family.FWD_TMA, tma_tiles), (Family.FWD_TMA_WS, tma_ws_tiles)):
+                for (d_qk, d_v), tile in itertools.product([d for d in head_dims if d in TMA_HEAD_DIMS], tiles):
+                    yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                                          tile.num_stages)
         for family, (d_qk, d_v), tile in itertools.product((Family.BWD, Family.BWD_ATOMIC), head_dims, bwd_tiles):
             yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
 
 
 def tiny() -> Iterator[AnyAttentionConfig]:
-    return _bind(TINY_FWD, TINY_BWD, HEAD_DIM_PAIRS)
+    return _bind(TINY_FWD, TINY_BWD, HEAD_DIM_PAIRS, tma_tiles=TINY_TMA)
 
 
 def tests() -> Iterator[AnyAttentionConfig]:
-    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS)
+    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS, tma_tiles=TESTS_TMA, tma_ws_tiles=TESTS_TMA_WS)
 
 
 def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS)
+    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, tma_ws_tiles=DEFAULT_TMA_WS)
 
 
 def full() -> Iterator[AnyAttentionConfig]:
     """Every default config, plus the whole tile space for every signature."""
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS)):
+    everything = _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS, tma_tiles=FULL_TILES, tma_ws_tiles=FULL_TMA_WS)
+    for config in itertools.chain(default(), everything):
         if config not in seen:
             seen.add(config)
             yield config

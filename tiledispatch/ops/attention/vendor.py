@@ -1,27 +1,67 @@
 """The vendor candidates: PyTorch SDPA's FlashAttention-2 and cuDNN backends.
 
 They take plain attention (no bias, sinks, soft-cap, window or varlen here) with an
-optional causal mask on square problems (SDPA's flash backend refuses is_causal when
-seqlen_q != seqlen_kv, and its top-left alignment would differ from ours otherwise).
+optional causal mask on square problems (SDPA's fused backends take is_causal only when
+seqlen_q == seqlen_kv, and their top-left alignment would differ from ours otherwise).
 Dropout is refused: its random stream is not ours, so the backward could not replay it.
 
-When the forward must keep the log-sum-exp (training, or return_lse), only the flash
-backend is a candidate, through the private ATen entry point that returns it (equal head
-counts only). Its LSE is fp32 (batch, heads, seqlen_q) in natural log, the same as the
-Triton kernels', so either family's backward can follow either forward. Only the flash
-backend is a backward candidate: cuDNN's backward wants its own forward's statistics.
+Inference forward (no LSE kept): public SDPA with one backend, GQA through enable_gqa.
+
+Forward that keeps the log-sum-exp (training, or return_lse): cuDNN through its private
+ATen op `_scaled_dot_product_cudnn_attention` (MHA and GQA), or flash through
+`_scaled_dot_product_flash_attention` (equal head counts only).
+
+The LSE contract: every forward (Triton or vendor) hands back the LSE as fp32 (batch,
+heads_q, seqlen_q), natural log, the sequence dim of stride 1. cuDNN's own is (B, H, S, 1)
+and is returned as a (B, H, S) view of it (on the H200 it equals the Triton forward's to
+2e-6); flash's is (B, H, S) already. So any backward can follow any forward.
+
+Backward: cuDNN through `_scaled_dot_product_cudnn_attention_backward`, which reads the
+LSE as (B, H, S, 1): ours is viewed so, never copied (it worked with the Triton forward's
+LSE on the H200: relative errors 2.4e-3 against fp32). The private ops build their cuDNN
+graph from the tensors' own strides (BHSD or BSHD alike, the head dim contiguous), so the
+plan passes the caller's views as they are. The flash backward is refused (see `supports`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ...core.dtypes import DType
+from ...core.errors import UnsupportedError
 from ...core.validation import Finding, Severity, ValidationResult
 from .config import Family, VendorConfig
 from .problem import AttentionProblem, Direction, MaskKind, UserMask
 
+# Head dims each backend takes here. cuDNN >= 9.10 takes up to 256 on sm_90 itself (torch's
+# own gate; the H200 benchmark ran SDPA cuDNN at d=256, forward and backward, torch 2.11 and
+# cuDNN 9.19); elsewhere 128. `cudnn_max_head_dim` asks the runtime.
 MAX_HEAD_DIM = {Family.SDPA_FLASH: 256, Family.SDPA_CUDNN: 128}
+CUDNN_HOPPER_MAX_HEAD_DIM = 256
+CUDNN_HOPPER_MIN_VERSION = 91000
+# The cuDNN backward takes K/V with fewer heads than Q (GQA/MQA) as they are: torch's dense
+# backward sizes dK/dV like K/V and cuDNN's graph reads each tensor's own dims, and SDPA
+# cuDNN with enable_gqa ran forward+backward on the H200 suite's GQA cases. If
+# tests/ops/attention/test_gpu.py::test_cudnn_backward_gqa[native] ever fails, set this to
+# False: K/V are then expanded to heads_q and dK/dV summed back over each group.
+CUDNN_BACKWARD_TAKES_GQA = True
+
+
+@functools.lru_cache(maxsize=1)
+def cudnn_max_head_dim() -> int:
+    """The largest head dim the cuDNN backend takes on this machine (128 without a GPU)."""
+    if not torch.cuda.is_available():
+        return MAX_HEAD_DIM[Family.SDPA_CUDNN]
+    version = torch.backends.cudnn.version() or 0
+    if version >= CUDNN_HOPPER_MIN_VERSION and torch.cuda.get_device_capability() == (9, 0):
+        return CUDNN_HOPPER_MAX_HEAD_DIM
+    return MAX_HEAD_DIM[Family.SDPA_CUDNN]
+
+
+def max_head_dim(family: Family) -> int:
+    return cudnn_max_head_dim() if family is Family.SDPA_CUDNN else MAX_HEAD_DIM[family]
 
 
 def _backend(family: Family):
@@ -30,12 +70,48 @@ def _backend(family: Family):
     return SDPBackend.FLASH_ATTENTION if family is Family.SDPA_FLASH else SDPBackend.CUDNN_ATTENTION
 
 
+@functools.lru_cache(maxsize=16)
+def _no_rng(device: torch.device) -> torch.Tensor:
+    """A 0-dim int64 zero on the device: the philox seed and offset of a backward without
+    dropout (cuDNN reads them only when dropout_p > 0). Made once per device, never written."""
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def _lse_bhs(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A vendor's LSE as our (batch, heads_q, seqlen_q) fp32 with a unit sequence stride."""
+    lse = lse.reshape(q.shape[0], q.shape[1], q.shape[2])
+    if lse.dtype != torch.float32:
+        lse = lse.float()
+    return lse if lse.stride(-1) == 1 else lse.contiguous()
+
+
+def cudnn_forward_op(q, k, v, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN's forward that keeps the LSE: (out in Q's layout, LSE (B, H, S, 1) fp32)."""
+    # (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask)
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+                                                                      scale=scale)
+    return out, lse
+
+
+def cudnn_backward_op(grad_out, q, k, v, out, lse4, scale: float, causal: bool):
+    """cuDNN's backward: (dq, dk, dv) shaped and laid out like q, k, v; `lse4` is (B, H, S, 1) fp32."""
+    no_rng = _no_rng(q.device)
+    # (grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
+    #  cum_seq_k, max_q, max_k, dropout_p, is_causal)
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        grad_out, q, k, v, out, lse4, no_rng, no_rng, None, None, None, q.shape[2], k.shape[2], 0.0, causal,
+        scale=scale)
+
+
 def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_lse: bool) -> None:
     """Fills `result.out` (and `result.lse` when it is needed) from SDPA."""
+    if needs_lse and family is Family.SDPA_CUDNN:
+        out, lse = cudnn_forward_op(q, k, v, scale, causal)
+        result.out, result.lse = out, _lse_bhs(lse, q)
+        return
     if needs_lse:
         out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-        result.out = out
-        result.lse = lse.reshape(q.shape[0], q.shape[1], q.shape[2]).float()
+        result.out, result.lse = out, _lse_bhs(lse, q)
         return
     from torch.nn.attention import sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
@@ -47,12 +123,21 @@ def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_l
 
 
 def backward(family: Family, grads, grad_out, q, k, v, out, lse, scale: float, causal: bool) -> None:
-    """Fills `grads.dq`, `dk`, `dv` from the flash backend's backward."""
-    no_offsets = torch.empty(0, dtype=torch.int32, device=q.device)  # not varlen (the op checks the dtype)
-    no_rng = torch.zeros(2, dtype=torch.int64, device=q.device)  # no dropout: the seed is never read
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        grad_out, q, k, v, out, lse, no_offsets, no_offsets, q.shape[2], k.shape[2], 0.0, causal, no_rng,
-        torch.empty(0, dtype=torch.int64, device=q.device), scale=scale)
+    """Fills `grads.dq`, `dk`, `dv` from cuDNN's backward (the only vendor backward `supports` lets through).
+
+    `lse` is ours, (batch, heads_q, seqlen_q) fp32 from any forward; cuDNN reads it as (B, H, S, 1).
+    """
+    if family is not Family.SDPA_CUDNN:
+        raise UnsupportedError(f"{family.value} has no backward here; sdpa-cudnn or a Triton family does")
+    group = q.shape[1] // k.shape[1]
+    expand = group > 1 and not CUDNN_BACKWARD_TAKES_GQA
+    if expand:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    dq, dk, dv = cudnn_backward_op(grad_out, q, k, v, out, lse.unsqueeze(-1), scale, causal)
+    if expand:
+        b, h, s = dk.shape[0], dk.shape[1] // group, dk.shape[2]
+        dk = dk.reshape(b, h, group, s, dk.shape[-1]).sum(dim=2)
+        dv = dv.reshape(b, h, group, s, dv.shape[-1]).sum(dim=2)
     grads.dq, grads.dk, grads.dv = dq, dk, dv
 
 
@@ -72,29 +157,24 @@ def validate(config: VendorConfig, arch) -> ValidationResult:
     if config.dtype not in (DType.FP16, DType.BF16):
         findings.append(Finding(AttentionRule.DTYPE_ARCH, Severity.ERROR,
                                 f"the SDPA backends take fp16 and bf16, not {config.dtype.value}"))
-    if config.family is Family.SDPA_CUDNN and config.direction is Direction.BACKWARD:
-        findings.append(Finding(AttentionRule.FAMILY_DIRECTION, Severity.ERROR,
-                                "the cuDNN backward needs its own forward's statistics", "use sdpa-flash"))
     if not config.family.is_vendor:
         findings.append(Finding(AttentionRule.FAMILY_DIRECTION, Severity.ERROR,
                                 f"{config.family.value} is a Triton family, not a vendor one"))
     return ValidationResult(tuple(findings))
 
 
-def supports(config: VendorConfig, problem: AttentionProblem) -> str | None:
-    p, v = problem, problem.variant
-    if config.direction is not p.direction:
-        return f"a {config.direction.value} kernel, the problem is {p.direction.value}"
-    if config.direction is Direction.BACKWARD:
-        # Reachable only through a private ATen op, which refused a standalone call on the
-        # H200 (torch 2.11: "batch size must be positive" without its forward's offsets).
-        return "SDPA's flash backward is not callable apart from its own forward here; the Triton backward runs"
+def _shared_refusal(config: VendorConfig, p: AttentionProblem) -> str | None:
+    """What neither backend takes here, in either direction."""
+    v = p.variant
     if config.dtype is not p.dtype:
         return f"built for {config.dtype.value}, the problem is {p.dtype.value}"
     if p.head_dim_qk != p.head_dim_v:
         return f"SDPA's {config.family.value} needs equal Q/K and V head dims, got {p.head_dim_qk}/{p.head_dim_v}"
-    if p.head_dim_qk > MAX_HEAD_DIM[config.family]:
-        return f"{config.family.value} takes head dims up to {MAX_HEAD_DIM[config.family]}"
+    limit = max_head_dim(config.family)
+    if p.head_dim_qk > limit:
+        why = (f" (cuDNN >= 9.10 takes {CUDNN_HOPPER_MAX_HEAD_DIM} on sm_90; not this runtime)"
+               if config.family is Family.SDPA_CUDNN and limit < CUDNN_HOPPER_MAX_HEAD_DIM else "")
+        return f"{config.family.value} takes head dims up to {limit}{why}"
     features = [name for name, on in (("bias", v.bias), ("ALiBi", v.alibi), ("soft-cap", v.softcap),
                                       ("sinks", v.sinks), ("dropout", v.dropout), ("varlen", v.varlen),
                                       ("a mask tensor", v.user_mask is not UserMask.NONE)) if on]
@@ -104,9 +184,32 @@ def supports(config: VendorConfig, problem: AttentionProblem) -> str | None:
         return "SDPA has no sliding window"
     if p.mask is not MaskKind.NONE and p.seqlen_q != p.seqlen_kv:
         return "SDPA's fused backends take is_causal only with seqlen_q == seqlen_kv"
-    needs_lse = p.needs_lse or p.direction is Direction.BACKWARD
-    if needs_lse and config.family is Family.SDPA_CUDNN:
-        return "the LSE is kept for a backward or returned: cuDNN's statistics are not in the kernels' layout"
-    if p.heads_q != p.heads_kv and (needs_lse or config.family is Family.SDPA_CUDNN):
-        return "GQA/MQA goes to SDPA only for the flash backend's inference forward (enable_gqa)"
+    return None
+
+
+def _cudnn_refusal(p: AttentionProblem) -> str | None:
+    if p.seqlen_kv == 1:
+        return "cuDNN attention does not take a key/value length of 1"
+    if not p.variant.aligned:
+        return "cuDNN wants 16-byte aligned bases and strides (multiples of 16 elements); these operands are not"
+    if p.direction is Direction.BACKWARD and p.deterministic:
+        return "cuDNN's backward is not deterministic; the problem asks for deterministic gradients"
+    return None
+
+
+def supports(config: VendorConfig, problem: AttentionProblem) -> str | None:
+    p = problem
+    if config.direction is not p.direction:
+        return f"a {config.direction.value} kernel, the problem is {p.direction.value}"
+    if config.family is Family.SDPA_FLASH and config.direction is Direction.BACKWARD:
+        # Reachable only through a private ATen op, which refused a standalone call on the
+        # H200 (torch 2.11: "batch size must be positive" without its forward's offsets).
+        return "SDPA's flash backward is not callable apart from its own forward here; cuDNN's or Triton's runs"
+    refusal = _shared_refusal(config, p)
+    if refusal is None and config.family is Family.SDPA_CUDNN:
+        refusal = _cudnn_refusal(p)
+    if refusal is not None:
+        return refusal
+    if config.family is Family.SDPA_FLASH and p.needs_lse and p.heads_q != p.heads_kv:
+        return "flash's forward that keeps the LSE takes equal head counts only (GQA/MQA: sdpa-cudnn or Triton)"
     return None

@@ -2,56 +2,62 @@
 
 Program (pid_m, h, b) computes BLOCK_M query rows of head h of sequence b against every
 key block the mask lets it see, in three runs: the key blocks at the start of its band
-(masked), the blocks every row sees in full (no position mask), the blocks at the end
+(masked), the blocks every row sees in full (no position mask, no row mask, no head-dim
+mask when the head dim is a power of two: plain 16-byte loads), the blocks at the end
 (masked). It writes O and the natural-log LSE, which the backward reads.
+
+Without score features (soft-cap, bias, mask tensors, ALiBi) a full block's softmax is the
+short one: rowmax(qk) * c, then p = exp2(qk * c - m), one FMA a score, with c = scale *
+log2(e) >= 0 (the plan moves a negative scale into a negated K).
 """
 
 import triton
 import triton.language as tl
 
-from .scores import LN2, LOG2E, block_scores, dropout_keep, key_range
+from .scores import LN2, LOG2E, block_scores, dropout_keep, key_range, load_tile, plain_scores, store_tile
 
 
 @triton.jit
 def _steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start, end, rows, offs_n, offs_dqk, offs_dv,
-           len_q, len_kv, band_offset, alibi_offset, window_left, window_right, sm_scale, softcap, slope,
+           len_q, len_kv, band_offset, alibi_offset, window_left, window_right, sm_scale, qk_scale, softcap, slope,
            bias_base, stride_bm, stride_bn, mask_base, stride_mm, stride_mn,
            bh, seqlen_q, seqlen_kv, dropout_p, seed, rng_offset,
-           BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr, MASKED: tl.constexpr,
-           GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, USER_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
-           HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-           DOT_PRECISION: tl.constexpr):
+           BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_QK: tl.constexpr,
+           BLOCK_V: tl.constexpr, MASKED: tl.constexpr, GUARD_ROWS: tl.constexpr, PLAIN: tl.constexpr,
+           HAS_BAND: tl.constexpr, USER_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
+           HAS_SOFTCAP: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        if MASKED:
-            k = tl.load(k_base + cols[:, None] * stride_ks + offs_dqk[None, :],
-                        mask=(cols[:, None] < len_kv) & (offs_dqk[None, :] < HEAD_QK), other=0.0)
-        else:
-            k = tl.load(k_base + cols[:, None] * stride_ks + offs_dqk[None, :],
-                        mask=offs_dqk[None, :] < HEAD_QK, other=0.0)
+        k = load_tile(k_base, cols, stride_ks, offs_dqk, len_kv, HEAD_QK, BLOCK_QK, MASKED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        x, _ = block_scores(qk, rows, cols, len_q, len_kv, band_offset, alibi_offset, window_left, window_right,
-                            sm_scale, softcap, slope, bias_base, stride_bm, stride_bn, mask_base, stride_mm,
-                            stride_mn, MASKED, HAS_BAND, USER_MASK, HAS_BIAS, HAS_ALIBI, HAS_SOFTCAP)
-        x = x * LOG2E
-        m_new = tl.maximum(m_i, tl.max(x, 1))
-        if GUARD_ROWS:  # a row that has seen no key yet keeps m = -inf: shift by 0, not by -inf
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if PLAIN and not MASKED:  # c >= 0 (the plan sees to it): rowmax(qk) * c, and qk * c - m as one FMA
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_shift = m_new
+            if GUARD_ROWS:
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(qk * qk_scale - m_shift[:, None])
         else:
-            m_new_safe = m_new
-        p = tl.math.exp2(x - m_new_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_new_safe)
+            if PLAIN:
+                s = plain_scores(qk, rows[:, None], cols[None, :], len_kv, band_offset, window_left, window_right, qk_scale, MASKED,
+                                 HAS_BAND)
+            else:
+                x, _ = block_scores(qk, rows[:, None], cols[None, :], len_q, len_kv, band_offset, alibi_offset, window_left,
+                                    window_right, sm_scale, softcap, slope, bias_base, stride_bm, stride_bn, mask_base,
+                                    stride_mm, stride_mn, MASKED, HAS_BAND, USER_MASK, HAS_BIAS, HAS_ALIBI,
+                                    HAS_SOFTCAP)
+                s = x * LOG2E
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_shift = m_new
+            if GUARD_ROWS:  # a row that has seen no key yet keeps m = -inf: shift by 0, not by -inf
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
-            keep = dropout_keep(seed, rng_offset, bh, rows, cols, seqlen_q, seqlen_kv, dropout_p)
+            keep = dropout_keep(seed, rng_offset, bh, rows[:, None], cols[None, :], seqlen_q, seqlen_kv, dropout_p)
             p = tl.where(keep, p, 0.0)  # the 1 / (1 - p) rescale is applied once, at the end
-        if MASKED:
-            v = tl.load(v_base + cols[:, None] * stride_vs + offs_dv[None, :],
-                        mask=(cols[:, None] < len_kv) & (offs_dv[None, :] < HEAD_V), other=0.0)
-        else:
-            v = tl.load(v_base + cols[:, None] * stride_vs + offs_dv[None, :], mask=offs_dv[None, :] < HEAD_V,
-                        other=0.0)
+        v = load_tile(v_base, cols, stride_vs, offs_dv, len_kv, HEAD_V, BLOCK_V, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -102,8 +108,9 @@ def attention_fwd(Q, K, V, O, LSE, BIAS, MASK, SLOPES, SINKS, CU_Q, CU_K,
     offs_n = tl.arange(0, BLOCK_N)
     offs_dqk = tl.arange(0, BLOCK_QK)
     offs_dv = tl.arange(0, BLOCK_V)
-    q = tl.load(q_base + rows[:, None] * stride_qs + offs_dqk[None, :],
-                mask=(rows[:, None] < len_q) & (offs_dqk[None, :] < HEAD_QK), other=0.0)
+    q = load_tile(q_base, rows, stride_qs, offs_dqk, len_q, HEAD_QK, BLOCK_QK, True)
+    qk_scale = sm_scale * LOG2E
+    PLAIN: tl.constexpr = USER_MASK == 0 and not HAS_BIAS and not HAS_ALIBI and not HAS_SOFTCAP
 
     band_offset = bottom_right * (len_kv - len_q)
     alibi_offset = len_kv - len_q
@@ -120,24 +127,14 @@ def attention_fwd(Q, K, V, O, LSE, BIAS, MASK, SLOPES, SINKS, CU_Q, CU_K,
     last_row = tl.minimum(m0 + BLOCK_M, len_q) - 1
     lo, hi, full_lo, full_hi = key_range(m0, last_row, band_offset, window_left, window_right, len_kv, BLOCK_N)
 
-    acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, full_lo, rows, offs_n,
-                           offs_dqk, offs_dv, len_q, len_kv, band_offset, alibi_offset, window_left, window_right,
-                           sm_scale, softcap, slope, bias_base, stride_bm, stride_bn, mask_base, stride_mm,
-                           stride_mn, bh, seqlen_q, seqlen_kv, dropout_p, seed, rng_offset, BLOCK_N, HEAD_QK,
-                           HEAD_V, True, True, HAS_BAND, USER_MASK, HAS_BIAS, HAS_ALIBI, HAS_SOFTCAP,
-                           HAS_DROPOUT, DOT_PRECISION)
-    acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, full_lo, full_hi, rows, offs_n,
-                           offs_dqk, offs_dv, len_q, len_kv, band_offset, alibi_offset, window_left, window_right,
-                           sm_scale, softcap, slope, bias_base, stride_bm, stride_bn, mask_base, stride_mm,
-                           stride_mn, bh, seqlen_q, seqlen_kv, dropout_p, seed, rng_offset, BLOCK_N, HEAD_QK,
-                           HEAD_V, False, MASKS_ROWS, HAS_BAND, USER_MASK, HAS_BIAS, HAS_ALIBI, HAS_SOFTCAP,
-                           HAS_DROPOUT, DOT_PRECISION)
-    acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, full_hi, hi, rows, offs_n,
-                           offs_dqk, offs_dv, len_q, len_kv, band_offset, alibi_offset, window_left, window_right,
-                           sm_scale, softcap, slope, bias_base, stride_bm, stride_bn, mask_base, stride_mm,
-                           stride_mn, bh, seqlen_q, seqlen_kv, dropout_p, seed, rng_offset, BLOCK_N, HEAD_QK,
-                           HEAD_V, True, True, HAS_BAND, USER_MASK, HAS_BIAS, HAS_ALIBI, HAS_SOFTCAP,
-                           HAS_DROPOUT, DOT_PRECISION)
+    runs = ((lo, full_lo, True, True), (full_lo, full_hi, False, MASKS_ROWS), (full_hi, hi, True, True))
+    for i in tl.static_range(3):  # the band's start (masked), the blocks every row sees in full, its end
+        acc, l_i, m_i = _steps(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, runs[i][0], runs[i][1], rows,
+                               offs_n, offs_dqk, offs_dv, len_q, len_kv, band_offset, alibi_offset, window_left,
+                               window_right, sm_scale, qk_scale, softcap, slope, bias_base, stride_bm, stride_bn,
+                               mask_base, stride_mm, stride_mn, bh, seqlen_q, seqlen_kv, dropout_p, seed, rng_offset,
+                               BLOCK_N, HEAD_QK, HEAD_V, BLOCK_QK, BLOCK_V, runs[i][2], runs[i][3], PLAIN, HAS_BAND,
+                               USER_MASK, HAS_BIAS, HAS_ALIBI, HAS_SOFTCAP, HAS_DROPOUT, DOT_PRECISION)
 
     empty = l_i == 0.0  # a row that saw no key: output 0, LSE -inf
     l_norm = tl.where(empty, 1.0, l_i)
@@ -146,7 +143,6 @@ def attention_fwd(Q, K, V, O, LSE, BIAS, MASK, SLOPES, SINKS, CU_Q, CU_K,
         l_norm = l_norm * (1.0 - dropout_p)
     out = acc / l_norm[:, None]
     o_base = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + q_start * stride_os
-    tl.store(o_base + rows[:, None] * stride_os + offs_dv[None, :], out.to(O.dtype.element_ty),
-             mask=(rows[:, None] < len_q) & (offs_dv[None, :] < HEAD_V))
+    store_tile(o_base, rows, stride_os, offs_dv, len_q, out.to(O.dtype.element_ty), HEAD_V, BLOCK_V)
     lse_base = LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start
     tl.store(lse_base + rows, lse, mask=rows < len_q)

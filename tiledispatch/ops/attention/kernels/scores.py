@@ -20,51 +20,116 @@ USER_MASK_ADDITIVE = tl.constexpr(2)
 
 
 @triton.jit
-def block_scores(qk, rows, cols, len_q, len_kv, band_offset, alibi_offset, window_left, window_right,
+def load_tile(base, rows, stride, offs_d, n_rows, HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+              CHECK_ROWS: tl.constexpr):
+    """A (rows, BLOCK_D) tile of a row-major operand, zeros outside.
+
+    Masks only what can be outside: rows when CHECK_ROWS, the head dim when it is padded
+    (BLOCK_D > HEAD). Unmasked loads of aligned operands become 16-byte vector copies.
+    """
+    ptrs = base + rows[:, None] * stride + offs_d[None, :]
+    if CHECK_ROWS:
+        if BLOCK_D == HEAD:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD), other=0.0)
+    else:
+        if BLOCK_D == HEAD:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD, other=0.0)
+    return tile
+
+
+@triton.jit
+def store_tile(base, rows, stride, offs_d, n_rows, value, HEAD: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Stores a (rows, BLOCK_D) tile, rows < n_rows and the head dim's real columns only."""
+    ptrs = base + rows[:, None] * stride + offs_d[None, :]
+    if BLOCK_D == HEAD:
+        tl.store(ptrs, value, mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, value, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD))
+
+
+@triton.jit
+def plain_scores(qk, r, c, len_kv, band_offset, window_left, window_right, qk_scale,
+                 MASKED: tl.constexpr, HAS_BAND: tl.constexpr):
+    """Scores in log2 units, qk * scale * log2(e), for kernels with none of the score features
+    (soft-cap, bias, masks, ALiBi); masked positions -inf."""
+    s = qk * qk_scale
+    if MASKED:
+        s = tl.where(visible_pairs(r, c, len_kv, band_offset, window_left, window_right, HAS_BAND), s, float("-inf"))
+    return s
+
+
+@triton.jit
+def block_scores(qk, r, c, len_q, len_kv, band_offset, alibi_offset, window_left, window_right,
                  sm_scale, softcap, slope, bias_base, stride_bm, stride_bn, mask_base, stride_mm, stride_mn,
                  MASKED: tl.constexpr, HAS_BAND: tl.constexpr, USER_MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                  HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
-    """Scores (fp32, natural units) of a BLOCK_M x BLOCK_N block, and tanh of the soft-cap (for its gradient).
+    """Scores (fp32, natural units) of a block, and tanh of the soft-cap (for its gradient).
 
-    MASKED: the block may hold keys past the sequence or outside the band; blocks proven
-    inside both skip those comparisons.
+    r and c are the query and key indices as 2-D tensors that broadcast to qk's shape:
+    (rows[:, None], cols[None, :]) for a query-major block, (rows[None, :], cols[:, None])
+    for the backward's key-major one. MASKED: the block may hold keys past the sequence or
+    outside the band; blocks proven inside both skip those comparisons.
     """
     x = qk * sm_scale
     t = x
     if HAS_SOFTCAP:
         t = 2.0 * tl.sigmoid(2.0 * x / softcap) - 1.0  # tanh, from a primitive every backend has
         x = softcap * t
-    inside = (rows[:, None] < len_q) & (cols[None, :] < len_kv)
+    inside = (r < len_q) & (c < len_kv)
     if HAS_BIAS:
-        bias = tl.load(bias_base + rows[:, None] * stride_bm + cols[None, :] * stride_bn, mask=inside, other=0.0)
+        bias = tl.load(bias_base + r * stride_bm + c * stride_bn, mask=inside, other=0.0)
         x += bias.to(tl.float32)
     if USER_MASK == USER_MASK_ADDITIVE:
-        extra = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn, mask=inside, other=0.0)
+        extra = tl.load(mask_base + r * stride_mm + c * stride_mn, mask=inside, other=0.0)
         x += extra.to(tl.float32)
     if HAS_ALIBI:
-        distance = tl.abs(rows[:, None] + alibi_offset - cols[None, :]).to(tl.float32)
+        distance = tl.abs(r + alibi_offset - c).to(tl.float32)
         x -= slope * distance
     if USER_MASK == USER_MASK_BOOL:
-        keep = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn, mask=inside, other=0)
+        keep = tl.load(mask_base + r * stride_mm + c * stride_mn, mask=inside, other=0)
         x = tl.where(keep != 0, x, float("-inf"))
     if MASKED:
-        visible = cols[None, :] < len_kv
-        if HAS_BAND:
-            diagonal = rows[:, None] + band_offset
-            visible = visible & (cols[None, :] >= diagonal - window_left) & (cols[None, :] <= diagonal + window_right)
-        x = tl.where(visible, x, float("-inf"))
+        x = tl.where(visible_pairs(r, c, len_kv, band_offset, window_left, window_right, HAS_BAND), x, float("-inf"))
     return x, t
 
 
 @triton.jit
-def dropout_keep(seed, rng_offset, bh, rows, cols, seqlen_q, seqlen_kv, dropout_p):
+def visible_pairs(r, c, len_kv, band_offset, window_left, window_right, HAS_BAND: tl.constexpr):
+    """Which (query r, key c) pairs the position mask keeps: keys inside the sequence and the band."""
+    visible = c < len_kv
+    if HAS_BAND:
+        diagonal = r + band_offset
+        visible = visible & (c >= diagonal - window_left) & (c <= diagonal + window_right)
+    return visible
+
+
+@triton.jit
+def dropout_keep(seed, rng_offset, bh, r, c, seqlen_q, seqlen_kv, dropout_p):
     """Which (query, key) pairs dropout keeps: Philox on a counter unique to (batch, head, i, j).
 
-    The forward and the backward call this with the same seed and offset, so they drop
-    the same pairs; so does `dropout_mask` (for tests and users who want to see the mask).
+    r and c are broadcastable 2-D index tensors, as in `block_scores`. The forward and the
+    backward call this with the same seed and offset, so they drop the same pairs; so does
+    `dropout_mask` (for tests and users who want to see the mask).
     """
-    counter = (bh.to(tl.int64) * seqlen_q + rows[:, None]) * seqlen_kv + cols[None, :] + rng_offset
+    counter = (bh.to(tl.int64) * seqlen_q + r) * seqlen_kv + c + rng_offset
     return tl.rand(seed, counter) >= dropout_p
+
+
+@triton.jit
+def query_range(n0, last_col, band_offset, window_left, window_right, len_q, BLOCK_M: tl.constexpr):
+    """Queries that see keys [n0, last_col] of a key block: [lo, hi), and the whole query blocks
+    [full_lo, full_hi) whose every row sees every one of those keys (no position mask needed)."""
+    lo = tl.maximum(n0 - band_offset - window_right, 0) // BLOCK_M * BLOCK_M
+    hi = tl.minimum(tl.maximum(last_col - band_offset + window_left + 1, 0), len_q)
+    full_lo = tl.cdiv(tl.maximum(last_col - band_offset - window_right, 0), BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), tl.maximum(hi, lo))
+    full_hi = tl.minimum(tl.maximum(n0 - band_offset + window_left + 1, 0), len_q) // BLOCK_M * BLOCK_M
+    full_hi = tl.maximum(full_hi, full_lo)
+    return lo, hi, full_lo, full_hi
 
 
 @triton.jit
@@ -89,6 +154,6 @@ def dropout_mask(KEEP, seed, rng_offset, heads, seqlen_q, seqlen_kv, dropout_p,
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     for start_n in range(0, seqlen_kv, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = dropout_keep(seed, rng_offset, bh, rows, cols, seqlen_q, seqlen_kv, dropout_p)
+        keep = dropout_keep(seed, rng_offset, bh, rows[:, None], cols[None, :], seqlen_q, seqlen_kv, dropout_p)
         where = KEEP + (bh.to(tl.int64) * seqlen_q + rows[:, None]) * seqlen_kv + cols[None, :]
         tl.store(where, keep.to(tl.uint8), mask=(rows[:, None] < seqlen_q) & (cols[None, :] < seqlen_kv))

@@ -1,0 +1,109 @@
+"""The Hopper forward families (`fwd-tma`, `fwd-tma-ws`) and the FlashAttention-2 backward tiles.
+
+Tensor descriptors run under the interpreter, so these run on the CPU (fp16: the TMA families
+take half dtypes only) against the float64 reference, and natively on a GPU. The backward is
+forced to tiles whose owned and stepped blocks differ, so that its masked edge runs and its
+unmasked interior both run.
+"""
+
+import pytest
+import torch
+
+import tiledispatch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.ops.attention import AttentionConfig, Family
+from tiledispatch.ops.attention.plan import kernel_units
+
+from .helpers import ARCH, DEVICE, check, dispatcher, randn
+
+F16, F32 = torch.float16, torch.float32
+TMA = ("fwd-tma", "bwd")
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (3, 1)], ids=["mha", "gqa", "mqa"])
+def test_tma_plain_odd_lengths(heads):
+    hq, hkv = heads
+    out, _, _ = check(randn(2, hq, 37, 32), randn(2, hkv, 45, 32), randn(2, hkv, 45, 32), families=TMA)
+    assert out.shape == (2, hq, 37, 32)
+
+
+@pytest.mark.parametrize("causal", [True, "bottom_right"])
+@pytest.mark.parametrize("lengths", [(33, 33), (21, 40), (40, 21)], ids=["square", "q<kv", "q>kv"])
+def test_tma_causal_alignments(causal, lengths):
+    sq, skv = lengths
+    check(randn(1, 2, sq, 32), randn(1, 2, skv, 32), randn(1, 2, skv, 32), families=TMA, causal=causal)
+
+
+@pytest.mark.parametrize("window", [(8, 0), (5, 3), (-1, 4)])
+def test_tma_sliding_window(window):
+    check(randn(1, 2, 37, 32), randn(1, 2, 45, 32), randn(1, 2, 45, 32), families=TMA, window=window)
+
+
+def test_tma_softcap_sinks_gqa_and_bshd_storage():
+    q = randn(2, 21, 4, 64, scale=3.0).transpose(1, 2)  # (batch, seq, heads, dim) storage
+    k = randn(2, 30, 2, 64, scale=3.0).transpose(1, 2)
+    v = randn(2, 30, 2, 64).transpose(1, 2)
+    out, _, grads = check(q, k, v, families=TMA, causal="bottom_right", softcap=4.0,
+                          sinks=torch.randn(4, device=DEVICE))
+    assert out.stride(1) < out.stride(2) and grads["sinks"].shape == (4,)
+
+
+def test_tma_negative_scale_is_moved_into_k():
+    """The TMA step takes rowmax(qk) * c for rowmax(qk * c): the plan makes c >= 0."""
+    check(randn(1, 2, 19, 32), randn(1, 2, 23, 32), randn(1, 2, 23, 32), families=TMA, scale=-0.4)
+    check(randn(1, 2, 19, 32), randn(1, 2, 23, 32), randn(1, 2, 23, 32), scale=-0.4, causal=True)
+
+
+def test_tma_is_refused_for_features_it_lacks():
+    d = dispatcher("fwd-tma")
+    q, k, v = randn(1, 2, 16, 32), randn(1, 2, 16, 32), randn(1, 2, 16, 32)
+    with pytest.raises(tiledispatch.TiledispatchError):
+        tiledispatch.attention(q, k, v, bias=randn(16, 16), dispatcher=d)
+    with pytest.raises(tiledispatch.TiledispatchError):
+        tiledispatch.attention(q, k, v, dropout_p=0.1, dropout_seed=1, dispatcher=d)
+
+
+@pytest.mark.parametrize("seqlen_q", [128, 150])
+def test_warp_specialised_forward(seqlen_q):
+    """Whole key blocks only (seqlen_kv a multiple of block_n), no band; any query length."""
+    name = f"attention_fwd_fp16_d32x32_fwd-tma-ws_128x16_w4_s2_{ARCH.tag}"
+    q, k, v = randn(1, 2, seqlen_q, 32), randn(1, 2, 64, 32), randn(1, 2, 64, 32)
+    check(q, k, v, families=("fwd-tma-ws", "bwd"), rule_set="tests", kernel=name, sinks=torch.randn(2, device=DEVICE),
+          softcap=5.0)
+    with pytest.raises(tiledispatch.TiledispatchError, match="edge blocks"):
+        tiledispatch.attention(q, k[:, :, :50], v[:, :, :50], kernel=name,
+                               dispatcher=dispatcher("fwd-tma-ws", rule_set="tests"))
+
+
+def test_warp_specialised_unit_is_one_flag_away_from_the_plain_one():
+    (unit,) = kernel_units(AttentionConfig(Family.FWD_TMA, DType.FP16, 64, 64, 128, 64, 4, 3))
+    (ws,) = kernel_units(AttentionConfig(Family.FWD_TMA_WS, DType.FP16, 64, 64, 128, 64, 4, 3))
+    assert dict(unit.constexprs)["WARP_SPECIALIZE"] is False and dict(ws.constexprs)["WARP_SPECIALIZE"] is True
+    assert unit.signature == ws.signature and unit.function == "attention_fwd_tma"
+    assert dict(unit.signature)["q_desc"] == "tensordesc<fp16[1,1,128,64]>"
+
+
+# --- the backward: owned block (block_n) and stepped block (block_m) of different sizes ----------
+
+BWD_TILES = ("16x32_w4_s2", "32x16_w4_s1")
+
+
+@pytest.mark.parametrize("tile", BWD_TILES, ids=["own32-step16", "own16-step32"])
+@pytest.mark.parametrize("dtype", [F16, F32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("features", [{}, {"causal": True}, {"causal": "bottom_right"}, {"window": (9, 4)},
+                                      {"softcap": 4.0, "causal": True}, {"sinks": "per-head"}],
+                         ids=["plain", "causal", "causal-br", "window", "softcap", "sinks"])
+def test_backward_tiles_against_float64(tile, dtype, features):
+    features = {k: (torch.randn(4, device=DEVICE) if v == "per-head" else v) for k, v in features.items()}
+    q, k, v = randn(2, 4, 45, 32, dtype=dtype), randn(2, 2, 61, 32, dtype=dtype), randn(2, 2, 61, 32, dtype=dtype)
+    name = f"attention_bwd_{DType.from_torch(dtype).value}_d32x32_bwd_{tile}_{ARCH.tag}"
+    check(q, k, v, rule_set="tests", backward_kernel=name, **features)
+
+
+@pytest.mark.parametrize("family", ["bwd", "bwd-atomic"])
+def test_backward_tiles_with_every_feature(family):
+    name = f"attention_bwd_fp16_d32x32_{family}_16x32_w4_s2_{ARCH.tag}"
+    check(randn(2, 4, 23, 32), randn(2, 2, 31, 32), randn(2, 2, 31, 32), families=("fwd", family), rule_set="tests",
+          backward_kernel=name, causal="bottom_right", bias=randn(4, 23, 31), alibi_slopes=torch.rand(4, device=DEVICE),
+          softcap=4.0, sinks=torch.randn(4, device=DEVICE), mask=torch.rand(1, 1, 23, 31, device=DEVICE) > 0.2,
+          dropout_p=0.2)
