@@ -135,6 +135,7 @@ def time_plan(dispatcher: Dispatcher, operands, spec, repeats: int, error_of):
     """(time, relative error, first result) of one spec: each call makes its plan (outputs, the
     zeroed dQ workspace of bwd-atomic) and executes it, as a caller's call does; the error is
     taken on the first call's result, before any other call writes into its buffers."""
+    print(f"  running {spec.name}", flush=True)  # a kernel that hangs is named by the last line
     spec, launchers = dispatcher.prepare(operands, kernel=spec)
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -153,6 +154,7 @@ def time_plan(dispatcher: Dispatcher, operands, spec, repeats: int, error_of):
 def row(case: Case, direction: str, provider: str, ms: float, flops: float, error: float, cudnn_ms: float,
         picked: bool = False) -> dict:
     tflops = flops / ms / 1e9 if ms and math.isfinite(ms) else math.nan
+    print(f"{case.name} {direction} {provider}: {tflops:.1f} TFLOP/s, error {error:.2g}", flush=True)
     return {"case": case.name, "direction": direction, "provider": provider, "time_ms": ms, "tflops": tflops,
             "ratio_vs_cudnn": cudnn_ms / ms if ms and math.isfinite(ms) else math.nan, "rel_error": error,
             "rules_pick": picked}
