@@ -28,6 +28,7 @@ BUILDS = {  # kernel -> the specialisations built for it
     "conv_bwdd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED,),
     "conv_fwd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90": (DENSE,),
     "conv_bwdd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90": (DENSE,),
+    "conv_bwdw_bf16_igemm_128x128x64_w4_s3_g8_k8ws_none_sm90": (DENSE,),
     "conv_fwd_bf16_igemm_128x64x64_w4_s3_g8_k1_gt8_none_sm90": (ALIGNED,),
     "conv_bwdd_fp16_igemm_128x32x32_w4_s3_g8_k1_gt4_none_sm90": (ALIGNED,),
     "conv_bwdw_fp16_igemm_32x16x16_w2_s2_g2_k3ws_none_sm90": (ALIGNED,),
@@ -99,8 +100,20 @@ def test_dense_tiles_use_wgmma_in_a_pipelined_loop(built):
     """The 128x128 dense tiles: Hopper wgmma, 16-byte cp.async into a multi-stage pipeline."""
     cache, registry, _ = built
     for name in ("conv_fwd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90",
-                 "conv_bwdd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90"):
+                 "conv_bwdd_bf16_igemm_128x128x64_w8_s3_g8_k1_none_sm90",
+                 "conv_bwdw_bf16_igemm_128x128x64_w4_s3_g8_k8ws_none_sm90"):
         code = ptx(cache, registry.get(name), DENSE)
         assert "wgmma.mma_async" in code
         assert "cp.async.cg.shared.global" in code and "0x10" in code
         assert "cp.async.wait_group" in code
+
+
+def test_weight_gradient_loop_has_no_division(built):
+    """Backward-weight carries its pixel coordinates (`advance_pixel`): its pipelined loop divides nothing.
+
+    The divisions left in the PTX come before the first MMA (splitting the tap and the first pixels)."""
+    cache, registry, _ = built
+    code = ptx(cache, registry.get("conv_bwdw_bf16_igemm_128x128x64_w4_s3_g8_k8ws_none_sm90"), DENSE)
+    assert "div.s32" in code  # the prologue's
+    after = code[code.index("wgmma.mma_async"):]
+    assert "div.s32" not in after and "rem.s32" not in after

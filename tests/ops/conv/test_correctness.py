@@ -259,3 +259,21 @@ def test_partial_channel_blocks(dispatcher, direction):
                                 tile.group_m, tile.num_warps, tile.num_stages)
     ops, _ = run_and_check(dispatcher, p, spec_name(config))
     assert ops.problem.specialization.channel_multiple == 8 and ops.problem.specialization.groups_aligned
+
+
+@pytest.mark.parametrize("geometry", ["2d-s1", "2d-s2", "3d-mixed", "1x1"], ids=str)
+def test_weight_gradient_pixel_walk(dispatcher, geometry):
+    """Backward-weight carries its pixel coordinates from step to step (`advance_pixel`): steps of 16-64
+    pixels over output rows of 3-7 wrap W, H, D and N at once. C/G = K/G = 32: tiles of 16 and 32 drop
+    the channel masks (EVEN_K), 64-wide ones keep them. Every tile of `tests`, split or not."""
+    shapes = {"2d-s1": (2, (7, 9), (3, 3), 1, 2, 2), "2d-s2": (3, (9, 8), (3, 2), 2, 1, 1),
+              "3d-mixed": (3, (4, 5, 6), (2, 3, 2), (1, 2, 1), (0, 1, 1), (2, 1, 1)),
+              "1x1": (3, (5, 3), (1, 1), 1, 0, 1)}
+    n, size, filt, stride, padding, dilation = shapes[geometry]
+    p = problem("bwd_weight", n, 64, 64, 2, size, filt, stride, padding, dilation)
+    for tile in (t for t in TESTS_GEMM if t.groups_per_tile == 1):
+        config = ImplicitGemmConfig(ConvSignature(Direction.BWD_WEIGHT, p.types), tile.block_m, tile.block_n,
+                                    tile.block_k, tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
+                                    tile.split_mode)
+        ops, _ = run_and_check(dispatcher, p, spec_name(config))
+        assert ops.problem.specialization.channel_multiple == 32

@@ -65,8 +65,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
                       "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1, **epilogue,
                       "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec,
                       "POINTWISE": specialization.pointwise, "GROUPS_PER_TILE": config.groups_per_tile,
-                      "EVEN_K": (config.groups_per_tile == 1 and sig.direction is not Direction.BWD_WEIGHT
-                                 and specialization.even_channels(config.block_k)),
+                      "EVEN_K": _even_channels(config, specialization),
                       "UNIT_STRIDE": specialization.unit_stride}
         warps, stages = config.num_warps, config.num_stages
     else:
@@ -81,6 +80,17 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         modules=(module, *_SHARED_MODULES),
         divisible_by_16=tuple(n for n in TENSORS if n != "bias_ptr") if vec > 1 else (),
     )
+
+
+def _even_channels(config: ImplicitGemmConfig, specialization: ConvSpecialization) -> bool:
+    """Whether the kernel's channel blocks are all whole, so it drops its channel masks.
+
+    Forward and backward-data block the reduction's channels by block_k (merged groups
+    keep their own masks); backward-weight blocks K/G by block_m and C/G by block_n.
+    """
+    if config.signature.direction is Direction.BWD_WEIGHT:
+        return specialization.even_channels(max(config.block_m, config.block_n))
+    return config.groups_per_tile == 1 and specialization.even_channels(config.block_k)
 
 
 def _reduce_unit(config, specialization: ConvSpecialization) -> KernelUnit:

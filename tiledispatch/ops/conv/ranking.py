@@ -13,6 +13,7 @@ Score = ideal time / modelled time, in (0, 1].
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
@@ -33,17 +34,75 @@ LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
 # of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
 TILED_FRACTION = 0.5
-# cuDNN through PyTorch on an H200 (ANCHORS.md, grouped-conv table): 0.35-0.6 of peak on
-# dense 3x3; 0.17 (resnext g32) to 0.34 (regnet g8) of the memory-bound ideal on grouped;
-# 0.3 (3x3) and 0.1 (7x7) on depthwise.
-VENDOR_FRACTION_DENSE = 0.55
-VENDOR_FRACTION_GROUPED = 0.25
-VENDOR_FRACTION_DEPTHWISE = 0.3
-VENDOR_CALL_SECONDS = 8e-6  # cuDNN through PyTorch: launch plus its algorithm choice
+# cuDNN through PyTorch, H200, benchmarks/results/h200/conv.csv (commit 5a217eb): ideal /
+# (measured - VENDOR_CALL_SECONDS), geomean over the suite's cases of each class, bf16 and
+# fp16. The directions differ by 3x: cuDNN's backward-data is its weak path (dense
+# 0.11-0.24, where the Triton implicit GEMM is 1.6-2.2x faster), its forward and
+# backward-weight its strong ones (dense 0.41-0.71 and 0.39-0.61).
+VENDOR_CALL_SECONDS = 2e-6  # GPU-side fixed cost of a cuDNN call (the benchmark times graph replays)
+
+
+class ShapeClass(enum.Enum):
+    """What cuDNN runs a conv as: its measured efficiency follows this, then the direction."""
+
+    DENSE = "dense"  # G = 1
+    GROUPED = "grouped"  # 1 < G, C/G or K/G > 1, 2-D and 3-D
+    GROUPED_1D = "grouped-1d"  # grouped or depthwise 1-D (conv1d_g16, mamba): 0.045-0.061 in every direction
+    DEPTHWISE = "depthwise"  # C/G = K/G = 1, 2-D and 3-D: CUDA-core bound, see VENDOR_DEPTHWISE_FMA
+
+
+def shape_class(p: ConvProblem) -> ShapeClass:
+    if p.groups == 1:
+        return ShapeClass.DENSE
+    if p.spatial_dims == 1:
+        return ShapeClass.GROUPED_1D
+    return ShapeClass.DEPTHWISE if p.one_channel_per_group else ShapeClass.GROUPED
+
+
+VENDOR_FRACTION = {
+    # dense: resnet50 3x3 and 1x1, unet, dilated, conv3d video (forward 0.41-0.71; bwd_data
+    # 0.11-0.24; bwd_weight 0.39-0.61); the C=3 stem is 0.06 / 0.016 / 0.08, but there the
+    # Triton kernels are slower still.
+    (ShapeClass.DENSE, Direction.FORWARD): 0.55,
+    (ShapeClass.DENSE, Direction.BWD_DATA): 0.17,
+    (ShapeClass.DENSE, Direction.BWD_WEIGHT): 0.46,
+    # grouped 2-D/3-D: resnext g32 (C/G=8, 16), regnet g8 (56), conv3d g4 (32): forward 0.09-0.23,
+    # bwd_data 0.044-0.08, bwd_weight 0.05-0.22.
+    (ShapeClass.GROUPED, Direction.FORWARD): 0.17,
+    (ShapeClass.GROUPED, Direction.BWD_DATA): 0.055,
+    (ShapeClass.GROUPED, Direction.BWD_WEIGHT): 0.12,
+    (ShapeClass.GROUPED_1D, Direction.FORWARD): 0.055,
+    (ShapeClass.GROUPED_1D, Direction.BWD_DATA): 0.05,
+    (ShapeClass.GROUPED_1D, Direction.BWD_WEIGHT): 0.047,
+    # depthwise 2-D: the memory side of its model (mbv2 3x3 forward reaches 0.40 of the ideal).
+    (ShapeClass.DEPTHWISE, Direction.FORWARD): 0.45,
+    (ShapeClass.DEPTHWISE, Direction.BWD_DATA): 0.45,
+    (ShapeClass.DEPTHWISE, Direction.BWD_WEIGHT): 0.45,
+}
+# cuDNN's depthwise kernels are bound by CUDA-core issue, not bytes: the time grows with the
+# taps (mbv2 3x3, 5x5, convnext 7x7 forward: 4.2, 4.9, 5.8 T output-taps/s). As fractions
+# of the CUDA-core FMA rate (FMA_FRACTION_OF_TF32 of the tf32 peak, 2 FLOPs a tap):
+VENDOR_DEPTHWISE_FMA = {Direction.FORWARD: 0.16, Direction.BWD_DATA: 0.03, Direction.BWD_WEIGHT: 0.11}
+# The dispatcher takes a Triton kernel over cuDNN only when the model says it is faster by
+# more than its own error: modelled / measured of the Triton kernels the rules pick on
+# conv.csv spans 0.8-1.9x (grouped implicit GEMMs with narrow N run 1.2-1.9x slower than
+# modelled), so the vendor's modelled time is divided by this before they are compared.
+VENDOR_TRUST = 1.3
 DIRECT_FRACTION = 0.75  # of copy bandwidth, for a well-fed streaming kernel
 DIRECT_REGISTERS_PER_ACCUMULATOR = 3
 DIRECT_REGISTER_BASE = 32
 DIRECT_ISSUE_ROWS = 1.0  # rows a thread needs to halve its issue overhead (a guess to calibrate on the H200)
+# The direct kernels' rate of output-taps as a fraction of the CUDA-core FMA rate, per
+# direction and lane kind (conv.csv, commit 5a217eb): each tap of each row costs a load,
+# a widening, the border mask and the FMA, ~10 instructions a useful FMA. Depthwise
+# forward / bwd_data: mbv2 3x3 4.2 TFLOP/s, 5x5 4.2, 7x7 6.7, mamba 3.6 (0.06-0.11 of 61.75);
+# backward-weight 1.1-1.5 TFLOP/s (0.018-0.025: a product, a row sum per tap, split-K);
+# C/G > 1 (one lane per channel, a gather per input channel): resnext g32 forward 0.5-1.0
+# TFLOP/s, backward-weight 0.23 (0.004).
+DIRECT_FMA_FRACTION = {
+    (Direction.FORWARD, True): 0.08, (Direction.BWD_DATA, True): 0.08, (Direction.BWD_WEIGHT, True): 0.022,
+    (Direction.FORWARD, False): 0.016, (Direction.BWD_DATA, False): 0.016, (Direction.BWD_WEIGHT, False): 0.004,
+}
 FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
 L2_REUSE = 4.0
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
@@ -53,6 +112,17 @@ SPILL_PENALTY = 0.15
 WARPS_TO_FILL_SM = 8
 # Atomic split-K sums in a different order each run: taken only when clearly faster.
 NONDETERMINISTIC_PENALTY = 0.97
+# Issue cost of one reduction step of an implicit GEMM besides its MMAs, in instructions a
+# warp: sm_90 SASS of the 128x128x64 8-warp tile spends ~199 a step (commit 55f6272), of
+# which 8 are 16-byte loads a thread; the rest is the fixed cost of the step. A load that
+# the alignment leaves at one element costs as much as a vector one, for one element.
+STEP_INSTRUCTIONS = 100
+INSTRUCTIONS_PER_LOAD = 12
+# Backward-weight also walks the step's pixels: each pixel row a thread loads (one per vector
+# load) carries its coordinates and offsets, ~29 more a load (429 a step for 128x128x64 w8).
+WEIGHT_INSTRUCTIONS_PER_LOAD = 29
+ISSUE_PER_SM_CYCLE = 4  # warp-instructions an SM issues a cycle (four schedulers)
+CLOCK_HZ = 1.75e9
 
 
 @dataclass(frozen=True)
@@ -91,16 +161,25 @@ def ideal_seconds(p: ConvProblem, arch) -> float:
     return max(p.flops() / _peak_flops(p, arch), p.bytes() / _bandwidth(arch))
 
 
+def _fma_rate(arch) -> float:
+    """The CUDA-core FMA rate in FLOP/s (2 per FMA)."""
+    return arch.peak_tflops[DType.FP32] * 1e12 * FMA_FRACTION_OF_TF32
+
+
 def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
     ideal = ideal_seconds(p, arch)
-    fraction = (VENDOR_FRACTION_DEPTHWISE if p.depthwise else VENDOR_FRACTION_DENSE if p.groups == 1
-                else VENDOR_FRACTION_GROUPED)
+    kind = shape_class(p)
+    fraction = VENDOR_FRACTION[(kind, p.direction)]
+    conv_s = ideal / fraction
+    if kind is ShapeClass.DEPTHWISE:
+        conv_s = max(conv_s, p.flops() / (_fma_rate(arch) * VENDOR_DEPTHWISE_FMA[p.direction]))
     steps = int(p.epilogue.activation.value != "none") + int(p.epilogue.residual)
     y_bytes = p.n * p.k * math.prod(p.output_size) * p.types.dtype.itemsize
     step_s = 2 * y_bytes / _bandwidth(arch) + LAUNCH_SECONDS
-    modelled = ideal / fraction + VENDOR_CALL_SECONDS + steps * step_s
-    return Score(ideal / modelled, {"fraction": fraction, "epilogue_steps": float(steps),
-                                    "modelled_us": modelled * 1e6})
+    modelled = conv_s + VENDOR_CALL_SECONDS + steps * step_s
+    # Compared with the Triton kernels' models, whose error is up to VENDOR_TRUST.
+    return Score(ideal / modelled * VENDOR_TRUST, {"fraction": fraction, "epilogue_steps": float(steps),
+                                                   "trust": VENDOR_TRUST, "modelled_us": modelled * 1e6})
 
 
 def sm_efficiency(tiles: int, resident: int, num_warps: int, sm_count: int) -> tuple[float, int]:
@@ -122,6 +201,28 @@ def _stride_hit_rate(p: ConvProblem) -> float:
     return 1.0 / math.prod(p.stride) if p.direction is Direction.BWD_DATA else 1.0
 
 
+def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tiles: int, arch) -> float:
+    """Time the SMs spend issuing the loop's instructions besides the MMAs: steps x warps x a step's cost.
+
+    Small tiles (128x16x16, one tap of 16 channels a step) and element loads (channels
+    not 16-byte aligned, the C=3 stem) make this, not the tensor cores, the bound: on
+    conv.csv the 128x16x16 resnext tiles ran 1.7x their MMA-and-bytes model, the stem's
+    element-load tiles 10-40x.
+    """
+    threads = config.num_warps * 32
+    per_group = p.specialization.groups_aligned
+    vector = max(16 // p.types.dtype.itemsize, 1) if per_group else 1
+    loads = (config.block_m + config.block_n) * config.block_k / (threads * vector)
+    if p.direction is Direction.BWD_WEIGHT:
+        steps = math.ceil(math.ceil(v.depth / config.block_k) / config.split_k)
+    else:
+        steps = v.taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
+    per_load = INSTRUCTIONS_PER_LOAD + (WEIGHT_INSTRUCTIONS_PER_LOAD if p.direction is Direction.BWD_WEIGHT else 0)
+    per_step = STEP_INSTRUCTIONS + per_load * max(loads, 1.0)
+    warp_instructions = tiles * steps * config.num_warps * per_step
+    return warp_instructions / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
+
+
 def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     v = gemm_view(p)
     item = p.types.dtype.itemsize
@@ -133,9 +234,10 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
         tile_n = tile_efficiency(p.c_per_group, config.block_n)
     else:
         merged = config.groups_per_tile
+        useful = min(merged, p.groups)  # merging more groups than the conv has only adds empty columns
         # Each tap's channels are padded to block_k; merged groups fill a tile block-diagonally.
         tile_k = tile_efficiency(merged * v.depth, config.block_k) / merged
-        tile_n = tile_efficiency(merged * v.n, config.block_n)
+        tile_n = useful * v.n / (math.ceil(merged * v.n / config.block_n) * config.block_n)
     waste = {"tile_m": tile_efficiency(v.m, config.block_m), "tile_n": tile_n, "tile_k": tile_k}
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + REGISTER_RESERVE
@@ -172,7 +274,8 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     if config.split_k > 1:
         weights = p.k * p.c_per_group * math.prod(p.filter_size)
         reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
-    bound_s = (compute_s**3 + memory_s**3) ** (1 / 3)
+    issue_s = _issue_seconds(config, p, v, tiles, arch)
+    bound_s = (compute_s**3 + memory_s**3 + issue_s**3) ** (1 / 3)
     modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     value = ideal / modelled
@@ -180,14 +283,14 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
         value *= NONDETERMINISTIC_PENALTY
     terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits, "sectors": sectors,
              "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
-             "modelled_us": modelled * 1e6}
+             "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
     return Score(value, terms)
 
 
 def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     item = p.types.dtype.itemsize
     bandwidth = _bandwidth(arch)
-    fma = arch.peak_tflops[DType.FP32] * 1e12 * FMA_FRACTION_OF_TF32
+    fma = _fma_rate(arch)
     pixels_out = p.n * math.prod(p.output_size)
     pixels_in = p.n * math.prod(p.input_size)
     taps = math.prod(p.filter_size)
@@ -230,12 +333,14 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
         bytes_moved += (taps - 1) * (bytes_moved - p.k * p.c_per_group * taps * item) / (4 * L2_REUSE)
     memory_s = bytes_moved / (bandwidth * efficiency)
     hits = _stride_hit_rate(p)
-    compute_s = p.flops() / (fma * lane_use * row_use * waves * hits)
+    # Issue-bound side: output-taps at the measured fraction of the FMA rate for this
+    # direction and lane kind, less where a thread holds few rows to share its per-tap work.
+    rate = fma * DIRECT_FMA_FRACTION[(p.direction, p.one_channel_per_group)]
+    compute_s = p.flops() / (rate * lane_use * row_use * waves * hits * issue)
+    compute_s /= SPILL_PENALTY if spills else 1.0
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = (config.split_k + 1) * p.k * p.c_per_group * taps * 4 / bandwidth + LAUNCH_SECONDS
-    if p.c_per_group > 1 and p.direction is not Direction.BWD_WEIGHT:
-        compute_s *= 2  # gathers of the group's channels, one lane at a time
     modelled = max(memory_s, compute_s) + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     terms = {"lanes": lane_use, "rows": row_use, "waves": waves, "in_flight": in_flight,

@@ -80,3 +80,23 @@ def next_step(cb, fz, fy, fx, c_tiles, FY, FX):
     cb = tl.where(wrap, 0, cb)
     nz, ny, nx = next_tap(fz, fy, fx, FY, FX)
     return cb, tl.where(wrap, nz, fz), tl.where(wrap, ny, fy), tl.where(wrap, nx, fx)
+
+
+@triton.jit
+def advance_pixel(d, h, w, step_d, step_h, step_w, D, H, W):
+    """(d, h, w) + a step written as digits (step_d, step_h, step_w) over (D, H, W), and which digits wrapped.
+
+    Each digit is below its radix and the carry in is at most 1, so one compare and
+    one subtraction a digit make the sum: no division, unlike `split_pixel` of the new
+    index. The batch index is not carried: the caller's offsets move by the wraps.
+    """
+    w += step_w
+    wrap_w = w >= W
+    w = tl.where(wrap_w, w - W, w)
+    h += step_h + wrap_w.to(tl.int32)
+    wrap_h = h >= H
+    h = tl.where(wrap_h, h - H, h)
+    d += step_d + wrap_h.to(tl.int32)
+    wrap_d = d >= D
+    d = tl.where(wrap_d, d - D, d)
+    return d, h, w, wrap_d, wrap_h, wrap_w
