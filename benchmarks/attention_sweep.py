@@ -3,7 +3,7 @@
 For each case (default: mha_S4096_D128, mha_S4096_D128_causal, mha_S2048_D64,
 gqa_S8192_D128_causal of benchmarks/suites/attention.json) and bf16:
   - the forward: every Triton forward config of the default rule set for the case's head
-    dims that takes the problem (fwd, fwd-tma, fwd-tma-ws), the rules' pick marked;
+    dims that takes the problem (fwd, fwd-tma), the rules' pick marked;
   - the backward alone (the plan: preprocess, dK/dV, dQ or its conversion) of every
     backward config (bwd, bwd-atomic), fed by the forward's O and LSE;
   - SDPA's cuDNN backend, forward and backward alone (autograd with retain_graph).

@@ -54,15 +54,6 @@ def test_tma_forward_and_backward(case, tile):
           backward_kernel=name("bwd", shape[-1], "bwd", "32x128_w8_s2"), **features)
 
 
-@pytest.mark.parametrize("tile", ["128x128_w4_s2", "128x64_w4_s3"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_warp_specialised_forward(d, tile):
-    needs_tma()
-    q, k, v = inputs(1, 8, 2, 1000, 2048, d)  # GQA; any query length, whole key blocks
-    check(q, k, v, families=("fwd-tma-ws", "bwd"), rule_set="default", kernel=name("fwd", d, "fwd-tma-ws", tile),
-          grad=False, sinks=torch.randn(8, device="cuda"))
-
-
 @pytest.mark.parametrize("tile", ["128x128_w8_s2", "128x64_w4_s3"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_pointer_forward_tiles(causal, tile):

@@ -61,7 +61,7 @@ def test_registries_per_arch():
     assert not any(s.family.startswith("sdpa") for s in interp)
     assert {"bf16", "fp16"} <= {s.dtype for s in sm90}
     families = {s.family for s in sm90}
-    assert families == {"fwd", "fwd-tma", "fwd-tma-ws", "bwd", "bwd-atomic", "sdpa-flash", "sdpa-cudnn"}
+    assert families == {"fwd", "fwd-tma", "bwd", "bwd-atomic", "sdpa-flash", "sdpa-cudnn"}
     assert not any(s.family.startswith("fwd-tma") for s in Registry.from_rule_set("attention", "default", SM80))
     assert any(s.family == "sdpa-cudnn" and s.name.startswith("attention_bwd") for s in sm90)  # cuDNN's backward
     assert len(Registry.from_rule_set("attention", "default", SM80)) > 0
@@ -177,38 +177,33 @@ def test_tma_families_name_the_rule_they_break():
         (good, SM80): AttentionRule.FAMILY_ARCH,
         (replace(good, dtype=DType.FP32), SM90): AttentionRule.FAMILY_DTYPE,
         (replace(good, head_dim_qk=96, head_dim_v=96), SM90): AttentionRule.FAMILY_HEAD_DIM,
-        (replace(good, family=Family.FWD_TMA_WS), SM90): AttentionRule.WARP_SPECIALIZE,  # 8 warps a partition
-        (replace(good, family=Family.FWD_TMA_WS, num_warps=4, block_m=64), SM90): AttentionRule.WARP_SPECIALIZE,
         (replace(good, num_stages=3), SM90): AttentionRule.SHARED_MEMORY,  # 3 x 64 KiB of K/V + Q
     }
     for (config, arch_info), rule in cases.items():
         assert rule in validate(config, arch_info).broken_rules(), (config, validate(config, arch_info))
-    assert validate(replace(good, family=Family.FWD_TMA_WS, num_warps=4), SM90).ok
     with pytest.raises(InvalidConfigError, match="family-dtype"):
         auto_correct(replace(good, dtype=DType.FP32), SM90)
 
 
 def test_tma_supports_the_common_case_only():
     tma = AttentionConfig(Family.FWD_TMA, DType.FP16, 128, 128, 128, 64, 8, 3)
-    ws = AttentionConfig(Family.FWD_TMA_WS, DType.FP16, 128, 128, 128, 128, 4, 2)
     plain = problem(seqlen_kv=512)
     causal = replace(plain, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True))
-    assert supports(tma, plain) is None and supports(ws, plain) is None
+    assert supports(tma, plain) is None and supports(tma, replace(plain, seqlen_kv=500)) is None
     assert supports(tma, replace(causal, variant=AttentionVariant(band=True, softcap=True, sinks=True))) is None
     assert "bias" in supports(tma, replace(plain, variant=AttentionVariant(bias=True)))
     assert "dropout" in supports(tma, replace(plain, variant=AttentionVariant(dropout=True)))
     assert "aligned" in supports(tma, replace(plain, variant=AttentionVariant(aligned=False)))
-    assert "band" in supports(ws, causal)
-    assert "multiple of block_n=128" in supports(ws, replace(plain, seqlen_kv=500))
 
 
 def test_ranking_at_d128_prefers_big_tiles_of_the_hopper_families():
     """Long sequences at d=128: 128x128 over 8 warps beats 128x64 over 4 (which spills), and the
-    warp-specialised TMA kernel, where it applies, beats the pointer-load one."""
+    TMA kernel beats the pointer-load one, with and without a band."""
     p = problem(batch=8, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_kv=4096, dtype=DType.BF16)
     registry = Registry.from_rule_set("attention", "default", SM90).filter(lambda s: not s.family.startswith("sdpa"))
     ranked = Dispatcher(registry, SM90).explain(p).ranked
-    assert ranked[0].spec.family == "fwd-tma-ws"
+    best = ranked[0].spec.config
+    assert (best.family, best.block_m, best.block_n, best.num_warps) == (Family.FWD_TMA, 128, 128, 8)
     fwd = [c.spec.config for c in ranked if c.spec.family == "fwd"]
     assert (fwd[0].block_m, fwd[0].block_n, fwd[0].num_warps) == (128, 128, 8)
     causal = replace(p, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True))

@@ -1,7 +1,7 @@
-"""The Hopper forward families (`fwd-tma`, `fwd-tma-ws`) and the FlashAttention-2 backward tiles.
+"""The Hopper forward family (`fwd-tma`) and the FlashAttention-2 backward tiles.
 
-Tensor descriptors run under the interpreter, so these run on the CPU (fp16: the TMA families
-take half dtypes only) against the float64 reference, and natively on a GPU. The backward is
+Tensor descriptors run under the interpreter, so these run on the CPU (fp16: the TMA family
+takes half dtypes only) against the float64 reference, and natively on a GPU. The backward is
 forced to tiles whose owned and stepped blocks differ, so that its masked edge runs and its
 unmasked interior both run.
 """
@@ -63,24 +63,11 @@ def test_tma_is_refused_for_features_it_lacks():
         tiledispatch.attention(q, k, v, dropout_p=0.1, dropout_seed=1, dispatcher=d)
 
 
-@pytest.mark.parametrize("seqlen_q", [128, 150])
-def test_warp_specialised_forward(seqlen_q):
-    """Whole key blocks only (seqlen_kv a multiple of block_n), no band; any query length."""
-    name = f"attention_fwd_fp16_d32x32_fwd-tma-ws_128x16_w4_s2_{ARCH.tag}"
-    q, k, v = randn(1, 2, seqlen_q, 32), randn(1, 2, 64, 32), randn(1, 2, 64, 32)
-    check(q, k, v, families=("fwd-tma-ws", "bwd"), rule_set="tests", kernel=name, sinks=torch.randn(2, device=DEVICE),
-          softcap=5.0)
-    with pytest.raises(tiledispatch.TiledispatchError, match="edge blocks"):
-        tiledispatch.attention(q, k[:, :, :50], v[:, :, :50], kernel=name,
-                               dispatcher=dispatcher("fwd-tma-ws", rule_set="tests"))
-
-
-def test_warp_specialised_unit_is_one_flag_away_from_the_plain_one():
+def test_tma_unit_moves_whole_head_dims_by_descriptor():
     (unit,) = kernel_units(AttentionConfig(Family.FWD_TMA, DType.FP16, 64, 64, 128, 64, 4, 3))
-    (ws,) = kernel_units(AttentionConfig(Family.FWD_TMA_WS, DType.FP16, 64, 64, 128, 64, 4, 3))
-    assert dict(unit.constexprs)["WARP_SPECIALIZE"] is False and dict(ws.constexprs)["WARP_SPECIALIZE"] is True
-    assert unit.signature == ws.signature and unit.function == "attention_fwd_tma"
+    assert unit.function == "attention_fwd_tma"
     assert dict(unit.signature)["q_desc"] == "tensordesc<fp16[1,1,128,64]>"
+    assert dict(unit.signature)["k_desc"] == "tensordesc<fp16[1,1,64,64]>"
 
 
 # --- the backward: owned block (block_n) and stepped block (block_m) of different sizes ----------

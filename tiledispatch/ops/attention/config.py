@@ -14,7 +14,6 @@ class Family(Choice):
 
     FWD = "fwd"  # online-softmax forward, pointer loads: every arch, every stride
     FWD_TMA = "fwd-tma"  # sm_90+: Q/K/V by tensor descriptors; bands, soft-cap, sinks, GQA (kernels/forward_tma.py)
-    FWD_TMA_WS = "fwd-tma-ws"  # the same kernel warp-specialised (a TMA producer warp): no edge blocks only
     BWD = "bwd"  # dK/dV per key block and dQ per query block: no atomics, deterministic
     BWD_ATOMIC = "bwd-atomic"  # dK/dV per key block, dQ by fp32 atomics and a conversion stage
     SDPA_FLASH = "sdpa-flash"  # PyTorch SDPA's FlashAttention-2 backend
@@ -23,12 +22,12 @@ class Family(Choice):
     @property
     def direction(self) -> Direction | None:
         """The direction a Triton family computes; None for the vendor ones (they do both)."""
-        return {Family.FWD: Direction.FORWARD, Family.FWD_TMA: Direction.FORWARD, Family.FWD_TMA_WS: Direction.FORWARD,
-                Family.BWD: Direction.BACKWARD, Family.BWD_ATOMIC: Direction.BACKWARD}.get(self)
+        return {Family.FWD: Direction.FORWARD, Family.FWD_TMA: Direction.FORWARD, Family.BWD: Direction.BACKWARD,
+                Family.BWD_ATOMIC: Direction.BACKWARD}.get(self)
 
     @property
     def uses_tma(self) -> bool:
-        return self in (Family.FWD_TMA, Family.FWD_TMA_WS)
+        return self is Family.FWD_TMA
 
     @property
     def is_vendor(self) -> bool:
@@ -46,7 +45,7 @@ class AttentionConfig:
     # of the other side (queries in dK/dV, keys in dQ), FlashAttention-2's split.
     block_m: int
     block_n: int
-    num_warps: int = 4  # fwd-tma-ws: warps per partition (a producer and two consumer groups: 3x)
+    num_warps: int = 4
     num_stages: int = 2
 
     @property

@@ -178,8 +178,7 @@ def _tma_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
                                      ("window_left", "i32"), ("window_right", "i32")])
     constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "HEAD_QK": config.head_dim_qk,
                   "HEAD_V": config.head_dim_v, "HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap,
-                  "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows,
-                  "WARP_SPECIALIZE": config.family is Family.FWD_TMA_WS}
+                  "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows}
     return _unit("fwd", _FWD_TMA, "attention_fwd_tma", args, constexprs, config, variant)
 
 

@@ -25,7 +25,6 @@ FRACTION = {
     # are kept below cuDNN's until benchmarks/attention_sweep.py has timed them on the H200.
     (Family.FWD, Direction.FORWARD): 0.46,
     (Family.FWD_TMA, Direction.FORWARD): 0.50,
-    (Family.FWD_TMA_WS, Direction.FORWARD): 0.55,
     (Family.BWD, Direction.BACKWARD): 0.36,
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.40,
 }
@@ -66,7 +65,6 @@ EIGHT_WARPS = 0.83
 # Elementwise softmax work per score, relative to the exp2: the O rescale costs d_v / block_n
 # multiplies a score, so wide key steps amortise it.
 RESCALE_COST = 0.1
-WS_PRODUCER_REGISTERS = 40
 
 
 def _peak_flops(problem: AttentionProblem, arch) -> float:
@@ -132,9 +130,6 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     band = visible / computed if computed else 1.0
     threads = config.num_warps * 32
     registers = min(accumulator_registers(config) + REGISTER_RESERVE, arch.registers_per_thread_max)
-    if config.family is Family.FWD_TMA_WS:  # a producer warpgroup (~40 registers) beside two consumer ones
-        threads *= 3
-        registers = (2 * registers + WS_PRODUCER_REGISTERS) // 3
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=registers)
     rows = p.seqlen_q if forward else p.seqlen_kv
@@ -150,7 +145,7 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     shape = min(1.0, own / 128) ** 0.5 * min(1.0, other / (64 if forward else 32)) ** 0.25
     latency = 1.0 if resident >= 2 or config.num_stages >= 2 else 0.85
     pressure = register_pressure(accumulator_registers(config) + REGISTER_RESERVE)
-    warps = EIGHT_WARPS if forward and config.num_warps >= 8 and config.family is not Family.FWD_TMA_WS else 1.0
+    warps = EIGHT_WARPS if forward and config.num_warps >= 8 else 1.0
     softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n) if forward else 1.0
     efficiency = dims * band * waves * feed * shape * latency * pressure * warps * softmax
     fraction = FRACTION[(config.family, config.direction)]

@@ -26,9 +26,6 @@ WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 6))
 REGISTER_RESERVE = 48
 FEATURE_BYTES = 4096  # bias, mask and row statistics staged beside the tiles (sm_90 compiles: +4 KiB)
-# fwd-tma-ws: the partitions' barriers and an extra half-tile the pass allocates (sm_90 compiles of
-# 128x64 s3 and 128x128 s2 at d=128: 16.5 KiB above Q plus the K/V stages).
-WARP_SPECIALIZE_BYTES = 17 * 1024
 TMA_DTYPES = (DType.FP16, DType.BF16)
 
 
@@ -46,7 +43,6 @@ class AttentionRule(enum.Enum):
     FAMILY_DIRECTION = "family-direction"
     FAMILY_DTYPE = "family-dtype"
     FAMILY_HEAD_DIM = "family-head-dim"
-    WARP_SPECIALIZE = "warp-specialize"
 
 
 def padded(d: int) -> int:
@@ -64,8 +60,7 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
     stages = max(config.num_stages, 1)
     if config.direction is Direction.FORWARD:
-        extra = WARP_SPECIALIZE_BYTES if config.family is Family.FWD_TMA_WS else 0
-        return size * (config.block_m * qk + stages * config.block_n * (qk + dv)) + FEATURE_BYTES + extra
+        return size * (config.block_m * qk + stages * config.block_n * (qk + dv)) + FEATURE_BYTES
     # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
     # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
     # read them transposed.
@@ -80,8 +75,6 @@ def accumulator_registers(config: AttentionConfig) -> int:
     dK and dV (block_n x d), and the score and dP blocks.
     """
     qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
-    if config.family is Family.FWD_TMA_WS:  # two consumer warpgroups of num_warps each share the rows
-        return math.ceil((config.block_m * dv + config.block_m * config.block_n) / (2 * config.num_warps * 32))
     if config.direction is Direction.FORWARD:
         words = config.block_m * dv + config.block_m * config.block_n
     else:
@@ -158,10 +151,6 @@ def _tma_findings(config: AttentionConfig, arch, error) -> None:
         if not _power_of_two(d):
             error(AttentionRule.FAMILY_HEAD_DIM, f"{name} loads whole head dims: {field}={d} is not a power of "
                   "two", "use the fwd family (it pads the head dim)")
-    if config.family is Family.FWD_TMA_WS and (config.num_warps != 4 or config.block_m != 128):
-        error(AttentionRule.WARP_SPECIALIZE, f"{name} runs two consumer warpgroups of 64 rows and a producer: "
-              f"block_m=128 and num_warps=4 (per partition), not {config.block_m} and {config.num_warps}",
-              "block_m=128, num_warps=4")
 
 
 _TUNABLE = ("block_m", "block_n", "num_warps", "num_stages")
@@ -229,10 +218,4 @@ def _tma_supports(config: AttentionConfig, problem: AttentionProblem) -> str | N
         return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the fwd family does)"
     if not v.aligned:
         return f"{name} needs 16-byte aligned base pointers and strides (tensor descriptors); the operands are not"
-    if config.family is Family.FWD_TMA_WS:
-        if v.band:
-            return f"{name} has no masked edge blocks: no causal or window band (fwd-tma takes it)"
-        if problem.seqlen_kv % config.block_n:
-            return (f"{name} has no masked edge blocks: seqlen_kv={problem.seqlen_kv} must be a multiple of "
-                    f"block_n={config.block_n}")
     return None

@@ -32,7 +32,6 @@ TINY_TMA = (Tile(16, 16, 4, 2),)
 TINY_BWD = (Tile(16, 16, 2, 1),)
 TESTS_FWD = TINY_FWD + (Tile(16, 32, 4, 2), Tile(64, 32, 4, 2))
 TESTS_TMA = TINY_TMA + (Tile(32, 16, 4, 2),)
-TESTS_TMA_WS = (Tile(128, 16, 4, 2),)
 TESTS_BWD = TINY_BWD + (Tile(32, 16, 4, 1), Tile(16, 32, 4, 2))
 # Curated for sm_80+ tensor cores: the shapes FlashAttention-2 and Triton's fused-attention
 # tutorial use for the forward (128 x 64..128 over 4-8 warps; 128 x 128 over 8 warps holds
@@ -48,9 +47,6 @@ DEFAULT_TMA = TESTS_TMA + (
     Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(128, 64, 4, 3),
     Tile(128, 128, 4, 2), Tile(64, 64, 4, 3),
 )
-# Warp-specialised: a producer warp and two consumer warpgroups of 64 rows each (Triton 3.6, sm_90).
-DEFAULT_TMA_WS = TESTS_TMA_WS + (Tile(128, 128, 4, 2), Tile(128, 64, 4, 3), Tile(128, 64, 4, 2),
-                                 Tile(128, 128, 4, 3))
 # Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
 # tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
 DEFAULT_BWD = TESTS_BWD + (
@@ -59,7 +55,6 @@ DEFAULT_BWD = TESTS_BWD + (
 )
 FULL_TILES = tuple(Tile(bm, bn, w, s) for bm, bn, w, s in itertools.product(
     (16, 32, 64, 128, 256), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
-FULL_TMA_WS = tuple(Tile(128, bn, 4, s) for bn, s in itertools.product((16, 32, 64, 128), (1, 2, 3, 4)))
 
 DTYPES = (DType.FP16, DType.FP32, DType.BF16)  # bf16 last: the interpreter drops it
 HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((192, 128),)
@@ -70,7 +65,7 @@ TMA_HEAD_DIMS = tuple((d_qk, d_v) for d_qk, d_v in HEAD_DIM_PAIRS if d_qk & (d_q
 TMA_DTYPES = (DType.FP16, DType.BF16)
 
 
-def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), tma_ws_tiles=()) -> Iterator[AnyAttentionConfig]:
+def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=()) -> Iterator[AnyAttentionConfig]:
     """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction.
 
     The tensor-descriptor families are bound to half dtypes and power-of-two head dims only.
@@ -83,10 +78,9 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), tma_ws_t
             yield AttentionConfig(Family.FWD, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
         if dtype in TMA_DTYPES:
-            for family, tiles in ((Family.FWD_TMA, tma_tiles), (Family.FWD_TMA_WS, tma_ws_tiles)):
-                for (d_qk, d_v), tile in itertools.product([d for d in head_dims if d in TMA_HEAD_DIMS], tiles):
-                    yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                                          tile.num_stages)
+            for (d_qk, d_v), tile in itertools.product([d for d in head_dims if d in TMA_HEAD_DIMS], tma_tiles):
+                yield AttentionConfig(Family.FWD_TMA, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                                      tile.num_stages)
         for family, (d_qk, d_v), tile in itertools.product((Family.BWD, Family.BWD_ATOMIC), head_dims, bwd_tiles):
             yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
@@ -97,17 +91,17 @@ def tiny() -> Iterator[AnyAttentionConfig]:
 
 
 def tests() -> Iterator[AnyAttentionConfig]:
-    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS, tma_tiles=TESTS_TMA, tma_ws_tiles=TESTS_TMA_WS)
+    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS, tma_tiles=TESTS_TMA)
 
 
 def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, tma_ws_tiles=DEFAULT_TMA_WS)
+    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA)
 
 
 def full() -> Iterator[AnyAttentionConfig]:
     """Every default config, plus the whole tile space for every signature."""
     seen = set()
-    everything = _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS, tma_tiles=FULL_TILES, tma_ws_tiles=FULL_TMA_WS)
+    everything = _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS, tma_tiles=FULL_TILES)
     for config in itertools.chain(default(), everything):
         if config not in seen:
             seen.add(config)

@@ -1,4 +1,4 @@
-"""Families `fwd-tma` and `fwd-tma-ws`: the Hopper forward, Q/K/V moved by the tensor memory accelerator.
+"""Family `fwd-tma`: the Hopper forward, Q/K/V moved by the tensor memory accelerator.
 
 The common case only: causal or window bands, soft-cap, sinks and GQA; no bias, mask
 tensor, ALiBi, dropout or varlen (the `fwd` family takes those). Each operand is a
@@ -10,14 +10,10 @@ Program (pid_m, h, b) owns BLOCK_M query rows; the key loop runs in three parts:
 unmasked interior first, then the masked blocks at the band's start and end. The interior
 step is the short one: rowmax(qk) * c, then p = exp2(qk * c - m) as one FMA per score,
 where c = scale * log2(e) >= 0 (the plan folds a negative scale into a negated K). O is
-stored with plain (vectorised) stores: Triton 3.6's warp-specialising pass fails on a
-descriptor store after the loop.
+stored with plain (vectorised) stores.
 
-`fwd-tma-ws` (WARP_SPECIALIZE): Triton 3.6 splits the interior loop into a TMA producer
-and two consumer warpgroups (num_warps each) that trade registers by setmaxnreg. Its
-sm_90 pass takes a kernel with that one loop only (a second loop crashes it, an `if`
-after it silently turns it off), so the edge runs are compiled out and `supports` takes
-only problems without edge blocks: no band, seqlen_kv a multiple of BLOCK_N.
+A warp-specialised variant of the interior loop (Triton 3.6's `warp_specialize`, family
+`fwd-tma-ws`) was tried and deadlocked on the H200, so that family was removed.
 """
 
 import triton
@@ -72,9 +68,8 @@ def _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, 
 def _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start, end, rows, offs_n, band_offset, len_kv,
                window_left, window_right, qk_scale, sm_scale, softcap,
                BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr, MASKED: tl.constexpr,
-               GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               WARP_SPECIALIZE: tl.constexpr):
-    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+               GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    for start_n in tl.range(start, end, BLOCK_N):
         acc, l_i, m_i = _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, band_offset,
                                   len_kv, window_left, window_right, qk_scale, sm_scale, softcap, BLOCK_N, HEAD_QK,
                                   HEAD_V, MASKED, GUARD_ROWS, HAS_BAND, HAS_SOFTCAP)
@@ -86,7 +81,7 @@ def attention_fwd_tma(q_desc, k_desc, v_desc, O, LSE, SINKS, stride_ob, stride_o
                       seqlen_q, seqlen_kv, group, sm_scale, softcap, bottom_right, window_left, window_right,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr,
                       HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                      MASKS_ROWS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                      MASKS_ROWS: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -112,16 +107,13 @@ def attention_fwd_tma(q_desc, k_desc, v_desc, O, LSE, SINKS, stride_ob, stride_o
     # The interior first (every row sees every key there: no mask, no guard), then the edges.
     acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, full_lo, full_hi, rows, offs_n,
                                band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
-                               BLOCK_N, HEAD_QK, HEAD_V, False, False, HAS_BAND, HAS_SOFTCAP, WARP_SPECIALIZE)
-    # The warp-specialising pass (Triton 3.6, sm_90) takes a kernel with one loop and nothing
-    # after it but the epilogue; it is used only where there are no edge blocks (`supports`).
-    if not WARP_SPECIALIZE:
-        acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, lo, full_lo, rows, offs_n,
-                                   band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
-                                   BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP, False)
-        acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, full_hi, hi, rows, offs_n,
-                                   band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
-                                   BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP, False)
+                               BLOCK_N, HEAD_QK, HEAD_V, False, False, HAS_BAND, HAS_SOFTCAP)
+    acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, lo, full_lo, rows, offs_n,
+                               band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
+                               BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP)
+    acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, full_hi, hi, rows, offs_n,
+                               band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
+                               BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP)
 
     empty = l_i == 0.0  # a row that saw no key: output 0, LSE -inf
     l_norm = tl.where(empty, 1.0, l_i)
