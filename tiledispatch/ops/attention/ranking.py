@@ -25,9 +25,14 @@ FRACTION = {
     # are kept below cuDNN's until benchmarks/attention_sweep.py has timed them on the H200.
     (Family.FWD, Direction.FORWARD): 0.46,
     (Family.FWD_TMA, Direction.FORWARD): 0.50,
+    # bwd: 352 TFLOP/s (backward FLOPs, 2.5x the forward's) at d=128 S4096, 64x128 w8 s3; the
+    # atomic dQ variant's best ran 301 there (benchmarks/results/h200/attention_sweep.csv).
     (Family.BWD, Direction.BACKWARD): 0.36,
-    (Family.BWD_ATOMIC, Direction.BACKWARD): 0.40,
+    (Family.BWD_ATOMIC, Direction.BACKWARD): 0.31,
 }
+# The backward's dK/dV step streams Q and dO: with two stages in flight it ran 0.83-0.93x
+# of three (32x128 and 64x128 w8 at d=128, same sweep).
+BACKWARD_TWO_STAGES = 0.9
 # The SDPA backends, measured on the H200 (torch 2.11, cuDNN 9.19; benchmarks/results/h200/
 # attention.csv, bf16, of 989 TFLOP/s): the fraction at D=128 without a mask on large
 # problems, a factor per head dim, and one for a causal mask. Backward figures are derived
@@ -142,8 +147,11 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     feed = min(1.0, intensity * arch.memory_bandwidth_gbs * 1e9 * L2_REUSE / peak)
     # Tensor cores want a tall M per warpgroup and a wide N per step; tiny tiles idle them. The
     # backward keeps K/V (or Q/dO) on chip, so its step only needs to fill a wgmma's N (>= 32).
-    shape = min(1.0, own / 128) ** 0.5 * min(1.0, other / (64 if forward else 32)) ** 0.25
+    # (a 32-row dK/dV step ran 0.89x a 64-row one at d=128, sweep above.)
+    shape = min(1.0, own / 128) ** 0.5 * min(1.0, other / 64) ** 0.25
     latency = 1.0 if resident >= 2 or config.num_stages >= 2 else 0.85
+    if not forward and config.num_stages < 3:
+        latency *= BACKWARD_TWO_STAGES
     pressure = register_pressure(accumulator_registers(config) + REGISTER_RESERVE)
     warps = EIGHT_WARPS if forward and config.num_warps >= 8 else 1.0
     softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n) if forward else 1.0
