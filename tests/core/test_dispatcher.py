@@ -76,8 +76,9 @@ def count_supports(monkeypatch):
 def test_operands_describe_the_problem():
     assert (PROBLEM.m, PROBLEM.n, PROBLEM.k, PROBLEM.batch) == (40, 24, 48, 1)
     assert PROBLEM.layout.name == "rcr" and PROBLEM.types.name == "fp16" and PROBLEM.epilogue.name == "none"
-    # A and B have rows of 48 halves (16-element strides); C's rows of 24 are not a multiple of 16.
-    assert (PROBLEM.alignment.a, PROBLEM.alignment.b, PROBLEM.alignment.c) == (True, True, False)
+    # A and B have rows of 48 halves (16-element strides); C's rows of 24 halves are 48 bytes:
+    # 16-byte aligned, though not a multiple of 16 elements.
+    assert [int(x) for x in (PROBLEM.alignment.a, PROBLEM.alignment.b, PROBLEM.alignment.c)] == [2, 2, 1]
     assert operands(seed=9).problem == PROBLEM
 
 

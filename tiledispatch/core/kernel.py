@@ -79,7 +79,8 @@ def _source(unit: KernelUnit):
     from triton.compiler import ASTSource
 
     fn = _function(unit)
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in unit.divisible_by_16}
+    divisors = {**{name: 16 for name in unit.divisible_by_16}, **dict(unit.divisibility)}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", d]] for name, d in divisors.items() if d > 1}
     return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
 
 

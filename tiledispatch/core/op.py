@@ -53,6 +53,9 @@ class KernelUnit:
     num_stages: int
     modules: tuple[str, ...]
     divisible_by_16: tuple[str, ...] = ()  # arguments the compiler may assume divisible by 16
+    # (argument, divisor) pairs: what the compiler may assume divides each (a pointer: its address in
+    # bytes; an integer: its value). For facts other than 16, e.g. 16-byte strides of 2-byte elements: 8.
+    divisibility: tuple[tuple[str, int], ...] = ()
     kind: UnitKind = UnitKind.TRITON
 
 

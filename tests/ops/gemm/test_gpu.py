@@ -15,7 +15,7 @@ from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.core.dtypes import DType
-from tiledispatch.ops.gemm import Alignment, GemmLayout, GemmProblem, GemmTypes, check_operands
+from tiledispatch.ops.gemm import Align, Alignment, GemmLayout, GemmProblem, GemmTypes, check_operands
 from tiledispatch.ops.gemm.inputs import make_inputs
 from tiledispatch.ops.gemm.problem import Activation, Epilogue
 from tiledispatch.ops.gemm.reference import compare
@@ -211,3 +211,49 @@ def test_fast_path_direct_vendor_matmul(batched):
     tiledispatch.gemm(x, x.clone(), out=torch.empty_like(x), kernel=name)  # binds the signature
     with pytest.raises(tiledispatch.InvalidProblemError, match="shares memory with a"):
         tiledispatch.gemm(x, x.clone(), out=x, kernel=name)
+
+
+# -- rows that are multiples of 16 bytes but not of 16 elements (Align.BYTES16) ------------------
+
+
+def test_every_default_tile_on_rows_of_1000_bf16():
+    """odd_1000 of the suite: every tile of the default rule set, tma-persistent included, is
+    compiled with 16-byte vectors for it (divisibility 8) and must still be exact."""
+    problem = GemmProblem(1000, 1000, 1000, types=GemmTypes.parse("bf16"), layout=GemmLayout.parse("rcr"))
+    inputs = make_inputs(problem, device="cuda")
+    alignment = check_operands(inputs.a, inputs.b, out=inputs.out).problem.alignment
+    assert alignment == Alignment(*[Align.BYTES16] * 6)
+    dispatcher = triton_only()
+    actual = replace(problem, alignment=alignment)
+    names = [s.name for s in dispatcher.registry if s.definition.supports(s.config, actual) is None]
+    assert sum("tma-persistent" in n for n in names) >= 10 and any("_k1_" not in n for n in names)
+    for seed, name in enumerate(names):
+        _check(problem, dispatcher, kernel=name, seed=seed)
+
+
+@pytest.mark.parametrize("layout", ["rrr", "crr", "ccr"])
+def test_16_byte_rows_in_other_layouts(layout):
+    # 264 x 1000 x 1000: every stride is 264 or 1000 halves (528 or 2000 bytes).
+    problem = GemmProblem(264, 1000, 1000, types=GemmTypes.parse("bf16"), layout=GemmLayout.parse(layout))
+    dispatcher = triton_only()
+    inputs = make_inputs(problem, device="cuda")
+    actual = replace(problem, alignment=check_operands(inputs.a, inputs.b, out=inputs.out).problem.alignment)
+    names = [s.name for s in dispatcher.registry if s.definition.supports(s.config, actual) is None]
+    for family in ("tiled", "tma-persistent"):
+        name = next(n for n in names if f"_{family}_" in n and "_k1_" in n)
+        _check(problem, dispatcher, kernel=name)
+
+
+def test_fast_path_keeps_16_byte_and_misaligned_calls_apart():
+    """Same shapes and strides, one call 16-byte aligned and one 2 bytes off: the signature's
+    alignment bit must send them to different specialisations (a vectorised kernel on the
+    misaligned one would fault or read wrong data)."""
+    name = "gemm_bf16_rcr_tiled_64x64x32_w4_s3_g8_k1_none_" + current_arch().tag
+    flat = torch.randn(2 * 1000 * 1000 + 8, device="cuda").bfloat16()
+    for offset in (0, 1, 0, 1):
+        a = flat[offset:offset + 1000 * 1000].view(1000, 1000)
+        b = flat[1000 * 1000 + offset:2 * 1000 * 1000 + offset].view(1000, 1000).t()
+        assert (a.data_ptr() % 16 == 0) == (offset == 0)
+        out = tiledispatch.gemm(a, b, kernel=name)
+        torch.cuda.synchronize()
+        assert _rel(out, _ref(a, b)) < 1.6e-2

@@ -9,6 +9,7 @@ from tiledispatch.core.dtypes import DType
 from tiledispatch.core.errors import InvalidProblemError, UnsupportedError
 from tiledispatch.ops.gemm.problem import (
     Activation,
+    Align,
     Alignment,
     Epilogue,
     GemmLayout,
@@ -252,35 +253,85 @@ def test_from_tensors_mismatches_raise(a, b, match):
 def test_alignment_default_and_tag():
     default = GemmProblem(m=1, n=1, k=1).alignment
     assert default == Alignment() and default.a and default.b and default.c  # the common case: all aligned
-    assert default.tag.startswith("al-") and set(default.tag[3:]) == {"1"}
+    assert default.tag.startswith("al-") and set(default.tag[3:]) == {"2"}  # ELEMS16 everywhere
     unaligned_a = replace(default, a=False)
-    assert unaligned_a.tag != default.tag and unaligned_a.tag[3] == "0" and set(unaligned_a.tag[4:]) == {"1"}
+    assert unaligned_a.a is Align.NONE and unaligned_a.tag[3] == "0" and set(unaligned_a.tag[4:]) == {"2"}
     assert len({replace(default, **{f.name: False}).tag for f in fields(Alignment)}) == len(fields(Alignment))
+    # Each field has its own digit per level: the artifact's key tells the three apart.
+    levels = {replace(default, k=level).tag for level in Align}
+    assert len(levels) == 3 and Alignment(True, False).a is Align.ELEMS16 and Alignment(True, False).b is Align.NONE
+    assert not Align.NONE and Align.BYTES16 and Align.ELEMS16  # truthy: 16-byte vectors are legal
+
+
+@pytest.mark.parametrize("dtype, strides, level", [
+    # 16 bytes: 8 halves, 4 floats, 16 fp8 elements (where 16 bytes and 16 elements agree).
+    (DType.FP16, [1024, 64], Align.ELEMS16),
+    (DType.BF16, [1000], Align.BYTES16),  # 2000 bytes: 16-byte vectors, but 1000 % 16 == 8
+    (DType.BF16, [1000, 1004], Align.NONE),  # 2008 bytes is not a multiple of 16
+    (DType.FP16, [24], Align.BYTES16),
+    (DType.FP16, [4], Align.NONE),
+    (DType.FP32, [4, 12], Align.BYTES16),
+    (DType.FP32, [2], Align.NONE),
+    (DType.FP32, [48], Align.ELEMS16),
+    (DType.FP8E4M3, [16, 4096], Align.ELEMS16),
+    (DType.FP8E4M3, [8], Align.NONE),
+    (DType.FP8E4M3, [1000], Align.NONE),  # 1000 bytes
+    (DType.FP16, [], Align.ELEMS16),  # nothing to step over
+])
+def test_align_levels_are_in_bytes(dtype, strides, level):
+    assert Align.of(strides, dtype.itemsize) is level
+    assert Align.of(strides, dtype.itemsize, base=8) is Align.NONE  # the base must be 16-byte aligned too
+    assert Align.of(strides, dtype.itemsize, base=4096) is level
+
+
+def test_align_divisor_is_what_holds_in_elements():
+    assert [Align.BYTES16.divisor(dt.itemsize) for dt in (DType.FP8E4M3, DType.BF16, DType.FP32)] == [16, 8, 4]
+    assert {Align.ELEMS16.divisor(size) for size in (1, 2, 4)} == {16}
+    assert {Align.NONE.divisor(size) for size in (1, 2, 4)} == {1}
 
 
 def _operand_alignment(problem):
     return (problem.alignment.a, problem.alignment.b, problem.alignment.c)
 
 
+E16, B16, NONE = Align.ELEMS16, Align.BYTES16, Align.NONE
+
+
 def test_from_tensors_alignment():
     a, b = torch.randn(32, 64, dtype=torch.float16), torch.randn(64, 48, dtype=torch.float16)
-    assert _operand_alignment(GemmProblem.from_tensors(a, b)) == (True, True, True)
-    # A row stride of 65 elements is not a multiple of 16.
+    assert _operand_alignment(GemmProblem.from_tensors(a, b)) == (E16, E16, E16)
+    # A row stride of 65 halves (130 bytes) is not a multiple of 16 bytes.
     a_odd = torch.randn(32, 65, dtype=torch.float16)[:, :64]
-    assert _operand_alignment(GemmProblem.from_tensors(a_odd, b)) == (False, True, True)
+    assert _operand_alignment(GemmProblem.from_tensors(a_odd, b)) == (NONE, E16, E16)
+    # A row stride of 72 halves is 144 bytes: 16-byte vectors, but not 16 elements.
+    a_padded = torch.randn(32, 72, dtype=torch.float16)[:, :64]
+    assert _operand_alignment(GemmProblem.from_tensors(a_padded, b)) == (B16, E16, E16)
     # A base pointer 2 bytes past an aligned one.
     flat = torch.randn(64 * 48 + 1, dtype=torch.float16)
     b_shifted = flat[1:].view(64, 48)
     assert b_shifted.data_ptr() % 16 == 2
-    assert _operand_alignment(GemmProblem.from_tensors(a, b_shifted)) == (True, False, True)
-    # The output we allocate is contiguous: aligned exactly when N is a multiple of 16.
-    assert _operand_alignment(GemmProblem.from_tensors(a, b[:, :40])) == (True, True, False)  # B's stride is 48
+    assert _operand_alignment(GemmProblem.from_tensors(a, b_shifted)) == (E16, NONE, E16)
+    # The output we allocate is contiguous: rows of 40 halves are 80 bytes.
+    assert _operand_alignment(GemmProblem.from_tensors(a, b[:, :40])) == (E16, E16, B16)  # B's stride is 48
+    assert _operand_alignment(GemmProblem.from_tensors(a, b[:, :36])) == (E16, E16, NONE)  # 72 bytes
     out = torch.empty(32, 50, dtype=torch.float16)[:, :48]
-    assert _operand_alignment(GemmProblem.from_tensors(a, b, out=out)) == (True, True, False)
+    assert _operand_alignment(GemmProblem.from_tensors(a, b, out=out)) == (E16, E16, NONE)
+    # fp32 out from fp16 inputs: rows of 36 floats are 144 bytes.
+    assert GemmProblem.from_tensors(a, b[:, :36], out_dtype=torch.float32).alignment.c is B16
+    # A column-major A steps over M: a 1000-row bf16 column is 2000 bytes.
+    a_col = torch.randn(64, 1000, dtype=torch.bfloat16).t()
+    assert GemmProblem.from_tensors(a_col, b.bfloat16()).alignment.a is B16
 
 
 def test_from_tensors_size_divisibility():
     p = GemmProblem.from_tensors(torch.randn(32, 64), torch.randn(64, 48))
-    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (True, True, True)
+    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (E16, E16, E16)
+    # fp32: 16 bytes are 4 elements (M=33 is not even that).
     p = GemmProblem.from_tensors(torch.randn(33, 40), torch.randn(40, 24))
-    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (False, False, False)
+    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (NONE, B16, B16)
+    p = GemmProblem.from_tensors(torch.randn(33, 41), torch.randn(41, 26))
+    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (NONE, NONE, NONE)
+    # A size counts in the smallest element laid along it: N of fp16 B with fp32 C needs 8.
+    a, b = torch.randn(1000, 1000, dtype=torch.float16), torch.randn(1000, 1004, dtype=torch.float16)
+    p = GemmProblem.from_tensors(a, b, out_dtype=torch.float32)  # 1004 floats are 4016 bytes, 1004 halves 2008
+    assert (p.alignment.m, p.alignment.n, p.alignment.k) == (B16, NONE, B16)

@@ -9,7 +9,7 @@ from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
 from .operands import GemmOperands, check_operands
 from .plan import kernel_units, plan
-from .problem import Activation, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .problem import Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS
@@ -80,5 +80,5 @@ def _result_shape(a, b, operands: GemmOperands) -> tuple[int, ...]:
 
 __all__ = [
     "OP", "gemm", "GemmProblem", "GemmConfig", "GemmTypes", "GemmLayout", "Layout", "Epilogue", "Activation",
-    "Alignment", "Family", "VendorConfig", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
+    "Align", "Alignment", "Family", "VendorConfig", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
 ]

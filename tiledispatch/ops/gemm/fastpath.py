@@ -33,7 +33,12 @@ def _meta(t) -> tuple:
 
 
 def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel) -> tuple | None:
-    """The signature of a call, or None where only the checked path can handle it."""
+    """The signature of a call, or None where only the checked path can handle it.
+
+    It fixes the problem's `Alignment`, which the bound kernel is compiled for: each
+    operand's level follows from its base's 16-byte bit, its strides, shape and dtype, the
+    allocated output's from the shapes and `out_dtype`, the sizes' from the shapes.
+    """
     if type(a) is not torch.Tensor or type(b) is not torch.Tensor or not a.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
     if kernel is not None and type(kernel) is not str:

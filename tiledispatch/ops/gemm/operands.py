@@ -13,7 +13,7 @@ import torch
 
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
-from .problem import Activation, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .problem import Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 
 _OUT_DTYPES = {
     DType.FP16: (DType.FP16, DType.FP32),
@@ -75,17 +75,33 @@ def _scale(scale: Any, device: torch.device, what: str) -> torch.Tensor:
     return scale.reshape(())
 
 
-def _aligned(t: torch.Tensor | None, shape: tuple[int, ...] | None = None) -> bool:
-    """16-byte aligned base and every stride of a non-unit dim divisible by 16 elements.
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
-    A tensor not given yet (`t` None, the output we allocate) is contiguous: `shape` tells.
+
+def _aligned(t: torch.Tensor | None, dtype: DType, shape: tuple[int, ...] | None = None) -> Align:
+    """The operand's level: base pointer and every stride of a dim longer than one, in bytes.
+
+    A unit stride is the contiguous dim itself, not a step between vectors, so it does not
+    count. A tensor not given yet (`t` None, the output we allocate) is contiguous with
+    `shape`, and torch allocates it 16-byte aligned.
     """
-    if t is None:
-        strides = [shape[1] * shape[2], shape[2]]
-        return all(s % 16 == 0 for s in strides)
-    if t.data_ptr() % 16:
-        return False
-    return all(s % 16 == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n != 1)
+    shape = tuple(t.shape) if t is not None else shape
+    strides = t.stride() if t is not None else _contiguous_strides(shape)
+    steps = [s for s, n in zip(strides, shape) if s != 1 and n != 1]
+    return Align.of(steps, dtype.itemsize, t.data_ptr() if t is not None else 0)
+
+
+def alignment_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, types: GemmTypes,
+                 shape: tuple[int, int, int, int]) -> Alignment:
+    """The operands' levels and the sizes' (each in the smallest element laid along it)."""
+    batch, m, n, k = shape
+    return Alignment(_aligned(a, types.a), _aligned(b, types.b), _aligned(out, types.c, (batch, m, n)),
+                     *(Align.of([size], types.itemsize_along(dim)) for dim, size in zip("mnk", (m, n, k))))
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -188,17 +204,17 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
         check_no_alias(out, a, b, bias)
         layout_c = Layout.of(m, n, out3.stride(1), out3.stride(2))
 
+    types = GemmTypes(ta, tb, tc, DType.FP32, allow_tf32)
     problem = GemmProblem(
         m=m, n=n, k=k, batch=batch,
-        types=GemmTypes(ta, tb, tc, DType.FP32, allow_tf32),
+        types=types,
         layout=GemmLayout(
             Layout.of(m, k, a3.stride(1), a3.stride(2)),
             Layout.of(k, n, b3.stride(1), b3.stride(2)),
             layout_c,
         ),
         epilogue=Epilogue(bias is not None, Activation.parse(activation), residual is not None),
-        alignment=Alignment(_aligned(a3), _aligned(b3), _aligned(out3, (batch, m, n)),
-                            m % 16 == 0, n % 16 == 0, k % 16 == 0),
+        alignment=alignment_of(a3, b3, out3, types, (batch, m, n, k)),
     )
     fp8 = ta.is_fp8
     return GemmOperands(

@@ -8,7 +8,7 @@ strides). The epilogue is applied in a fixed order: scale, bias, activation, res
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from ...core.choice import Choice
@@ -88,6 +88,14 @@ class GemmTypes:
             base += "-acc" + self.acc.value
         return base
 
+    def itemsize_along(self, dim: str) -> int:
+        """The smallest element among the operands laid along size `dim`: M (A, C), N (B, C), K (A, B).
+
+        A size's alignment (`Align`) counts in it, so one level holds for every operand
+        whose edge mask runs along that size."""
+        pair = {"m": (self.a, self.c), "n": (self.b, self.c), "k": (self.a, self.b)}[dim.lower()]
+        return min(d.itemsize for d in pair)
+
     @property
     def scaled(self) -> bool:
         """fp8 operands carry per-tensor scales."""
@@ -120,27 +128,78 @@ class Epilogue:
         return "-".join(parts) or "none"
 
 
+VECTOR_BYTES = 16  # the widest vector access, and TMA's rule for base addresses and strides
+
+
+class Align(enum.IntEnum):
+    """What is known to divide an operand's addresses or a size, from weakest to strongest.
+
+    For an operand: its base pointer and every stride of a dim longer than one. For a
+    size (M, N, K): the size itself, in elements of every operand laid along it (M: A and
+    C, N: B and C, K: A and B; the smallest element counts, so one rule covers them all).
+    Each level implies the ones below it.
+    """
+
+    NONE = 0  # nothing: element-by-element accesses
+    BYTES16 = 1  # base 16-byte aligned, strides (sizes) multiples of 16 bytes: 16-byte vectors and TMA are legal
+    ELEMS16 = 2  # and multiples of 16 elements: what Triton's own JIT specialises on (the same for fp8)
+
+    @classmethod
+    def of(cls, values, itemsize: int, base: int = 0) -> "Align":
+        """The level of strides (or a size) `values`, in elements of `itemsize` bytes, at address `base`."""
+        if base % VECTOR_BYTES:
+            return cls.NONE
+        if all(v % 16 == 0 for v in values):
+            return cls.ELEMS16
+        if all(v * itemsize % VECTOR_BYTES == 0 for v in values):
+            return cls.BYTES16
+        return cls.NONE
+
+    def divisor(self, itemsize: int) -> int:
+        """What the compiler may assume divides an integer (a stride or size) of this level, in elements.
+
+        16-byte strides of 2-byte elements are multiples of 8 elements: enough for 16-byte
+        vectors, and the 16-element hint would be false (a row of 1000 bf16 is 2000 bytes).
+        """
+        return {Align.NONE: 1, Align.BYTES16: VECTOR_BYTES // itemsize, Align.ELEMS16: 16}[self]
+
+
+def _level(value) -> Align:
+    """Booleans keep their old meaning (True: everything aligned, in 16-element units)."""
+    if isinstance(value, bool):
+        return Align.ELEMS16 if value else Align.NONE
+    return Align(value)
+
+
 @dataclass(frozen=True)
 class Alignment:
-    """Which operands have 16-byte aligned base pointers and strides divisible by 16, and
-    which of M, N, K are multiples of 16.
+    """How far each operand (A, B, C) and each size (M, N, K) is aligned: an `Align` each.
 
     Alignment is a fact about the data, not a kernel choice: every kernel serves every
     alignment, and the compiled artifact is specialised on it (as Triton's JIT does).
-    It is what lets the compiler prove 16-byte vector loads and a pipelined mainloop;
-    without it, loads are element by element.
+    It is what lets the compiler prove 16-byte vector loads and a pipelined mainloop
+    (an operand's strides, and the size along its contiguous dim for the edge masks);
+    without it, loads are element by element. The rule is in bytes: a bf16 matrix with
+    rows of 1000 elements (2000 bytes) is BYTES16, and takes 16-byte vectors and TMA.
+    Booleans are accepted (True is ELEMS16, False is NONE); a level is truthy when it is
+    at least BYTES16.
     """
 
-    a: bool = True
-    b: bool = True
-    c: bool = True
-    m: bool = True
-    n: bool = True
-    k: bool = True
+    a: Align = Align.ELEMS16
+    b: Align = Align.ELEMS16
+    c: Align = Align.ELEMS16
+    m: Align = Align.ELEMS16
+    n: Align = Align.ELEMS16
+    k: Align = Align.ELEMS16
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _level(getattr(self, f.name)))
 
     @property
     def tag(self) -> str:
-        return "al-" + "".join("1" if x else "0" for x in (self.a, self.b, self.c, self.m, self.n, self.k))
+        """``al-`` and one digit (the `Align` value) per field: A, B, C, M, N, K."""
+        return "al-" + "".join(str(int(getattr(self, f.name))) for f in fields(self))
 
 
 @dataclass(frozen=True)

@@ -234,9 +234,11 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
         if want is not Layout.STRIDED and want is not have:
             return f"built for layout {config.layout.name}, the problem is {problem.layout.name}"
     if config.family is Family.TMA_PERSISTENT:
+        # TMA's rule, in bytes: a 16-byte aligned base and strides that are multiples of 16
+        # bytes (Align.BYTES16 or better): rows of 1000 bf16 (2000 bytes) qualify.
         al = problem.alignment
         unaligned = [role for role in ("a", "b", "c") if not getattr(al, role)]
         if unaligned:
-            return (f"tma-persistent needs 16-byte aligned base pointers and row strides; "
-                    f"{', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not")
+            return (f"tma-persistent needs 16-byte aligned base pointers and strides that are multiples of "
+                    f"16 bytes; {', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not")
     return None
