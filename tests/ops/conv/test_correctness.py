@@ -51,7 +51,7 @@ def best_of(dispatcher, p, family: Family) -> str:
 def _tiles(direction):
     weight = direction is Direction.BWD_WEIGHT
     gemm = [t for t in TESTS_GEMM if (t.split_k == 1 or weight) and (t.groups_per_tile == 1 or not weight)]
-    direct = [t for t in TESTS_DIRECT if t.split_k == 1 or weight]
+    direct = [t for t in TESTS_DIRECT if (t.split_k == 1 or weight) and not t.window]  # windows: test_window.py
     return [(direction, t) for t in gemm + direct]
 
 

@@ -108,3 +108,18 @@ def test_dense_wgmma_tiles_with_whole_channel_blocks(dispatcher, direction, tile
 def test_tall_depthwise_tiles(dispatcher, direction, tile):
     p = problem(direction, 4, 384, 384, 384, (28, 28), (7, 7), 1, 3, 1, "bf16")
     run_and_check(dispatcher, p, f"conv_{direction.short}_bf16_direct_{tile}_k1_none_{ARCH.tag}")
+
+
+@pytest.mark.parametrize("case", [((28, 28), (3, 3), 1, 384), ((14, 13), (5, 5), 2, 672), ((28, 28), (7, 7), 3, 384),
+                                  ((4095,), (4,), 1, 2048), ((4, 9, 10), (3, 3, 3), 1, 40)],
+                         ids=["mbv2-3x3", "5x5-odd", "convnext-7x7", "mamba-k4", "3d-c40"])
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_every_sliding_window_tile_on_the_gpu(dispatcher, direction, case, dtype):
+    """Every default window tile that takes the suite's depthwise shapes (batch cut), compiled for this GPU."""
+    size, filt, pad, c = case
+    p = problem(direction, 2, c, c, c, size, filt, 1, pad, 1, dtype)
+    specs = [s for s in ranked(dispatcher, p, Family.DIRECT) if s.config.window]
+    assert specs, f"no window kernel for {p.describe()}"
+    for spec in specs:
+        run_and_check(dispatcher, p, spec.name)

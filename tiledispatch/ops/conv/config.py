@@ -83,6 +83,11 @@ class DirectConfig:
 
     Memory-bound by design: channels-last makes block_c consecutive channels one vector
     load. Backward-weight splits the pixels over `split_k` programs (fp32 workspace).
+
+    `window` > 0 selects the sliding-window kernels (depthwise forward and backward-data,
+    filter width = window, stride and dilation 1 along W): block_p rows of the tile are
+    then runs of `run` output pixels along W, each thread holding a run in registers, so
+    a program covers block_p * run pixels. `window` = 0 is the per-tap kernel (run = 1).
     """
 
     signature: ConvSignature
@@ -90,12 +95,19 @@ class DirectConfig:
     block_c: int
     num_warps: int = 4
     split_k: int = 1
+    window: int = 0
+    run: int = 1
     family: Family = Family.DIRECT
 
     @property
     def name(self) -> str:
+        window = f"_win{self.window}r{self.run}" if self.window else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_p}x{self.block_c}_w{self.num_warps}"
-                f"_k{self.split_k}_{self.signature.epilogue.name}")
+                f"_k{self.split_k}{window}_{self.signature.epilogue.name}")
+
+    @property
+    def pixels_per_program(self) -> int:
+        return self.block_p * self.run
 
     @property
     def workspace_slabs(self) -> int:

@@ -103,6 +103,25 @@ DIRECT_FMA_FRACTION = {
     (Direction.FORWARD, True): 0.08, (Direction.BWD_DATA, True): 0.08, (Direction.BWD_WEIGHT, True): 0.022,
     (Direction.FORWARD, False): 0.016, (Direction.BWD_DATA, False): 0.016, (Direction.BWD_WEIGHT, False): 0.004,
 }
+# The sliding-window kernels (DirectConfig.window > 0), counted on sm_90 SASS of the bf16
+# forward (16x64 w4 tiles, the loop over filter rows): window 3 run 8: 468 instructions a
+# thread for 192 FMAs (2.4 an FMA; the per-tap kernel: 385 a tap for 64, 6.0), run 4: 293
+# for 96; window 5 run 8: 673 for 320; window 7 run 8: 889 for 448, run 4: 561 for 224.
+# They fit: ~16 a loaded 8-channel source vector (load, zero fill, border mask, address,
+# 8 widenings), ~3 a weight element, ~36 a filter row, and the FMAs. The issue efficiency
+# is an ESTIMATE, not a measurement of these kernels: between what the per-tap kernel
+# reached on conv.csv (its SASS count at the SMs' peak issue over its measured time: mbv2
+# 3x3 forward 18 / 41 us = 0.44, convnext 7x7 96 / 130 us = 0.74); recalibrate from the
+# next H200 run (benchmarks/evaluate_conv_rules.py).
+WINDOW_LOAD_INSTRUCTIONS = 8  # a source vector besides its widenings
+WINDOW_WEIGHT_INSTRUCTIONS = 3  # a weight element of the filter row
+WINDOW_ROW_INSTRUCTIONS = 36  # a filter row's fixed cost a thread
+WINDOW_STORE_INSTRUCTIONS = 8  # an output vector: narrowing, address, mask, store
+WINDOW_ISSUE_EFFICIENCY = 0.6  # ESTIMATE (see above)
+# Registers of the same builds: 128 / 220 for window 3 runs 4 / 8, 244 window 5 run 8,
+# 168 / 255 window 7 runs 4 / 8: ~2.5 an accumulator, the window's fp32 weights, ~30 more.
+WINDOW_REGISTERS_PER_ACCUMULATOR = 2.5
+WINDOW_REGISTER_BASE = 30
 FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
 L2_REUSE = 4.0
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
@@ -287,7 +306,67 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     return Score(value, terms)
 
 
+def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[float, int]:
+    """Instructions a thread issues for the sliding-window kernel, and its registers.
+
+    Per filter row (FZ x FY of them): each run a thread holds loads run + window - 1
+    source vectors and makes run x window x vector FMAs; the row's window x vector
+    weights are loaded once for all the runs the thread holds. Then each run stores.
+    """
+    threads = config.num_warps * 32
+    rows = max(1.0, config.block_p * config.block_c / (threads * vector))  # runs a thread holds
+    widen = 0 if p.types.dtype is DType.FP32 else 1
+    sources = config.run + config.window - 1
+    per_run = sources * (WINDOW_LOAD_INSTRUCTIONS + widen * vector) + config.run * config.window * vector
+    weights = config.window * vector * WINDOW_WEIGHT_INSTRUCTIONS
+    filter_rows = math.prod(p.filter_size[:-1])
+    per_thread = filter_rows * (rows * per_run + weights + WINDOW_ROW_INSTRUCTIONS)
+    per_thread += rows * config.run * WINDOW_STORE_INSTRUCTIONS
+    registers = int(WINDOW_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config)
+                    + config.window * vector + WINDOW_REGISTER_BASE)
+    return per_thread, registers
+
+
+def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
+    """The sliding-window kernel: the bytes at what its loads keep in flight, or its issue time if longer."""
+    item = p.types.dtype.itemsize
+    bandwidth = _bandwidth(arch)
+    spatial = p.output_size if p.direction is Direction.FORWARD else p.input_size
+    width = spatial[-1]
+    runs = p.n * math.prod(spatial[:-1]) * math.ceil(width / config.run)
+    lanes = p.c
+    vector = min(16 // item, config.block_c) if p.specialization.aligned else 1
+    threads = config.num_warps * 32
+    per_thread, registers = _window_issue(config, p, vector)
+    spills = registers > arch.registers_per_thread_max
+    resident = blocks_per_sm(arch, threads=threads, shared_bytes=0,
+                             registers_per_thread=min(registers, arch.registers_per_thread_max))
+    programs = math.ceil(runs / config.block_p) * math.ceil(lanes / config.block_c)
+    waves = wave_efficiency(programs, arch.sm_count * resident)
+    lane_use = tile_efficiency(lanes, config.block_c)
+    row_use = tile_efficiency(runs, config.block_p)
+    # Bytes in flight: a program issues a filter row's source vectors at once.
+    per_program = config.block_p * (config.run + config.window - 1) * config.block_c * item
+    programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
+    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM) * min(1.0, vector * item / 16)
+    efficiency = lane_use * row_use * waves * in_flight * DIRECT_FRACTION
+    efficiency *= SPILL_PENALTY if spills else 1.0
+    memory_s = p.bytes() / (bandwidth * efficiency)
+    warp_instructions = programs * config.num_warps * per_thread
+    issue_s = warp_instructions / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY * waves)
+    issue_s /= SPILL_PENALTY if spills else 1.0
+    modelled = max(memory_s, issue_s) + LAUNCH_SECONDS
+    ideal = ideal_seconds(p, arch)
+    terms = {"lanes": lane_use, "rows": row_use, "waves": waves, "in_flight": in_flight,
+             "resident": float(resident), "spills": float(spills), "registers": float(registers),
+             "instructions_per_fma": per_thread * threads / max(p.flops() / 2 / programs, 1.0),
+             "issue_us": issue_s * 1e6, "memory_us": memory_s * 1e6, "modelled_us": modelled * 1e6}
+    return Score(ideal / modelled, terms)
+
+
 def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
+    if config.window:
+        return window_score(config, p, arch)
     item = p.types.dtype.itemsize
     bandwidth = _bandwidth(arch)
     fma = _fma_rate(arch)

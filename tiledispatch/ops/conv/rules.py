@@ -35,6 +35,10 @@ REGISTER_RESERVE = 64  # registers for addresses, operands and loop state beside
 # The direct family loops over C/G (forward) or K/G (backward-data) per lane: beyond this
 # many channels per group the tensor cores of the implicit GEMM win by far.
 DIRECT_MAX_CHANNELS_PER_GROUP = 16
+# The sliding-window kernels unroll the filter width and a thread's run of output pixels:
+# every window x run pair is one FMA per channel in the unrolled body.
+MAX_WINDOW = 11
+MAX_RUN = 16
 
 
 class ConvRule(enum.Enum):
@@ -46,6 +50,7 @@ class ConvRule(enum.Enum):
     STAGES = "stages"
     GROUP_M = "group-m"
     SPLIT_K = "split-k"
+    WINDOW = "window"
     SPLIT_MODE = "split-mode"
     GROUP_MERGE = "group-merge"
     SHARED_MEMORY = "shared-memory"
@@ -68,7 +73,7 @@ def accumulator_registers(config: ImplicitGemmConfig | DirectConfig) -> int:
     if isinstance(config, ImplicitGemmConfig):
         elements = config.block_m * config.block_n
     else:
-        elements = config.block_p * config.block_c
+        elements = config.block_p * config.block_c * config.run
     return math.ceil(elements / (config.num_warps * 32))
 
 
@@ -117,6 +122,7 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
             value = getattr(config, field)
             if value not in DIRECT_BLOCK_CHOICES:
                 error(ConvRule.TILE_POWER_OF_TWO, f"{field}={value} is not one of {DIRECT_BLOCK_CHOICES}")
+        _window_findings(config, error)
         vector = 16 // sig.types.dtype.itemsize
         if config.block_c < vector:
             warning(ConvRule.VECTOR_WIDTH, f"block_c={config.block_c} channels are less than one 16-byte vector "
@@ -164,6 +170,19 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     return ValidationResult(tuple(out))
 
 
+def _window_findings(config: DirectConfig, error) -> None:
+    if not 0 <= config.window <= MAX_WINDOW:
+        error(ConvRule.WINDOW, f"window={config.window} must be within 0..{MAX_WINDOW} (0: the per-tap kernel)")
+    elif config.window and config.signature.direction is Direction.BWD_WEIGHT:
+        error(ConvRule.WINDOW, "backward-weight has no sliding-window kernel (forward and backward-data only)",
+              "use window=0")
+    if not 1 <= config.run <= MAX_RUN:
+        error(ConvRule.WINDOW, f"run={config.run} must be within 1..{MAX_RUN}")
+    elif config.run > 1 and not config.window:
+        error(ConvRule.WINDOW, f"run={config.run} without a window: only the sliding-window kernels hold runs",
+              "use run=1, or a window")
+
+
 # Fields the corrector may move, with the values it may choose from.
 _TUNABLE = {
     ImplicitGemmConfig: {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
@@ -171,7 +190,8 @@ _TUNABLE = {
     DirectConfig: {"block_p": DIRECT_BLOCK_CHOICES, "block_c": DIRECT_BLOCK_CHOICES, "num_warps": WARP_CHOICES},
 }
 # Rules about what is computed, not how: no tile change fixes them.
-_SEMANTIC = {ConvRule.DTYPE_ARCH, ConvRule.TF32, ConvRule.EPILOGUE_DIRECTION, ConvRule.FAMILY_ARCH}
+_SEMANTIC = {ConvRule.DTYPE_ARCH, ConvRule.TF32, ConvRule.EPILOGUE_DIRECTION, ConvRule.FAMILY_ARCH,
+             ConvRule.WINDOW}
 
 
 def _distance(old, new, tunable) -> float:
@@ -238,4 +258,19 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
         if per_group > DIRECT_MAX_CHANNELS_PER_GROUP:
             return (f"the direct family serves up to {DIRECT_MAX_CHANNELS_PER_GROUP} channels per group; this "
                     f"conv has C/G={problem.c_per_group}, K/G={problem.k_per_group}")
+        if config.window:
+            return _window_refusal(config, problem)
+    return None
+
+
+def _window_refusal(config: DirectConfig, problem: ConvProblem) -> str | None:
+    """Why the sliding-window kernel of `config` cannot compute `problem` (None: it can)."""
+    if not problem.one_channel_per_group:
+        return (f"the sliding-window kernel is depthwise only (C/G = K/G = 1); this conv has "
+                f"C/G={problem.c_per_group}, K/G={problem.k_per_group}")
+    if problem.filter_size[-1] != config.window:
+        return f"built for filter width {config.window}, the filter is {problem.filter_size[-1]} wide"
+    if problem.stride[-1] != 1 or problem.dilation[-1] != 1:
+        return (f"the sliding window needs stride 1 and dilation 1 along W; this conv has stride "
+                f"{problem.stride[-1]}, dilation {problem.dilation[-1]} (the per-tap direct kernel serves it)")
     return None

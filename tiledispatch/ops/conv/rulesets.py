@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...core.dtypes import DType
 from ...core.op import RuleSet
@@ -45,6 +45,13 @@ class DirectTile:
     block_c: int
     num_warps: int
     split_k: int = 1  # > 1: backward-weight only
+    window: int = 0  # > 0: the sliding-window kernel for this filter width (forward and backward-data)
+    run: int = 1  # output pixels along W a thread holds (window kernels only)
+
+
+def windows(tiles: tuple[DirectTile, ...], widths: tuple[int, ...]) -> tuple[DirectTile, ...]:
+    """Each sliding-window tile for each filter width."""
+    return tuple(replace(t, window=width) for width in widths for t in tiles)
 
 
 # Small tiles the CPU interpreter runs quickly; both split modes included.
@@ -103,10 +110,23 @@ FULL_GEMM = tuple(
 TINY_DIRECT = (
     DirectTile(16, 16, 2),
     DirectTile(32, 8, 2, split_k=3),
-)
+) + windows((DirectTile(8, 16, 2, run=3),), (3,))
 TESTS_DIRECT = TINY_DIRECT + (
     DirectTile(8, 32, 4),
     DirectTile(16, 16, 4, split_k=2),
+) + windows((DirectTile(8, 16, 2, run=3),), (1, 2, 5)) + windows((DirectTile(4, 32, 1, run=5),), (3,))
+# Depthwise forward and backward-data by sliding windows (kernels/direct.py), for the filter
+# widths of MobileNet/EfficientNet (3, 5), ConvNeXt (7) and Mamba's causal conv1d (4). A
+# thread holds one run of `run` pixels of one 16-byte channel vector (block_c / 8 lanes
+# across the channels, the rest of the threads over runs); runs of 7 and 14 cover the 56,
+# 28, 14 and 7 wide maps of those networks without an idle tail.
+WINDOW_WIDTHS = (3, 4, 5, 7)
+DEFAULT_WINDOW_TILES = (  # 128 threads, one run each: 128-255 registers (ranking.py)
+    DirectTile(16, 64, 4, run=8),
+    DirectTile(16, 64, 4, run=4),
+    DirectTile(16, 64, 4, run=7),
+    DirectTile(32, 32, 4, run=7),
+    DirectTile(8, 128, 4, run=8),
 )
 # Channel vectors of 64-128 (8-16 bytes a lane), a few pixel rows per program; the tall
 # tiles give each thread 4-8 rows of one channel vector, so its per-tap weight loads and
@@ -124,7 +144,7 @@ DEFAULT_DIRECT = TESTS_DIRECT + (
     DirectTile(64, 32, 4, split_k=16),
     DirectTile(32, 64, 4, split_k=32),
     DirectTile(128, 32, 8, split_k=64),
-)
+) + windows(DEFAULT_WINDOW_TILES, WINDOW_WIDTHS)
 FULL_DIRECT = tuple(
     DirectTile(p, c, w, k)
     for p, c, w, k in itertools.product((8, 16, 32, 64, 128), (16, 32, 64, 128, 256), (2, 4, 8), (1, 8, 32))
@@ -152,8 +172,8 @@ def _bind(gemm_tiles, direct_tiles, epilogues=EPILOGUES) -> Iterator[AnyConvConf
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
                                          t.num_stages, t.split_k, t.split_mode, t.groups_per_tile)
         for t in direct_tiles:
-            if t.split_k == 1 or weight:
-                yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k)
+            if (t.split_k == 1 or weight) and not (t.window and weight):
+                yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run)
 
 
 def tiny() -> Iterator[AnyConvConfig]:

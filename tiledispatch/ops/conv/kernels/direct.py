@@ -209,3 +209,183 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         else:
             slab = pid_s.to(tl.int64) * K * taps * CG
             tl.store(ws_ptr + slab + (k.to(tl.int64) * taps + tap) * CG + c, total, mask=in_j)
+
+
+# -- depthwise by sliding windows ------------------------------------------------------------
+# The per-tap kernels above spend ~6 SASS instructions a output-tap (sm_90: 385 a tap for 64
+# FMAs in the 128x64 w4 tile): a 16-byte load, its widening, border mask and address for
+# every tap of every pixel. Below, a thread holds RUN neighbouring output pixels of one
+# row (W) for a vector of channels: for each filter row it loads the RUN + WINDOW - 1
+# input pixels that row needs once, widens each once, and adds each into the WINDOW
+# outputs it touches (register reuse along W); the filter row's weights are loaded once
+# for the RUN outputs. The loops over taps in W are unrolled (WINDOW = the filter width
+# is a constexpr of the config), the rows of the filter (H, D) are runtime loops, so any
+# stride, padding and dilation there is served; along W the window needs stride 1 and
+# dilation 1 (`supports` sends other problems to the per-tap kernels).
+
+
+@triton.jit
+def _set(acc, i: tl.constexpr, value):
+    """The tuple `acc` with item i replaced (Triton tuples are immutable)."""
+    out = ()
+    for t in tl.static_range(len(acc)):
+        if t == i:
+            out = out + (value,)
+        else:
+            out = out + (acc[t],)
+    return out
+
+
+@triton.jit
+def _zeros(BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, RUN: tl.constexpr):
+    acc = ()
+    for _t in tl.static_range(RUN):
+        acc = acc + (tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32),)
+    return acc
+
+
+@triton.jit
+def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
+                RUN: tl.constexpr, WINDOW: tl.constexpr, FLIP: tl.constexpr):
+    """Adds one filter row into the RUN accumulators of each pixel run.
+
+    src: [BLOCK_P] pointers to the source pixel at window column 0 (channel 0) of each run;
+    col0: that column's index, checked against `cols`; row_ok: the source row exists.
+    Output t of a run takes window column t + s times filter tap s (FLIP: tap WINDOW-1-s,
+    the backward-data correlation with the flipped filter). w_row: [BLOCK_C] pointers to
+    tap 0 of the filter row, valid for every lane (channels past C are clamped to C - 1,
+    so the weight loads need no mask: those lanes are never stored). The filter's taps
+    along W are contiguous (the plan copies a weight whose are not): the tap offsets are
+    then immediates of the loads. With the stride as a runtime value (sm_90 SASS, 16x64
+    w4, window 7, run 2) ptxas kept a 64-bit pointer per (channel, tap), 255 registers
+    and spills, against 113 registers and 411 instead of 511 instructions a filter row.
+    """
+    wts = ()
+    for s in tl.static_range(WINDOW):
+        tap = WINDOW - 1 - s if FLIP else s
+        wts = wts + (tl.load(w_row + tap).to(tl.float32)[None, :],)  # taps contiguous: see below
+    for j in tl.static_range(RUN + WINDOW - 1):
+        ok = row_ok & inside(col0 + j, cols)
+        xv = tl.load(src[:, None] + (j * col_stride + offs_c)[None, :], mask=ok[:, None] & in_c[None, :],
+                     other=0.0).to(tl.float32)
+        for s in tl.static_range(WINDOW):
+            if j - s >= 0 and j - s < RUN:
+                acc = _set(acc, j - s, acc[j - s] + xv * wts[s])
+    return acc
+
+
+@triton.jit
+def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                           N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                           SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                           sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                           BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
+                           RUN: tl.constexpr, WINDOW: tl.constexpr):
+    """Depthwise forward (C/G = K/G = 1, FX = WINDOW, stride and dilation 1 along W).
+
+    Rows of the tile are runs of RUN output pixels along W, (n, od, oh, run) flattened
+    with the runs fastest; lanes are channels.
+    """
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    C = G // VEC * VEC
+    runs = tl.cdiv(OW, RUN)
+    Q = N * OD * OH * runs
+    offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_q = offs_q < Q
+    in_c = offs_c < C
+    n, od, oh, r = split_pixel(offs_q, OD, OH, runs)
+    ow0 = r * RUN
+    sxd_v, sxh_v, sxw_v = sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
+    d0 = od * SD - PD
+    h0 = oh * SH - PH
+    w0 = ow0 - PW
+    src0 = x_ptr + (n.to(tl.int64) * (sxn // VEC * VEC) + d0 * sxd_v + h0 * sxh_v + w0 * sxw_v)
+    w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
+
+    acc = _zeros(BLOCK_P, BLOCK_C, RUN)
+    for fz in range(FZ):
+        ok_d = in_q & inside(d0 + fz * DD, D)
+        for fy in range(FY):
+            row_ok = ok_d & inside(h0 + fy * DH, H)
+            src = src0 + ((fz * DD) * sxd_v + (fy * DH) * sxh_v)
+            acc = _window_row(acc, src, row_ok, w0, W, sxw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
+                              RUN, WINDOW, False)
+
+    y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
+             + ow0 * (syw // VEC * VEC))
+    r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow0 * srw
+    for t in tl.static_range(RUN):
+        out = acc[t]
+        in_p = in_q & (ow0 + t < OW)
+        # The epilogue's own residual masks by row index < M: rows here are runs, so it is added below.
+        out = apply_epilogue(out, offs_q, offs_c, Q, C, 0, bias_ptr, bias_ptr, bias_ptr, 1,
+                             res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
+        mask = in_p[:, None] & in_c[None, :]
+        if HAS_RESIDUAL:
+            at = res_ptr + (r_row + t * srw)[:, None] + offs_c[None, :]
+            out += tl.load(at, mask=mask, other=0.0).to(tl.float32)
+        at = y_ptr + (y_row + t * (syw // VEC * VEC))[:, None] + offs_c[None, :]
+        tl.store(at, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                                N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                                SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                                sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                                BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
+                                HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                                VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
+                                RUN: tl.constexpr, WINDOW: tl.constexpr):
+    """Depthwise backward-data: the forward window over dy with the filter flipped along W.
+
+    With stride 1 along W, dx[iw] = sum_x w[x] dy[iw + PW - x]: output t of the run at
+    iw0 takes dy column iw0 + PW - (WINDOW - 1) + t + s times tap WINDOW - 1 - s. Along D
+    and H any stride and dilation: each filter row finds its dy row (or none) as the
+    per-tap kernel does.
+    """
+    pid_p = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    C = G // VEC * VEC
+    runs = tl.cdiv(W, RUN)
+    Q = N * D * H * runs
+    offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_q = offs_q < Q
+    in_c = offs_c < C
+    n, idd, ih, r = split_pixel(offs_q, D, H, runs)
+    iw0 = r * RUN
+    syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
+    col0 = iw0 + PW - (WINDOW - 1)
+    dy_n = y_ptr + (n.to(tl.int64) * (syn // VEC * VEC) + col0 * syw_v)
+    w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
+
+    acc = _zeros(BLOCK_P, BLOCK_C, RUN)
+    for fz in range(FZ):
+        if UNIT_STRIDE:
+            od = idd + PD - fz * DD
+            ok_d = in_q & inside(od, OD)
+        else:
+            od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
+            ok_d = in_q & ok_d
+        for fy in range(FY):
+            if UNIT_STRIDE:
+                oh = ih + PH - fy * DH
+                row_ok = ok_d & inside(oh, OH)
+            else:
+                oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
+                row_ok = ok_d & ok_h
+            src = dy_n + (od * syd_v + oh * syh_v)
+            acc = _window_row(acc, src, row_ok, col0, OW, syw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
+                              RUN, WINDOW, True)
+
+    x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
+             + iw0 * (sxw // VEC * VEC))
+    for t in tl.static_range(RUN):
+        mask = (in_q & (iw0 + t < W))[:, None] & in_c[None, :]
+        at = x_ptr + (x_row + t * (sxw // VEC * VEC))[:, None] + offs_c[None, :]
+        tl.store(at, acc[t].to(x_ptr.dtype.element_ty), mask=mask)

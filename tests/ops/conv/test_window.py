@@ -1,0 +1,173 @@
+"""The direct family's sliding-window kernels (depthwise forward and backward-data).
+
+Each run writes a NaN-poisoned output that is compared with PyTorch's CPU convolution in
+float64 (tests/ops/conv/helpers.py). Channel counts are not multiples of the channel
+blocks, widths not multiples of the runs, and stride, padding and dilation vary along
+the dims the kernels loop over at run time (D, H); along W the window takes stride 1 and
+dilation 1, and `supports` sends the rest to the per-tap kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiledispatch
+from tiledispatch import Dispatcher, Registry, arch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.ops.conv import (
+    ConvRule,
+    ConvSignature,
+    ConvTypes,
+    DirectConfig,
+    Direction,
+    check_operands,
+    supports,
+    validate,
+)
+from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.problem import ConvEpilogue
+from tiledispatch.ops.gemm.problem import Activation
+
+from .helpers import ARCH, DEVICE, problem, run_and_check
+
+SM90 = arch.load("sm_90")
+WINDOWED = (Direction.FORWARD, Direction.BWD_DATA)
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+
+
+def window_kernels(dispatcher, p) -> list[str]:
+    """Every sliding-window kernel of the registry that takes `p`, best ranked first."""
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    return [c.spec.name for c in dispatcher.explain(ops.problem).ranked
+            if c.spec.family == "direct" and c.spec.config.window]
+
+
+# size, filter, stride, padding, dilation; depthwise over C channels
+GEOMETRIES = {
+    "2d-3x3-p1": ((5, 7), (3, 3), 1, 1, 1),
+    "2d-5x5-p2-odd": ((9, 11), (5, 5), 1, 2, 1),
+    "2d-h-stride2-dilation2": ((9, 8), (3, 3), (2, 1), (1, 1), (2, 1)),
+    "2d-5x3-pad-h-only": ((6, 7), (5, 3), 1, (2, 0), 1),
+    "2d-3x1": ((6, 5), (3, 1), 1, (1, 0), 1),
+    "1d-k2-p1": ((13,), (2,), 1, 1, 1),
+    "1d-k5-p0": ((17,), (5,), 1, 0, 1),
+    "1d-k3-wide-pad": ((5,), (3,), 1, 2, 1),
+    "3d-mixed": ((3, 4, 6), (2, 3, 3), (1, 2, 1), (1, 0, 2), (2, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("direction", WINDOWED, ids=lambda d: d.value)
+def test_window_matches_reference(dispatcher, direction, geometry, dtype):
+    size, filt, stride, padding, dilation = GEOMETRIES[geometry]
+    # 20 channels: partial blocks of 16 and 32, 16-byte channel vectors in fp16 and fp32
+    p = problem(direction, 2, 20, 20, 20, size, filt, stride, padding, dilation, dtype)
+    names = window_kernels(dispatcher, p)
+    assert names, f"no window kernel takes {p.describe()}"
+    for name in names:
+        run_and_check(dispatcher, p, name, seed=len(name))
+
+
+@pytest.mark.parametrize("direction", WINDOWED, ids=lambda d: d.value)
+def test_window_on_unaligned_channels(dispatcher, direction):
+    """5 fp16 channels are 10 bytes: no 16-byte vectors, the kernels load channel by channel."""
+    p = problem(direction, 3, 5, 5, 5, (4, 7), (3, 3), 1, 1, 1, "fp16")
+    for name in window_kernels(dispatcher, p):
+        ops, _ = run_and_check(dispatcher, p, name)
+        assert not ops.problem.specialization.aligned
+
+
+@pytest.mark.parametrize("epilogue", [ConvEpilogue(True, Activation.RELU, True), ConvEpilogue(False, Activation.SILU,
+                                                                                              True)],
+                         ids=lambda e: e.name)
+def test_window_forward_epilogue(dispatcher, epilogue):
+    p = problem("forward", 2, 12, 12, 12, (5, 8), (3, 3), 1, 1, 1, "fp32", epilogue=epilogue)
+    names = window_kernels(dispatcher, p)
+    assert names
+    run_and_check(dispatcher, p, names[0])
+
+
+@pytest.mark.parametrize("direction", WINDOWED, ids=lambda d: d.value)
+def test_weights_with_strided_taps_are_copied(dispatcher, direction):
+    """The window kernels read a filter row's taps as contiguous: the plan copies a weight whose are not."""
+    g = torch.Generator().manual_seed(1)
+    c = 12
+    w = torch.randn(c, 1, 3, 6, generator=g)[..., ::2].to(DEVICE)  # taps along W 2 apart
+    assert check_operands("forward", x=torch.empty(2, c, 5, 7, device=DEVICE), w=w, groups=c).w.stride(-1) == 2
+    x = torch.randn(2, c, 5, 7, generator=g).to(DEVICE).to(memory_format=torch.channels_last)
+    p = problem(direction, 2, c, c, c, (5, 7), (3, 3), 1, 1, 1, "fp32")
+    name = window_kernels(dispatcher, p)[0]
+    if direction is Direction.FORWARD:
+        got = tiledispatch.conv(x, w, padding=1, groups=c, kernel=name, dispatcher=dispatcher)
+        want = F.conv2d(x.double().cpu(), w.double().cpu(), padding=1, groups=c)
+    else:
+        got = tiledispatch.conv_backward_data(x, w, x.shape, padding=1, groups=c, kernel=name, dispatcher=dispatcher)
+        want = torch.nn.grad.conv2d_input(x.shape, w.double().cpu(), x.double().cpu(), padding=1, groups=c)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16))
+
+
+def test_window_supports_says_why_not():
+    config = DirectConfig(FWD, 16, 64, 4, window=3, run=8)
+    assert supports(config, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3), 1, 1)) is None
+    assert supports(config, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3), (2, 1), 1)) is None  # H stride
+    assert "filter width 3" in supports(config, problem("forward", 2, 64, 64, 64, (9, 9), (3, 5), 1, 1))
+    assert "stride 1 and dilation 1 along W" in supports(config, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3),
+                                                                         (1, 2), 1))
+    assert "stride 1 and dilation 1 along W" in supports(config, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3),
+                                                                         1, 2, (1, 2)))
+    assert "depthwise only" in supports(config, problem("forward", 2, 64, 128, 64, (9, 9), (3, 3), 1, 1))
+
+
+def test_window_rules():
+    assert validate(DirectConfig(FWD, 16, 64, 4, window=7, run=8), SM90).ok
+    bwdw = ConvSignature(Direction.BWD_WEIGHT, ConvTypes(DType.FP16))
+    for bad in (DirectConfig(bwdw, 16, 64, 4, window=3), DirectConfig(FWD, 16, 64, 4, run=4),
+                DirectConfig(FWD, 16, 64, 4, window=12), DirectConfig(FWD, 16, 64, 4, window=3, run=17)):
+        assert ConvRule.WINDOW in validate(bad, SM90).broken_rules(), bad.name
+    assert DirectConfig(FWD, 16, 64, 4, window=3, run=8).name.endswith("_k1_win3r8_none")
+    assert DirectConfig(FWD, 16, 64, 4).name.endswith("_k1_none")  # the per-tap kernels keep their names
+
+
+SUITE_DEPTHWISE = {  # benchmarks' conv.json: N, C, spatial, filter, padding
+    "depthwise_mbv2_3x3": (32, 384, (28, 28), (3, 3), 1),
+    "depthwise_5x5": (32, 672, (14, 14), (5, 5), 2),
+    "convnext_dw7x7": (32, 384, (28, 28), (7, 7), 3),
+    "conv1d_depthwise_k4_mamba": (16, 2048, (4096,), (4,), 1),
+}
+
+
+@pytest.fixture(scope="module")
+def sm90_dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "default", SM90), SM90)
+
+
+@pytest.mark.parametrize("case", SUITE_DEPTHWISE, ids=str)
+@pytest.mark.parametrize("direction", WINDOWED, ids=lambda d: d.value)
+def test_rules_take_the_window_for_the_suites_depthwise_cases(sm90_dispatcher, direction, case):
+    n, c, size, filt, pad = SUITE_DEPTHWISE[case]
+    p = problem(direction, n, c, c, c, size, filt, 1, pad, 1, "bf16")
+    p = dataclasses.replace(p, specialization=p.dense_specialization())
+    ranked = [r.spec for r in sm90_dispatcher.explain(p).ranked]
+    triton = [s for s in ranked if s.family != "vendor"]
+    assert triton[0].family == "direct" and triton[0].config.window == filt[-1], triton[0].name
+    if direction is Direction.BWD_DATA:  # cuDNN's backward-data depthwise is its weak path
+        assert ranked[0].config.window
+
+
+def test_rules_keep_the_per_tap_kernel_where_the_window_cannot_go(sm90_dispatcher):
+    p = problem("forward", 32, 384, 384, 384, (28, 28), (3, 3), 2, 1, 1, "bf16")  # MobileNet's stride 2
+    p = dataclasses.replace(p, specialization=p.dense_specialization())
+    direct = [r.spec for r in sm90_dispatcher.explain(p).ranked if r.spec.family == "direct"]
+    assert direct and not any(s.config.window for s in direct)
