@@ -109,15 +109,15 @@ DIRECT_FMA_FRACTION = {
 # for 96; window 5 run 8: 673 for 320; window 7 run 8: 889 for 448, run 4: 561 for 224.
 # They fit: ~16 a loaded 8-channel source vector (load, zero fill, border mask, address,
 # 8 widenings), ~3 a weight element, ~36 a filter row, and the FMAs. The issue efficiency
-# is an ESTIMATE, not a measurement of these kernels: between what the per-tap kernel
-# reached on conv.csv (its SASS count at the SMs' peak issue over its measured time: mbv2
-# 3x3 forward 18 / 41 us = 0.44, convnext 7x7 96 / 130 us = 0.74); recalibrate from the
-# next H200 run (benchmarks/evaluate_conv_rules.py).
+# was first set between what the per-tap kernel reached (mbv2 3x3 forward 0.44, convnext
+# 7x7 0.74) and then checked against the H200 run of these kernels (conv.csv at 3293283,
+# benchmarks/evaluate_conv_rules.py): with the vendor, 0.6 keeps every pick at or above
+# cuDNN; 0.8 or 1.0 send depthwise_5x5 forward to a window kernel that ran 0.81x cuDNN.
 WINDOW_LOAD_INSTRUCTIONS = 8  # a source vector besides its widenings
 WINDOW_WEIGHT_INSTRUCTIONS = 3  # a weight element of the filter row
 WINDOW_ROW_INSTRUCTIONS = 36  # a filter row's fixed cost a thread
 WINDOW_STORE_INSTRUCTIONS = 8  # an output vector: narrowing, address, mask, store
-WINDOW_ISSUE_EFFICIENCY = 0.6  # ESTIMATE (see above)
+WINDOW_ISSUE_EFFICIENCY = 0.6  # see above
 # Registers of the same builds: 128 / 220 for window 3 runs 4 / 8, 244 window 5 run 8,
 # 168 / 255 window 7 runs 4 / 8: ~2.5 an accumulator, the window's fp32 weights, ~30 more.
 WINDOW_REGISTERS_PER_ACCUMULATOR = 2.5
