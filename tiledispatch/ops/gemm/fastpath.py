@@ -183,7 +183,8 @@ class DirectMatmul:
 
 
 def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> BoundGemm | DirectMatmul:
-    """Selects (or resolves), loads and plans once: a `BoundGemm` to replay, or `DirectMatmul` for a plain vendor call."""
+    """Selects (or resolves), loads and plans once: a `BoundGemm` to replay, or a
+    `DirectMatmul` for a plain call bound to the vendor."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
     if isinstance(spec.config, VendorConfig) and vendor.is_plain(operands):
         return DirectMatmul(result_2d)
