@@ -18,11 +18,12 @@ from .problem import AttentionProblem, Direction
 from .rules import REGISTER_RESERVE, accumulator_registers, padded, shared_memory_bytes
 
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md: Triton on an H200)
-# Fractions of the dense tensor-core peak each Triton family reaches at its best: priors
-# until the H200 run of benchmarks/attention.py replaces them. The vendor ones: VENDOR_FRACTION.
+# Fractions of the dense tensor-core peak each Triton family reaches at its best. The vendor
+# ones: VENDOR_FRACTION.
 FRACTION = {
-    # fwd: 424 TFLOP/s measured at d=128 (128x64 w8 s3) before the FMA softmax; the TMA ones
-    # are kept below cuDNN's until benchmarks/attention_sweep.py has timed them on the H200.
+    # The H200 sweep at d=128 S4096 (benchmarks/results/h200/attention_sweep.csv): fwd's best
+    # tile ran 468 TFLOP/s (128x64 w8 s3), fwd-tma's 514 (64x64 w4 s3); with these fractions
+    # the rules pick fwd-tma 128x128 w8 s2 there, which ran 459 (0.89 of the best).
     (Family.FWD, Direction.FORWARD): 0.46,
     (Family.FWD_TMA, Direction.FORWARD): 0.50,
     # bwd: 352 TFLOP/s (backward FLOPs, 2.5x the forward's) at d=128 S4096, 64x128 w8 s3; the
