@@ -14,6 +14,7 @@ import torch
 
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.tensors import check_no_alias, overlaps_itself
 from ..gemm.problem import Activation
 from .problem import (
     DTYPES,
@@ -79,16 +80,6 @@ def to_channels_last(t: torch.Tensor) -> torch.Tensor:
 def is_channels_last(t: torch.Tensor) -> bool:
     """Channel dim (dim 1) contiguous; the other strides are free (they are kernel arguments)."""
     return t.shape[1] == 1 or t.stride(1) == 1
-
-
-def _overlaps(t: torch.Tensor) -> bool:
-    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
-    span = 1
-    for stride, size in dims:
-        if stride < span:
-            return True
-        span = stride * size
-    return False
 
 
 def _aligned(tensors, counts, itemsize: int) -> bool:
@@ -231,12 +222,9 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
             raise InvalidProblemError(
                 f"out has strides {tuple(out.stride())}: its channels (dim 1) must be contiguous; pass "
                 "out.contiguous(memory_format=torch.channels_last) or let tiledispatch allocate it")
-        if _overlaps(out):
+        if overlaps_itself(out):
             raise InvalidProblemError(f"out (strides {tuple(out.stride())}) overlaps itself; pass a dense tensor")
-        storage = out.untyped_storage().data_ptr()
-        for role, t in (*views.items(), ("bias", bias)):
-            if t is not None and t.untyped_storage().data_ptr() == storage:
-                raise InvalidProblemError(f"out shares memory with {role}; pass a separate output tensor")
+        check_no_alias(out, {**views, "bias": bias})
 
     written = [t for t in (out,) if t is not None]
     # Activations (x, y, dx, dy, residual, bias) are read in channel runs across groups; weights

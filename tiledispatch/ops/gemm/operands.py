@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...core.dtypes import DType
+from ...core import tensors
 from ...core.errors import InvalidProblemError, UnsupportedError
 from .problem import Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 
@@ -104,27 +105,13 @@ def alignment_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, typ
                      *(Align.of([size], types.itemsize_along(dim)) for dim, size in zip("mnk", (m, n, k))))
 
 
-def _overlaps(t: torch.Tensor) -> bool:
-    """True if two indices of `t` address one element (dims of size 1 never do)."""
-    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
-    span = 1
-    for stride, size in dims:
-        if stride < span:
-            return True
-        span = stride * size
-    return False
-
-
 def check_no_alias(out: torch.Tensor, a, b, bias) -> None:
     """out must not share memory with what the kernel reads from other programs.
 
     bias too: every row of tiles reads all of it, so writing into it races with them.
     (A residual of out's own shape may alias out: each element is read, then written, by one program.)
     """
-    storage = out.untyped_storage().data_ptr()
-    for name, t in (("a", a), ("b", b), ("bias", bias)):
-        if t is not None and t.untyped_storage().data_ptr() == storage:
-            raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")
+    tensors.check_no_alias(out, {"a": a, "b": b, "bias": bias})
 
 
 def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
@@ -197,7 +184,7 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
         want = (batch, m, n)
         if tuple(out3.shape) != want and not (out.dim() == 2 and batch == 1 and tuple(out.shape) == (m, n)):
             raise InvalidProblemError(f"out must have shape {'x'.join(map(str, want))}, got {_shape(out)}")
-        if _overlaps(out3):
+        if tensors.overlaps_itself(out3):
             raise InvalidProblemError(
                 f"out (shape {_shape(out)}, strides {tuple(out.stride())}) overlaps itself, so several results "
                 "would land in one element; pass a contiguous tensor")

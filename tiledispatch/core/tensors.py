@@ -1,0 +1,28 @@
+"""Facts about caller's tensors that every op's operand checks need: self-overlap and aliasing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from .errors import InvalidProblemError
+
+
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """True if two indices of `t` address one element (dims of size 1 never do)."""
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return True
+        span = stride * size
+    return False
+
+
+def check_no_alias(out: torch.Tensor, reads: Mapping[str, torch.Tensor | None]) -> None:
+    """`out` must not share memory with any tensor in `reads` (by role name); None entries are skipped."""
+    storage = out.untyped_storage().data_ptr()
+    for name, t in reads.items():
+        if t is not None and t.untyped_storage().data_ptr() == storage:
+            raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")
