@@ -9,10 +9,10 @@ backward plan is checked against.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from ...core.comparison import UNIT_ROUNDOFF, Comparison
 from ...core.dtypes import DType
 from .operands import AttentionOperands
 from .problem import AttentionProblem, UserMask
@@ -108,30 +108,12 @@ def reference(ops: AttentionOperands, keep: torch.Tensor | None = None):
 
 
 RMS_FLOOR = 1e-3
-# Unit roundoff of each dtype as the tensor cores see it.
-_ROUNDOFF = {DType.FP32: 6e-8, DType.FP16: 4.9e-4, DType.BF16: 3.9e-3}
 
 
 def tolerance(dtype: DType, gradient: bool = False) -> float:
     """Allowed ||got - ref|| / ||ref||: a few roundoffs (P is rounded to the input dtype before P V)."""
-    base = 8 * max(_ROUNDOFF[dtype], 1e-6)
+    base = 8 * max(UNIT_ROUNDOFF[dtype], 1e-6)
     return base * (4 if gradient else 1)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    max_abs_error: float
-    relative_error: float
-    tolerance: float
-    unwritten: int  # NaN where the reference is finite
-
-    @property
-    def passed(self) -> bool:
-        return self.unwritten == 0 and math.isfinite(self.relative_error) and self.relative_error <= self.tolerance
-
-    def to_dict(self) -> dict:
-        return {"max_abs_error": self.max_abs_error, "relative_error": self.relative_error,
-                "tolerance": self.tolerance, "unwritten": self.unwritten, "passed": self.passed}
 
 
 def compare_tensors(got: torch.Tensor, ref: torch.Tensor, tol: float) -> Comparison:

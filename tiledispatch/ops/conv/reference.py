@@ -5,17 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...core.dtypes import DType
+from ...core.comparison import TF32_ROUNDOFF, UNIT_ROUNDOFF, Comparison, relative_comparison
 from ..gemm.problem import Activation
-from ..gemm.reference import Comparison
 from .operands import ConvOperands
 from .problem import ConvTypes, Direction
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _ACTIVATIONS = {Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
-# Unit roundoff of each output type, and of the inputs as tf32 tensor cores see them.
-_ROUNDOFF = {DType.FP32: 6e-8, DType.FP16: 4.9e-4, DType.BF16: 3.9e-3}
-_TF32_ROUNDOFF = 4.9e-4
 
 
 def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -44,17 +40,12 @@ def reference(ops: ConvOperands) -> torch.Tensor:
 
 def tolerance(types: ConvTypes) -> float:
     """Allowed ||out - ref|| / ||ref||: a few roundoffs of the coarsest step (fp32 sums over long reductions)."""
-    steps = [_ROUNDOFF[types.dtype], 2e-6]
+    steps = [UNIT_ROUNDOFF[types.dtype], 2e-6]
     if types.allow_tf32:
-        steps.append(_TF32_ROUNDOFF)
+        steps.append(TF32_ROUNDOFF)
     return 4 * max(steps)
 
 
 def compare(out: torch.Tensor, ops: ConvOperands) -> Comparison:
     """Relative Frobenius error against the float64 reference, and elements never written (NaN)."""
-    ref = reference(ops)
-    got = out.detach().to("cpu", torch.float64).reshape(ref.shape)
-    unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
-    diff = got - ref
-    rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
-    return Comparison(float(diff.abs().max()), rel, tolerance(ops.problem.types), unwritten)
+    return relative_comparison(out, reference(ops), tolerance(ops.problem.types))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from ...core.comparison import TF32_ROUNDOFF, UNIT_ROUNDOFF, Comparison, relative_comparison
 from ...core.dtypes import DType
 from .operands import GemmOperands
 from .problem import Activation, GemmTypes
@@ -34,41 +32,15 @@ def reference(ops: GemmOperands) -> torch.Tensor:
     return out.expand(ops.problem.batch, ops.problem.m, ops.problem.n)
 
 
-# Unit roundoff of each output type, and of the inputs as the tensor cores see them.
-_ROUNDOFF = {DType.FP32: 6e-8, DType.FP16: 4.9e-4, DType.BF16: 3.9e-3}
-_TF32_ROUNDOFF = 4.9e-4
-
-
 def tolerance(types: GemmTypes) -> float:
     """Allowed ||out - ref|| / ||ref|| for these types: a few roundoffs of the coarsest step."""
-    steps = [_ROUNDOFF[types.c], 2e-6]  # fp32 accumulation over long K
+    steps = [UNIT_ROUNDOFF[types.c], 2e-6]  # fp32 accumulation over long K
     if types.allow_tf32:
-        steps.append(_TF32_ROUNDOFF)
+        steps.append(TF32_ROUNDOFF)
     if types.acc is DType.FP16:
-        steps.append(_ROUNDOFF[DType.FP16] * 4)
+        steps.append(UNIT_ROUNDOFF[DType.FP16] * 4)
     return 4 * max(steps)
 
 
-@dataclass(frozen=True)
-class Comparison:
-    max_abs_error: float
-    relative_error: float  # Frobenius norm of the error over that of the reference
-    tolerance: float
-    unwritten: int  # NaN where the reference is finite: elements the kernel never stored
-
-    @property
-    def passed(self) -> bool:
-        return self.unwritten == 0 and math.isfinite(self.relative_error) and self.relative_error <= self.tolerance
-
-    def to_dict(self) -> dict:
-        return {"max_abs_error": self.max_abs_error, "relative_error": self.relative_error,
-                "tolerance": self.tolerance, "unwritten": self.unwritten, "passed": self.passed}
-
-
 def compare(out: torch.Tensor, ops: GemmOperands) -> Comparison:
-    ref = reference(ops)
-    got = out.detach().to("cpu", torch.float64).reshape(ref.shape)
-    unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
-    diff = got - ref
-    rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
-    return Comparison(float(diff.abs().max()), rel, tolerance(ops.problem.types), unwritten)
+    return relative_comparison(out, reference(ops), tolerance(ops.problem.types))
