@@ -7,12 +7,10 @@ from typing import Optional
 import torch
 import typer
 
-from ..core.dispatcher import Dispatcher, Strategy
 from ..core.dtypes import DType
 from ..core.errors import InvalidProblemError
 from ..core.op import OpKind
-from ..core.registry import Registry
-from ..core.runtime import Backend, current_arch, current_backend
+from ..core.runtime import Backend, current_backend
 from ..ops.attention import (
     AttentionOptions,
     AttentionProblem,
@@ -26,7 +24,7 @@ from ..ops.attention import (
 )
 from ..ops.attention.inputs import make_inputs
 from ..ops.attention.reference import compare_tensors, reference_from, tolerance
-from .common import EXIT_FAILED, emit, json_errors
+from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
 
 CAUSAL = {"none": False, "top-left": "top_left", "bottom-right": "bottom_right"}
 
@@ -64,10 +62,6 @@ def _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap,
                             layout=Layout.parse(layout), mask=mask, window=win, variant=variant)
 
 
-def _dispatcher(rule_set: str, strategy: str) -> Dispatcher:
-    arch = current_arch()
-    return Dispatcher(Registry.from_rule_set(OpKind.ATTENTION, rule_set, arch), arch, strategy=Strategy.parse(strategy))
-
 
 B = typer.Argument(..., help="batch")
 HQ = typer.Argument(..., help="query heads")
@@ -82,8 +76,6 @@ CAUSAL_OPT = typer.Option("none", "--causal", help="none, top-left, bottom-right
 WINDOW = typer.Option(None, "--window", help="sliding window LEFT,RIGHT (bottom-right aligned; -1 unbounded)")
 SOFTCAP = typer.Option(None, "--softcap", help="soft-cap the scores: cap * tanh(s / cap)")
 BACKWARD = typer.Option(False, "--backward", help="forward and backward (the backward plan), gradients validated")
-RULE_SET = typer.Option("default", help="tiny, tests, default, full")
-STRATEGY = typer.Option("rules", help="rules or first")
 
 
 @json_errors
@@ -100,7 +92,7 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
 
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward)
     backend = current_backend()
-    dispatcher = _dispatcher(rule_set, strategy)
+    dispatcher = dispatcher_for(OpKind.ATTENTION, rule_set, strategy)
     inputs = make_inputs(problem, device=backend.device, seed=seed)
     q, k, v = (t.requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
     options = _options(causal, window, softcap, True)
@@ -165,4 +157,4 @@ def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int 
                               limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
     """Show every candidate for an attention: the ranking with its terms, and why each refused one refused."""
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward)
-    emit(_dispatcher(rule_set, strategy).explain(problem).to_dict(limit=limit or None))
+    emit(dispatcher_for(OpKind.ATTENTION, rule_set, strategy).explain(problem).to_dict(limit=limit or None))

@@ -12,11 +12,9 @@ from typing import List, Optional
 import typer
 
 from ..core.choice import Choice
-from ..core.dispatcher import Dispatcher, Strategy
 from ..core.errors import InvalidProblemError
 from ..core.op import OpKind
-from ..core.registry import Registry
-from ..core.runtime import Backend, current_arch, current_backend
+from ..core.runtime import Backend, current_backend
 from ..ops.conv import (
     ConvEpilogue,
     ConvProblem,
@@ -29,7 +27,7 @@ from ..ops.conv import (
 from ..ops.conv.inputs import make_inputs
 from ..ops.conv.reference import compare
 from ..ops.gemm.problem import Activation
-from .common import EXIT_FAILED, emit, json_errors
+from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
 
 
 class InputLayout(Choice):
@@ -60,10 +58,6 @@ def _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, r
     return replace(problem, specialization=problem.dense_specialization(), source_layout=source)
 
 
-def _dispatcher(rule_set: str, strategy: str) -> Dispatcher:
-    arch = current_arch()
-    return Dispatcher(Registry.from_rule_set(OpKind.CONV, rule_set, arch), arch, strategy=Strategy.parse(strategy))
-
 
 SIZES = typer.Argument(..., help="N C K G, then input spatial sizes, then filter sizes (e.g. 32 256 256 32 28 28 3 3)")
 DIRECTION = typer.Option("forward", help="forward, bwd_data, bwd_weight")
@@ -75,8 +69,6 @@ BIAS = typer.Option(False, "--bias", help="forward: add a bias over K")
 ACTIVATION = typer.Option("none", help="forward: none, relu, gelu, silu")
 RESIDUAL = typer.Option(False, "--residual", help="forward: add a residual shaped as the output")
 LAYOUT = typer.Option("channels-last", help="channels-last, or contiguous (converted into channels-last)")
-RULE_SET = typer.Option("default", help="tiny, tests, default, full")
-STRATEGY = typer.Option("rules", help="rules or first")
 
 
 @json_errors
@@ -91,7 +83,7 @@ def conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, stride: s
     """Run one convolution on random inputs and print the problem, kernel, time and validation as JSON."""
     requested = _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, residual, layout)
     backend = current_backend()
-    dispatcher = _dispatcher(rule_set, strategy)
+    dispatcher = dispatcher_for(OpKind.CONV, rule_set, strategy)
     contiguous = requested.source_layout is SourceLayout.CONVERTED
     inputs = make_inputs(requested, device=backend.device, seed=seed, channels_last=not contiguous)
     operands = check_operands(requested.direction, **inputs.kwargs(requested))
@@ -133,4 +125,4 @@ def explain_conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, s
                          limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
     """Show every candidate for a convolution: the ranking with its terms, and why each refused one refused."""
     problem = _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, residual, layout)
-    emit(_dispatcher(rule_set, strategy).explain(problem).to_dict(limit=limit or None))
+    emit(dispatcher_for(OpKind.CONV, rule_set, strategy).explain(problem).to_dict(limit=limit or None))

@@ -6,15 +6,13 @@ from typing import Optional
 
 import typer
 
-from ..core.dispatcher import Dispatcher, Strategy
 from ..core.op import OpKind
-from ..core.registry import Registry
-from ..core.runtime import Backend, current_arch, current_backend
+from ..core.runtime import Backend, current_backend
 from ..ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
 from ..ops.gemm.inputs import make_inputs
 from ..ops.gemm.problem import Activation, Epilogue
 from ..ops.gemm.reference import compare
-from .common import EXIT_FAILED, emit, json_errors
+from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
 
 DTYPE_HELP = "fp16, bf16, fp32, tf32, fp8e4m3, fp8e4m3xfp8e5m2 (fp8 gives bf16 out)"
 
@@ -23,10 +21,6 @@ def _problem(m, n, k, batch, dtype, layout, bias, activation, residual) -> GemmP
     return GemmProblem(m=m, n=n, k=k, batch=batch, types=GemmTypes.parse(dtype), layout=GemmLayout.parse(layout),
                        epilogue=Epilogue(bias, Activation.parse(activation), residual))
 
-
-def _dispatcher(rule_set: str, strategy: str) -> Dispatcher:
-    arch = current_arch()
-    return Dispatcher(Registry.from_rule_set(OpKind.GEMM, rule_set, arch), arch, strategy=Strategy.parse(strategy))
 
 
 M = typer.Argument(..., help="rows of A and C")
@@ -38,8 +32,6 @@ LAYOUT = typer.Option("rrr", help="r/c/s for A, B, C: row-major, column-major, s
 BIAS = typer.Option(False, "--bias", help="add a bias over N")
 ACTIVATION = typer.Option("none", help="none, relu, gelu, silu")
 RESIDUAL = typer.Option(False, "--residual", help="add a residual M x N")
-RULE_SET = typer.Option("default", help="tiny, tests, default, full")
-STRATEGY = typer.Option("rules", help="rules or first")
 
 
 @json_errors
@@ -53,7 +45,7 @@ def gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: 
     """Run one GEMM on random inputs and print the problem, kernel, time and validation as JSON."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
     backend = current_backend()
-    dispatcher = _dispatcher(rule_set, strategy)
+    dispatcher = dispatcher_for(OpKind.GEMM, rule_set, strategy)
     inputs = make_inputs(problem, device=backend.device, seed=seed)
     operands = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
                               activation=problem.epilogue.activation, **inputs.kwargs())
@@ -91,5 +83,5 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
                          limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
     """Show every candidate for a GEMM: the ranking with its terms, and why each refused one refused."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
-    explanation = _dispatcher(rule_set, strategy).explain(problem)
+    explanation = dispatcher_for(OpKind.GEMM, rule_set, strategy).explain(problem)
     emit(explanation.to_dict(limit=limit or None))
