@@ -62,7 +62,6 @@ def _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap,
                             layout=Layout.parse(layout), mask=mask, window=win, variant=variant)
 
 
-
 B = typer.Argument(..., help="batch")
 HQ = typer.Argument(..., help="query heads")
 HKV = typer.Argument(..., help="key/value heads (a divisor of the query heads)")

@@ -58,7 +58,6 @@ def _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, r
     return replace(problem, specialization=problem.dense_specialization(), source_layout=source)
 
 
-
 SIZES = typer.Argument(..., help="N C K G, then input spatial sizes, then filter sizes (e.g. 32 256 256 32 28 28 3 3)")
 DIRECTION = typer.Option("forward", help="forward, bwd_data, bwd_weight")
 STRIDE = typer.Option("1", help="stride: one value or one per spatial dim, comma-separated")

@@ -22,7 +22,6 @@ def _problem(m, n, k, batch, dtype, layout, bias, activation, residual) -> GemmP
                        epilogue=Epilogue(bias, Activation.parse(activation), residual))
 
 
-
 M = typer.Argument(..., help="rows of A and C")
 N = typer.Argument(..., help="columns of B and C")
 K = typer.Argument(..., help="the reduced dimension")
