@@ -32,7 +32,7 @@ from pathlib import Path
 import tiledispatch  # noqa: F401  (first: it picks the backend)
 import torch
 
-from tiledispatch.bench.timing import geomean, graph_median_ms, percentile
+from tiledispatch.bench.timing import geomean, graph_median_ms, host_us_per_call, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.kernel import build_all
 from tiledispatch.core.registry import Registry
@@ -115,26 +115,15 @@ def host_overhead(dispatcher: Dispatcher) -> dict:
     b = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(16, 16, device="cuda", dtype=torch.bfloat16)
 
-    def per_call(fn, calls=3000):
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - start
-        torch.cuda.synchronize()
-        return elapsed / calls * 1e6
-
     results = {
-        "host_us_dispatch": per_call(lambda: tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)),
-        "host_us_dispatch_no_out": per_call(lambda: tiledispatch.gemm(a, b, dispatcher=dispatcher)),
-        "host_us_torch_mm": per_call(lambda: torch.mm(a, b, out=out)),
+        "host_us_dispatch": host_us_per_call(lambda: tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)),
+        "host_us_dispatch_no_out": host_us_per_call(lambda: tiledispatch.gemm(a, b, dispatcher=dispatcher)),
+        "host_us_torch_mm": host_us_per_call(lambda: torch.mm(a, b, out=out)),
     }
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)
-    results["host_us_graph_replay"] = per_call(graph.replay)
+    results["host_us_graph_replay"] = host_us_per_call(graph.replay)
     return {k: round(v, 2) for k, v in results.items()}
 
 

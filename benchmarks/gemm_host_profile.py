@@ -11,25 +11,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
 import tiledispatch
 import torch
 
+from tiledispatch.bench.timing import host_us_per_call
 from tiledispatch.core.dispatcher import default_dispatcher
 from tiledispatch.ops.gemm import fastpath
-
-
-def per_call_us(fn, calls: int = 5000) -> float:
-    for _ in range(300):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 def main() -> None:
@@ -63,7 +51,7 @@ def main() -> None:
             stage_args[slot.index] = slot.value(values.get(fastpath.ROLES[slot.role]))
         rows["  launcher alone"] = lambda: stage.launcher(stage.grid, stage_args, stream)
     for name, fn in rows.items():
-        print(f"{name:28s} {per_call_us(fn):7.2f} us")
+        print(f"{name:28s} {host_us_per_call(fn, calls=5000, warmup=300):7.2f} us")
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(5000):

@@ -38,6 +38,22 @@ def time_call(fn: Callable[[], object], *, on_gpu: bool, repeats: int = 50, warm
     return Timing(statistics.median(times), repeats, "cuda-events")
 
 
+def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 200) -> float:
+    """Host time of a call, in microseconds: wall clock over back-to-back calls whose GPU work
+    is tiny, so the host is what paces them (a final synchronize is left out of the count)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def graph_median_ms(fn: Callable[[object], object], sets: list, repeats: int) -> float:
     """GPU time per call: `repeats` calls over the rotating input `sets` are captured in one
     CUDA graph, and the median over 5 replays (CUDA events) of the time per call is returned.
