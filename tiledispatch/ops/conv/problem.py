@@ -18,7 +18,7 @@ from ...core.choice import Choice
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
-from ..gemm.problem import Activation
+from ..gemm.problem import Epilogue
 
 MAX_SPATIAL_DIMS = 3
 DTYPES = (DType.FP16, DType.BF16, DType.FP32)
@@ -66,24 +66,9 @@ class ConvTypes:
         return cls(dtype, allow_tf32)
 
 
-@dataclass(frozen=True)
-class ConvEpilogue:
-    """Forward only, in this order: bias (per output channel), activation, residual (shaped as y)."""
-
-    bias: bool = False
-    activation: Activation = Activation.NONE
-    residual: bool = False
-
-    @property
-    def name(self) -> str:
-        parts = (["bias"] if self.bias else []) + (
-            [self.activation.value] if self.activation is not Activation.NONE else []
-        ) + (["res"] if self.residual else [])
-        return "-".join(parts) or "none"
-
-    @property
-    def plain(self) -> bool:
-        return self == ConvEpilogue()
+# Forward only, in this order: bias (per output channel), activation, residual (shaped as y):
+# the GEMM's epilogue, the same steps in the same order.
+ConvEpilogue = Epilogue
 
 
 MAX_CHANNEL_MULTIPLE = 128  # the largest block_k: beyond it, a larger multiple changes no code

@@ -127,6 +127,11 @@ class Epilogue:
         ) + (["res"] if self.residual else [])
         return "-".join(parts) or "none"
 
+    @property
+    def plain(self) -> bool:
+        """No step after the product."""
+        return self == Epilogue()
+
 
 VECTOR_BYTES = 16  # the widest vector access, and TMA's rule for base addresses and strides
 

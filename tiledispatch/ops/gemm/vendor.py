@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ...core.validation import Finding, Severity, ValidationResult
 from .config import VendorConfig
-from .problem import Activation, Epilogue, GemmProblem, Layout
+from .problem import Activation, GemmProblem, Layout
 
 ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
 
@@ -21,7 +21,7 @@ ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: 
 def is_plain(operands) -> bool:
     """Whether the call is one cuBLAS matmul into the output, with nothing before or after."""
     p = operands.problem
-    return (p.epilogue == Epilogue() and not p.types.scaled and p.types.c is p.types.a
+    return (p.epilogue.plain and not p.types.scaled and p.types.c is p.types.a
             and (operands.out is None or operands.out.is_contiguous()))
 
 
