@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
+from ...gemm.kernels.tile_order import grouped_tile
 from .geometry import advance_pixel, inside, next_step, split_pixel, split_tap, target_of
 
 
@@ -52,13 +53,7 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         n_valid = min(GROUPS_PER_TILE, G - g) * KG
         c_valid = min(GROUPS_PER_TILE, G - g) * CG
     M = N * OD * OH * OW
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(GROUPS_PER_TILE * KG, BLOCK_N)
-    tiles_per_group = GROUP_M * grid_n
-    first_m = (pid // tiles_per_group) * GROUP_M
-    group_rows = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_group) % group_rows
-    pid_n = (pid % tiles_per_group) // group_rows
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(GROUPS_PER_TILE * KG, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -153,13 +148,7 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         n_valid = min(GROUPS_PER_TILE, G - g) * CG
         k_valid = min(GROUPS_PER_TILE, G - g) * KG
     M = N * D * H * W
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_N)
-    tiles_per_group = GROUP_M * grid_n
-    first_m = (pid // tiles_per_group) * GROUP_M
-    group_rows = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_group) % group_rows
-    pid_n = (pid % tiles_per_group) // group_rows
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import apply_epilogue
+from .tile_order import grouped_tile
 
 
 @triton.jit
@@ -27,15 +28,7 @@ def gemm_tiled(a_ptr, b_ptr, c_ptr, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
     pid_k = tl.program_id(1)
     pid_b = tl.program_id(2)
 
-    # Grouped order: GROUP_M rows of tiles are walked column by column, so the B tiles
-    # they share are still in L2 when the next row needs them.
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    tiles_per_group = GROUP_M * grid_n
-    first_m = (pid // tiles_per_group) * GROUP_M
-    group_rows = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_group) % group_rows
-    pid_n = (pid % tiles_per_group) // group_rows
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
