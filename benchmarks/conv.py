@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch  # noqa: F401  (first: it picks the backend)
+from tiledispatch.bench.plots import plot_speed_vs_vendor
 from tiledispatch.bench.timing import geomean, graph_median_ms, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.errors import TiledispatchError
@@ -293,35 +294,6 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
-def plot(results: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is missing (the `bench` extra): no plot", flush=True)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    dtypes = sorted({e["dtype"] for e in results})
-    fig, axes = plt.subplots(len(dtypes), 1, figsize=(18, 5 * len(dtypes)), squeeze=False)
-    for ax, dtype in zip(axes[:, 0], dtypes):
-        subset = [e for e in results if e["dtype"] == dtype]
-        x = range(len(subset))
-        for key, label, marker in (("selected_ms", "Triton, rules pick", "o"), ("oracle_ms", "Triton, oracle", "^"),
-                                   ("dispatcher_ms", "dispatcher (with cuDNN)", "s")):
-            ys = [e["cudnn_ms"] / e[key] if e.get(key) else float("nan") for e in subset]
-            ax.scatter(x, ys, label=label, marker=marker, s=22)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_ylabel(f"{dtype}: speed / cuDNN")
-        ax.set_xticks(list(x))
-        ax.set_xticklabels([f"{e['case']} {e['direction']}" for e in subset], rotation=80, fontsize=6)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
@@ -387,7 +359,8 @@ def main() -> int:
         "seconds": round(time.perf_counter() - started, 1),
     })
     (args.out / "conv_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(results, args.out / "conv.png")
+    plot_speed_vs_vendor(results, args.out / "conv.png", vendor="cuDNN", vendor_key="cudnn_ms",
+                         label=lambda e: f"{e['case']} {e['direction']}")
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=1))
     return 0
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import tiledispatch  # noqa: F401  (first: it picks the backend)
 import torch
 
+from tiledispatch.bench.plots import plot_speed_vs_vendor
 from tiledispatch.bench.timing import geomean, graph_median_ms, host_us_per_call, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.kernel import build_all
@@ -253,7 +254,8 @@ def main() -> int:
         "rule_set": args.rule_set,
     })
     (args.out / "gemm_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(summary_cases, args.out / "gemm.png")
+    plot_speed_vs_vendor(summary_cases, args.out / "gemm.png", vendor="cuBLAS", vendor_key="cublas_ms",
+                         label=lambda e: e["case"])
     print(json.dumps({k: v for k, v in summary.items() if k != "per_dtype"}, indent=1))
     return 0
 
@@ -283,7 +285,8 @@ def merge(args) -> int:
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "gpu": host.get("gpu") if args.host_json else None, "rule_set": args.rule_set})
     (args.out / "gemm_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(cases, args.out / "gemm.png")
+    plot_speed_vs_vendor(cases, args.out / "gemm.png", vendor="cuBLAS", vendor_key="cublas_ms",
+                         label=lambda e: e["case"])
     print(json.dumps({k: v for k, v in summary.items() if k != "per_dtype"}, indent=1))
     return 0
 
@@ -308,32 +311,6 @@ def summarize(entries: list[dict], dtypes: list[str]) -> dict:
     summary = stats([e for e in entries if not e["dtype"].startswith("fp8")])  # the bf16/fp16 targets
     summary["per_dtype"] = {d: stats([e for e in entries if e["dtype"] == d]) for d in dtypes}
     return summary
-
-
-def plot(entries: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    dtypes = sorted({e["dtype"] for e in entries})
-    fig, axes = plt.subplots(len(dtypes), 1, figsize=(16, 4.5 * len(dtypes)), squeeze=False)
-    for ax, dtype in zip(axes[:, 0], dtypes):
-        subset = [e for e in entries if e["dtype"] == dtype]
-        x = range(len(subset))
-        for key, label, marker in (("selected_ms", "Triton, rules pick", "o"), ("oracle_ms", "Triton, oracle", "^"),
-                                   ("dispatcher_ms", "dispatcher (with vendor)", "s")):
-            ys = [e["cublas_ms"] / e[key] if e["cublas_ms"] and e[key] else float("nan") for e in subset]
-            ax.scatter(x, ys, label=label, marker=marker, s=22)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_ylabel(f"{dtype}: speed / cuBLAS")
-        ax.set_xticks(list(x))
-        ax.set_xticklabels([e["case"] for e in subset], rotation=75, fontsize=7)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
