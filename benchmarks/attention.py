@@ -12,7 +12,8 @@ and every dtype asked for, forward and forward+backward:
 Every provider's output (and gradients) is checked before it is timed: against SDPA's math
 where SDPA takes the case, else against a float32 reference on one batch and head group.
 Times are CUDA-event medians of back-to-back calls after warm-up (tiledispatch.bench.timing),
-so host work overlaps the previous call as it does in a training loop.
+so host work overlaps the previous call as it does in a training loop; the providers of a
+case are sampled in turns (`interleaved_medians`), so the GPU's clock drift falls on all alike.
 
     python benchmarks/attention.py --out benchmarks/results/h200 [--dtypes bf16] [--cases NAME,...] [--top 3]
 
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 import triton
 
 import tiledispatch
-from tiledispatch.bench.timing import time_call
+from tiledispatch.bench.timing import event_sampler, interleaved_medians
 from tiledispatch.core.cache import KernelCache
 from tiledispatch.core.dispatcher import Dispatcher, default_dispatcher
 from tiledispatch.core.kernel import build_all
@@ -54,12 +55,7 @@ from tiledispatch.ops.attention import (
 
 SUITE = Path(__file__).parent / "suites" / "attention.json"
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CALLS_PER_SAMPLE = 4  # back-to-back calls per CUDA-event sample: host work hides behind the GPU
-
-
-def median_ms(fn, repeats: int) -> float:
-    timing = time_call(lambda: [fn() for _ in range(CALLS_PER_SAMPLE)], on_gpu=True, repeats=repeats, warmup=1)
-    return timing.median_ms / CALLS_PER_SAMPLE
+CALLS_PER_SAMPLE = 4  # back-to-back calls per CUDA-event sample
 
 
 def rel_error(got, ref) -> float:
@@ -150,11 +146,12 @@ def check(fn, case: Case, backward: bool, ref) -> float:
     return max(errors)
 
 
-def timed(fn, case: Case, backward: bool, repeats: int) -> float:
+def sampler(fn, case: Case, backward: bool):
+    """A sampler (bench.timing) of one call: the forward, or the forward and its gradients."""
     if not backward:
-        return median_ms(lambda: fn(case.q, case.k, case.v), repeats)
+        return event_sampler(lambda: fn(case.q, case.k, case.v), CALLS_PER_SAMPLE)
     q, k, v = case.leaves()
-    return median_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), case.grad), repeats)
+    return event_sampler(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), case.grad), CALLS_PER_SAMPLE)
 
 
 def problems(case: Case) -> dict:
@@ -247,19 +244,25 @@ def main() -> int:
                         providers[backend] = (fn, fn, note)
                     except Exception as e:
                         print(f"{case.name}: {backend} unavailable: {e}", file=sys.stderr)
-            times = {}
+            times, errors, samplers = {}, {}, {}
             for provider, (fn, checked_fn, note) in providers.items():
                 try:
-                    error = check(checked_fn, case, backward, ref[backward])
-                    ms = timed(fn, case, backward, args.repeats) if error <= args.tolerance else math.nan
+                    errors[provider] = check(checked_fn, case, backward, ref[backward])
+                    if errors[provider] <= args.tolerance:
+                        samplers[provider] = sampler(fn, case, backward)
                 except Exception as e:
                     print(f"{case.name} {direction} {provider}: failed: {type(e).__name__}: {e}", file=sys.stderr)
-                    error, ms = math.nan, math.nan
-                times[provider] = ms
+                    errors[provider] = math.nan
+            # Every provider of the case is sampled in turns, so their medians share the GPU's clock.
+            times = {provider: math.nan for provider in providers}
+            times.update(interleaved_medians(samplers, args.repeats))
+            for provider, (_, _, note) in providers.items():
+                ms = times[provider]
                 rows.append({"op": "attention", "case": case.name, "dtype": case.dtype, "direction": direction,
                              "provider": provider, "time_ms": ms, "tflops": flops / ms / 1e9 if not math.isnan(ms) else math.nan,
-                             "rel_error": error, "note": note or "", "gpu": gpu, "torch": torch.__version__,
+                             "rel_error": errors[provider], "note": note or "", "gpu": gpu, "torch": torch.__version__,
                              "triton": triton.__version__, "date": date})
+            del samplers
             vendors = [times.get(b, math.nan) for b in ("sdpa-cudnn", "sdpa-flash")]
             best_vendor = min((t for t in vendors if not math.isnan(t)), default=math.nan)
             timed_all = [t for t in times.values() if not math.isnan(t)]

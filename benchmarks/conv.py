@@ -13,7 +13,10 @@ Times are CUDA-event medians after warm-up: of CUDA-graph replays (no host time 
 input sets rotated so that the working set is beyond L2) for calls under SLOW_MS, of
 single calls above it, where a graph of many calls would cost seconds and the host time
 is noise. The repeat count follows each candidate's own first timed call, so a kernel
-100x slower than cuDNN costs a few calls, not a budget. TFLOP/s and TB/s (the fewest
+100x slower than cuDNN costs a few calls, not a budget. Candidates are screened one after
+another; then cuDNN, the rules' pick, the oracle and the dispatcher's pick are timed again
+in turns (FINAL_ROUNDS), and the compared figures are those: the GPU's clock drifts by more
+than the margins measured here. TFLOP/s and TB/s (the fewest
 bytes the conv must move) are reported for each.
 
     python benchmarks/conv.py --out benchmarks/results/h200 [--dtypes bf16,fp16]
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import itertools
 import json
 import math
 import statistics
@@ -43,7 +47,7 @@ import torch.nn.functional as F
 
 import tiledispatch  # noqa: F401  (first: it picks the backend)
 from tiledispatch.bench.plots import plot_speed_vs_vendor
-from tiledispatch.bench.timing import geomean, graph_median_ms, percentile
+from tiledispatch.bench.timing import event_sampler, geomean, graph_sampler, interleaved_medians, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.errors import TiledispatchError
 from tiledispatch.core.kernel import build_all
@@ -57,8 +61,9 @@ L2_BYTES = 60 * 2**20
 COPY_BANDWIDTH = 4.25e12  # device-to-device copy on the H200, bytes read + written (ANCHORS.md)
 GRAPH_MS = 3.0  # GPU time one graph replay aims at: sets the calls per graph (1..MAX_CALLS)
 MAX_CALLS = 25
-SLOW_MS = 2.0  # above this a call is timed alone (median of SLOW_REPEATS), not in a graph
-SLOW_REPEATS = 3
+SLOW_MS = 2.0  # above this a call is timed alone, not in a graph
+SAMPLES = 3  # per screened candidate
+FINAL_ROUNDS = 7  # cuDNN, the rules' pick, the oracle and the dispatcher's pick, sampled in turns
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 FIELDS = ["case", "direction", "dtype", "n", "c", "k", "g", "provider", "kernel", "ms", "tflops", "tbps",
@@ -161,20 +166,26 @@ def first_call_ms(fn, s) -> float:
     return begin.elapsed_time(end)
 
 
-def median_ms(fn, sets: list) -> float:
-    """The CUDA-event median time of `fn`, with as many calls as its own speed affords.
+def sampler(fn, sets: list):
+    """A sampler (bench.timing) of `fn`'s time per call, with as many calls as its own speed affords.
 
-    Fast calls: a CUDA graph of up to MAX_CALLS calls over the rotating sets (GRAPH_MS of
-    GPU time per replay), median of 5 replays. Slow calls (> SLOW_MS): the median of
-    SLOW_REPEATS single calls, where the host time is noise and a graph would cost seconds.
+    Fast calls: a CUDA graph of up to MAX_CALLS calls over the rotating sets (GRAPH_MS of GPU
+    time per replay). Slow calls (> SLOW_MS): single calls, where the host time is noise and a
+    graph would cost seconds.
     """
     fn(sets[0])  # warm-up (loads the kernel, picks cuDNN's algorithm)
     torch.cuda.synchronize()
     estimate = first_call_ms(fn, sets[-1])
     if estimate > SLOW_MS:
-        return statistics.median(first_call_ms(fn, sets[i % len(sets)]) for i in range(SLOW_REPEATS))
+        turn = itertools.cycle(sets)
+        return event_sampler(lambda: fn(next(turn)), 1)
     calls = max(1, min(MAX_CALLS, round(GRAPH_MS / max(estimate, 1e-3))))
-    return graph_median_ms(fn, sets[:calls], calls)
+    return graph_sampler(fn, sets[:calls], calls)
+
+
+def median_ms(fn, sets: list) -> float:
+    """The screening time of one candidate: the median of SAMPLES samples."""
+    return interleaved_medians({"fn": sampler(fn, sets)}, SAMPLES)["fn"]
 
 
 def run_case(dispatcher, entry, writer_rows) -> dict:
@@ -193,9 +204,7 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
         return row
 
     vendor = cudnn_fn(p)
-    vendor_ms = median_ms(vendor, sets)
-    record("cudnn", "torch " + ("F.conv" if p.direction is Direction.FORWARD else "convolution_backward"),
-           vendor_ms, rel_error(vendor(sets[0]), ref))
+    vendor_error = rel_error(vendor(sets[0]), ref)
     times = {}
     for spec in entry["triton"]:
         fn = call(dispatcher, spec)
@@ -217,11 +226,18 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
     oracle = min(times, key=times.get) if times else None
     # The dispatcher as a user gets it: its own selection (cuDNN a candidate), falling back past a
     # kernel that fails to build.
+    call(dispatcher, None)(sets[0])  # the dispatcher's first call: a pick that does not build is passed over
     pick = dispatcher.select(sets[0]["ops"].problem).name
-    dispatch_ms = times.get(pick)
-    if pick not in times:
-        dispatch_ms = median_ms(call(dispatcher, None), sets)
-        pick = dispatcher.select(sets[0]["ops"].problem).name
+    # The figures that are compared are timed again, in turns, so the GPU's clock drift falls on all alike.
+    finalists = {"cudnn": vendor, **{name: call(dispatcher, spec) for name, spec in
+                                     ((selected, selected), (oracle, oracle), (pick, None)) if name}}
+    final = interleaved_medians({name: sampler(fn, sets) for name, fn in finalists.items()}, FINAL_ROUNDS)
+    vendor_ms = final["cudnn"]
+    times.update({name: ms for name, ms in final.items() if name in times})  # Triton kernels only
+    dispatch_ms = final[pick]
+    oracle = min(times, key=times.get) if times else None  # the rules' pick may have won the re-timing
+    record("cudnn", "torch " + ("F.conv" if p.direction is Direction.FORWARD else "convolution_backward"),
+           vendor_ms, vendor_error)
     result = {"case": case["name"], "direction": p.direction.value, "dtype": dtype, "groups": p.groups,
               "depthwise": p.depthwise, "flops": flops, "bytes": moved, "cudnn_ms": vendor_ms,
               "selected": selected, "selected_ms": times.get(selected), "oracle": oracle,

@@ -24,17 +24,17 @@ def time_call(fn: Callable[[], object], *, on_gpu: bool, repeats: int = 50, warm
         return Timing((time.perf_counter() - start) * 1e3, 1, "wall-clock")
     import torch
 
-    for _ in range(warmup):
+    # Back to back, an event after each call and no sync between them: the warm-up calls keep
+    # the GPU busy while the host queues the timed ones, so host time hides behind the GPU's.
+    for _ in range(max(1, warmup)):
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+    events[0].record()
+    for event in events[1:]:
         fn()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
+        event.record()
+    events[-1].synchronize()
+    times = [begin.elapsed_time(end) for begin, end in zip(events, events[1:])]
     return Timing(statistics.median(times), repeats, "cuda-events")
 
 
@@ -54,9 +54,9 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 
     return elapsed / calls * 1e6
 
 
-def graph_median_ms(fn: Callable[[object], object], sets: list, repeats: int) -> float:
-    """GPU time per call: `repeats` calls over the rotating input `sets` are captured in one
-    CUDA graph, and the median over 5 replays (CUDA events) of the time per call is returned.
+def graph_sampler(fn: Callable[[object], object], sets: list, calls: int) -> Callable[[], float]:
+    """A sampler of the GPU time per call of `fn`: `calls` calls over the rotating input `sets`
+    are captured once in a CUDA graph, and each sample times one replay with CUDA events.
 
     A graph takes host overhead out of the kernel's time, for every provider alike; the
     host cost of a call is measured on its own.
@@ -66,23 +66,68 @@ def graph_median_ms(fn: Callable[[object], object], sets: list, repeats: int) ->
     for i in range(2):
         fn(sets[i % len(sets)])
     torch.cuda.synchronize()
-    calls = max(repeats, len(sets))
+    calls = max(calls, len(sets))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(calls):
             fn(sets[i % len(sets)])
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
+
+    def sample() -> float:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(begin.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
+        return begin.elapsed_time(end) / calls
+
+    return sample
+
+
+def event_sampler(fn: Callable[[], object], calls: int) -> Callable[[], float]:
+    """A sampler of the time per call of `fn` run `calls` times back to back, CUDA events around them.
+
+    One call is queued before the first event, so the GPU is busy while the host queues
+    the timed calls: the time is the GPU's, as long as the host keeps up with it.
+    """
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+
+    def sample() -> float:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()
+        begin.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / calls
+
+    return sample
+
+
+def interleaved_medians(samplers: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """The median per-call time of each sampler, sampled round-robin: one sample of each per round.
+
+    Why: the H200's clock drifts with its power state by more than 10 % over seconds (1.63
+    against 1.84 ms for the same attention kernel, timed one after the other). Providers timed
+    one after another compare their moments as much as their kernels; taken in turns, each
+    median is drawn from the same moments as the others.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(rounds):
+        for name, sample in samplers.items():
+            samples[name].append(sample())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def graph_median_ms(fn: Callable[[object], object], sets: list, repeats: int) -> float:
+    """GPU time per call of `fn` over the rotating `sets`: the median of 5 replays of a graph of
+    `repeats` calls (see `graph_sampler`)."""
+    return interleaved_medians({"fn": graph_sampler(fn, sets, repeats)}, rounds=5)["fn"]
 
 
 def geomean(values) -> float | None:
