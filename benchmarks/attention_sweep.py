@@ -9,7 +9,9 @@ gqa_S8192_D128_causal of benchmarks/suites/attention.json) and bf16:
   - SDPA's cuDNN backend, forward and backward alone (autograd with retain_graph).
 Every kernel is compiled first, in parallel (tiledispatch.core.kernel.build_all), then each
 one is checked against cuDNN's output (relative error) and timed: CUDA-event medians of
-back-to-back executions of one prepared plan, so the time is the kernels' alone.
+back-to-back executions of one prepared plan, so the time is the kernels' alone. The kernels
+of a case and direction, cuDNN among them, are sampled in turns: the H200's clock drifts by
+more than the differences between tiles.
 
     python benchmarks/attention_sweep.py --out /tmp/sweep [--cases NAME,...] [--jobs 16] [--all-tiles]
 
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tiledispatch.bench.timing import time_call
+from tiledispatch.bench.timing import event_sampler, interleaved_medians
 from tiledispatch.core.cache import KernelCache
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.kernel import build_all
@@ -52,11 +54,6 @@ TOLERANCE = 2e-2  # relative error against cuDNN above which a time is not repor
 def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     got, ref = got.float(), ref.float()
     return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
-
-
-def median_ms(fn, repeats: int) -> float:
-    timing = time_call(lambda: [fn() for _ in range(CALLS_PER_SAMPLE)], on_gpu=True, repeats=repeats, warmup=1)
-    return timing.median_ms / CALLS_PER_SAMPLE
 
 
 class Case:
@@ -80,8 +77,8 @@ class Case:
                               out=out, lse=lse, grad_out=self.grad)
 
 
-def cudnn(case: Case, repeats: int) -> dict:
-    """SDPA cuDNN: forward time, backward-alone time, and its output and gradients as the reference."""
+def cudnn(case: Case) -> dict:
+    """SDPA cuDNN: its output and gradients (the reference), and samplers of its forward and of its backward alone."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     group = case.q.shape[1] // case.k.shape[1]
@@ -98,10 +95,15 @@ def cudnn(case: Case, repeats: int) -> dict:
         forward = lambda: run(k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), False)  # noqa: E731
         out = forward()
     grads = torch.autograd.grad(out, (q, k, v), case.grad, retain_graph=True)
-    with torch.no_grad():
-        fwd_ms = median_ms(forward, repeats)
-    bwd_ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), case.grad, retain_graph=True), repeats)
-    return {"out": out.detach(), "grads": [g.detach() for g in grads], "fwd_ms": fwd_ms, "bwd_ms": bwd_ms}
+
+    def forward_no_grad():
+        with torch.no_grad():
+            return forward()
+
+    return {"out": out.detach(), "grads": [g.detach() for g in grads],
+            "fwd": event_sampler(forward_no_grad, CALLS_PER_SAMPLE),
+            "bwd": event_sampler(lambda: torch.autograd.grad(out, (q, k, v), case.grad, retain_graph=True),
+                                 CALLS_PER_SAMPLE)}
 
 
 def triton_specs(registry: Registry, problem, all_tiles: bool) -> list:
@@ -131,10 +133,10 @@ def compile_everything(jobs: list[tuple], workers: int) -> None:
     print(f"compiled {count} kernels in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
-def time_plan(dispatcher: Dispatcher, operands, spec, repeats: int, error_of):
-    """(time, relative error, first result) of one spec: each call makes its plan (outputs, the
-    zeroed dQ workspace of bwd-atomic) and executes it, as a caller's call does; the error is
-    taken on the first call's result, before any other call writes into its buffers."""
+def prepare_plan(dispatcher: Dispatcher, operands, spec, error_of):
+    """(sampler or None, relative error, first result) of one spec: each call makes its plan
+    (outputs, the zeroed dQ workspace of bwd-atomic) and executes it, as a caller's call does;
+    the error is taken on the first call's result, before any other call writes into its buffers."""
     print(f"  running {spec.name}", flush=True)  # a kernel that hangs is named by the last line
     spec, launchers = dispatcher.prepare(operands, kernel=spec)
     stream = torch.cuda.current_stream().cuda_stream
@@ -147,8 +149,25 @@ def time_plan(dispatcher: Dispatcher, operands, spec, repeats: int, error_of):
     error = error_of(result)
     if error > TOLERANCE:
         print(f"{spec.name}: relative error {error:.3g} against cuDNN; not timed", file=sys.stderr)
-        return math.nan, error, result
-    return median_ms(call, repeats), error, result
+        return None, error, result
+    return event_sampler(call, CALLS_PER_SAMPLE), error, result
+
+
+def time_all(dispatcher: Dispatcher, operands, specs: list, vendor, repeats: int, error_of) -> tuple[dict, dict, dict]:
+    """Times and errors of every spec and of cuDNN (`vendor`), sampled in turns so that they
+    share the GPU's clock (bench.timing.interleaved_medians); and each spec's first result."""
+    samplers, errors, results = {"sdpa-cudnn": vendor}, {"sdpa-cudnn": 0.0}, {}
+    for spec in specs:
+        try:
+            sampler, errors[spec.name], results[spec.name] = prepare_plan(dispatcher, operands, spec, error_of)
+            if sampler is not None:
+                samplers[spec.name] = sampler
+        except Exception as e:  # one failing kernel must not end the sweep
+            print(f"{spec.name}: {type(e).__name__}: {e}", file=sys.stderr)
+            errors[spec.name] = math.nan
+    times = {name: math.nan for name in errors}
+    times.update(interleaved_medians(samplers, repeats))
+    return times, errors, results
 
 
 def row(case: Case, direction: str, provider: str, ms: float, flops: float, error: float, cudnn_ms: float,
@@ -161,34 +180,26 @@ def row(case: Case, direction: str, provider: str, ms: float, flops: float, erro
 
 
 def sweep_case(case: Case, registry: Registry, dispatcher: Dispatcher, repeats: int, all_tiles: bool) -> list[dict]:
-    ref = cudnn(case, repeats)
-    rows = [row(case, "fwd", "sdpa-cudnn", ref["fwd_ms"], case.flops, 0.0, ref["fwd_ms"]),
-            row(case, "bwd", "sdpa-cudnn", ref["bwd_ms"], 2.5 * case.flops, 0.0, ref["bwd_ms"])]
+    ref = cudnn(case)
     problem = case.forward.problem
     pick = dispatcher.select(problem).name
-    best_fwd = None
-    for spec in triton_specs(registry, problem, all_tiles):
-        try:
-            ms, error, result = time_plan(dispatcher, case.forward, spec, repeats,
-                                          lambda result: rel_error(result.out, ref["out"]))
-            if math.isfinite(ms) and (best_fwd is None or ms < best_fwd[0]):
-                best_fwd = (ms, result)
-        except Exception as e:  # one failing kernel must not end the sweep
-            print(f"{case.name} {spec.name}: {type(e).__name__}: {e}", file=sys.stderr)
-            ms, error = math.nan, math.nan
-        rows.append(row(case, "fwd", spec.name, ms, case.flops, error, ref["fwd_ms"], spec.name == pick))
-    if best_fwd is None:
+    specs = triton_specs(registry, problem, all_tiles)
+    times, errors, results = time_all(dispatcher, case.forward, specs, ref["fwd"], repeats,
+                                      lambda result: rel_error(result.out, ref["out"]))
+    rows = [row(case, "fwd", name, ms, case.flops, errors[name], times["sdpa-cudnn"], name == pick)
+            for name, ms in times.items()]
+    timed = [name for name in results if math.isfinite(times[name])]
+    if not timed:
         return rows
-    backward = case.backward_operands(best_fwd[1].out, best_fwd[1].lse)
+    best = results[min(timed, key=times.get)]
+    backward = case.backward_operands(best.out, best.lse)
+    del results
     bwd_pick = dispatcher.select(backward.problem).name
-    for spec in triton_specs(registry, backward.problem, all_tiles):
-        try:
-            ms, error, _ = time_plan(dispatcher, backward, spec, repeats, lambda grads: max(
-                rel_error(g, r) for g, r in zip((grads.dq, grads.dk, grads.dv), ref["grads"])))
-        except Exception as e:
-            print(f"{case.name} {spec.name}: {type(e).__name__}: {e}", file=sys.stderr)
-            ms, error = math.nan, math.nan
-        rows.append(row(case, "bwd", spec.name, ms, 2.5 * case.flops, error, ref["bwd_ms"], spec.name == bwd_pick))
+    times, errors, _ = time_all(dispatcher, backward, triton_specs(registry, backward.problem, all_tiles), ref["bwd"],
+                                repeats, lambda grads: max(rel_error(g, r) for g, r in
+                                                           zip((grads.dq, grads.dk, grads.dv), ref["grads"])))
+    rows += [row(case, "bwd", name, ms, 2.5 * case.flops, errors[name], times["sdpa-cudnn"], name == bwd_pick)
+             for name, ms in times.items()]
     return rows
 
 

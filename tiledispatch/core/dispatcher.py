@@ -198,11 +198,27 @@ def _check_device(device) -> None:
 
 
 def _stream(device) -> int | None:
+    return stream_getter(device)()
+
+
+def stream_getter(device) -> Callable[[], int | None]:
+    """A function giving the current stream of `device` (None off the GPU), for ops' fast paths.
+
+    It reads torch's raw getter: torch.cuda.current_stream builds a Stream object each call.
+    """
     if device.type != "cuda":
-        return None
+        return _no_stream
     import torch
 
-    return torch.cuda.current_stream(device).cuda_stream
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
+
+
+def _no_stream() -> None:
+    return None
 
 
 @functools.lru_cache(maxsize=None)

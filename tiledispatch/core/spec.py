@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ class KernelSpec:
     def definition(self) -> OpDefinition:
         return get_op(self.op)
 
-    @property
+    @functools.cached_property  # a formatted string read on every checked call: made once
     def name(self) -> str:
         from ..arch import load
 

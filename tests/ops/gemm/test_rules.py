@@ -322,6 +322,13 @@ def test_supports_refuses_with_a_reason(changes, words):
         assert word in reason
 
 
+def test_split_k_refused_where_its_workspace_would_be_huge():
+    split = config(split_k=64)
+    assert supports(split, problem(m=256, n=256, k=131072)) is None  # 16 MiB of partial sums
+    reason = supports(split, problem(m=16384, n=28672, k=4096))  # 112 GiB: it ran the H200 out of memory
+    assert "workspace" in reason and "GiB" in reason and "fewer splits" in reason
+
+
 # -- the vendor candidate --------------------------------------------------------------
 def test_vendor_config_rules():
     from tiledispatch.ops.gemm import VendorConfig

@@ -12,7 +12,7 @@ import torch
 
 from ...core.op import OpDefinition, OpKind
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .function import AttentionFunction, Call, forward, parse_causal, parse_window
+from .function import AttentionFunction, Call, bound_forward, forward, parse_causal, parse_window
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
@@ -70,19 +70,22 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
 
     if dropout_p and dropout_seed is None:
         dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
-    tensors = (q, k, v, bias, sinks)
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (q, k, v, bias, sinks))
     options = AttentionOptions(
         causal=parse_causal(causal), window=parse_window(window), scale=scale, softcap=softcap,
         dropout_p=float(dropout_p), dropout_seed=int(dropout_seed or 0), dropout_offset=int(dropout_offset),
         needs_lse=return_lse or grad, deterministic=deterministic,
     )
-    call = Call(options, kernel, backward_kernel, dispatcher or default_dispatcher())
+    dispatcher = dispatcher or default_dispatcher()
+    tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
+               "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+    call = Call(options, kernel, backward_kernel, dispatcher, bound_forward(dispatcher, q, k, v, tensors, options,
+                                                                            kernel))
     if grad:
         out, lse = AttentionFunction.apply(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
     else:
-        result = forward(call, q, k, v, {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
-                                         "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k})
+        result = forward(call, q, k, v, tensors)
         out, lse = result.out, result.lse
     return (out, lse) if return_lse else out
 

@@ -2,7 +2,7 @@
 
 The forward keeps the log-sum-exp whenever a gradient may follow, and the backward plan
 reads it (P is recomputed, never stored). The LSE returned by `return_lse=True` carries
-no gradient.
+no gradient. Both directions replay a bound call (fastpath.py) on a signature seen before.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ...core.errors import InvalidProblemError, UnsupportedError
+from . import fastpath
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .problem import Direction, MaskKind, Window
 
@@ -49,6 +50,7 @@ class Call:
     kernel: str | None
     backward_kernel: str | None
     dispatcher: Any
+    bound: Any = None  # the forward's bound call (fastpath.py) when its signature has one
 
 
 def _checked(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, **extra) -> AttentionOperands:
@@ -62,8 +64,42 @@ def _checked(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, **ex
 
 
 def forward(call: Call, q, k, v, tensors: dict):
+    """The forward by the bound call of the signature, or checked, selected and planned."""
+    if call.bound is not None:
+        o = call.options
+        return call.bound(q, k, v, tensors["bias"], tensors["mask"], tensors["alibi_slopes"], tensors["sinks"],
+                          o.dropout_seed, o.dropout_offset)
     operands = _checked(call.dispatcher, q, k, v, tensors, call.options)
     return call.dispatcher.run(operands, kernel=call.kernel)
+
+
+def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, kernel):
+    """The forward's bound call for this signature, or None (varlen, checked-only signatures)."""
+    if tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
+        return None  # cu_seqlens are read on the host: every call is checked
+    key = fastpath.forward_key(q, k, v, (tensors["bias"], tensors["mask"], tensors["alibi_slopes"],
+                                         tensors["sinks"]), options, kernel)
+    if key is None:
+        return None
+    return fastpath.lookup(dispatcher, key, lambda: _checked(dispatcher, q, k, v, tensors, options), kernel)
+
+
+def _backward_grads(call: Call, q, k, v, out, lse, grad_out, tensors: dict, bias_grad: bool):
+    """The backward plan's gradients, by the bound call of the backward's signature where it has one."""
+    def checked():
+        return _checked(call.dispatcher, q, k, v, tensors, call.options, direction=Direction.BACKWARD,
+                        out=out, lse=lse, grad_out=grad_out, bias_grad=bias_grad)
+
+    optional = (tensors["bias"], tensors["mask"], tensors["alibi_slopes"], tensors["sinks"])
+    o = call.options
+    bound = None
+    if tensors["cu_seqlens_q"] is None and tensors["cu_seqlens_k"] is None:
+        key = fastpath.backward_key(q, k, v, out, lse, grad_out, optional, o, call.backward_kernel, bias_grad)
+        if key is not None:
+            bound = fastpath.lookup(call.dispatcher, key, checked, call.backward_kernel)
+    if bound is not None:
+        return bound(q, k, v, *optional, o.dropout_seed, o.dropout_offset, out, lse, grad_out)
+    return call.dispatcher.run(checked(), kernel=call.backward_kernel)
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -87,14 +123,12 @@ class AttentionFunction(torch.autograd.Function):
         bias_grad = bias is not None and ctx.needs_input_grad[3]
         tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
                    "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
-        operands = _checked(call.dispatcher, q, k, v, tensors, call.options, direction=Direction.BACKWARD,
-                            out=out, lse=lse, grad_out=grad_out, bias_grad=bias_grad)
-        grads = call.dispatcher.run(operands, kernel=call.backward_kernel)
+        grads = _backward_grads(call, q, k, v, out, lse, grad_out, tensors, bias_grad)
         dbias = _reduce_to(grads.dbias, bias) if bias_grad else None
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[4]:
             # d loss / d sink_h = -sum over rows of P(sink) * delta, with P(sink) = exp(sink - lse).
-            heads_axis = 0 if operands.problem.variant.varlen else 1
+            heads_axis = 0 if cu_q is not None else 1  # varlen: (heads, tokens)
             shape = [1] * lse.dim()
             shape[heads_axis] = -1
             p_sink = torch.exp(sinks.float().reshape(shape) - lse)

@@ -107,6 +107,25 @@ def _broadcast_4d(t: torch.Tensor, shape: tuple[int, int, int, int], what: str) 
     return view
 
 
+# What the kernels read of the optional tensors, derived the same way by `check_operands` and
+# by the fast path's replay (fastpath.py), which skips the checks these follow.
+def view_mask(mask: torch.Tensor, full: tuple[int, int, int, int]) -> torch.Tensor:
+    """A bool mask as uint8 (the kernels load bytes), either mask broadcast to `full`."""
+    return _broadcast_4d(mask.view(torch.uint8) if mask.dtype == torch.bool else mask, full, "mask")
+
+
+def view_bias(bias: torch.Tensor, full: tuple[int, int, int, int]) -> torch.Tensor:
+    return _broadcast_4d(bias, full, "bias")
+
+
+def view_slopes(alibi_slopes: torch.Tensor, batch: int, heads_q: int) -> torch.Tensor:
+    return alibi_slopes.to(torch.float32).expand(batch, heads_q)
+
+
+def sinks_fp32(sinks: torch.Tensor) -> torch.Tensor:
+    return sinks.detach().to(torch.float32).contiguous()
+
+
 def _check_qkv(q, k, v, varlen: bool) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -194,31 +213,29 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
     if mask is not None:
         if varlen:
             raise _fail("varlen-features", "a mask tensor needs a fixed-length batch; varlen takes causal/window masks")
-        if mask.dtype == torch.bool:
-            user_mask, mask_view = UserMask.BOOLEAN, _broadcast_4d(mask.view(torch.uint8), full, "mask")
-        elif mask.dtype == q.dtype:
-            user_mask, mask_view = UserMask.ADDITIVE, _broadcast_4d(mask, full, "mask")
-        else:
+        if mask.dtype not in (torch.bool, q.dtype):
             raise _fail("mask-dtype", f"mask is {mask.dtype}; use torch.bool (True: attend) or q's dtype {q.dtype} "
                         "(added to the scores)")
+        user_mask = UserMask.BOOLEAN if mask.dtype == torch.bool else UserMask.ADDITIVE
+        mask_view = view_mask(mask, full)
     bias_view = None
     if bias is not None:
         if varlen:
             raise _fail("varlen-features", "a bias tensor needs a fixed-length batch; varlen takes ALiBi slopes")
         if bias.dtype != q.dtype:
             raise _fail("bias-dtype", f"bias is {bias.dtype}; it must be q's dtype {q.dtype} (bias.to(q.dtype))")
-        bias_view = _broadcast_4d(bias, full, "bias")
+        bias_view = view_bias(bias, full)
     slopes = None
     if alibi_slopes is not None:
         if alibi_slopes.shape not in ((heads_q,), (batch, heads_q)):
             raise _fail("alibi-shape", f"alibi_slopes must be ({heads_q},) or ({batch}, {heads_q}), got "
                         f"{_shape(alibi_slopes)}")
-        slopes = alibi_slopes.to(torch.float32).expand(batch, heads_q)
+        slopes = view_slopes(alibi_slopes, batch, heads_q)
     sinks32 = None
     if sinks is not None:
         if sinks.shape != (heads_q,):
             raise _fail("sinks-shape", f"sinks must be ({heads_q},): one logit per query head, got {_shape(sinks)}")
-        sinks32 = sinks.detach().to(torch.float32).contiguous()
+        sinks32 = sinks_fp32(sinks)
     for name, t in (("mask", mask), ("bias", bias), ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if t is not None and t.device != q.device:
             raise InvalidProblemError(f"{name} is on {t.device} but q is on {q.device}; put every tensor on one device")

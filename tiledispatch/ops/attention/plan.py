@@ -30,6 +30,9 @@ _BWD = "tiledispatch.ops.attention.kernels.backward"
 _SCORES = "tiledispatch.ops.attention.kernels.scores"
 _VENDOR = "tiledispatch.ops.attention.vendor"
 USER_MASK_CODES = {UserMask.NONE: 0, UserMask.BOOLEAN: 1, UserMask.ADDITIVE: 2}
+# Arguments whose buffers the plan fills with zeros (the rest it allocates empty): a replay
+# of the plan (fastpath.py) must zero them too.
+ZEROED_ARGS = frozenset({"DQ_ACC", "DBIAS"})
 PREPROCESS_BLOCK_M = 64  # memory-bound row sums: 64 rows of dO and O per program
 MAX_GRID_YZ = 65535
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ...core.dispatcher import stream_getter
 from ...core.kernel import PythonLauncher
 from ...core.launch import Plan
 from . import vendor
@@ -105,7 +106,7 @@ class BoundGemm:
         self._device = operands.device
         self._result_2d = result_2d
         self._scale_a, self._scale_b = operands.scale_a, operands.scale_b
-        self._stream = _stream_getter(operands.device)
+        self._stream = stream_getter(operands.device)
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
 
     @staticmethod
@@ -152,14 +153,6 @@ class BoundGemm:
         if out is not None:
             return out
         return result[0] if self._result_2d else result
-
-
-def _stream_getter(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return lambda: raw(index)
-    return lambda: torch.cuda.current_stream(index).cuda_stream
 
 
 class DirectMatmul:

@@ -23,6 +23,7 @@ BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 9))
 MAX_SPLIT_K = 64
+MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond this the output is too large to need splits
 # Registers left for addresses, operands and loop state besides the accumulator.
 REGISTER_RESERVE = 64
 
@@ -233,6 +234,12 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
         want, have = getattr(config.layout, role), getattr(problem.layout, role)
         if want is not Layout.STRIDED and want is not have:
             return f"built for layout {config.layout.name}, the problem is {problem.layout.name}"
+    if config.split_k > 1:
+        workspace = problem.batch * config.split_k * problem.m * problem.n * 4
+        if workspace > MAX_SPLIT_WORKSPACE_BYTES:
+            return (f"split_k={config.split_k} needs a {workspace / 2**30:.1f} GiB fp32 workspace for this "
+                    f"{problem.m}x{problem.n} output, over the {MAX_SPLIT_WORKSPACE_BYTES / 2**30:.0f} GiB limit; "
+                    "split-K pays on small outputs: use fewer splits or split_k=1")
     if config.family is Family.TMA_PERSISTENT:
         # TMA's rule, in bytes: a 16-byte aligned base and strides that are multiples of 16
         # bytes (Align.BYTES16 or better): rows of 1000 bf16 (2000 bytes) qualify.
