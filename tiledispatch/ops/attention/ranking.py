@@ -21,9 +21,9 @@ LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md: Triton on an H200)
 # Fractions of the dense tensor-core peak each Triton family reaches at its best. The vendor
 # ones: VENDOR_FRACTION.
 FRACTION = {
-    # The H200 sweep at d=128 S4096 (benchmarks/results/h200/attention_sweep.csv): fwd's best
-    # tile ran 468 TFLOP/s (128x64 w8 s3), fwd-tma's 514 (64x64 w4 s3); with these fractions
-    # the rules pick fwd-tma 128x128 w8 s2 there, which ran 459 (0.89 of the best).
+    # The H200 sweep at d=128 S4096, kernels timed in turns (benchmarks/results/h200/
+    # attention_sweep.csv): fwd's best tile ran 447 TFLOP/s (128x64 w8 s3), fwd-tma's 528
+    # (64x64 w4 s3); the rules pick that one.
     (Family.FWD, Direction.FORWARD): 0.46,
     (Family.FWD_TMA, Direction.FORWARD): 0.50,
     # bwd: 352 TFLOP/s (backward FLOPs, 2.5x the forward's) at d=128 S4096, 64x128 w8 s3; the
@@ -34,6 +34,9 @@ FRACTION = {
 # The backward's dK/dV step streams Q and dO: with two stages in flight it ran 0.83-0.93x
 # of three (32x128 and 64x128 w8 at d=128, same sweep).
 BACKWARD_TWO_STAGES = 0.9
+# The forward's K/V loads with two stages in flight: 128x64 w8 ran 0.87x (fwd-tma) and 0.85x
+# (fwd) of three stages (interleaved sweep, d=128 S4096).
+FORWARD_TWO_STAGES = 0.86
 # The SDPA backends, measured on the H200 (torch 2.11, cuDNN 9.19; benchmarks/results/h200/
 # attention.csv, bf16, of 989 TFLOP/s): the fraction at D=128 without a mask on large
 # problems, a factor per head dim, and one for a causal mask. Backward figures are derived
@@ -143,16 +146,22 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     programs = triton.cdiv(rows, own) * heads * p.batch
     waves = wave_efficiency(programs, arch.sm_count * resident)
     # K/V (forward) or Q/dO (backward) bytes per FLOP: a taller own block reuses them more.
+    # Per streamed block of `other` rows (2 * other * d bytes of each operand pair) a program
+    # does 4 * own * other * d FLOPs: 2 * own / itemsize FLOPs per byte.
     peak = _peak_flops(p, arch)
-    intensity = own / p.dtype.itemsize  # FLOPs per byte of the streamed operand
+    intensity = 2 * own / p.dtype.itemsize
     feed = min(1.0, intensity * arch.memory_bandwidth_gbs * 1e9 * L2_REUSE / peak)
-    # Tensor cores want a tall M per warpgroup and a wide N per step; tiny tiles idle them. The
-    # backward keeps K/V (or Q/dO) on chip, so its step only needs to fill a wgmma's N (>= 32).
-    # (a 32-row dK/dV step ran 0.89x a 64-row one at d=128, sweep above.)
-    shape = min(1.0, own / 128) ** 0.5 * min(1.0, other / 64) ** 0.25
+    # Tensor cores want a tall M per warpgroup and a wide N per step; tiny tiles idle them.
+    # Forward: a warpgroup's wgmma is 64 rows tall, so 64 query rows per 4 warps fill it (the
+    # interleaved H200 sweep at d=128 S4096: fwd-tma 64x64 w4 s3 528 TFLOP/s, the best tile,
+    # against 460 for 128x64 w8 s3). The backward keeps K/V (or Q/dO) on chip, so its step
+    # only needs to fill a wgmma's N (>= 32); a 32-row dK/dV step ran 0.89x a 64-row one at
+    # d=128 (same sweep), which `own / 128` reproduces.
+    rows = own / max(1, config.num_warps // 4) / 64 if forward else own / 128
+    shape = min(1.0, rows) ** 0.5 * min(1.0, other / 64) ** 0.25
     latency = 1.0 if resident >= 2 or config.num_stages >= 2 else 0.85
-    if not forward and config.num_stages < 3:
-        latency *= BACKWARD_TWO_STAGES
+    if config.num_stages < 3:
+        latency *= BACKWARD_TWO_STAGES if not forward else FORWARD_TWO_STAGES
     pressure = register_pressure(accumulator_registers(config) + REGISTER_RESERVE)
     warps = EIGHT_WARPS if forward and config.num_warps >= 8 else 1.0
     softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n) if forward else 1.0

@@ -5,7 +5,9 @@ optional causal mask on square problems (SDPA's fused backends take is_causal on
 seqlen_q == seqlen_kv, and their top-left alignment would differ from ours otherwise).
 Dropout is refused: its random stream is not ours, so the backward could not replay it.
 
-Inference forward (no LSE kept): public SDPA with one backend, GQA through enable_gqa.
+Inference forward (no LSE kept): cuDNN through its private op without the LSE (public SDPA
+under `sdpa_kernel` costs 15 us of host time a call for the context); flash through public
+SDPA with one backend, GQA through enable_gqa.
 
 Forward that keeps the log-sum-exp (training, or return_lse): cuDNN through its private
 ATen op `_scaled_dot_product_cudnn_attention` (MHA and GQA), or flash through
@@ -85,10 +87,10 @@ def _lse_bhs(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return lse if lse.stride(-1) == 1 else lse.contiguous()
 
 
-def cudnn_forward_op(q, k, v, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """cuDNN's forward that keeps the LSE: (out in Q's layout, LSE (B, H, S, 1) fp32)."""
+def cudnn_forward_op(q, k, v, scale: float, causal: bool, keep_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN's forward: (out in Q's layout, LSE (B, H, S, 1) fp32 when `keep_lse`)."""
     # (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask)
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False,
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, keep_lse, 0.0, causal, False,
                                                                       scale=scale)
     return out, lse
 
@@ -105,9 +107,9 @@ def cudnn_backward_op(grad_out, q, k, v, out, lse4, scale: float, causal: bool):
 
 def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_lse: bool) -> None:
     """Fills `result.out` (and `result.lse` when it is needed) from SDPA."""
-    if needs_lse and family is Family.SDPA_CUDNN:
-        out, lse = cudnn_forward_op(q, k, v, scale, causal)
-        result.out, result.lse = out, _lse_bhs(lse, q)
+    if family is Family.SDPA_CUDNN:  # the private op: public SDPA would cost a backend context per call
+        out, lse = cudnn_forward_op(q, k, v, scale, causal, keep_lse=needs_lse)
+        result.out, result.lse = out, _lse_bhs(lse, q) if needs_lse else None
         return
     if needs_lse:
         out, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
