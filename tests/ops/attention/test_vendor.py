@@ -246,7 +246,7 @@ def test_cudnn_forward_feeds_the_triton_backward(monkeypatch, heads_kv, bshd, ca
     options = AttentionOptions(causal=parse_causal(causal), needs_lse=True)
     fwd_ops = check_operands(q, k, v, options=options)
 
-    def stand_in_forward(q_, k_, v_, scale, causal_):
+    def stand_in_forward(q_, k_, v_, scale, causal_, keep_lse=True):
         out, lse = reference_from(*(t.to("cpu", torch.float64) for t in (q_, k_, v_)), fwd_ops.problem, scale=scale)
         return out.to(q_.device, q_.dtype), lse.to(q_.device, torch.float32).unsqueeze(-1)  # cuDNN's shapes
 
