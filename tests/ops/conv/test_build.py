@@ -38,6 +38,9 @@ BUILDS = {  # kernel -> the specialisations built for it
     "conv_bwdw_fp16_direct_32x8_w2_k3_none_sm90": (DEPTHWISE,),
     "conv_fwd_bf16_direct_16x64_w4_k1_win3r8_none_sm90": (DEPTHWISE,),
     "conv_bwdd_fp16_direct_16x64_w4_k1_win7r4_none_sm90": (DEPTHWISE,),
+    "conv_fwd_bf16_igemm-tma_8x16x128x64_w8_s3_k1_none_sm90": (DENSE,),
+    "conv_bwdw_bf16_igemm-tma_1x128x128x128_w8_s3_k4ws_none_sm90": (DENSE,),
+    "conv_bwdw_bf16_igemm-tma_8x16x128x128_w8_s3_k1_none_sm90": (DENSE,),
 }
 
 
@@ -135,3 +138,19 @@ def test_sliding_windows_load_each_source_vector_once_a_filter_row(built):
         assert code.count("ld.global.v4.b32") == run + window - 1, name
         assert code.count("ld.global.b16") == window * 8, name
         assert code.count("fma.rn.f32") == run * window * 8, name
+
+
+def test_tma_family_moves_boxes_by_tma_into_wgmma(built):
+    """igemm-tma: operands by cp.async.bulk.tensor (5-D activation boxes, the forward's 2-D weight box),
+    MMAs by wgmma, no pointer loads in the loop. Forward and one-row backward-weight boxes feed
+    wgmma from shared memory; a taller backward-weight box copies dy^T to registers (ldmatrix)."""
+    cache, registry, _ = built
+    forward = ptx(cache, registry.get("conv_fwd_bf16_igemm-tma_8x16x128x64_w8_s3_k1_none_sm90"), DENSE)
+    one_row = ptx(cache, registry.get("conv_bwdw_bf16_igemm-tma_1x128x128x128_w8_s3_k4ws_none_sm90"), DENSE)
+    tall = ptx(cache, registry.get("conv_bwdw_bf16_igemm-tma_8x16x128x128_w8_s3_k1_none_sm90"), DENSE)
+    for code in (forward, one_row, tall):
+        assert "cp.async.bulk.tensor.5d" in code and "wgmma.mma_async" in code and "mbarrier.try_wait" in code
+        assert "ld.global" not in code  # every operand comes by TMA (bias and residual are off)
+    assert "cp.async.bulk.tensor.2d" in forward
+    assert "ldmatrix" not in forward and "ldmatrix" not in one_row and "ldmatrix" in tall
+    assert "st.global.v4" in forward  # the epilogue stores 16-byte vectors of channels

@@ -26,7 +26,8 @@ def ranked(dispatcher, p, family: Family):
     return [c.spec for c in dispatcher.explain(ops.problem).ranked if c.spec.family == family.value]
 
 
-@pytest.mark.parametrize("family", list(Family), ids=lambda f: f.value)
+@pytest.mark.parametrize("family", [f for f in Family if f is not Family.IMPLICIT_GEMM_TMA],  # its own tests below
+                         ids=lambda f: f.value)
 @pytest.mark.parametrize("dims", [1, 2, 3])
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -122,4 +123,64 @@ def test_every_sliding_window_tile_on_the_gpu(dispatcher, direction, case, dtype
     specs = [s for s in ranked(dispatcher, p, Family.DIRECT) if s.config.window]
     assert specs, f"no window kernel for {p.describe()}"
     for spec in specs:
+        run_and_check(dispatcher, p, spec.name)
+
+
+# -- igemm-tma: stride-1 forward and backward-weight through tensor descriptors (sm_90+) ----------------
+TMA_SHAPES = {  # the suite's dense convs, batch cut; C/G a multiple of the forward's 64-channel steps
+    "resnet50_3x3": (4, 256, 256, 1, (14, 14), (3, 3), 1, 1),
+    "resnet50_1x1": (4, 1024, 256, 1, (14, 14), (1, 1), 0, 1),
+    "unet_3x3": (2, 128, 128, 1, (64, 64), (3, 3), 1, 1),
+    "dilated_3x3_d2": (2, 256, 256, 1, (32, 32), (3, 3), 2, 2),
+    "conv3d_video_3x3x3": (1, 64, 64, 1, (8, 28, 28), (3, 3, 3), 1, 1),
+    "conv1d": (4, 256, 128, 1, (300,), (5,), 2, 1),
+    "grouped_g2_odd": (3, 256, 128, 2, (13, 11), (3, 3), 1, 1),
+}
+
+
+def tma_specs(dispatcher, p):
+    return ranked(dispatcher, p, Family.IMPLICIT_GEMM_TMA)
+
+
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+def test_every_tma_tile_on_the_gpu(dispatcher, direction):
+    """Every default igemm-tma tile (backward-weight: unsplit, split 4 and atomic) on an odd 13x11 map:
+    partial boxes in H and W, the TMA zero fill as padding, wgmma from shared memory and registers."""
+    if not ARCH.has("tma"):
+        pytest.skip(f"{ARCH.name} has no TMA")
+    p = problem(direction, 2, 256, 256, 1, (13, 11), (3, 3), 1, 1, 1, "bf16")
+    specs = [s for s in tma_specs(dispatcher, p) if s.config.split_k in (1, 4) or s.config.split_mode.value == "at"]
+    assert len(specs) >= 10
+    for spec in specs:
+        run_and_check(dispatcher, p, spec.name)
+
+
+@pytest.mark.parametrize("case", TMA_SHAPES, ids=str)
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_tma_suite_shapes(dispatcher, direction, case, dtype):
+    """The two best-ranked igemm-tma kernels of each shape (what the benchmark times first)."""
+    if not ARCH.has("tma"):
+        pytest.skip(f"{ARCH.name} has no TMA")
+    if dtype == "fp16" and case not in ("resnet50_3x3", "conv3d_video_3x3x3", "conv1d"):
+        pytest.skip("fp16 on three shapes: the kernels are the bf16 ones, retyped")
+    n, c, k, g, size, filt, pad, dil = TMA_SHAPES[case]
+    p = problem(direction, n, c, k, g, size, filt, 1, pad, dil, dtype)
+    specs = tma_specs(dispatcher, p)
+    assert specs, f"no igemm-tma kernel for {p.describe()}"
+    for spec in specs[:2]:
+        run_and_check(dispatcher, p, spec.name)
+
+
+def test_tma_forward_epilogue_on_the_gpu(dispatcher):
+    from tiledispatch.ops.conv.problem import ConvEpilogue
+    from tiledispatch.ops.gemm.problem import Activation
+
+    p = problem("forward", 4, 256, 256, 1, (14, 14), (3, 3), 1, 1, 1, "bf16",
+                epilogue=ConvEpilogue(True, Activation.GELU, True))
+    if not ARCH.has("tma"):
+        pytest.skip(f"{ARCH.name} has no TMA")
+    specs = tma_specs(dispatcher, p)
+    assert specs
+    for spec in specs[:4]:
         run_and_check(dispatcher, p, spec.name)

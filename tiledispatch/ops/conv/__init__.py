@@ -12,6 +12,7 @@ from .config import (
     Family,
     ImplicitGemmConfig,
     SplitMode,
+    TmaConfig,
     VendorConfig,
 )
 from .operands import ConvOperands, check_operands
@@ -39,7 +40,8 @@ OP = OpDefinition(
     kernel_units=kernel_units,
     specialization_of=lambda problem: problem.specialization,
     # Built ahead of time: aligned and unaligned data. Pointwise (igemm) and depthwise
-    # (direct) variants are compiled into the cache on first use.
+    # (direct) variants are compiled into the cache on first use. (igemm-tma takes aligned
+    # data only: its unaligned build is never launched.)
     specializations=(ConvSpecialization(), ConvSpecialization(aligned=False)),
     plan=plan,
     rule_score=rule_score,
@@ -118,6 +120,7 @@ __all__ = [
     "ImplicitGemmConfig",
     "SourceLayout",
     "SplitMode",
+    "TmaConfig",
     "VendorConfig",
     "auto_correct",
     "check_operands",

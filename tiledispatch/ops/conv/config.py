@@ -12,6 +12,7 @@ class Family(enum.Enum):
     """A kernel family is one kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
 
     IMPLICIT_GEMM = "igemm"  # tensor-core tiles over (pixels x channels), groups on the grid
+    IMPLICIT_GEMM_TMA = "igemm-tma"  # the same GEMMs with boxes of pixels moved by TMA (sm_90+, stride 1)
     DIRECT = "direct"  # no tensor cores: channel vectors, for depthwise and few channels per group
     VENDOR = "vendor"  # cuDNN through PyTorch
 
@@ -78,6 +79,51 @@ class ImplicitGemmConfig:
 
 
 @dataclass(frozen=True)
+class TmaConfig:
+    """An implicit GEMM over boxes of tile_h x tile_w output pixels that TMA moves (kernels/implicit_gemm_tma.py).
+
+    Forward and backward-weight of stride-1 convs on sm_90+. The channel blocks are
+    named by what they block, the same in both directions: `block_out` output channels
+    (K/G: forward's N, backward-weight's M) and `block_in` input channels (C/G:
+    forward's reduction step, backward-weight's N). Forward's M and backward-weight's
+    reduction step are the tile's pixels. Name: ``igemm-tma_{tile_h}x{tile_w}x{block_out}x{block_in}``.
+    """
+
+    signature: ConvSignature
+    tile_h: int
+    tile_w: int
+    block_out: int
+    block_in: int
+    num_warps: int = 8
+    num_stages: int = 3
+    split_k: int = 1  # backward-weight only: programs sharing one tile of dw
+    split_mode: SplitMode = SplitMode.WORKSPACE
+    family: Family = Family.IMPLICIT_GEMM_TMA
+
+    @property
+    def name(self) -> str:
+        split = f"k{self.split_k}" + (self.split_mode.value if self.split_k > 1 else "")
+        return (f"conv_{self.signature.name}_{self.family.value}_{self.tile_h}x{self.tile_w}x{self.block_out}"
+                f"x{self.block_in}_w{self.num_warps}_s{self.num_stages}_{split}_{self.signature.epilogue.name}")
+
+    @property
+    def pixels(self) -> int:
+        """Output pixels a box holds: forward's M, backward-weight's reduction step."""
+        return self.tile_h * self.tile_w
+
+    @property
+    def gemm_tile(self) -> tuple[int, int, int]:
+        """(M, N, reduction step) of the GEMM tile in the direction's own terms (as ImplicitGemmConfig's)."""
+        if self.signature.direction is Direction.BWD_WEIGHT:
+            return self.block_out, self.block_in, self.pixels
+        return self.pixels, self.block_out, self.block_in
+
+    @property
+    def workspace_slabs(self) -> int:
+        return 1 if self.split_mode is SplitMode.ATOMIC else self.split_k
+
+
+@dataclass(frozen=True)
 class DirectConfig:
     """Direct convolution: block_p pixels x block_c channels per program, fp32 FMAs, no tensor cores.
 
@@ -126,4 +172,4 @@ class VendorConfig:
         return f"conv_{self.signature.name}_vendor_{self.signature.epilogue.name}"
 
 
-AnyConvConfig = ImplicitGemmConfig | DirectConfig | VendorConfig
+AnyConvConfig = ImplicitGemmConfig | TmaConfig | DirectConfig | VendorConfig

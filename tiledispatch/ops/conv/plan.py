@@ -1,8 +1,9 @@
 """What to compile for a conv config, and how to launch it on checked operands.
 
-Every Triton kernel of the op takes one argument list (tensors, 3-D geometry, strides
-of the non-channel dims), so one binder serves both families and all directions; a
-split backward-weight adds the `conv_weight_reduce` stage.
+Every pointer-based Triton kernel of the op takes one argument list (tensors, 3-D
+geometry, strides of the non-channel dims), so one binder serves the igemm and direct
+families in all directions; the igemm-tma family takes tensor descriptors instead
+(`_tma_unit`, `_tma_bound`). A split backward-weight adds the `conv_weight_reduce` stage.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from .config import (
     Family,
     ImplicitGemmConfig,
     SplitMode,
+    TmaConfig,
     VendorConfig,
 )
-from .operands import ConvOperands, channels_last_empty
+from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
-FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct"}
+FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
+                  Family.IMPLICIT_GEMM_TMA: f"{_KERNELS}.implicit_gemm_tma"}
 _SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue")
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
 FUNCTIONS = {
@@ -39,6 +42,8 @@ FUNCTIONS = {
     (Family.DIRECT, Direction.FORWARD): "conv_fwd_direct",
     (Family.DIRECT, Direction.BWD_DATA): "conv_bwd_data_direct",
     (Family.DIRECT, Direction.BWD_WEIGHT): "conv_bwd_weight_direct",
+    (Family.IMPLICIT_GEMM_TMA, Direction.FORWARD): "conv_fwd_igemm_tma",
+    (Family.IMPLICIT_GEMM_TMA, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_tma",
 }
 # Direct configs with a window (depthwise forward and backward-data by sliding windows along W).
 WINDOW_FUNCTIONS = {Direction.FORWARD: "conv_fwd_direct_window", Direction.BWD_DATA: "conv_bwd_data_direct_window"}
@@ -130,8 +135,126 @@ def splits(config: AnyConvConfig) -> bool:
 def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
-    main = _main_unit(config, specialization)
+    main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
+
+
+# -- the igemm-tma family: tensor descriptors ------------------------------------------------------
+TMA_GEOMETRY = ("N", "G", "CG", "KG", "OD", "OH", "OW", "FZ", "FY", "FX", "PD", "PH", "PW", "DD", "DH", "DW")
+# (descriptor or pointer arguments, the stride arguments) of each direction's kernel
+TMA_ARGUMENTS = {
+    Direction.FORWARD: (("x_desc", "w_desc", "y_ptr", "bias_ptr", "res_ptr"),
+                        ("syn", "syd", "syh", "syw", "srn", "srd", "srh", "srw")),
+    Direction.BWD_WEIGHT: (("x_desc", "dy_desc", "w_ptr", "ws_ptr"), ("swk", "swz", "swy", "swx")),
+}
+
+
+def tma_blocks(config: TmaConfig) -> dict[str, tuple[int, ...]]:
+    """The box each descriptor moves: activations 5-D [N, D, H, W, channels], the forward's weight 2-D."""
+    box = lambda channels: (1, 1, config.tile_h, config.tile_w, channels)  # noqa: E731
+    if config.signature.direction is Direction.FORWARD:
+        return {"x_desc": box(config.block_in), "w_desc": (config.block_out, config.block_in)}
+    return {"x_desc": box(config.block_in), "dy_desc": box(config.block_out)}
+
+
+def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUnit:
+    sig = config.signature
+    direction = sig.direction
+    t = sig.types.dtype.triton
+    tensors, strides = TMA_ARGUMENTS[direction]
+    blocks = tma_blocks(config)
+    kinds = {name: f"tensordesc<{t}[{','.join(map(str, blocks[name]))}]>" for name in blocks} | {"ws_ptr": "*fp32"}
+    signature = ([(name, kinds.get(name, f"*{t}")) for name in tensors] + [(n, "i32") for n in TMA_GEOMETRY]
+                 + [(n, "i64") for n in strides])
+    constexprs = {"TILE_H": config.tile_h, "TILE_W": config.tile_w}  # in the kernel's parameter order
+    if direction is Direction.FORWARD:
+        constexprs |= {"BLOCK_N": config.block_out, "BLOCK_K": config.block_in, "HAS_BIAS": sig.epilogue.bias,
+                       "ACTIVATION": ACTIVATION_CODES[sig.epilogue.activation],
+                       "HAS_RESIDUAL": sig.epilogue.residual}
+    else:
+        constexprs |= {"BLOCK_M": config.block_out, "BLOCK_N": config.block_in, "SPLIT_K": config.split_k,
+                       "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1}
+    constexprs["DOT_PRECISION"] = "tf32" if sig.types.allow_tf32 else "ieee"
+    # `supports` takes only 16-byte aligned data (TMA's rule): pointers, strides and C/G, K/G counts
+    # are multiples of 16 bytes, which lets the epilogue store 16-byte vectors.
+    divisibility = ()
+    if specialization.groups_aligned:
+        vector = 16 // sig.types.dtype.itemsize
+        divisibility = tuple((name, 16) for name in tensors if name.endswith("_ptr") and name != "bias_ptr")
+        divisibility += tuple((name, vector) for name in (*strides, "CG", "KG"))
+    module = FAMILY_MODULES[Family.IMPLICIT_GEMM_TMA]
+    return KernelUnit(
+        stage="main", module=module, function=FUNCTIONS[(Family.IMPLICIT_GEMM_TMA, direction)],
+        signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
+        constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
+        modules=(module, *_SHARED_MODULES), divisibility=divisibility,
+    )
+
+
+def activation_descriptor(t: torch.Tensor, block: tuple[int, ...]):
+    """A 5-D descriptor [N, D, H, W, channels] of a channels-last (N, C, *spatial) tensor.
+
+    1-D and 2-D tensors get unit D (and H) dims. A dim of size one is never stepped
+    over, so its stride is set to one TMA accepts: the packed stride, rounded up to a
+    multiple of 16 bytes. The copy engine zero-fills what a box reads outside the shape.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    spatial = (1,) * (5 - t.dim()) + tuple(t.shape[2:])
+    spatial_strides = (0,) * (5 - t.dim()) + tuple(t.stride()[2:])
+    shape = [t.shape[0], *spatial, t.shape[1]]
+    strides = [t.stride(0), *spatial_strides, 1]
+    unit = 16 // t.element_size()
+    for i in range(3, -1, -1):
+        if shape[i] == 1:
+            strides[i] = triton.cdiv(strides[i + 1] * shape[i + 1], unit) * unit
+    return TensorDescriptor(t, shape, strides, list(block))
+
+
+def weight_matrix_descriptor(w: torch.Tensor, block: tuple[int, int]):
+    """The weight (K, C/G, *filter) as a 2-D descriptor [K, taps * C/G]: row k is GKZYXC's (tap, c) run.
+
+    A weight that is not dense in that order (a view with other strides) is copied into
+    it first: weights are small beside the activations.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    k, cg, taps = w.shape[0], w.shape[1], math.prod(w.shape[2:])
+    dense = to_channels_last(w) if not _dense_weight(w) else w
+    return TensorDescriptor(dense, [k, taps * cg], [taps * cg, 1], list(block))
+
+
+def _dense_weight(w: torch.Tensor) -> bool:
+    """Whether w (K, C/G, *filter) is laid out as GKZYXC with no gaps (channels-last, packed)."""
+    expected, stride = {}, 1
+    for dim in (1, *range(w.dim() - 1, 1, -1), 0):
+        expected[dim] = stride
+        stride *= w.shape[dim]
+    return all(w.shape[d] == 1 or w.stride(d) == expected[d] for d in range(w.dim()))
+
+
+def _tma_bound(config: TmaConfig, ops: ConvOperands, out: torch.Tensor, workspace) -> dict:
+    """The arguments of an igemm-tma kernel by name: descriptors, geometry, output and residual strides."""
+    p = ops.problem
+    blocks = tma_blocks(config)
+    bound = {"x_desc": activation_descriptor(ops.x, blocks["x_desc"]),
+             **dict(zip(("OD", "OH", "OW"), p.padded3(p.output_size, 1))),
+             **dict(zip(("FZ", "FY", "FX"), p.padded3(p.filter_size, 1))),
+             **dict(zip(("PD", "PH", "PW"), p.padded3(p.padding, 0))),
+             **dict(zip(("DD", "DH", "DW"), p.padded3(p.dilation, 1))),
+             "N": p.n, "G": p.groups, "CG": p.c_per_group, "KG": p.k_per_group}
+    if p.direction is Direction.FORWARD:
+        dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
+        bound |= {"w_desc": weight_matrix_descriptor(ops.w, blocks["w_desc"]), "y_ptr": out,
+                  "bias_ptr": ops.bias if ops.bias is not None else dummy,
+                  "res_ptr": ops.residual if ops.residual is not None else dummy,
+                  **dict(zip(("syn", "syd", "syh", "syw"), _strides(out))),
+                  **dict(zip(("srn", "srd", "srh", "srw"), _strides(ops.residual)))}
+    else:
+        bound |= {"dy_desc": activation_descriptor(ops.dy, blocks["dy_desc"]), "w_ptr": out,
+                  "ws_ptr": workspace if workspace is not None else out,
+                  **dict(zip(("swk", "swz", "swy", "swx"), _strides(out)))}
+    return bound
 
 
 def _values(unit: KernelUnit, bound: dict) -> tuple:
@@ -157,6 +280,8 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     out = output_tensor(ops)
     if isinstance(config, VendorConfig):
         return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
+    if isinstance(config, TmaConfig):
+        return _tma_plan(config, ops, out)
     direction = p.direction
     x = out if direction is Direction.BWD_DATA else ops.x
     w = out if direction is Direction.BWD_WEIGHT else ops.w
@@ -192,12 +317,47 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
                                   f"are limited to {MAX_GRID_YZ}: use fewer groups or another kernel")
     launches = [Launch("main", grid, _values(units[0], bound))]
     if split:
-        total = p.k * taps * p.c_per_group
-        _fz, fy, fx = dims["F"]
-        reduce_bound = {"ws_ptr": workspace, "w_ptr": w, "TOTAL": total, "CG": p.c_per_group, "TAPS": taps,
-                        "FY": fy, "FX": fx, **dict(zip(("swk", "swz", "swy", "swx"), _strides(w)))}
-        launches.append(Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), _values(units[1], reduce_bound)))
+        launches.append(_reduce_launch(units[1], workspace, w, p, taps))
     return Plan(tuple(launches), out)
+
+
+def _reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p, taps: int) -> Launch:
+    """The second stage of a split backward-weight: the workspace slabs summed into dw."""
+    total = p.k * taps * p.c_per_group
+    _fz, fy, fx = p.padded3(p.filter_size, 1)
+    bound = {"ws_ptr": workspace, "w_ptr": w, "TOTAL": total, "CG": p.c_per_group, "TAPS": taps,
+             "FY": fy, "FX": fx, **dict(zip(("swk", "swz", "swy", "swx"), _strides(w)))}
+    return Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), _values(unit, bound))
+
+
+def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
+    p = ops.problem
+    taps = math.prod(p.filter_size)
+    split = splits(config)
+    workspace = None
+    if split:
+        make = torch.zeros if config.workspace_slabs == 1 else torch.empty  # atomic adds need a zeroed buffer
+        workspace = make(config.workspace_slabs * p.k * taps * p.c_per_group, dtype=torch.float32,
+                         device=out.device)
+    units = kernel_units(config, p.specialization)
+    grid = _tma_grid(config, p, taps)
+    if grid[1] > MAX_GRID_YZ or grid[2] > MAX_GRID_YZ:
+        raise InvalidProblemError(f"{config.name} needs a grid of {grid} programs for this conv; axes 1 and 2 "
+                                  f"are limited to {MAX_GRID_YZ}: use fewer groups or another kernel")
+    launches = [Launch("main", grid, _values(units[0], _tma_bound(config, ops, out, workspace)))]
+    if split:
+        launches.append(_reduce_launch(units[1], workspace, out, p, taps))
+    return Plan(tuple(launches), out)
+
+
+def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
+    cdiv = triton.cdiv
+    od, oh, ow = p.padded3(p.output_size, 1)
+    if p.direction is Direction.FORWARD:
+        boxes = p.n * od * cdiv(oh, config.tile_h) * cdiv(ow, config.tile_w)
+        return (boxes * cdiv(p.k_per_group, config.block_out), p.groups, 1)
+    tiles = cdiv(p.k_per_group, config.block_out) * cdiv(p.c_per_group, config.block_in)
+    return (taps * tiles, p.groups, config.split_k)
 
 
 def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int, int, int]:

@@ -4,6 +4,8 @@ Each family sees the problem as what it computes:
 - igemm: a GEMM per group (`gemm_view`), stretched by the padding of edge tiles, the
   channel padding of each tap's reduction step, the idle slots of the last wave, and
   for backward-data with stride > 1 the taps that hit no output pixel;
+- igemm-tma: the same GEMM in boxes of pixels, stretched by the boxes' overhang past the
+  output's edges (in H and W apart), with a step's issue cost of its own (`tma_score`);
 - direct: a stream of the bytes, at the bandwidth a tile's vector loads can keep in
   flight, or the CUDA-core FMA rate if that is slower;
 - vendor: cuDNN at the fraction of the ideal that ANCHORS.md measured for its kind of
@@ -25,10 +27,11 @@ from .config import (
     DirectConfig,
     ImplicitGemmConfig,
     SplitMode,
+    TmaConfig,
     VendorConfig,
 )
 from .problem import ConvProblem, Direction
-from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
+from .rules import REGISTER_RESERVE, accumulator_registers, register_a_operand, shared_memory_bytes
 
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
@@ -142,6 +145,22 @@ INSTRUCTIONS_PER_LOAD = 12
 WEIGHT_INSTRUCTIONS_PER_LOAD = 29
 ISSUE_PER_SM_CYCLE = 4  # warp-instructions an SM issues a cycle (four schedulers)
 CLOCK_HZ = 1.75e9
+# igemm-tma (kernels/implicit_gemm_tma.py). FIRST GUESSES, not yet measured: calibrate them on the
+# H200 from conv.csv with the family timed (benchmarks/conv.py --top 4, then
+# benchmarks/evaluate_conv_rules.py).
+# Fraction of the tensor-core peak at its best, after its own terms: gemm's tma-persistent reached
+# 0.80 at 4096^3 (ops/gemm/ranking.py); a conv kernel is not persistent (its prologue and its
+# masked-store epilogue are not hidden behind a neighbour tile's loads) and its boxes are smaller.
+TMA_FRACTION = 0.65
+# A step's issue cost a warp besides its MMAs: the barrier wait, the carried (tap, channel block)
+# or pixel box, and two TMA issues (one thread). sm_90 PTX of the 8x16x128x64 forward: ~40.
+TMA_STEP_INSTRUCTIONS = 40
+# Backward-weight boxes taller than one row feed wgmma's A (dy^T) from registers
+# (rules.register_a_operand): ldmatrix of the fragment and two CTA barriers a step in the PTX,
+# and wgmma waits on them: a guess at their cost.
+TMA_REGISTER_A_INSTRUCTIONS = 24
+TMA_REGISTER_A_EFFICIENCY = 0.85
+TMA_BANDWIDTH_FRACTION = 0.80  # gemm's tma-persistent streamed 3.8-4.0 of 4.8 TB/s
 
 
 @dataclass(frozen=True)
@@ -306,6 +325,54 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     return Score(value, terms)
 
 
+def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
+    """The igemm-tma kernels: boxes of pixels on the tensor cores, first-guess constants (see TMA_FRACTION)."""
+    peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
+    od, oh, ow = p.padded3(p.output_size, 1)
+    boxes = p.n * od * math.ceil(oh / config.tile_h) * math.ceil(ow / config.tile_w)
+    # A box past the output's edge computes its overhang all the same (zeros read, or rows masked out).
+    waste = {"box": tile_efficiency(oh, config.tile_h) * tile_efficiency(ow, config.tile_w)}
+    taps = math.prod(p.filter_size)
+    if p.direction is Direction.FORWARD:
+        waste["tile_n"] = tile_efficiency(p.k_per_group, config.block_out)
+        tiles = boxes * math.ceil(p.k_per_group / config.block_out) * p.groups
+        steps = taps * math.ceil(p.c_per_group / config.block_in)
+    else:
+        per_split = math.ceil(boxes / config.split_k)
+        waste |= {"tile_m": tile_efficiency(p.k_per_group, config.block_out),
+                  "tile_n": tile_efficiency(p.c_per_group, config.block_in),
+                  "split": boxes / (per_split * config.split_k)}
+        tiles = (taps * math.ceil(p.k_per_group / config.block_out) * math.ceil(p.c_per_group / config.block_in)
+                 * p.groups * config.split_k)
+        steps = per_split
+    threads = config.num_warps * 32
+    register_a = register_a_operand(config)
+    registers = accumulator_registers(config) + REGISTER_RESERVE
+    if register_a:
+        registers += math.ceil(config.block_out * config.pixels / threads)
+    resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
+                             registers_per_thread=min(registers, arch.registers_per_thread_max))
+    waves, concurrent = sm_efficiency(tiles, resident, config.num_warps, arch.sm_count)
+    latency = 1.0 if concurrent >= 2 else 0.9 if config.num_stages >= 3 else 0.8
+    efficiency = math.prod(waste.values()) * waves * latency * (TMA_REGISTER_A_EFFICIENCY if register_a else 1.0)
+    compute_s = p.flops() / (peak * efficiency)
+    memory_s = p.bytes() / (bandwidth * TMA_BANDWIDTH_FRACTION)
+    per_step = TMA_STEP_INSTRUCTIONS + (TMA_REGISTER_A_INSTRUCTIONS if register_a else 0)
+    issue_s = tiles * steps * config.num_warps * per_step / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
+    reduce_s = 0.0
+    if config.split_k > 1:
+        weights = p.k * p.c_per_group * taps
+        reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
+    bound_s = (compute_s**3 + memory_s**3 + issue_s**3) ** (1 / 3)
+    modelled = bound_s / TMA_FRACTION + LAUNCH_SECONDS + reduce_s
+    value = ideal_seconds(p, arch) / modelled
+    if config.split_k > 1 and config.split_mode is SplitMode.ATOMIC:
+        value *= NONDETERMINISTIC_PENALTY
+    terms = {**waste, "waves": waves, "latency": latency, "register_a": float(register_a),
+             "resident": float(resident), "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
+    return Score(value, terms)
+
+
 def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[float, int]:
     """Instructions a thread issues for the sliding-window kernel, and its registers.
 
@@ -432,4 +499,6 @@ def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
         return vendor_score(config, problem, arch)
     if isinstance(config, DirectConfig):
         return direct_score(config, problem, arch)
+    if isinstance(config, TmaConfig):
+        return tma_score(config, problem, arch)
     return igemm_score(config, problem, arch)

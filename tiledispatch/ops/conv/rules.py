@@ -11,6 +11,7 @@ import itertools
 import math
 from dataclasses import fields, replace
 
+from ...arch import Feature
 from ...core.dtypes import DType
 from ...core.errors import InvalidConfigError
 from ...core.validation import Correction, Finding, Severity, ValidationResult
@@ -21,6 +22,7 @@ from .config import (
     DirectConfig,
     ImplicitGemmConfig,
     SplitMode,
+    TmaConfig,
     VendorConfig,
 )
 from .problem import ConvProblem, Direction
@@ -39,6 +41,11 @@ DIRECT_MAX_CHANNELS_PER_GROUP = 16
 # every window x run pair is one FMA per channel in the unrolled body.
 MAX_WINDOW = 11
 MAX_RUN = 16
+# The igemm-tma family: a box dim of a tensor descriptor holds at most 256 elements (TMA's limit),
+# and a box of pixels is a power-of-two tile of 1..256 rows and columns.
+TMA_TILE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TMA_BOX_MAXIMUM = 256
+TMA_DTYPES = (DType.FP16, DType.BF16)
 
 
 class ConvRule(enum.Enum):
@@ -60,17 +67,38 @@ class ConvRule(enum.Enum):
     TF32 = "tf32"
     EPILOGUE_DIRECTION = "epilogue-direction"
     FAMILY_ARCH = "family-arch"
+    FAMILY_DIRECTION = "family-direction"
+    FAMILY_DTYPE = "family-dtype"
 
 
-def shared_memory_bytes(config: ImplicitGemmConfig) -> int:
-    """Shared memory of the software pipeline: one A and one B tile per stage (0 for direct configs)."""
+def shared_memory_bytes(config: ImplicitGemmConfig | TmaConfig) -> int:
+    """Shared memory of the software pipeline: one A and one B tile per stage."""
     item = config.signature.types.dtype.itemsize
-    return max(config.num_stages, 1) * (config.block_m + config.block_n) * config.block_k * item
+    if isinstance(config, TmaConfig):
+        block_m, block_n, block_k = config.gemm_tile
+    else:
+        block_m, block_n, block_k = config.block_m, config.block_n, config.block_k
+    return max(config.num_stages, 1) * (block_m + block_n) * block_k * item
 
 
-def accumulator_registers(config: ImplicitGemmConfig | DirectConfig) -> int:
+def register_a_operand(config: TmaConfig) -> bool:
+    """Whether wgmma reads this backward-weight's A operand (dy^T) from registers, not shared memory.
+
+    Triton 3.6 feeds wgmma's A from shared memory only when it is a descriptor load as
+    loaded (leading unit dims dropped, transposed at most): a box of several pixel rows,
+    merged into one reduction dim, is copied into registers each step (ldmatrix, and a
+    barrier to free its buffer). Forward takes its pixels as the B operand, which may be
+    reshaped in shared memory, so only backward-weight boxes taller than one row pay this.
+    """
+    return config.signature.direction is Direction.BWD_WEIGHT and config.tile_h > 1
+
+
+def accumulator_registers(config: ImplicitGemmConfig | TmaConfig | DirectConfig) -> int:
     """32-bit registers per thread that the fp32 accumulator tile needs."""
-    if isinstance(config, ImplicitGemmConfig):
+    if isinstance(config, TmaConfig):
+        elements = config.block_out * config.pixels if config.signature.direction is Direction.FORWARD else (
+            config.block_out * config.block_in)
+    elif isinstance(config, ImplicitGemmConfig):
         elements = config.block_m * config.block_n
     else:
         elements = config.block_p * config.block_c * config.run
@@ -132,6 +160,9 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
                   f"registers per thread over {config.num_warps} warps; at most {budget} fit",
                   "more warps or a smaller tile")
         return ValidationResult(tuple(out))
+    if isinstance(config, TmaConfig):
+        _tma_findings(config, arch, error, warning)
+        return ValidationResult(tuple(out))
 
     blocks = {"block_m": config.block_m, "block_n": config.block_n, "block_k": config.block_k}
     for field, value in blocks.items():
@@ -170,6 +201,59 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     return ValidationResult(tuple(out))
 
 
+def _tma_findings(config: TmaConfig, arch, error, warning) -> None:
+    """The igemm-tma family's rules (split_k and warps are checked with every family's)."""
+    sig = config.signature
+    if not arch.has(Feature.TMA):
+        error(ConvRule.FAMILY_ARCH, f"igemm-tma needs the tensor memory accelerator (sm_90+); {arch.name} has none",
+              "use the igemm family")
+    if sig.direction is Direction.BWD_DATA:
+        error(ConvRule.FAMILY_DIRECTION, "igemm-tma computes forward and backward-weight; backward-data is the "
+              "igemm family's", "use the igemm family")
+    if sig.types.dtype not in TMA_DTYPES:
+        error(ConvRule.FAMILY_DTYPE, f"igemm-tma is fp16/bf16 only, not {sig.types.name}: backward-weight's "
+              "operands are M- and N-major, which a tf32 wgmma cannot read", "use the igemm family")
+    for field in ("tile_h", "tile_w"):
+        value = getattr(config, field)
+        if value not in TMA_TILE_CHOICES:
+            error(ConvRule.TILE_POWER_OF_TWO, f"{field}={value} is not one of {TMA_TILE_CHOICES}")
+    for field in ("block_out", "block_in"):
+        value = getattr(config, field)
+        if not _power_of_two(value):
+            error(ConvRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
+                  f"use one of {BLOCK_CHOICES}")
+    gemm = dict(zip(("M", "N", "step"), config.gemm_tile))
+    if min(gemm.values()) < 16:
+        error(ConvRule.TENSOR_CORE_MINIMUM, f"the GEMM tile {gemm} is below the tensor-core minimum 16x16x16",
+              "use channel blocks >= 16 and tiles of >= 16 pixels")
+    if max(config.block_out, config.block_in, config.pixels) > TMA_BOX_MAXIMUM:
+        error(ConvRule.TILE_MAXIMUM, f"a box of {config.tile_h}x{config.tile_w} pixels and channel blocks "
+              f"{config.block_out}, {config.block_in}: TMA moves at most {TMA_BOX_MAXIMUM} rows and columns a box",
+              f"use at most {TMA_BOX_MAXIMUM} pixels and channels")
+    if config.num_stages not in STAGE_CHOICES:
+        error(ConvRule.STAGES, f"num_stages={config.num_stages} must be within 1..{STAGE_CHOICES[-1]}")
+    if config.num_warps in WARP_CHOICES and gemm["M"] * gemm["N"] < config.num_warps * 512:
+        warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps share a {gemm['M']}x{gemm['N']} tile: most "
+                "would idle", "use fewer warps or a larger tile")
+    if config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
+        error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
+              "use split_mode workspace, or split_k > 1")
+    smem = shared_memory_bytes(config)
+    if smem > arch.shared_memory_per_block_optin:
+        error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of the {gemm['M']}x{gemm['step']} and "
+              f"{gemm['step']}x{gemm['N']} boxes need {smem} B of shared memory; {arch.name} allows "
+              f"{arch.shared_memory_per_block_optin} B per block", "fewer stages or smaller blocks")
+    regs = accumulator_registers(config)
+    if register_a_operand(config):  # dy^T in registers, double-buffered (sm_90 ptxas: 128x256 w8 spills)
+        regs += math.ceil(config.block_out * config.pixels / (config.num_warps * 32))
+    budget = arch.registers_per_thread_max - REGISTER_RESERVE
+    if regs > budget:
+        error(ConvRule.REGISTER_BUDGET, f"the {gemm['M']}x{gemm['N']} accumulator"
+              + (" and the A operand" if register_a_operand(config) else "")
+              + f" need {regs} registers per thread over {config.num_warps} warps; at most {budget} fit",
+              "more warps or a smaller tile")
+
+
 def _window_findings(config: DirectConfig, error) -> None:
     if not 0 <= config.window <= MAX_WINDOW:
         error(ConvRule.WINDOW, f"window={config.window} must be within 0..{MAX_WINDOW} (0: the per-tap kernel)")
@@ -188,14 +272,12 @@ _TUNABLE = {
     ImplicitGemmConfig: {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
                          "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES},
     DirectConfig: {"block_p": DIRECT_BLOCK_CHOICES, "block_c": DIRECT_BLOCK_CHOICES, "num_warps": WARP_CHOICES},
+    TmaConfig: {"tile_h": TMA_TILE_CHOICES, "tile_w": TMA_TILE_CHOICES, "block_out": BLOCK_CHOICES,
+                "block_in": BLOCK_CHOICES, "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES},
 }
 # Rules about what is computed, not how: no tile change fixes them.
 _SEMANTIC = {ConvRule.DTYPE_ARCH, ConvRule.TF32, ConvRule.EPILOGUE_DIRECTION, ConvRule.FAMILY_ARCH,
-             ConvRule.WINDOW}
-
-
-def _distance(old, new, tunable) -> float:
-    return sum(abs(math.log2(getattr(new, f)) - math.log2(max(getattr(old, f), 1))) for f in tunable)
+             ConvRule.WINDOW, ConvRule.FAMILY_DIRECTION, ConvRule.FAMILY_DTYPE}
 
 
 def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Correction, ...]]:
@@ -221,13 +303,16 @@ def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Corr
         base = replace(base, group_m=max(config.group_m, 1),
                        split_mode=SplitMode.WORKSPACE if split == 1 else config.split_mode,
                        groups_per_tile=1 if config.signature.direction is Direction.BWD_WEIGHT else merge)
+    elif isinstance(config, TmaConfig):
+        base = replace(base, split_mode=SplitMode.WORKSPACE if split == 1 else config.split_mode)
     tunable = _TUNABLE[type(config)]
-    best, best_distance = None, math.inf
-    for values in itertools.product(*tunable.values()):
-        candidate = replace(base, **dict(zip(tunable, values)))
-        distance = _distance(config, candidate, tunable)
-        if distance < best_distance and validate(candidate, arch).ok:
-            best, best_distance = candidate, distance
+    # Every tile by its distance (stable: ties keep the product's order), validated nearest first.
+    steps = [{v: abs(math.log2(v) - math.log2(max(getattr(config, f), 1))) for v in choices}
+             for f, choices in tunable.items()]
+    tiles = sorted(itertools.product(*tunable.values()),
+                   key=lambda values: sum(step[v] for step, v in zip(steps, values)))
+    best = next((c for c in (replace(base, **dict(zip(tunable, values))) for values in tiles)
+                 if validate(c, arch).ok), None)
     if best is None:
         raise InvalidConfigError(f"no valid config near {config.name} on {arch.name}: {result.errors[0]}")
     rules = tuple(sorted(r.value for r in result.broken_rules()))
@@ -253,6 +338,8 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
         if config.groups_per_tile * depth > config.block_k:
             return (f"{config.groups_per_tile} merged groups of {depth} reduction channels exceed block_k="
                     f"{config.block_k}: a merged tile reads all its groups' channels in one block")
+    if isinstance(config, TmaConfig):
+        return _tma_refusal(config, problem)
     if isinstance(config, DirectConfig):
         per_group = max(problem.c_per_group, problem.k_per_group)
         if per_group > DIRECT_MAX_CHANNELS_PER_GROUP:
@@ -273,4 +360,24 @@ def _window_refusal(config: DirectConfig, problem: ConvProblem) -> str | None:
     if problem.stride[-1] != 1 or problem.dilation[-1] != 1:
         return (f"the sliding window needs stride 1 and dilation 1 along W; this conv has stride "
                 f"{problem.stride[-1]}, dilation {problem.dilation[-1]} (the per-tap direct kernel serves it)")
+    return None
+
+
+def _tma_refusal(config: TmaConfig, problem: ConvProblem) -> str | None:
+    """Why the igemm-tma kernel of `config` cannot compute `problem` (None: it can)."""
+    if not problem.unit_stride:
+        return (f"igemm-tma reads a tap's input pixels as one box, which holds only at stride 1; this conv has "
+                f"stride {problem.stride} (the igemm family serves it)")
+    if not problem.specialization.groups_aligned:
+        return ("igemm-tma reads through tensor descriptors: base pointers, pixel strides and the channel counts "
+                f"C, K, C/G, K/G must be multiples of 16 bytes (of {16 // problem.types.dtype.itemsize} "
+                f"{problem.types.dtype.value}); this conv has C={problem.c}, K={problem.k}, G={problem.groups} "
+                "or strides that are not (the igemm family serves it)")
+    if problem.direction is Direction.FORWARD and problem.c_per_group % config.block_in:
+        return (f"igemm-tma's forward steps through the weight's (tap, channel) rows in blocks of block_in="
+                f"{config.block_in} channels, which must not cross a tap or a group: C/G={problem.c_per_group} "
+                "is not a multiple of it")
+    if problem.spatial_dims == 1 and config.tile_h > 1:
+        return (f"a 1-D conv has one row of pixels: a {config.tile_h}x{config.tile_w} tile would compute "
+                f"{config.tile_h - 1} rows of zeros; a 1 x tile_w tile serves it")
     return None

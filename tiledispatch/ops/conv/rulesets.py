@@ -21,6 +21,7 @@ from .config import (
     DirectConfig,
     ImplicitGemmConfig,
     SplitMode,
+    TmaConfig,
     VendorConfig,
 )
 from .problem import ConvEpilogue, ConvTypes, Direction
@@ -47,6 +48,26 @@ class DirectTile:
     split_k: int = 1  # > 1: backward-weight only
     window: int = 0  # > 0: the sliding-window kernel for this filter width (forward and backward-data)
     run: int = 1  # output pixels along W a thread holds (window kernels only)
+
+
+@dataclass(frozen=True)
+class TmaTile:
+    """A box of tile_h x tile_w output pixels and two channel blocks (see TmaConfig)."""
+
+    tile_h: int
+    tile_w: int
+    block_out: int
+    block_in: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # > 1: backward-weight only
+    split_mode: SplitMode = SplitMode.WORKSPACE
+    directions: tuple[Direction, ...] = (Direction.FORWARD, Direction.BWD_WEIGHT)
+
+
+def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...]) -> tuple[TmaTile, ...]:
+    """Each backward-weight tile with each split of its pixel reduction."""
+    return tuple(replace(t, split_k=k, directions=(Direction.BWD_WEIGHT,)) for k in split_ks for t in tiles)
 
 
 def windows(tiles: tuple[DirectTile, ...], widths: tuple[int, ...]) -> tuple[DirectTile, ...]:
@@ -150,6 +171,57 @@ FULL_DIRECT = tuple(
     for p, c, w, k in itertools.product((8, 16, 32, 64, 128), (16, 32, 64, 128, 256), (2, 4, 8), (1, 8, 32))
 )
 
+# The igemm-tma family (kernels/implicit_gemm_tma.py): fp16/bf16, forward and backward-weight.
+# The interpreter's tiles: a 2-D box and a 1-D one (1-D convs take tile_h = 1 only), both split modes.
+TINY_TMA = (
+    TmaTile(4, 8, 16, 16, 4, 2),
+    TmaTile(1, 32, 32, 16, 4, 2),
+    TmaTile(4, 8, 16, 32, 4, 2, split_k=3, directions=(Direction.BWD_WEIGHT,)),
+)
+TESTS_TMA = TINY_TMA + (
+    TmaTile(2, 16, 32, 32, 4, 3),
+    TmaTile(1, 16, 16, 16, 4, 2, split_k=2, directions=(Direction.BWD_WEIGHT,)),
+    TmaTile(4, 4, 32, 16, 4, 2, split_k=2, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
+)
+# For sm_90: first guesses, to be timed on the H200 (benchmarks/conv.py --top). Boxes of 128-256
+# pixels shaped for the maps of the suite's dense convs (14x14: 8x16 and 16x16 boxes cover 256
+# pixels in 1-2 boxes; 28-128 wide: 4x32 and 1-row boxes); forward steps 64 input channels a box
+# (128 bytes: one TMA swizzle line). Backward-weight boxes one row tall keep dy^T in shared memory
+# for wgmma; taller ones copy it to registers (rules.register_a_operand): both are listed.
+DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD,)) for t in (
+    TmaTile(8, 16, 128, 64, 8, 3),
+    TmaTile(8, 16, 128, 64, 8, 4),
+    TmaTile(8, 16, 256, 64, 8, 3),
+    TmaTile(16, 8, 128, 64, 8, 3),
+    TmaTile(4, 32, 128, 64, 8, 3),
+    TmaTile(16, 16, 128, 64, 8, 3),
+    TmaTile(8, 8, 128, 64, 4, 4),
+    TmaTile(8, 16, 64, 64, 4, 4),
+    TmaTile(1, 128, 128, 64, 8, 3),
+    TmaTile(1, 128, 256, 64, 8, 3),
+))
+# Backward-weight runs taps x (K/G, C/G tiles) programs times the split: splits of 3, 6, 12 and 14
+# fill the 132 SMs where 9 or 27 taps leave powers of two a wave and a sliver (9 x 14 = 126).
+WEIGHT_TMA_TILES = (
+    TmaTile(1, 128, 128, 128, 8, 3),
+    TmaTile(1, 64, 128, 128, 8, 4),
+    TmaTile(8, 16, 128, 128, 8, 3),
+    TmaTile(16, 8, 128, 128, 8, 3),
+    TmaTile(4, 16, 128, 128, 8, 4),
+    TmaTile(8, 16, 64, 64, 4, 3),
+    TmaTile(1, 128, 64, 64, 4, 3),
+)
+WEIGHT_TMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 14, 16)
+DEFAULT_TMA = TESTS_TMA + DEFAULT_TMA_FORWARD + splits_of(WEIGHT_TMA_TILES, WEIGHT_TMA_SPLITS) + (
+    TmaTile(8, 16, 128, 128, 8, 3, split_k=8, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
+    TmaTile(1, 128, 128, 128, 8, 3, split_k=8, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
+)
+FULL_TMA = tuple(
+    TmaTile(h, w, bo, bi, warps, stages, k)
+    for (h, w), bo, bi, warps, stages, k in itertools.product(
+        ((1, 64), (1, 128), (4, 32), (8, 16), (16, 8), (16, 16)), (64, 128, 256), (64, 128), (4, 8), (3, 4), (1, 4, 16))
+)
+
 _CPU_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.FP32), ConvTypes(DType.FP32, allow_tf32=True))
 TYPES = _CPU_TYPES + (ConvTypes(DType.BF16),)  # no bf16 tl.dot in the interpreter: its arch drops them
 EPILOGUES = tuple(ConvEpilogue(bias, activation, residual)
@@ -162,11 +234,19 @@ def signatures(epilogues=EPILOGUES) -> Iterator[ConvSignature]:
             yield ConvSignature(direction, types, epilogue)
 
 
-def _bind(gemm_tiles, direct_tiles, epilogues=EPILOGUES) -> Iterator[AnyConvConfig]:
+TMA_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.BF16))  # rules.TMA_DTYPES
+
+
+def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES) -> Iterator[AnyConvConfig]:
     """Each tile for each signature (split tiles for backward-weight only), and the vendor path once per signature."""
     for sig in signatures(epilogues):
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
+        if sig.types in TMA_TYPES:
+            for t in tma_tiles:
+                if sig.direction in t.directions and (t.split_k == 1 or weight):
+                    yield TmaConfig(sig, t.tile_h, t.tile_w, t.block_out, t.block_in, t.num_warps, t.num_stages,
+                                    t.split_k, t.split_mode)
         for t in gemm_tiles:
             if (t.split_k == 1 or weight) and (t.groups_per_tile == 1 or not weight):
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
@@ -177,21 +257,21 @@ def _bind(gemm_tiles, direct_tiles, epilogues=EPILOGUES) -> Iterator[AnyConvConf
 
 
 def tiny() -> Iterator[AnyConvConfig]:
-    return _bind(TINY_GEMM, TINY_DIRECT)
+    return _bind(TINY_GEMM, TINY_DIRECT, TINY_TMA)
 
 
 def tests() -> Iterator[AnyConvConfig]:
-    return _bind(TESTS_GEMM, TESTS_DIRECT)
+    return _bind(TESTS_GEMM, TESTS_DIRECT, TESTS_TMA)
 
 
 def default() -> Iterator[AnyConvConfig]:
-    return _bind(DEFAULT_GEMM, DEFAULT_DIRECT)
+    return _bind(DEFAULT_GEMM, DEFAULT_DIRECT, DEFAULT_TMA)
 
 
 def full() -> Iterator[AnyConvConfig]:
     """Every default config, plus the whole tile space for each signature without epilogue."""
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL_GEMM, FULL_DIRECT, (ConvEpilogue(),))):
+    for config in itertools.chain(default(), _bind(FULL_GEMM, FULL_DIRECT, FULL_TMA, (ConvEpilogue(),))):
         if config not in seen:
             seen.add(config)
             yield config

@@ -1,0 +1,281 @@
+"""The igemm-tma family: stride-1 forward and backward-weight through tensor descriptors.
+
+On the CPU the interpreter executes the descriptors, so every tile of the `tests` rule
+set runs (fp16; the family is 16-bit only) on 1-D, 2-D and 3-D convs with padding,
+dilation, groups and partial pixel boxes, against the float64 reference, into a
+NaN-poisoned output. The rules, refusals and plan are checked without a launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tiledispatch import Dispatcher, Registry, arch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.ops.conv import (
+    ConvRule,
+    ConvSignature,
+    ConvTypes,
+    Direction,
+    Family,
+    SplitMode,
+    auto_correct,
+    check_operands,
+    supports,
+    validate,
+)
+from tiledispatch.ops.conv.config import TmaConfig
+from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.plan import kernel_units, plan, weight_matrix_descriptor
+from tiledispatch.ops.conv.problem import ConvEpilogue
+from tiledispatch.ops.conv.reference import compare
+from tiledispatch.ops.conv.rules import register_a_operand
+from tiledispatch.ops.conv.rulesets import TESTS_TMA
+from tiledispatch.ops.gemm.problem import Activation
+
+from .helpers import ARCH, DEVICE, ON_GPU, problem, run_and_check
+
+SM80, SM90 = arch.load("sm_80"), arch.load("sm_90")
+FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16))
+BWDW = ConvSignature(Direction.BWD_WEIGHT, ConvTypes(DType.FP16))
+GOOD = TmaConfig(FWD, 8, 16, 128, 64, 8, 3)
+TMA = Family.IMPLICIT_GEMM_TMA.value
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH).filter(lambda s: s.family == TMA), ARCH)
+
+
+def tma_kernels(dispatcher, p) -> list[str]:
+    """Every igemm-tma kernel that takes `p` (as check_operands sees it), best ranked first."""
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    return [c.spec.name for c in dispatcher.explain(ops.problem).ranked]
+
+
+# -- the copy engine's zero fill is the conv's padding ---------------------------------------------
+def test_a_box_reads_zeros_outside_the_tensor_negative_coordinates_included():
+    """What the family rests on, checked where the tests run (the interpreter, or a GPU)."""
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    @triton.jit
+    def box(desc, out_ptr, h0, w0, BH: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr):
+        t = desc.load([0, h0, w0, 0]).reshape(BH * BW, BC)
+        tl.store(out_ptr + tl.arange(0, BH * BW)[:, None] * BC + tl.arange(0, BC)[None, :], t)
+
+    x = torch.randn(1, 5, 6, 16, device=DEVICE).to(torch.float16)
+    desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 4, 8, 16])
+    padded = torch.zeros(1, 5 + 8, 6 + 16, 16, device=DEVICE, dtype=torch.float16)
+    padded[:, 4:9, 8:14] = x
+    for h0, w0 in ((-2, -3), (3, 2), (-4, -8), (4, 5)):
+        out = torch.full((32, 16), float("nan"), device=DEVICE, dtype=torch.float16)
+        box[(1,)](desc, out, h0, w0, 4, 8, 16)
+        want = padded[0, h0 + 4:h0 + 8, w0 + 8:w0 + 16].reshape(32, 16)
+        assert torch.equal(out, want), (h0, w0)
+
+
+# -- every tile of the tests rule set ----------------------------------------------------------
+CASES = {  # (n, c, k, g, size, filter, padding, dilation): odd sizes leave partial boxes in H and W
+    "2d-pad1": (2, 32, 32, 1, (7, 9), (3, 3), 1, 1),
+    "2d-nopad": (1, 32, 64, 1, (9, 6), (3, 2), 0, 1),
+    "2d-dilated-asym": (1, 32, 32, 1, (10, 7), (3, 3), (2, 1), (2, 1)),
+    "2d-groups": (1, 64, 64, 2, (5, 6), (3, 3), 1, 1),
+    "2d-1x1": (2, 32, 48, 1, (5, 5), (1, 1), 0, 1),
+    "2d-5x5-pad2": (1, 32, 32, 1, (6, 5), (5, 5), 2, 1),
+    "1d": (2, 32, 16, 1, (20,), (3,), 1, 1),
+    "1d-dilated-groups": (2, 64, 32, 2, (19,), (3,), 2, 2),
+    "3d": (1, 32, 16, 1, (3, 4, 5), (3, 3, 3), 1, 1),
+}
+
+
+def _tile_ids():
+    for t in TESTS_TMA:
+        for direction in t.directions:
+            yield direction, t
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+def test_every_tile(dispatcher, direction, case):
+    n, c, k, g, size, filt, pad, dil = CASES[case]
+    p = problem(direction, n, c, k, g, size, filt, 1, pad, dil)
+    names = tma_kernels(dispatcher, p)
+    tiles = [t for d, t in _tile_ids() if d is direction and (len(size) > 1 or t.tile_h == 1)
+             and (direction is Direction.BWD_WEIGHT or (c // g) % t.block_in == 0)]
+    assert len(names) == len(tiles), names  # every tile that should take it does
+    for seed, name in enumerate(names):
+        run_and_check(dispatcher, p, name, seed=seed)
+
+
+@pytest.mark.parametrize("epilogue", [ConvEpilogue(True, Activation.RELU, True), ConvEpilogue(True, Activation.GELU),
+                                      ConvEpilogue(False, Activation.SILU, True)], ids=lambda e: e.name)
+def test_forward_epilogue(dispatcher, epilogue):
+    p = problem("forward", 2, 32, 48, 1, (7, 9), (3, 3), 1, 1, epilogue=epilogue)
+    for name in tma_kernels(dispatcher, p):
+        run_and_check(dispatcher, p, name)
+
+
+def test_output_channels_past_a_group_are_masked(dispatcher):
+    """K/G = 16 with block_out = 32: the box of weights (forward) or dy (backward-weight) runs into the next
+    group's channels; those rows and columns of the tile must never reach the output."""
+    for direction in (Direction.FORWARD, Direction.BWD_WEIGHT):
+        p = problem(direction, 1, 64, 64, 4, (6, 7), (3, 3), 1, 1)  # C/G = K/G = 16
+        names = [n for n in tma_kernels(dispatcher, p) if "x32x" in n]
+        assert names
+        for name in names:
+            run_and_check(dispatcher, p, name)
+
+
+def test_split_modes_agree_and_the_workspace_is_deterministic(dispatcher):
+    p = problem("bwd_weight", 2, 32, 32, 1, (9, 8), (3, 3), 1, 1)
+    names = tma_kernels(dispatcher, p)
+    workspace = next(n for n in names if "k3ws" in n)
+    atomic = next(n for n in names if "at_" in n)
+    inputs = make_inputs(p, device=DEVICE, seed=3)
+    ops = check_operands(p.direction, **inputs.kwargs(p))
+    first = dispatcher.run(ops, kernel=workspace).clone()
+    assert torch.equal(dispatcher.run(ops, kernel=workspace), first)
+    assert compare(dispatcher.run(ops, kernel=atomic), ops).passed
+
+
+def test_weight_views_and_padded_pixel_strides():
+    """A weight that is not dense GKYXC is copied for the 2-D descriptor; activations with padded pixel
+    strides (a channels-last slice of a wider tensor) are read in place."""
+    p = problem("forward", 1, 32, 32, 1, (6, 7), (3, 3), 1, 1)
+    config = TmaConfig(FWD, 4, 8, 16, 16, 4, 2)
+    wide = torch.randn(32, 48, 3, 3, device=DEVICE).to(torch.float16).to(memory_format=torch.channels_last)
+    w = wide[:, 8:40]  # channels-last, row stride 9 * 48: not dense
+    x_wide = torch.randn(1, 64, 6, 7, device=DEVICE).to(torch.float16).to(memory_format=torch.channels_last)
+    x = x_wide[:, :32]
+    out = torch.full((1, 32, 6, 7), float("nan"), device=DEVICE, dtype=torch.float16).to(
+        memory_format=torch.channels_last)
+    ops = check_operands("forward", x=x, w=w, padding=1, out=out)
+    assert ops.problem.specialization.groups_aligned and supports(dataclasses.replace(
+        config, signature=ConvSignature.of(ops.problem)), ops.problem) is None
+    desc = weight_matrix_descriptor(w, (16, 16))
+    assert desc.base.data_ptr() != w.data_ptr() and desc.shape == [32, 9 * 32]
+    dense = w.contiguous(memory_format=torch.channels_last)
+    assert weight_matrix_descriptor(dense, (16, 16)).base.data_ptr() == dense.data_ptr()
+    d = Dispatcher(Registry.from_rule_set("conv", "tiny", ARCH), ARCH)
+    name = next(c.spec.name for c in d.explain(ops.problem).ranked if c.spec.family == TMA)
+    d.run(ops, kernel=name)
+    assert compare(out, ops).passed
+    assert p.output_size == ops.problem.output_size
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_refusals_say_why():
+    fwd = TmaConfig(FWD, 4, 8, 16, 32, 4, 2)
+    assert supports(fwd, problem("forward", 1, 32, 32, 1, (8, 8), (3, 3), 1, 1)) is None
+    assert "stride 1" in supports(fwd, problem("forward", 1, 32, 32, 1, (8, 8), (3, 3), 2, 1))
+    unaligned = problem("forward", 1, 36, 32, 1, (8, 8), (3, 3), 1, 1)
+    unaligned = dataclasses.replace(unaligned, specialization=unaligned.dense_specialization())
+    assert "16 bytes" in supports(fwd, unaligned)
+    assert "multiple" in supports(fwd, problem("forward", 1, 48, 32, 1, (8, 8), (3, 3), 1, 1))  # C/G 48 % 32
+    assert "1-D" in supports(fwd, problem("forward", 1, 32, 32, 1, (64,), (3,), 1, 1))
+    assert supports(dataclasses.replace(fwd, tile_h=1, tile_w=32), problem("forward", 1, 32, 32, 1, (64,), (3,),
+                                                                            1, 1)) is None
+    weight = TmaConfig(BWDW, 4, 8, 16, 32, 4, 2)  # backward-weight: any C/G (its blocks are masked on the store)
+    assert supports(weight, problem("bwd_weight", 1, 48, 40, 1, (8, 8), (3, 3), 1, 1)) is None
+    assert "bwd_data" in supports(weight, problem("bwd_data", 1, 32, 32, 1, (8, 8), (3, 3), 1, 1))
+
+
+def test_unaligned_and_strided_problems_get_no_tma_kernel(dispatcher):
+    for p in (problem("forward", 1, 36, 32, 1, (8, 8), (3, 3), 1, 1),
+              problem("bwd_weight", 1, 32, 32, 1, (9, 9), (3, 3), 2, 1)):
+        assert tma_kernels(dispatcher, p) == []
+        ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+        same = [c for c in dispatcher.explain(ops.problem).refused
+                if ConvSignature.of(ops.problem) == c.spec.config.signature]
+        assert same and all("igemm-tma" in c.refused for c in same)
+
+
+# -- rules -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, rule", [
+    ({"tile_h": 3}, ConvRule.TILE_POWER_OF_TWO),
+    ({"block_in": 48}, ConvRule.TILE_POWER_OF_TWO),
+    ({"block_in": 8}, ConvRule.TENSOR_CORE_MINIMUM),
+    ({"tile_h": 2, "tile_w": 4, "num_warps": 4}, ConvRule.TENSOR_CORE_MINIMUM),
+    ({"tile_h": 16, "tile_w": 32, "block_out": 32, "num_stages": 2}, ConvRule.TILE_MAXIMUM),
+    ({"tile_h": 1, "block_out": 16, "block_in": 16, "num_warps": 1, "num_stages": 9}, ConvRule.STAGES),
+    ({"num_stages": 8}, ConvRule.SHARED_MEMORY),
+    ({"tile_h": 16, "block_out": 256, "num_stages": 1}, ConvRule.REGISTER_BUDGET),
+    ({"split_k": 2}, ConvRule.SPLIT_K),
+    ({"signature": ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16))}, ConvRule.FAMILY_DIRECTION),
+    ({"signature": ConvSignature(Direction.FORWARD, ConvTypes(DType.FP32, True))}, ConvRule.FAMILY_DTYPE),
+])
+def test_each_rule_breaks_alone(change, rule):
+    assert validate(GOOD, SM90).ok
+    assert set(validate(dataclasses.replace(GOOD, **change), SM90).broken_rules()) == {rule}
+
+
+def test_family_arch_split_mode_and_register_a_operand():
+    assert set(validate(GOOD, SM80).broken_rules()) == {ConvRule.FAMILY_ARCH}
+    weight = TmaConfig(BWDW, 8, 16, 128, 128, 8, 3)
+    assert validate(weight, SM90).ok and register_a_operand(weight)
+    assert not register_a_operand(dataclasses.replace(weight, tile_h=1, tile_w=128))
+    assert not register_a_operand(GOOD)  # forward reads its pixels as wgmma's B
+    # dy^T in registers beside a 128x256 accumulator: ptxas spills it (sm_90, 8 warps)
+    assert ConvRule.REGISTER_BUDGET in validate(dataclasses.replace(weight, block_in=256, num_stages=2),
+                                                SM90).broken_rules()
+    assert validate(dataclasses.replace(weight, tile_h=1, tile_w=128, block_in=256, num_stages=2), SM90).ok
+    atomic = dataclasses.replace(weight, split_mode=SplitMode.ATOMIC)
+    assert set(validate(atomic, SM90).broken_rules()) == {ConvRule.SPLIT_MODE}
+
+
+def test_auto_correct():
+    bad = dataclasses.replace(GOOD, tile_h=16, tile_w=32, num_stages=9)
+    fixed, corrections = auto_correct(bad, SM90)
+    assert validate(fixed, SM90).ok and {c.field for c in corrections} >= {"num_stages"}
+    assert fixed.pixels <= 256
+    with pytest.raises(Exception, match="family-direction"):
+        auto_correct(dataclasses.replace(GOOD, signature=ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16))),
+                     SM90)
+
+
+def test_names_and_units():
+    assert GOOD.name == "conv_fwd_fp16_igemm-tma_8x16x128x64_w8_s3_k1_none"
+    weight = TmaConfig(BWDW, 1, 128, 128, 64, 8, 3, split_k=4)
+    assert weight.name == "conv_bwdw_fp16_igemm-tma_1x128x128x64_w8_s3_k4ws_none"
+    assert weight.gemm_tile == (128, 64, 128) and GOOD.gemm_tile == (128, 128, 64)
+    (main,) = kernel_units(GOOD)
+    kinds = dict(main.signature)
+    assert kinds["x_desc"] == "tensordesc<fp16[1,1,8,16,64]>" and kinds["w_desc"] == "tensordesc<fp16[128,64]>"
+    main, reduce = kernel_units(weight)
+    kinds = dict(main.signature)
+    assert kinds["dy_desc"] == "tensordesc<fp16[1,1,1,128,128]>" and kinds["ws_ptr"] == "*fp32"
+    assert reduce.stage == "reduce" and ("CG", 8) in main.divisibility
+
+
+def test_plan_grid():
+    p = problem("forward", 2, 64, 64, 2, (14, 14), (3, 3), 1, 1)
+    config = TmaConfig(FWD, 8, 16, 16, 16, 4, 2)
+    inputs = make_inputs(p, device=DEVICE)
+    ops = check_operands(p.direction, **inputs.kwargs(p))
+    (launch,) = plan(config, ops).launches
+    assert launch.grid == (2 * 2 * 1 * 2, 2, 1)  # (n, box rows, box cols) x K/G blocks, groups
+    w = problem("bwd_weight", 2, 64, 64, 2, (14, 14), (3, 3), 1, 1)
+    ops = check_operands(w.direction, **make_inputs(w, device=DEVICE).kwargs(w))
+    main, reduce = plan(TmaConfig(BWDW, 8, 16, 16, 32, 4, 2, split_k=3), ops).launches
+    assert main.grid == (9 * 2 * 1, 2, 3) and reduce.stage == "reduce"
+
+
+def test_ranking_prefers_boxes_that_fit_the_map():
+    from tiledispatch.ops.conv.ranking import rule_score
+
+    p = problem("forward", 32, 256, 256, 1, (14, 14), (3, 3), 1, 1, 1, "bf16")  # resnet50 3x3
+    sig = ConvSignature.of(p)
+    square = rule_score(TmaConfig(sig, 16, 16, 128, 64, 8, 3), p, SM90)
+    row = rule_score(TmaConfig(sig, 1, 128, 128, 64, 8, 3), p, SM90)
+    assert square.value > 2 * row.value and square.terms["box"] == pytest.approx((14 / 16) ** 2)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's arch")
+def test_registry_has_the_family_on_the_interpreter():
+    registry = Registry.from_rule_set("conv", "tiny", ARCH)
+    assert TMA in registry.counts()["by_family"]
