@@ -145,13 +145,12 @@ INSTRUCTIONS_PER_LOAD = 12
 WEIGHT_INSTRUCTIONS_PER_LOAD = 29
 ISSUE_PER_SM_CYCLE = 4  # warp-instructions an SM issues a cycle (four schedulers)
 CLOCK_HZ = 1.75e9
-# igemm-tma (kernels/implicit_gemm_tma.py). FIRST GUESSES, not yet measured: calibrate them on the
-# H200 from conv.csv with the family timed (benchmarks/conv.py --top 4, then
-# benchmarks/evaluate_conv_rules.py).
-# Fraction of the tensor-core peak at its best, after its own terms: gemm's tma-persistent reached
-# 0.80 at 4096^3 (ops/gemm/ranking.py); a conv kernel is not persistent (its prologue and its
-# masked-store epilogue are not hidden behind a neighbour tile's loads) and its boxes are smaller.
-TMA_FRACTION = 0.65
+# igemm-tma (kernels/implicit_gemm_tma.py). Fraction of the tensor-core peak at its best, after
+# its own terms, per direction: fitted to the H200 (benchmarks/results/h200/conv_tma.csv, 5 dense
+# and 2 grouped cases, bf16, 97 TMA tiles timed), where the first guess of 0.65 modelled the
+# forward tiles 0.88x their measured time and the backward-weight ones 1.25x (median).
+TMA_FRACTION = {Direction.FORWARD: 0.74, Direction.BWD_WEIGHT: 0.52}
+TMA_SWIZZLE_BYTES = 128
 # A step's issue cost a warp besides its MMAs: the barrier wait, the carried (tap, channel block)
 # or pixel box, and two TMA issues (one thread). sm_90 PTX of the 8x16x128x64 forward: ~40.
 TMA_STEP_INSTRUCTIONS = 40
@@ -326,7 +325,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
 
 
 def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
-    """The igemm-tma kernels: boxes of pixels on the tensor cores, first-guess constants (see TMA_FRACTION)."""
+    """The igemm-tma kernels: boxes of pixels on the tensor cores (constants: see TMA_FRACTION)."""
     peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
     od, oh, ow = p.padded3(p.output_size, 1)
     boxes = p.n * od * math.ceil(oh / config.tile_h) * math.ceil(ow / config.tile_w)
@@ -354,9 +353,14 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
     waves, concurrent = sm_efficiency(tiles, resident, config.num_warps, arch.sm_count)
     latency = 1.0 if concurrent >= 2 else 0.9 if config.num_stages >= 3 else 0.8
-    efficiency = math.prod(waste.values()) * waves * latency * (TMA_REGISTER_A_EFFICIENCY if register_a else 1.0)
+    # A box row narrower than a 128-byte swizzle line moves and feeds wgmma at a fraction of the
+    # rate: the 16-channel test tiles ran 2-29 TFLOP/s on the H200 where 64-channel ones ran 300-690.
+    inner = min(config.block_in, config.block_out) * p.types.dtype.itemsize
+    narrow = min(1.0, inner / TMA_SWIZZLE_BYTES)
+    efficiency = (math.prod(waste.values()) * waves * latency * narrow
+                  * (TMA_REGISTER_A_EFFICIENCY if register_a else 1.0))
     compute_s = p.flops() / (peak * efficiency)
-    memory_s = p.bytes() / (bandwidth * TMA_BANDWIDTH_FRACTION)
+    memory_s = p.bytes() / (bandwidth * TMA_BANDWIDTH_FRACTION * narrow)
     per_step = TMA_STEP_INSTRUCTIONS + (TMA_REGISTER_A_INSTRUCTIONS if register_a else 0)
     issue_s = tiles * steps * config.num_warps * per_step / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
     reduce_s = 0.0
@@ -364,11 +368,11 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
         weights = p.k * p.c_per_group * taps
         reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
     bound_s = (compute_s**3 + memory_s**3 + issue_s**3) ** (1 / 3)
-    modelled = bound_s / TMA_FRACTION + LAUNCH_SECONDS + reduce_s
+    modelled = bound_s / TMA_FRACTION[p.direction] + LAUNCH_SECONDS + reduce_s
     value = ideal_seconds(p, arch) / modelled
     if config.split_k > 1 and config.split_mode is SplitMode.ATOMIC:
         value *= NONDETERMINISTIC_PENALTY
-    terms = {**waste, "waves": waves, "latency": latency, "register_a": float(register_a),
+    terms = {**waste, "waves": waves, "latency": latency, "narrow": narrow, "register_a": float(register_a),
              "resident": float(resident), "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
     return Score(value, terms)
 

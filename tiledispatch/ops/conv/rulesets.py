@@ -183,7 +183,7 @@ TESTS_TMA = TINY_TMA + (
     TmaTile(1, 16, 16, 16, 4, 2, split_k=2, directions=(Direction.BWD_WEIGHT,)),
     TmaTile(4, 4, 32, 16, 4, 2, split_k=2, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
 )
-# For sm_90: first guesses, to be timed on the H200 (benchmarks/conv.py --top). Boxes of 128-256
+# For sm_90, timed on the H200 (benchmarks/results/h200/conv_tma.csv). Boxes of 128-256
 # pixels shaped for the maps of the suite's dense convs (14x14: 8x16 and 16x16 boxes cover 256
 # pixels in 1-2 boxes; 28-128 wide: 4x32 and 1-row boxes); forward steps 64 input channels a box
 # (128 bytes: one TMA swizzle line). Backward-weight boxes one row tall keep dy^T in shared memory
