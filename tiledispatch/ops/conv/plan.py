@@ -33,8 +33,10 @@ from .problem import ConvSpecialization, Direction
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
                   Family.IMPLICIT_GEMM_TMA: f"{_KERNELS}.implicit_gemm_tma"}
-_SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue")
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
+# The kernels' sources besides their own file (part of the cache key): every module they import from.
+_SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue",
+                   "tiledispatch.ops.gemm.kernels.tile_order", _REDUCE_MODULE)
 FUNCTIONS = {
     (Family.IMPLICIT_GEMM, Direction.FORWARD): "conv_fwd_igemm",
     (Family.IMPLICIT_GEMM, Direction.BWD_DATA): "conv_bwd_data_igemm",

@@ -23,6 +23,7 @@ import triton.language as tl
 from ...gemm.kernels.epilogue import apply_epilogue
 from ...gemm.kernels.tile_order import grouped_tile
 from .geometry import advance_pixel, inside, next_step, split_pixel, split_tap, target_of
+from .weight_reduce import store_weight_partial
 
 
 @triton.jit
@@ -324,10 +325,4 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                   + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC))
         tl.store(w_ptr + w_rows[:, None] + offs_n[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
     else:
-        taps = FZ * FY * FX
-        ws_rows = ((g * KG + offs_m).to(tl.int64) * taps + tap) * CG
-        if ATOMIC:
-            tl.atomic_add(ws_ptr + ws_rows[:, None] + offs_n[None, :], acc, mask=mask)
-        else:
-            slab = pid_s.to(tl.int64) * G * KG * taps * CG
-            tl.store(ws_ptr + slab + ws_rows[:, None] + offs_n[None, :], acc, mask=mask)
+        store_weight_partial(ws_ptr, acc, g * KG + offs_m, offs_n, mask, tap, pid_s, G, KG, CG, FZ * FY * FX, ATOMIC)

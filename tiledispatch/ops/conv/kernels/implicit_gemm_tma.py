@@ -33,6 +33,7 @@ import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
 from .geometry import next_step, split_tap
+from .weight_reduce import store_weight_partial
 
 
 @triton.jit
@@ -183,10 +184,4 @@ def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr,
         w_rows = (g * KG + offs_m).to(tl.int64) * swk + fz * swz + fy * swy + fx * swx
         tl.store(w_ptr + w_rows[:, None] + offs_n[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
     else:
-        taps = FZ * FY * FX
-        ws_rows = ((g * KG + offs_m).to(tl.int64) * taps + tap) * CG
-        if ATOMIC:
-            tl.atomic_add(ws_ptr + ws_rows[:, None] + offs_n[None, :], acc, mask=mask)
-        else:
-            slab = pid_s.to(tl.int64) * G * KG * taps * CG
-            tl.store(ws_ptr + slab + ws_rows[:, None] + offs_n[None, :], acc, mask=mask)
+        store_weight_partial(ws_ptr, acc, g * KG + offs_m, offs_n, mask, tap, pid_s, G, KG, CG, FZ * FY * FX, ATOMIC)
