@@ -28,6 +28,7 @@ FAMILY_MODULES = {
     Family.TMA_PERSISTENT: "tiledispatch.ops.gemm.kernels.tma_persistent",
 }
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
+_TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
 REDUCE_BLOCK = (32, 64)  # reduction tile: memory-bound, 2K elements per program
 MAX_GRID_YZ = 65535
@@ -101,7 +102,7 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
         stage="main", module=FAMILY_MODULES[config.family], function="gemm_tiled",
         signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
         num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(FAMILY_MODULES[config.family], _EPILOGUE_MODULE),
+        modules=(FAMILY_MODULES[config.family], _EPILOGUE_MODULE, _TILE_ORDER_MODULE),
         divisibility=_divisibility(alignment, t, signature, split),
     )
     if not split:
@@ -158,7 +159,7 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     return KernelUnit(
         stage="main", module=module, function="gemm_tma_persistent", signature=signature,
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(module, _EPILOGUE_MODULE), divisibility=_divisibility(alignment, t, signature, False),
+        modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE), divisibility=_divisibility(alignment, t, signature, False),
     )
 
 
