@@ -14,6 +14,7 @@ of a case and direction, cuDNN among them, are sampled in turns: the H200's cloc
 more than the differences between tiles.
 
     python benchmarks/attention_sweep.py --out /tmp/sweep [--cases NAME,...] [--jobs 16] [--all-tiles]
+        [--rule-set full --families fwd-tma --match '_(64|128)x(64|128)_' --forward-only]
 
 Prints a table per case and direction sorted by TFLOP/s with the ratio to cuDNN, and writes
 attention_sweep.csv under --out. Budgeted to about 400 s on one H200 (16 compile workers).
@@ -26,6 +27,7 @@ import csv
 import datetime
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -179,7 +181,8 @@ def row(case: Case, direction: str, provider: str, ms: float, flops: float, erro
             "rules_pick": picked}
 
 
-def sweep_case(case: Case, registry: Registry, dispatcher: Dispatcher, repeats: int, all_tiles: bool) -> list[dict]:
+def sweep_case(case: Case, registry: Registry, dispatcher: Dispatcher, repeats: int, all_tiles: bool,
+               forward_only: bool) -> list[dict]:
     ref = cudnn(case)
     problem = case.forward.problem
     pick = dispatcher.select(problem).name
@@ -189,7 +192,7 @@ def sweep_case(case: Case, registry: Registry, dispatcher: Dispatcher, repeats: 
     rows = [row(case, "fwd", name, ms, case.flops, errors[name], times["sdpa-cudnn"], name == pick)
             for name, ms in times.items()]
     timed = [name for name in results if math.isfinite(times[name])]
-    if not timed:
+    if not timed or forward_only:
         return rows
     best = results[min(timed, key=times.get)]
     backward = case.backward_operands(best.out, best.lse)
@@ -223,6 +226,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--all-tiles", action="store_true", help="also the small test tiles (own block < 64)")
     parser.add_argument("--budget-s", type=float, default=380.0, help="stop starting new cases after this long")
+    parser.add_argument("--rule-set", default="default", choices=("tests", "default", "full"))
+    parser.add_argument("--families", default="", help="comma-separated Triton families to keep (default: all)")
+    parser.add_argument("--match", default="", help="a regular expression the kernel names must contain")
+    parser.add_argument("--forward-only", action="store_true")
     args = parser.parse_args()
     begin = time.perf_counter()
     wanted = args.cases.split(",")
@@ -231,14 +238,17 @@ def main() -> int:
     if missing:
         parser.error(f"cases {missing} are not in {args.suite}; it has {sorted(suite)}")
     arch = current_arch()
-    registry = Registry.from_rule_set("attention", "default", arch).filter(
-        lambda s: s.dtype == "bf16" and not s.family.startswith("sdpa"))
+    families = set(filter(None, args.families.split(",")))
+    pattern = re.compile(args.match)
+    registry = Registry.from_rule_set("attention", args.rule_set, arch).filter(
+        lambda s: s.dtype == "bf16" and not s.family.startswith("sdpa") and (not families or s.family in families)
+        and pattern.search(s.name) is not None)
     dispatcher = Dispatcher(registry, arch)
     cases = [Case(suite[name]) for name in wanted]
     jobs = []
     for case in cases:
         backward = case.backward_operands(case.q, case.q).problem  # its problem only: no kernel runs
-        for problem in (case.forward.problem, backward):
+        for problem in (case.forward.problem,) if args.forward_only else (case.forward.problem, backward):
             jobs += [(spec, problem.variant) for spec in triton_specs(registry, problem, args.all_tiles)]
     compile_everything(jobs, args.jobs)
     rows = []
@@ -246,7 +256,7 @@ def main() -> int:
         if time.perf_counter() - begin > args.budget_s:
             print(f"budget reached: {case.name} and later cases left out", file=sys.stderr)
             break
-        rows += sweep_case(case, registry, dispatcher, args.repeats, args.all_tiles)
+        rows += sweep_case(case, registry, dispatcher, args.repeats, args.all_tiles, args.forward_only)
         torch.cuda.empty_cache()
     print_table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
