@@ -31,7 +31,7 @@ def main() -> None:
     call = lambda: tiledispatch.gemm(a, b, out=out, kernel=args.kernel)  # noqa: E731
     call()
     key = fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel)
-    bound = dispatcher.memo(("gemm", key), lambda: None)
+    bound = dispatcher.memo(key, lambda: None)
     stream = torch.cuda.current_stream().cuda_stream
     print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel,
           f"({type(bound).__name__})")
@@ -39,7 +39,7 @@ def main() -> None:
         "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
         "tiledispatch.gemm(out=)": call,
         "  call_key": lambda: fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel),
-        "  dispatcher.memo": lambda: dispatcher.memo(("gemm", key), lambda: None),
+        "  dispatcher.memo": lambda: dispatcher.memo(key, lambda: None),
         "  bound call": lambda: bound(a, b, None, None, out, None, None),
         "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
     }

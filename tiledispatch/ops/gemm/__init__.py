@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...core.dispatcher import default_dispatcher
 from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
@@ -41,24 +42,24 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     scales and give bf16 unless `out_dtype` says otherwise. `kernel` forces a kernel by
     name; `dispatcher` replaces the default one (its registry, strategy and cache).
     """
-    from ...core.dispatcher import default_dispatcher
-
     dispatcher = dispatcher or default_dispatcher()
     key = fastpath.call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel)
-
-    def checked():
-        operands = check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
-                                  out_dtype=out_dtype, allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b)
-        _check_dtypes_on_arch(operands.problem.types, dispatcher.arch)
-        return operands
-
     if key is not None:  # a GPU call: bound once per signature, then replayed
-        bound = dispatcher.memo(("gemm", key), lambda: fastpath.bind(
-            dispatcher, checked(), kernel, result_2d=a.dim() == 2 and b.dim() == 2))
+        bound = dispatcher.memo(key, lambda: fastpath.bind(
+            dispatcher, _checked(dispatcher, a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a,
+                                 scale_b), kernel, result_2d=a.dim() == 2 and b.dim() == 2))
         return bound(a, b, bias, residual, out, scale_a, scale_b)
-    operands = checked()
+    operands = _checked(dispatcher, a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b)
     result = dispatcher.run(operands, kernel=kernel)
     return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
+
+
+def _checked(dispatcher, a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b) -> GemmOperands:
+    """Every check of a call: the operands, and the dtypes against the dispatcher's arch."""
+    operands = check_operands(a, b, bias=bias, activation=activation, residual=residual, out=out,
+                              out_dtype=out_dtype, allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b)
+    _check_dtypes_on_arch(operands.problem.types, dispatcher.arch)
+    return operands
 
 
 def _check_dtypes_on_arch(types: GemmTypes, arch) -> None:

@@ -33,26 +33,31 @@ def _meta(t) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
 
 
+_NOT_A_TENSOR = object()  # an optional operand the fast path cannot key: the checked path says why
+
+
 def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel) -> tuple | None:
     """The signature of a call, or None where only the checked path can handle it.
 
     It fixes the problem's `Alignment`, which the bound kernel is compiled for: each
     operand's level follows from its base's 16-byte bit, its strides, shape and dtype, the
     allocated output's from the shapes and `out_dtype`, the sizes' from the shapes.
+    Written flat, without helper calls for a and b: it runs on every call, and a plain
+    call's whole host budget is a few microseconds.
     """
     if type(a) is not torch.Tensor or type(b) is not torch.Tensor or not a.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
     if kernel is not None and type(kernel) is not str:
         return None
-    key = [_meta(a), _meta(b), activation, out_dtype, allow_tf32, kernel]
-    for t in (bias, residual, out, scale_a, scale_b):
-        if t is None:
-            key.append(None)
-        elif type(t) is torch.Tensor:
-            key.append(_meta(t))
-        else:
+    optional = None
+    if bias is not None or residual is not None or out is not None or scale_a is not None or scale_b is not None:
+        optional = tuple(None if t is None else _meta(t) if type(t) is torch.Tensor else _NOT_A_TENSOR
+                         for t in (bias, residual, out, scale_a, scale_b))
+        if _NOT_A_TENSOR in optional:
             return None
-    return tuple(key)
+    return ("gemm", a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,  # "gemm": memos are per dispatcher
+            b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15,
+            activation, out_dtype, allow_tf32, kernel, optional)
 
 
 class _Fill(Enum):
