@@ -1,8 +1,10 @@
 """The `rules` score of a GEMM config for a problem: a small time model, no timing.
 
-time = max(compute, memory) + split-K reduction, where compute is stretched by the
-padding of edge tiles (M, N, K), the idle slots of the last wave, and the operand
-traffic of small tiles. Score = ideal time / modelled time, in (0, 1].
+time = max(compute, memory, latency chain) + split-K reduction, where compute is stretched
+by the padding of edge tiles (M, N, K), the idle SMs of the last wave, and the operand
+traffic of small tiles; memory is the slower of DRAM (bytes in flight) and the busiest SM's
+intake (L2 re-reads included); the latency chain is the busiest SM's K loops, each step
+waiting a load latency over the stages in flight. Score = ideal time / modelled time, in (0, 1].
 """
 
 from __future__ import annotations
@@ -41,14 +43,36 @@ TILED_BANDWIDTH_FRACTION = 0.88
 TMA_BANDWIDTH_FRACTION = 0.82
 VENDOR_BANDWIDTH_FRACTION = 0.86
 VENDOR_CALL_SECONDS = LAUNCH_SECONDS  # one kernel launch, as a Triton kernel (the benchmark times device work)
-L2_REUSE = 4.0  # grouped tile order serves operand re-reads from L2 at about this multiple of HBM
+# Grouped tile order serves operand re-reads from L2 at about this multiple of HBM. Guessed
+# at 4 first; on gemm.csv 4.8-5.6 rank better (Triton-only mean 0.943 -> 0.948, other figures equal).
+L2_REUSE = 5.0
 GENERIC_LAYOUT_PENALTY = 0.97  # a specialised (contiguous) layout beats generic strides
 # Little's law on an H200: 4.8 TB/s over 132 multiprocessors at about 1 us of memory latency.
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024
 SM_BANDWIDTH_SHARE = 1.5
+# A K loop's load latency (the memory latency above): each iteration of a program waits
+# for it over the `num_stages - 1` tiles in flight. On the latency-bound cases of gemm.csv a
+# lone program took 0.25-0.35 us per K iteration with 4 stages and 0.45-0.57 us with 3
+# (llama3_8b_o_T128 fp8: 64x64x64 s4 18.7 us for 64 iterations, 128x128x128 s3 18.2 us for 32).
+CHAIN_LATENCY_S = 1.0e-6
+# The operand intake one SM reached on a memory-bound case of gemm.csv, L2 re-reads
+# included: llama3_8b_down_T128 fp8, 64x64x128 split 4, 1.83 MB per SM in 27.9 us (66 GB/s),
+# above the 36 GB/s even share of DRAM; single-program tiles there reached 32-35 GB/s.
+SM_PORT_BYTES_PER_S = 70e9
+# Pointer loads of K rows shorter than a 128-byte line (block_k of 32 in 16-bit, 64 in fp8)
+# take twice the load instructions and barriers per byte and a narrower shared-memory
+# swizzle. Over gemm.csv, tiled candidates within 2x of the best ran 0.73-0.93x of what the
+# model gave them with 64-byte rows (median per dtype and bound), 0.94-1.0x with 128-byte
+# rows: (64/128) ** 0.25 = 0.84.
+ROW_EXPONENT = 0.25
 # A kernel that spills registers to local memory: seen 5-10x slower on the unaligned cases
 # of benchmarks/results/h200/gemm.csv (odd_1000: 64x256 tiles over 4 warps).
 SPILL_PENALTY = 0.15
+# The register estimate is coarse: on the unaligned cases of gemm.csv, tiles estimated at
+# 256 registers ran fastest (odd_4095x4097x4093 bf16, 128x128x64 over 8 warps; 0.95 of the
+# best at odd_3000x5000x100) and those estimated at 272 ran 0.04-0.11 of the best: the
+# real limit lies between, so allow the estimate this much above the hardware's 255.
+SPILL_MARGIN = 8
 
 
 def _peak_flops(problem: GemmProblem, arch) -> float:
@@ -94,6 +118,37 @@ def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float) -> 
     return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
 
 
+def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int) -> float:
+    """The busiest SM's operand intake: every byte its tiles load, re-reads from L2 included.
+
+    DRAM serves each operand byte once, but every M tile reads the whole of its B panel
+    (and every N tile its A panel) through its own SM's L2 port: 16-row tiles on M = 32
+    read B twice (llama3_70b_up_T32 fp8: 0.57 of the best).
+    """
+    t = p.types
+    k_span = math.ceil(p.k / config.split_k)
+    rows, cols = min(p.m, config.block_m), min(p.n, config.block_n)
+    per_tile = (rows * t.a.itemsize + cols * t.b.itemsize) * k_span
+    return math.ceil(tiles / sm_count) * per_tile / SM_PORT_BYTES_PER_S
+
+
+def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int, concurrent: int) -> float:
+    """The latency chain of the busiest SM: a K loop cannot run ahead of its loads.
+
+    A program keeps `num_stages - 1` K tiles in flight, so each iteration waits at least
+    one load latency over that many; the first load of a tile waits a whole latency
+    (pipeline fill), except in a loop flattened across tiles. Concurrent programs on one
+    SM run their chains side by side; a persistent program walks its tiles one by one.
+    """
+    k_iters = math.ceil(math.ceil(p.k / config.block_k) / config.split_k)
+    per_iter = CHAIN_LATENCY_S / max(config.num_stages - 1, 1)
+    programs = math.ceil(tiles / sm_count)
+    if config.family is Family.TMA_PERSISTENT:
+        fill = CHAIN_LATENCY_S * (1 if config.flatten else programs)
+        return programs * k_iters * per_iter + fill
+    return math.ceil(programs / concurrent) * (k_iters * per_iter + CHAIN_LATENCY_S)
+
+
 def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
@@ -114,23 +169,28 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         # Unaligned operands are loaded element by element, each through its own 64-bit
         # pointer held in registers: large tiles over few threads spill.
         registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
-    spills = registers > arch.registers_per_thread_max
+    spills = registers > arch.registers_per_thread_max + SPILL_MARGIN
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k
     persistent = config.family is Family.TMA_PERSISTENT
-    # A persistent grid runs one program per SM, by design: its waves are over SMs alone,
-    # and its latency is modelled by its own terms (`_persistent_terms`), not by residency.
-    waves = wave_efficiency(tiles, arch.sm_count * (1 if persistent else resident))
+    # Waves over SMs, for both families: the block scheduler spreads programs one per SM
+    # before it doubles up, so tiles below 132 leave SMs idle, not slots. Programs sharing
+    # an SM share its tensor cores; how many run at once (`concurrent`) decides whether
+    # one can hide another's latency. (Counting resident slots instead rated 64x64 tiles
+    # with 5 resident at 0.16 waves on square_512, where they ran fastest.)
+    waves = wave_efficiency(tiles, arch.sm_count)
+    concurrent = 1 if persistent else min(resident, math.ceil(tiles / arch.sm_count))
     # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
     feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
     # One resident program cannot hide its own loads and epilogue behind another's math:
     # credit for two or more (on the H200 suite, 128x128 tiles with 2 resident beat
     # 128x256 with 1 by up to 1.6x in fp8 and 1.5x at 1024^3).
-    latency = 1.0 if resident >= 2 or persistent else 0.9 if config.num_stages >= 3 else 0.8
+    latency = 1.0 if concurrent >= 2 or persistent else 0.9 if config.num_stages >= 3 else 0.8
 
-    efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency
+    row = 1.0 if persistent else min(1.0, config.block_k * t.a.itemsize / 128) ** ROW_EXPONENT
+    efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency * row
     persistent_terms = {}
     if persistent:
         persistent_terms = _persistent_terms(config, p, arch, peak)
@@ -146,18 +206,20 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
     # Fewer programs than multiprocessors leave some idle; one busy SM draws more than its
     # even share of the bandwidth, but not all of it.
-    in_flight *= min(1.0, tiles / arch.sm_count * SM_BANDWIDTH_SHARE)
-    memory_s = p.bytes() / (bandwidth * in_flight)
+    in_flight *= min(1.0, tiles / arch.sm_count * SM_BANDWIDTH_SHARE) * row
+    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count))
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
     compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
     memory_s /= TMA_BANDWIDTH_FRACTION if persistent else TILED_BANDWIDTH_FRACTION
-    modelled = _soft_max(compute_s, memory_s) + LAUNCH_SECONDS + reduce_s
+    chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent)
+    modelled = _soft_max(_soft_max(compute_s, memory_s), chain_s) + LAUNCH_SECONDS + reduce_s
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
         value *= GENERIC_LAYOUT_PENALTY
     terms = {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency,
-             "resident": float(resident), "in_flight": in_flight, "spills": float(spills), "modelled_us": modelled * 1e6}
+             "resident": float(resident), "concurrent": float(concurrent), "row": row, "in_flight": in_flight,
+             "chain_us": chain_s * 1e6, "spills": float(spills), "modelled_us": modelled * 1e6}
     return Score(value, terms)
