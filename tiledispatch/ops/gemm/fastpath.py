@@ -36,6 +36,10 @@ def _meta(t) -> tuple:
 _NOT_A_TENSOR = object()  # an optional operand the fast path cannot key: the checked path says why
 
 
+def _optional(t):
+    return None if t is None else _meta(t) if type(t) is torch.Tensor else _NOT_A_TENSOR
+
+
 def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel) -> tuple | None:
     """The signature of a call, or None where only the checked path can handle it.
 
@@ -51,8 +55,7 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
         return None
     optional = None
     if bias is not None or residual is not None or out is not None or scale_a is not None or scale_b is not None:
-        optional = tuple(None if t is None else _meta(t) if type(t) is torch.Tensor else _NOT_A_TENSOR
-                         for t in (bias, residual, out, scale_a, scale_b))
+        optional = (_optional(bias), _optional(residual), _optional(out), _optional(scale_a), _optional(scale_b))
         if _NOT_A_TENSOR in optional:
             return None
     return ("gemm", a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,  # "gemm": memos are per dispatcher
@@ -63,7 +66,6 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
 class _Fill(Enum):
     """How a per-call tensor goes into its argument slot."""
 
-    TENSOR = 0  # a Triton launch reads only the pointer: the caller's tensor as it is
     BATCHED_VIEW = 1  # a Python stage (the vendor path) reads shapes: the 3-D view it was planned with
     DESCRIPTOR = 2  # a TMA descriptor keeps its planned shape, strides and block, and takes the new base
 
@@ -78,8 +80,6 @@ class _Slot:
     descriptor: TensorDescriptor | None = None
 
     def value(self, tensor: torch.Tensor):
-        if self.fill is _Fill.TENSOR:
-            return tensor
         if self.fill is _Fill.BATCHED_VIEW:
             return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor
         descriptor = copy.copy(self.descriptor)  # its checks passed at planning, for this signature
@@ -94,7 +94,8 @@ class _Stage:
     launcher: Any
     grid: tuple
     template: list
-    slots: tuple[_Slot, ...]
+    plain: tuple[tuple[int, int], ...]  # (argument index, role) of the slots filled with the tensor as it is
+    slots: tuple[_Slot, ...]  # the others: views and descriptors
     workspaces: tuple[tuple[int, tuple, torch.dtype], ...]  # (index, shape, dtype), fresh per call
 
 
@@ -117,7 +118,7 @@ class BoundGemm:
     @staticmethod
     def _stage(launch, launcher, by_id: dict) -> _Stage:
         python = isinstance(launcher, PythonLauncher)
-        slots, workspaces = [], []
+        plain, slots, workspaces = [], [], []
         for j, value in enumerate(launch.args):
             if isinstance(value, TensorDescriptor):
                 slots.append(_Slot(j, by_id[id(value.base)], _Fill.DESCRIPTOR, value))
@@ -125,11 +126,13 @@ class BoundGemm:
                 role = by_id.get(id(value))
                 if role is None:  # made by the plan itself: a workspace
                     workspaces.append((j, tuple(value.shape), value.dtype))
+                elif python and value.dim() == 3:
+                    slots.append(_Slot(j, role, _Fill.BATCHED_VIEW))
                 else:
-                    slots.append(_Slot(j, role, _Fill.BATCHED_VIEW if python and value.dim() == 3 else _Fill.TENSOR))
+                    plain.append((j, role))
         # Tensors are filled in per call; holding the planning ones would pin their memory.
         template = [None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch.args]
-        return _Stage(launcher, launch.grid, template, tuple(slots), tuple(workspaces))
+        return _Stage(launcher, launch.grid, template, tuple(plain), tuple(slots), tuple(workspaces))
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
         if out is None:
@@ -147,6 +150,8 @@ class BoundGemm:
         stream = self._stream()
         for stage in self._stages:
             args = stage.template.copy()
+            for index, role in stage.plain:
+                args[index] = values[role]
             for slot in stage.slots:
                 args[slot.index] = slot.value(values[slot.role])
             for index, shape, dtype in stage.workspaces:
