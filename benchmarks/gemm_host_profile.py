@@ -47,6 +47,8 @@ def main() -> None:
         stage = bound._stages[0]
         values = {"a": a, "b": b, "out": out.unsqueeze(0)}
         stage_args = stage.template.copy()
+        for index, role in stage.plain:
+            stage_args[index] = values.get(fastpath.ROLES[role])
         for slot in stage.slots:
             stage_args[slot.index] = slot.value(values.get(fastpath.ROLES[slot.role]))
         rows["  launcher alone"] = lambda: stage.launcher(stage.grid, stage_args, stream)
