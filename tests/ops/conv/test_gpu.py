@@ -184,3 +184,18 @@ def test_tma_forward_epilogue_on_the_gpu(dispatcher):
     assert specs
     for spec in specs[:4]:
         run_and_check(dispatcher, p, spec.name)
+
+
+@pytest.mark.parametrize("case", [((28, 28), (3, 3), 1, 384), ((14, 13), (5, 5), 2, 672), ((28, 28), (7, 7), 3, 384),
+                                  ((4095,), (4,), 1, 2048), ((9, 10), (3, 3), 0, 40)],
+                         ids=["mbv2-3x3", "5x5-odd", "convnext-7x7", "mamba-k4", "3x3-c40-p0"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_every_weight_window_tile_on_the_gpu(dispatcher, case, dtype):
+    """Every default backward-weight window tile that takes the suite's depthwise shapes (batch cut),
+    compiled for this GPU: bf16 widened by bit operations (kernels/direct.py `_widen`), fp16 converted."""
+    size, filt, pad, c = case
+    p = problem("bwd_weight", 2, c, c, c, size, filt, 1, pad, 1, dtype)
+    specs = [s for s in ranked(dispatcher, p, Family.DIRECT) if s.config.window]
+    assert specs, f"no window kernel for {p.describe()}"
+    for spec in specs:
+        run_and_check(dispatcher, p, spec.name)

@@ -116,6 +116,7 @@ def test_weights_with_strided_taps_are_copied(dispatcher, direction):
 
 
 FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16))
+BWDW = ConvSignature(Direction.BWD_WEIGHT, ConvTypes(DType.FP16))
 
 
 def test_window_supports_says_why_not():
@@ -132,9 +133,10 @@ def test_window_supports_says_why_not():
 
 def test_window_rules():
     assert validate(DirectConfig(FWD, 16, 64, 4, window=7, run=8), SM90).ok
-    bwdw = ConvSignature(Direction.BWD_WEIGHT, ConvTypes(DType.FP16))
-    for bad in (DirectConfig(bwdw, 16, 64, 4, window=3), DirectConfig(FWD, 16, 64, 4, run=4),
-                DirectConfig(FWD, 16, 64, 4, window=12), DirectConfig(FWD, 16, 64, 4, window=3, run=17)):
+    for bad in (DirectConfig(FWD, 16, 64, 4, run=4), DirectConfig(FWD, 16, 64, 4, window=12),
+                DirectConfig(FWD, 16, 64, 4, window=3, run=17), DirectConfig(FWD, 16, 64, 4, window=3, rows=3),
+                DirectConfig(FWD, 16, 64, 4, window=3, band=2), DirectConfig(BWDW, 16, 64, 4, rows=3),
+                DirectConfig(BWDW, 16, 64, 4, window=3, rows=12), DirectConfig(BWDW, 4, 64, 4, window=3, band=17)):
         assert ConvRule.WINDOW in validate(bad, SM90).broken_rules(), bad.name
     assert DirectConfig(FWD, 16, 64, 4, window=3, run=8).name.endswith("_k1_win3r8_none")
     assert DirectConfig(FWD, 16, 64, 4).name.endswith("_k1_none")  # the per-tap kernels keep their names
@@ -171,3 +173,97 @@ def test_rules_keep_the_per_tap_kernel_where_the_window_cannot_go(sm90_dispatche
     p = dataclasses.replace(p, specialization=p.dense_specialization())
     direct = [r.spec for r in sm90_dispatcher.explain(p).ranked if r.spec.family == "direct"]
     assert direct and not any(s.config.window for s in direct)
+
+
+# -- backward-weight by sliding windows ---------------------------------------------------------------
+# The tests rule set holds weight windows of filter widths 1, 2, 3 and 5 that hold all the filter rows
+# (one pass), some of them (passes, the last one partly past FY) or one; with and without a band of
+# two output rows a thread; unsplit (dw stored directly) and split (the fp32 workspace and its
+# reduction). Every one that takes a geometry runs on it.
+WEIGHT_GEOMETRIES = {
+    "2d-3x3-p1": ((5, 7), (3, 3), 1, 1, 1),
+    "2d-5x5-p2-odd": ((9, 11), (5, 5), 1, 2, 1),
+    "2d-3x3-p0-tall": ((11, 6), (3, 3), 1, 0, 1),
+    "2d-h-stride2-dilation2": ((9, 8), (3, 3), (2, 1), (1, 1), (2, 1)),
+    "2d-5x3-pad-h-only": ((6, 7), (5, 3), 1, (2, 0), 1),
+    "2d-3x1": ((6, 5), (3, 1), 1, (1, 0), 1),
+    "1d-k2-p1": ((13,), (2,), 1, 1, 1),
+    "1d-k5-p0": ((17,), (5,), 1, 0, 1),
+    "1d-k3-wide-pad": ((5,), (3,), 1, 2, 1),
+    "3d-mixed": ((3, 4, 6), (2, 3, 3), (1, 2, 1), (1, 0, 2), (2, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("geometry", WEIGHT_GEOMETRIES, ids=str)
+def test_weight_window_matches_reference(dispatcher, geometry, dtype):
+    size, filt, stride, padding, dilation = WEIGHT_GEOMETRIES[geometry]
+    # 20 channels: partial channel blocks of 16 and 32; N=3 with odd sizes: partial tiles and runs
+    p = problem("bwd_weight", 3, 20, 20, 20, size, filt, stride, padding, dilation, dtype)
+    names = window_kernels(dispatcher, p)
+    assert names, f"no window kernel takes {p.describe()}"
+    for name in names:
+        run_and_check(dispatcher, p, name, seed=len(name))
+
+
+def test_weight_window_kinds_are_covered(dispatcher):
+    """The 5x5 geometry meets a kernel of each kind: one pass, passes, band, split, unsplit."""
+    p = problem("bwd_weight", 3, 20, 20, 20, (9, 11), (5, 5), 1, 2, 1, "fp32")
+    configs = [dispatcher.resolve(name, p).config for name in window_kernels(dispatcher, p)]
+    assert any(c.rows == 5 for c in configs) and any(c.rows < 5 for c in configs)
+    assert any(c.band > 1 for c in configs) and any(c.split_k > 1 for c in configs)
+    assert any(c.split_k == 1 for c in configs)
+
+
+def test_weight_window_on_unaligned_channels(dispatcher):
+    """5 fp16 channels are 10 bytes: no 16-byte vectors, the kernel loads channel by channel."""
+    p = problem("bwd_weight", 3, 5, 5, 5, (4, 7), (3, 3), 1, 1, 1, "fp16")
+    names = window_kernels(dispatcher, p)
+    assert names
+    for name in names:
+        ops, _ = run_and_check(dispatcher, p, name)
+        assert not ops.problem.specialization.aligned
+
+
+def test_weight_window_into_a_strided_out(dispatcher):
+    """dw lands in the caller's `out` whatever its strides (the kernel stores by them, no copy)."""
+    g = torch.Generator().manual_seed(2)
+    c = 12
+    x = torch.randn(2, c, 6, 7, generator=g).to(DEVICE).to(memory_format=torch.channels_last)
+    dy = torch.randn(2, c, 6, 7, generator=g).to(DEVICE).to(memory_format=torch.channels_last)
+    out = torch.full((c, 1, 3, 6), float("nan"), device=DEVICE)[..., ::2]  # taps along W 2 apart
+    p = problem("bwd_weight", 2, c, c, c, (6, 7), (3, 3), 1, 1, 1, "fp32")
+    for name in window_kernels(dispatcher, p)[:2]:
+        got = tiledispatch.conv_backward_weight(x, dy, (c, 1, 3, 3), padding=1, groups=c, out=out, kernel=name,
+                                                dispatcher=dispatcher)
+        want = torch.nn.grad.conv2d_weight(x.double().cpu(), (c, 1, 3, 3), dy.double().cpu(), padding=1, groups=c)
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_window_supports_says_why_not():
+    config = DirectConfig(BWDW, 4, 64, 4, split_k=8, window=3, run=4, rows=3, band=2)
+    assert supports(config, problem("bwd_weight", 2, 64, 64, 64, (9, 9), (3, 3), 1, 1)) is None
+    assert "filter width 3" in supports(config, problem("bwd_weight", 2, 64, 64, 64, (9, 9), (3, 5), 1, 1))
+    assert "stride 1 and dilation 1 along W" in supports(config, problem("bwd_weight", 2, 64, 64, 64, (9, 9),
+                                                                         (3, 3), (1, 2), 1))
+    assert "along H" in supports(config, problem("bwd_weight", 2, 64, 64, 64, (9, 9), (3, 3), (2, 1), 1))
+    assert supports(dataclasses.replace(config, band=1),
+                    problem("bwd_weight", 2, 64, 64, 64, (9, 9), (3, 3), (2, 1), 1)) is None
+    assert "depthwise only" in supports(config, problem("bwd_weight", 2, 64, 128, 64, (9, 9), (3, 3), 1, 1))
+
+
+def test_weight_window_names():
+    assert DirectConfig(BWDW, 4, 64, 4, 32, window=7, run=7, rows=7, band=2).name.endswith("_k32_win7x7r7b2_none")
+    assert DirectConfig(BWDW, 16, 64, 4, 16, window=4, run=16).name.endswith("_k16_win4r16_none")
+    assert validate(DirectConfig(BWDW, 4, 64, 4, 32, window=7, run=7, rows=7, band=2), SM90).ok
+
+
+@pytest.mark.parametrize("case", SUITE_DEPTHWISE, ids=str)
+def test_rules_take_the_weight_window_for_the_suites_depthwise_cases(sm90_dispatcher, case):
+    n, c, size, filt, pad = SUITE_DEPTHWISE[case]
+    p = problem("bwd_weight", n, c, c, c, size, filt, 1, pad, 1, "bf16")
+    p = dataclasses.replace(p, specialization=p.dense_specialization())
+    triton = [r.spec for r in sm90_dispatcher.explain(p).ranked if r.spec.family != "vendor"]
+    config = triton[0].config
+    assert triton[0].family == "direct" and config.window == filt[-1], triton[0].name
+    assert config.rows == (filt[0] if len(filt) > 1 else 1), triton[0].name  # one pass over the pixels

@@ -130,10 +130,14 @@ class DirectConfig:
     Memory-bound by design: channels-last makes block_c consecutive channels one vector
     load. Backward-weight splits the pixels over `split_k` programs (fp32 workspace).
 
-    `window` > 0 selects the sliding-window kernels (depthwise forward and backward-data,
-    filter width = window, stride and dilation 1 along W): block_p rows of the tile are
-    then runs of `run` output pixels along W, each thread holding a run in registers, so
-    a program covers block_p * run pixels. `window` = 0 is the per-tap kernel (run = 1).
+    `window` > 0 selects the sliding-window kernels (depthwise, filter width = window,
+    stride and dilation 1 along W): block_p rows of the tile are then runs of `run`
+    output pixels along W, each thread holding a run in registers, so a program covers
+    block_p * run pixels. `window` = 0 is the per-tap kernel (run = 1). Backward-weight's
+    window kernel holds the taps of `rows` filter rows as its accumulators (rows x window
+    per channel: one pass over its pixels per `rows` filter rows), named `win{rows}x{window}`,
+    and may hold `band` output rows of runs (a thread's block is band x run outputs, whose
+    band + rows - 1 input rows it loads once each), named `r{run}b{band}`.
     """
 
     signature: ConvSignature
@@ -143,11 +147,15 @@ class DirectConfig:
     split_k: int = 1
     window: int = 0
     run: int = 1
+    rows: int = 1  # backward-weight window kernels only: filter rows held per pass
+    band: int = 1  # backward-weight window kernels only: output rows a thread's block spans
     family: Family = Family.DIRECT
 
     @property
     def name(self) -> str:
-        window = f"_win{self.window}r{self.run}" if self.window else ""
+        shape = f"{self.rows}x{self.window}" if self.rows > 1 else f"{self.window}"
+        band = f"b{self.band}" if self.band > 1 else ""
+        window = f"_win{shape}r{self.run}{band}" if self.window else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_p}x{self.block_c}_w{self.num_warps}"
                 f"_k{self.split_k}{window}_{self.signature.epilogue.name}")
 

@@ -47,8 +47,9 @@ FUNCTIONS = {
     (Family.IMPLICIT_GEMM_TMA, Direction.FORWARD): "conv_fwd_igemm_tma",
     (Family.IMPLICIT_GEMM_TMA, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_tma",
 }
-# Direct configs with a window (depthwise forward and backward-data by sliding windows along W).
-WINDOW_FUNCTIONS = {Direction.FORWARD: "conv_fwd_direct_window", Direction.BWD_DATA: "conv_bwd_data_direct_window"}
+# Direct configs with a window (depthwise by sliding windows along W).
+WINDOW_FUNCTIONS = {Direction.FORWARD: "conv_fwd_direct_window", Direction.BWD_DATA: "conv_bwd_data_direct_window",
+                    Direction.BWD_WEIGHT: "conv_bwd_weight_direct_window"}
 TENSORS = ("x_ptr", "w_ptr", "y_ptr", "bias_ptr", "res_ptr", "ws_ptr")
 GEOMETRY = ("N", "G", "CG", "KG", "D", "H", "W", "OD", "OH", "OW", "FZ", "FY", "FX",
             "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
@@ -82,6 +83,8 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
                       "VEC": vec, "DEPTHWISE": specialization.depthwise, "UNIT_STRIDE": specialization.unit_stride}
         if config.window:
             constexprs |= {"RUN": config.run, "WINDOW": config.window}
+            if sig.direction is Direction.BWD_WEIGHT:
+                constexprs |= {"ROWS": config.rows, "BAND": config.band}
         warps, stages = config.num_warps, 1
     module = FAMILY_MODULES[config.family]
     windowed = isinstance(config, DirectConfig) and config.window > 0
@@ -287,8 +290,9 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     direction = p.direction
     x = out if direction is Direction.BWD_DATA else ops.x
     w = out if direction is Direction.BWD_WEIGHT else ops.w
-    if isinstance(config, DirectConfig) and config.window and w.stride(-1) != 1:
-        w = w.contiguous()  # the window kernels take the filter's taps along W as contiguous (kernels/direct.py)
+    reads_taps = direction is not Direction.BWD_WEIGHT  # backward-weight's window kernel stores dw by its strides
+    if isinstance(config, DirectConfig) and config.window and w.stride(-1) != 1 and reads_taps:
+        w = w.contiguous()  # the window kernels read the filter's taps along W as contiguous (kernels/direct.py)
     y = out if direction is Direction.FORWARD else ops.dy
     dims = {"D": p.padded3(p.input_size, 1), "O": p.padded3(p.output_size, 1), "F": p.padded3(p.filter_size, 1)}
     stride, pad, dil = p.padded3(p.stride, 1), p.padded3(p.padding, 0), p.padded3(p.dilation, 1)
@@ -375,6 +379,8 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
             return (cdiv(pixels_in, bm) * cdiv(merged * p.c_per_group, bn), cdiv(p.groups, merged), 1)
         return (taps * cdiv(p.k_per_group, bm) * cdiv(p.c_per_group, bn), p.groups, config.split_k)
     bp, bc = config.block_p, config.block_c
+    if config.window and d is Direction.BWD_WEIGHT:  # channel blocks x shares of the runs
+        return (cdiv(p.c, bc), config.split_k, 1)
     if config.window:  # rows of the tile are runs of config.run pixels along W
         spatial = p.output_size if d is Direction.FORWARD else p.input_size
         runs = p.n * math.prod(spatial[:-1]) * cdiv(spatial[-1], config.run)

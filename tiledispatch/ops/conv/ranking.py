@@ -435,7 +435,78 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     return Score(ideal / modelled, terms)
 
 
+# The backward-weight window kernel (kernels/direct.py, conv_bwd_weight_direct_window), counted on
+# sm_90 SASS of bf16 builds (the loop over a program's tiles; a thread's block is band x run outputs
+# of e = block_p * block_c / threads channels): 3x3 16x64 w4 run 7: 1181 instructions for 504 FMAs,
+# run 4 band 2: 1218 for 576; 7x7 4x64 w4 run 7 band 2: 2580 for 1372, run 4 band 4: 2760 for 1568;
+# 5x5 8x64 w4 run 4 band 2: 1556 for 800; mamba k4 16x64 w4 run 16: 1254 for 512. They fit ~7 a
+# loaded vector (load, zero fill, two border compares, a 64-bit address) plus one a widened element,
+# ~60 a tile, and the FMAs. Outside the loop, the sums across the tile's threads: ~15 an accumulator.
+WEIGHT_WINDOW_LOAD_INSTRUCTIONS = 7
+WEIGHT_WINDOW_TILE_INSTRUCTIONS = 60
+WEIGHT_WINDOW_SUM_INSTRUCTIONS = 15
+# Registers of the same builds: ~the accumulators and the held dy block (dy of a one-row kernel is
+# consumed as it streams: a quarter of it counted), plus ~90 for addresses and loads in flight.
+WEIGHT_WINDOW_REGISTER_BASE = 90
+# Warps an SM needs for its loads and its FMAs to overlap: with fewer, a tile's loads wait while no
+# other warp computes (a guess to check with .probe/dw_bwdw.py on the H200).
+WEIGHT_WINDOW_WARPS_TO_OVERLAP = 16
+
+
+def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
+    """The backward-weight window kernel: issue (FMAs plus per-load cost) and bytes, overlapped as far
+    as the resident warps allow, plus the workspace's reduction stage."""
+    item = p.types.dtype.itemsize
+    bandwidth = _bandwidth(arch)
+    threads = config.num_warps * 32
+    per_thread = max(1.0, config.block_p * config.block_c / threads)  # channels of a thread's block
+    vector = min(16 // item, per_thread) if p.specialization.aligned else 1
+    widen = 0 if p.types.dtype is DType.FP32 else 1
+    fz, fy, fx = p.padded3(p.filter_size, 1)
+    od, oh, ow = p.padded3(p.output_size, 1)
+    runs = math.ceil(ow / config.run)
+    blocks = p.n * od * math.ceil(oh / config.band) * runs
+    tiles = math.ceil(blocks / config.block_p)
+    per_split = math.ceil(tiles / config.split_k)
+    passes = fz * math.ceil(fy / config.rows)
+    loads = ((config.band + config.rows - 1) * (config.run + config.window - 1) + config.band * config.run) * (
+        per_thread / vector)
+    fmas = config.band * config.run * config.rows * config.window * per_thread
+    per_tile = loads * (WEIGHT_WINDOW_LOAD_INSTRUCTIONS + widen * vector) + fmas + WEIGHT_WINDOW_TILE_INSTRUCTIONS
+    accumulators = config.rows * config.window * per_thread
+    per_program = passes * (per_split * per_tile + accumulators * WEIGHT_WINDOW_SUM_INSTRUCTIONS)
+    held_dy = config.band * config.run * per_thread * (1.0 if config.rows > 1 else 0.25)
+    registers = int(accumulators + held_dy + WEIGHT_WINDOW_REGISTER_BASE)
+    spills = registers > arch.registers_per_thread_max
+    resident = blocks_per_sm(arch, threads=threads, shared_bytes=0,
+                             registers_per_thread=min(registers, arch.registers_per_thread_max))
+    programs = math.ceil(p.c / config.block_c) * config.split_k
+    per_sm = math.ceil(programs / arch.sm_count)  # the busiest SM's programs
+    warps = min(resident, per_sm) * config.num_warps
+    issue_s = (per_sm * config.num_warps * per_program
+               / (ISSUE_PER_SM_CYCLE * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY * min(1.0, warps / ISSUE_PER_SM_CYCLE)))
+    issue_s /= SPILL_PENALTY if spills else 1.0
+    workspace = config.split_k * p.k * math.prod(p.filter_size) * 4 if config.split_k > 1 else 0
+    busy = min(1.0, programs / arch.sm_count)  # SMs with a program to stream for
+    # A warp's load is 32 lanes' adjacent channels: 64-512 contiguous bytes, whole sectors at any vector.
+    memory_s = (p.bytes() + workspace) / (bandwidth * DIRECT_FRACTION * busy)
+    overlap = min(1.0, warps / WEIGHT_WINDOW_WARPS_TO_OVERLAP)
+    kernel_s = max(memory_s, issue_s) + (1.0 - overlap) * min(memory_s, issue_s)
+    reduce_s = 0.0
+    if config.split_k > 1:
+        reduce_s = (config.split_k + 1) * p.k * math.prod(p.filter_size) * 4 / bandwidth + LAUNCH_SECONDS
+    modelled = kernel_s + LAUNCH_SECONDS + reduce_s
+    ideal = ideal_seconds(p, arch)
+    terms = {"passes": float(passes), "tiles_per_program": float(per_split), "programs": float(programs),
+             "resident": float(resident), "warps_per_sm": float(warps), "registers": float(registers),
+             "spills": float(spills), "instructions_per_fma": per_tile / fmas, "issue_us": issue_s * 1e6,
+             "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6, "modelled_us": modelled * 1e6}
+    return Score(ideal / modelled, terms)
+
+
 def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
+    if config.window and p.direction is Direction.BWD_WEIGHT:
+        return weight_window_score(config, p, arch)
     if config.window:
         return window_score(config, p, arch)
     item = p.types.dtype.itemsize

@@ -100,6 +100,8 @@ def accumulator_registers(config: ImplicitGemmConfig | TmaConfig | DirectConfig)
             config.block_out * config.block_in)
     elif isinstance(config, ImplicitGemmConfig):
         elements = config.block_m * config.block_n
+    elif config.window and config.signature.direction is Direction.BWD_WEIGHT:
+        elements = config.block_p * config.block_c * config.rows * config.window  # the taps are the sums
     else:
         elements = config.block_p * config.block_c * config.run
     return math.ceil(elements / (config.num_warps * 32))
@@ -257,9 +259,16 @@ def _tma_findings(config: TmaConfig, arch, error, warning) -> None:
 def _window_findings(config: DirectConfig, error) -> None:
     if not 0 <= config.window <= MAX_WINDOW:
         error(ConvRule.WINDOW, f"window={config.window} must be within 0..{MAX_WINDOW} (0: the per-tap kernel)")
-    elif config.window and config.signature.direction is Direction.BWD_WEIGHT:
-        error(ConvRule.WINDOW, "backward-weight has no sliding-window kernel (forward and backward-data only)",
-              "use window=0")
+    if not 1 <= config.rows <= MAX_WINDOW:
+        error(ConvRule.WINDOW, f"rows={config.rows} must be within 1..{MAX_WINDOW}")
+    elif config.rows > 1 and not (config.window and config.signature.direction is Direction.BWD_WEIGHT):
+        error(ConvRule.WINDOW, f"rows={config.rows}: only the backward-weight window kernel holds filter rows "
+              "(forward and backward-data loop over them)", "use rows=1")
+    if not 1 <= config.band <= MAX_RUN:
+        error(ConvRule.WINDOW, f"band={config.band} must be within 1..{MAX_RUN}")
+    elif config.band > 1 and not (config.window and config.signature.direction is Direction.BWD_WEIGHT):
+        error(ConvRule.WINDOW, f"band={config.band}: only the backward-weight window kernel holds several output "
+              "rows a thread", "use band=1")
     if not 1 <= config.run <= MAX_RUN:
         error(ConvRule.WINDOW, f"run={config.run} must be within 1..{MAX_RUN}")
     elif config.run > 1 and not config.window:
@@ -360,6 +369,11 @@ def _window_refusal(config: DirectConfig, problem: ConvProblem) -> str | None:
     if problem.stride[-1] != 1 or problem.dilation[-1] != 1:
         return (f"the sliding window needs stride 1 and dilation 1 along W; this conv has stride "
                 f"{problem.stride[-1]}, dilation {problem.dilation[-1]} (the per-tap direct kernel serves it)")
+    _, stride_h, _ = problem.padded3(problem.stride, 1)
+    _, dilation_h, _ = problem.padded3(problem.dilation, 1)
+    if config.band > 1 and (stride_h != 1 or dilation_h != 1):
+        return (f"a band of {config.band} output rows shares its input rows only at stride 1 and dilation 1 along "
+                f"H; this conv has stride {stride_h}, dilation {dilation_h} there (a band-1 window kernel serves it)")
     return None
 
 

@@ -46,8 +46,11 @@ class DirectTile:
     block_c: int
     num_warps: int
     split_k: int = 1  # > 1: backward-weight only
-    window: int = 0  # > 0: the sliding-window kernel for this filter width (forward and backward-data)
+    window: int = 0  # > 0: the sliding-window kernel for this filter width
     run: int = 1  # output pixels along W a thread holds (window kernels only)
+    rows: int = 1  # filter rows held per pass (backward-weight window kernels only)
+    band: int = 1  # output rows a thread's block spans (backward-weight window kernels only)
+    directions: tuple[Direction, ...] = tuple(Direction)  # window tiles: set by `windows` / `weight_windows`
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,16 @@ def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...]) -> tuple[Tm
 
 
 def windows(tiles: tuple[DirectTile, ...], widths: tuple[int, ...]) -> tuple[DirectTile, ...]:
-    """Each sliding-window tile for each filter width."""
-    return tuple(replace(t, window=width) for width in widths for t in tiles)
+    """Each sliding-window tile for each filter width, for forward and backward-data."""
+    return tuple(replace(t, window=width, directions=(Direction.FORWARD, Direction.BWD_DATA))
+                 for width in widths for t in tiles)
+
+
+def weight_windows(tiles: tuple[DirectTile, ...], shapes: tuple[tuple[int, int], ...],
+                   split_ks: tuple[int, ...] = (1,)) -> tuple[DirectTile, ...]:
+    """Each backward-weight window tile for each (filter rows held, filter width) and split."""
+    return tuple(replace(t, rows=rows, window=width, split_k=k, directions=(Direction.BWD_WEIGHT,))
+                 for rows, width in shapes for k in split_ks for t in tiles)
 
 
 # Small tiles the CPU interpreter runs quickly; both split modes included.
@@ -131,11 +142,15 @@ FULL_GEMM = tuple(
 TINY_DIRECT = (
     DirectTile(16, 16, 2),
     DirectTile(32, 8, 2, split_k=3),
-) + windows((DirectTile(8, 16, 2, run=3),), (3,))
+) + windows((DirectTile(8, 16, 2, run=3),), (3,)) + weight_windows((DirectTile(4, 16, 1, run=3),), ((3, 3),), (2,))
+# Backward-weight windows holding all, some (passes; the last one partly masked) or one of the filter rows.
 TESTS_DIRECT = TINY_DIRECT + (
     DirectTile(8, 32, 4),
     DirectTile(16, 16, 4, split_k=2),
-) + windows((DirectTile(8, 16, 2, run=3),), (1, 2, 5)) + windows((DirectTile(4, 32, 1, run=5),), (3,))
+) + windows((DirectTile(8, 16, 2, run=3),), (1, 2, 5)) + windows((DirectTile(4, 32, 1, run=5),), (3,)) + (
+    weight_windows((DirectTile(4, 16, 1, run=3),), ((1, 1), (1, 2), (3, 5), (2, 3)), (1, 3))
+    + weight_windows((DirectTile(2, 32, 2, run=5),), ((5, 5), (1, 3)), (1,))
+    + weight_windows((DirectTile(4, 16, 1, run=3, band=2),), ((3, 3), (2, 5)), (1, 2)))
 # Depthwise forward and backward-data by sliding windows (kernels/direct.py), for the filter
 # widths of MobileNet/EfficientNet (3, 5), ConvNeXt (7) and Mamba's causal conv1d (4). A
 # thread holds one run of `run` pixels of one 16-byte channel vector (block_c / 8 lanes
@@ -166,7 +181,33 @@ DEFAULT_DIRECT = TESTS_DIRECT + (
     DirectTile(32, 64, 4, split_k=32),
     DirectTile(128, 32, 8, split_k=64),
 ) + windows(DEFAULT_WINDOW_TILES, WINDOW_WIDTHS)
-FULL_DIRECT = tuple(
+# Depthwise backward-weight by sliding windows (kernels/direct.py): the accumulators are the taps of
+# `rows` filter rows, rows x window x (block_p * block_c / threads) a thread, so the channels a thread
+# holds shrink as the filter grows (3x3: 8, one 16-byte bf16 vector; 5x5: 2-4; 7x7: 1-2) to stay
+# within 255 registers (sm_90 builds: 168-255, ranking.py). A band of 2-4 output rows shares each
+# loaded input row among 2-4 filter rows: 7x7 run 7 band 2 spends 1.88 instructions an FMA, run 7
+# alone 2.49. 1-D (Mamba's k4) holds one filter row and long runs. Splits of the pixels: 16-64
+# programs a channel block, the fp32 workspace summed by conv_weight_reduce.
+WEIGHT_WINDOW_TILES = {
+    (3, 3): (DirectTile(16, 64, 4, run=7), DirectTile(16, 64, 4, run=4, band=2), DirectTile(8, 64, 4, run=4, band=2)),
+    (5, 5): (DirectTile(8, 64, 4, run=4, band=2), DirectTile(4, 64, 4, run=7, band=2),
+             DirectTile(4, 64, 4, run=4, band=4)),
+    (7, 7): (DirectTile(4, 64, 4, run=7, band=2), DirectTile(4, 64, 4, run=4, band=4),
+             DirectTile(2, 64, 4, run=7, band=4)),
+    (1, 4): (DirectTile(16, 64, 4, run=16), DirectTile(16, 64, 4, run=8), DirectTile(8, 64, 4, run=16)),
+}
+# 22 and 44 splits of 6 channel blocks (C = 384) and 12 and 24 of 11 (C = 672) are one and two
+# programs per SM of an H100/H200's 132: a busiest SM with one program more than the others idles the rest.
+WEIGHT_WINDOW_SPLITS = {(3, 3): (22, 32, 44, 64), (5, 5): (12, 16, 24), (7, 7): (22, 32, 44), (1, 4): (16, 32, 64)}
+DEFAULT_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
+    weight_windows(tiles, (shape,), WEIGHT_WINDOW_SPLITS[shape]) for shape, tiles in WEIGHT_WINDOW_TILES.items())
+) + weight_windows((DirectTile(16, 64, 4, run=16),), ((1, 3), (1, 5), (1, 7)), (32,))
+DEFAULT_DIRECT = DEFAULT_DIRECT + DEFAULT_WEIGHT_WINDOWS
+# `full` adds other splits of the 2-D windows (6-11 channel blocks of 64 x 8-48 splits: 48-528 programs).
+FULL_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
+    weight_windows(tiles, (shape,), tuple(k for k in (8, 11, 16, 24, 48) if k not in WEIGHT_WINDOW_SPLITS[shape]))
+    for shape, tiles in WEIGHT_WINDOW_TILES.items() if shape[0] > 1))
+FULL_DIRECT = FULL_WEIGHT_WINDOWS + tuple(
     DirectTile(p, c, w, k)
     for p, c, w, k in itertools.product((8, 16, 32, 64, 128), (16, 32, 64, 128, 256), (2, 4, 8), (1, 8, 32))
 )
@@ -252,8 +293,9 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES) -> Iterat
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
                                          t.num_stages, t.split_k, t.split_mode, t.groups_per_tile)
         for t in direct_tiles:
-            if (t.split_k == 1 or weight) and not (t.window and weight):
-                yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run)
+            if (t.split_k == 1 or weight) and sig.direction in t.directions:
+                yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run, t.rows,
+                                   t.band)
 
 
 def tiny() -> Iterator[AnyConvConfig]:

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
-from .geometry import inside, next_tap, source_of, split_pixel, split_tap, target_of
+from .geometry import advance_pixel, inside, next_tap, source_of, split_pixel, split_tap, target_of
 
 
 @triton.jit
@@ -389,3 +389,140 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         mask = (in_q & (iw0 + t < W))[:, None] & in_c[None, :]
         at = x_ptr + (x_row + t * (sxw // VEC * VEC))[:, None] + offs_c[None, :]
         tl.store(at, acc[t].to(x_ptr.dtype.element_ty), mask=mask)
+
+
+# -- depthwise backward-weight by sliding windows --------------------------------------------
+# dw[c, fy, fx] = sum over output pixels of x[ih(oh, fy), ow + fx - PW, c] * dy[oh, ow, c]. The
+# per-tap kernel above loads a dy and an x vector per (pixel, tap), widens both and makes one
+# vector FMA of them, then sums a tile over its pixels once per tap. Here a thread holds a run
+# of RUN output pixels along W for one channel vector: it loads the run's dy once (widened once),
+# then for each of ROWS filter rows loads the RUN + WINDOW - 1 input pixels that row sees once
+# and adds each into the WINDOW taps it meets. The accumulators are the taps themselves
+# (ROWS x WINDOW per channel), held over the program's whole share of the pixels and summed
+# across the tile's runs once at the end: the loads and widenings of the per-tap kernel are
+# shared by WINDOW (x) and ROWS x WINDOW (dy) FMAs, and there is one cross-thread sum per tap
+# and program instead of one per tap and tile.
+
+
+@triton.jit
+def _widen(v):
+    """v as fp32. bf16 pairs by two bit operations (the low half shifted up, the high half masked):
+    Triton's cvt.f32.bf16 became PRMT + SHF for each high half in sm_90 SASS (12 instructions a
+    16-byte vector instead of 8). Under the interpreter (no bf16 there) a plain conversion."""
+    if v.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [v],
+                                         dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _weight_window_tile(acc, in_q, n, od, ohb, r, fz, fy0, x_ptr, y_ptr, offs_c, in_c,
+                        D, H, W, OH, OW, SD, SH, PD, PH, PW, DD, DH,
+                        sxn_v, sxd_v, sxh_v, sxw_v, syn_v, syd_v, syh_v, syw_v,
+                        RUN: tl.constexpr, WINDOW: tl.constexpr, ROWS: tl.constexpr, BAND: tl.constexpr):
+    """Adds one tile of blocks (BAND output rows x RUN output pixels along W each) into the
+    ROWS x WINDOW tap accumulators of filter rows fy0 .. fy0 + ROWS - 1 of plane fz.
+
+    Output (b, t) of a block meets input row u = b + i at filter row i (BAND > 1 is taken at
+    stride and dilation 1 along H only) and input column ow0 - PW + t + s at tap s: the
+    BAND + ROWS - 1 input rows a block sees are loaded once each, and column j of row u feeds
+    taps (i, s) = (u - b, j - t) for the (b, t) in reach. dy past OH or OW loads as zero, so
+    those products add nothing; sums of rows past FY (ROWS not dividing FY) are not stored.
+    """
+    oh0 = ohb * BAND
+    ow0 = r * RUN
+    n64 = n.to(tl.int64)
+    dy_row = y_ptr + (n64 * syn_v + od * syd_v + oh0 * syh_v + ow0 * syw_v)
+    dys = ()  # (b, t) at b * RUN + t
+    for b in tl.static_range(BAND):
+        for t in tl.static_range(RUN):
+            ok = in_q & (oh0 + b < OH) & (ow0 + t < OW)
+            at = dy_row[:, None] + (b * syh_v + t * syw_v + offs_c)[None, :]
+            dys = dys + (_widen(tl.load(at, mask=ok[:, None] & in_c[None, :], other=0.0)),)
+    idd = od * SD - PD + fz * DD
+    col0 = ow0 - PW
+    ok_d = in_q & inside(idd, D)
+    x_run = x_ptr + (n64 * sxn_v + idd * sxd_v + col0 * sxw_v)
+    for u in tl.static_range(BAND + ROWS - 1):
+        ih = oh0 * SH - PH + (fy0 + u) * DH
+        row_ok = ok_d & inside(ih, H)
+        src = x_run + ih * sxh_v
+        for j in tl.static_range(RUN + WINDOW - 1):
+            ok = row_ok & inside(col0 + j, W)
+            xv = _widen(tl.load(src[:, None] + (j * sxw_v + offs_c)[None, :], mask=ok[:, None] & in_c[None, :],
+                                other=0.0))
+            for b in tl.static_range(BAND):
+                for s in tl.static_range(WINDOW):
+                    if u - b >= 0 and u - b < ROWS and j - s >= 0 and j - s < RUN:
+                        acc = _set(acc, (u - b) * WINDOW + s, acc[(u - b) * WINDOW + s] + xv * dys[b * RUN + j - s])
+    return acc
+
+
+@triton.jit
+def conv_bwd_weight_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
+                                  N, G, CG, KG, D, H, W, OD, OH, OW, FZ, FY, FX,
+                                  SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                                  sxn, sxd, sxh, sxw, swk, swz, swy, swx, syn, syd, syh, syw, srn, srd, srh, srw,
+                                  BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
+                                  HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                                  VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
+                                  RUN: tl.constexpr, WINDOW: tl.constexpr, ROWS: tl.constexpr,
+                                  BAND: tl.constexpr):
+    """Depthwise backward-weight (C/G = K/G = 1, FX = WINDOW, stride and dilation 1 along W).
+
+    Grid: (channel blocks, SPLIT_K). Rows of the tile are blocks of BAND output rows x RUN
+    output pixels along W, (n, od, oh / BAND, run) flattened with the runs fastest; program
+    pid_s takes a contiguous share of the tiles of BLOCK_P blocks, stepping their
+    coordinates by carries (no division a tile). Filter rows are held ROWS at a time: one
+    pass over the share per group of ROWS rows and per plane fz (ROWS = FY, FZ = 1: one
+    pass). Along D and H any stride and dilation (BAND = 1). With SPLIT_K > 1 each program
+    writes its sums to its own fp32 slab of the workspace [SPLIT_K, C, taps], which
+    `conv_weight_reduce` sums in order; with SPLIT_K = 1 it stores dw by its strides.
+    """
+    pid_c = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    C = G // VEC * VEC
+    taps = FZ * FY * WINDOW
+    runs = tl.cdiv(OW, RUN)
+    OHB = tl.cdiv(OH, BAND)
+    Q = N * OD * OHB * runs
+    q_tiles = tl.cdiv(Q, BLOCK_P)
+    per_split = tl.cdiv(q_tiles, SPLIT_K)
+    q_first = pid_s * per_split
+    q_last = tl.minimum(q_first + per_split, q_tiles)
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    in_c = offs_c < C
+    sxn_v, sxd_v, sxh_v, sxw_v = sxn // VEC * VEC, sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
+    syn_v, syd_v, syh_v, syw_v = syn // VEC * VEC, syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
+    # A tile's step of BLOCK_P runs as digits over (n, od, oh, run), for advance_pixel.
+    step_r = BLOCK_P % runs
+    step_h = BLOCK_P // runs % OHB
+    step_d = BLOCK_P // runs // OHB % OD
+    step_n = BLOCK_P // runs // OHB // OD
+    slab = ws_ptr + pid_s.to(tl.int64) * C * taps
+    for fz in range(FZ):
+        for fy0 in range(0, FY, ROWS):
+            acc = _zeros(BLOCK_P, BLOCK_C, ROWS * WINDOW)
+            offs_q = q_first * BLOCK_P + tl.arange(0, BLOCK_P)
+            n, od, ohb, r = split_pixel(offs_q, OD, OHB, runs)
+            for _ in range(q_first, q_last):
+                acc = _weight_window_tile(acc, offs_q < Q, n, od, ohb, r, fz, fy0, x_ptr, y_ptr, offs_c, in_c,
+                                          D, H, W, OH, OW, SD, SH, PD, PH, PW, DD, DH,
+                                          sxn_v, sxd_v, sxh_v, sxw_v, syn_v, syd_v, syh_v, syw_v,
+                                          RUN, WINDOW, ROWS, BAND)
+                od, ohb, r, wrap_d, _wrap_h, _wrap_r = advance_pixel(od, ohb, r, step_d, step_h, step_r, OD, OHB,
+                                                                     runs)
+                n += step_n + wrap_d.to(tl.int32)
+                offs_q += BLOCK_P
+            for i in tl.static_range(ROWS):
+                fy = fy0 + i
+                ok = in_c & (fy < FY)
+                for s in tl.static_range(WINDOW):
+                    total = tl.sum(acc[i * WINDOW + s], axis=0)
+                    if SPLIT_K == 1:
+                        at = w_ptr + offs_c.to(tl.int64) * swk + fz * swz + fy * swy + s * swx
+                        tl.store(at, total.to(w_ptr.dtype.element_ty), mask=ok)
+                    else:
+                        tap = (fz * FY + fy) * WINDOW + s
+                        tl.store(slab + offs_c.to(tl.int64) * taps + tap, total, mask=ok)
