@@ -86,6 +86,13 @@ VENDOR_FRACTION = {
 # taps (mbv2 3x3, 5x5, convnext 7x7 forward: 4.2, 4.9, 5.8 T output-taps/s). As fractions
 # of the CUDA-core FMA rate (FMA_FRACTION_OF_TF32 of the tf32 peak, 2 FLOPs a tap):
 VENDOR_DEPTHWISE_FMA = {Direction.FORWARD: 0.16, Direction.BWD_DATA: 0.03, Direction.BWD_WEIGHT: 0.11}
+# Its backward-weight amortises each pixel's loads over the taps, so its rate grows with
+# them: 6.9 TFLOP/s at 3x3 (mbv2) and 17.3 at 7x7 (convnext), the same conv.csv. A rate of
+# VENDOR_DEPTHWISE_WEIGHT_FMA x taps / (taps + VENDOR_DEPTHWISE_WEIGHT_HALF_TAPS) fits both
+# (the fixed 0.11 put convnext at 141 us against 54 measured, and the dispatcher would have
+# taken a Triton kernel that ran 0.80x cuDNN there); 5x5 at 14x14 (7.4) is slower than it.
+VENDOR_DEPTHWISE_WEIGHT_FMA = 0.43
+VENDOR_DEPTHWISE_WEIGHT_HALF_TAPS = 25
 # The dispatcher takes a Triton kernel over cuDNN only when the model says it is faster by
 # more than its own error: modelled / measured of the Triton kernels the rules pick on
 # conv.csv spans 0.8-1.9x (grouped implicit GEMMs with narrow N run 1.2-1.9x slower than
@@ -209,7 +216,11 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
     fraction = VENDOR_FRACTION[(kind, p.direction)]
     conv_s = ideal / fraction
     if kind is ShapeClass.DEPTHWISE:
-        conv_s = max(conv_s, p.flops() / (_fma_rate(arch) * VENDOR_DEPTHWISE_FMA[p.direction]))
+        fraction_of_fma = VENDOR_DEPTHWISE_FMA[p.direction]
+        if p.direction is Direction.BWD_WEIGHT:
+            taps = math.prod(p.filter_size)
+            fraction_of_fma = VENDOR_DEPTHWISE_WEIGHT_FMA * taps / (taps + VENDOR_DEPTHWISE_WEIGHT_HALF_TAPS)
+        conv_s = max(conv_s, p.flops() / (_fma_rate(arch) * fraction_of_fma))
     steps = int(p.epilogue.activation.value != "none") + int(p.epilogue.residual)
     y_bytes = p.n * p.k * math.prod(p.output_size) * p.types.dtype.itemsize
     step_s = 2 * y_bytes / _bandwidth(arch) + LAUNCH_SECONDS
