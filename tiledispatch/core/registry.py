@@ -56,20 +56,26 @@ class Registry:
     @classmethod
     def from_rule_set(cls, op: OpKind | str, rule_set: RuleSet | str, arch) -> "Registry":
         """The specs of a rule set that are valid on `arch`. Duplicate names are a bug, and raise."""
-        definition = get_op(op)
         rule_set = RuleSet.parse(rule_set)
+        return cls.from_configs(op, get_op(op).rule_sets[rule_set](), arch, source=f"rule set {rule_set.value!r}")
+
+    @classmethod
+    def from_configs(cls, op: OpKind | str, configs: Iterable, arch, source: str = "configs") -> "Registry":
+        """The specs of `configs` that are valid on `arch` (a sweep's own tile space, say).
+        Duplicate names are a bug, and raise."""
+        definition = get_op(op)
         registry, skipped, seen = cls(), 0, set()
-        for config in definition.rule_sets[rule_set]():
+        for config in configs:
             spec = KernelSpec(definition.kind, config, arch.name)
             if spec.name in seen:  # also for configs this arch drops: rule sets are arch-independent
-                raise ValueError(f"rule set {rule_set.value!r} generates {spec.name} twice")
+                raise ValueError(f"{source} generates {spec.name} twice")
             seen.add(spec.name)
             if not definition.validate(config, arch).ok:
                 skipped += 1
                 continue
             registry.add(spec)
         if skipped:
-            log.debug("%s/%s on %s: %d configs invalid there, left out", op, rule_set.value, arch.name, skipped)
+            log.debug("%s/%s on %s: %d configs invalid there, left out", op, source, arch.name, skipped)
         return registry
 
     def merge(self, other: "Registry") -> "Registry":

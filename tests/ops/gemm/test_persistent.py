@@ -75,6 +75,17 @@ def test_fp8_rcr(tests_set):
     check(tests_set, GemmProblem(64, 48, 96, types=types, layout=GemmLayout.parse("rcr")))
 
 
+@pytest.mark.parametrize("k", [64, 224], ids=["a-split-without-k-tiles", "uneven-splits"])
+def test_split_k_partials_reduced_with_the_epilogue(tests_set, k):
+    # Split 3 over 2 K tiles of 32 leaves the last split none (its slab must still be zeros);
+    # over 7 tiles the splits take 3, 3 and 1. The reduction applies bias, activation, residual.
+    problem = GemmProblem(48, 64, k, batch=2, types=GemmTypes.parse("fp16"),
+                          epilogue=Epilogue(True, Activation.GELU, True))
+    (name,) = [s.name for s in tests_set.registry
+               if s.config.split_k == 3 and s.definition.supports(s.config, problem) is None]
+    check(tests_set, problem, kernel=name, seed=k)
+
+
 def test_unaligned_problem_has_no_persistent_kernel(tests_set):
     problem = GemmProblem(65, 33, 100, types=GemmTypes.parse("fp16"))
     inputs = make_inputs(problem, device=DEVICE)

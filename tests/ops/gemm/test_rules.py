@@ -51,7 +51,7 @@ BREAKERS = {
     GemmRule.WARPS: (dict(num_warps=3), ["num_warps=3", "(1, 2, 4, 8, 16)"]),
     GemmRule.STAGES: (dict(num_stages=9), ["num_stages=9", "1..8"]),
     GemmRule.GROUP_M: (dict(group_m=0), ["group_m=0", "at least 1"]),
-    GemmRule.SPLIT_K: (dict(split_k=65), ["split_k=65", "1..64"]),
+    GemmRule.SPLIT_K: (dict(split_k=129), ["split_k=129", "1..128"]),
     # 4 x (128x128 + 128x128) x 2 B = 262144 B > 232448 B on sm_90.
     GemmRule.SHARED_MEMORY: (dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4),
                              ["4 stages", "262144 B", "232448 B", "sm_90"]),
@@ -256,9 +256,9 @@ def test_auto_correct_register_budget_is_nearest():
 
 
 def test_auto_correct_fixes_group_m_and_split_k():
-    fixed, corrections = auto_correct(config(group_m=0, split_k=100), SM90)
-    assert (fixed.group_m, fixed.split_k) == (1, 64)
-    assert {(c.field, c.old, c.new) for c in corrections} == {("group_m", 0, 1), ("split_k", 100, 64)}
+    fixed, corrections = auto_correct(config(group_m=0, split_k=200), SM90)
+    assert (fixed.group_m, fixed.split_k) == (1, 128)
+    assert {(c.field, c.old, c.new) for c in corrections} == {("group_m", 0, 1), ("split_k", 200, 128)}
     assert all(set(c.rules) == {"group-m", "split-k"} for c in corrections)
 
 
@@ -389,7 +389,7 @@ def test_persistent_needs_tma_and_counts_the_store_buffer():
     (dict(layout=GemmLayout.parse("ssr")), GemmRule.LAYOUT, ["row- or column-major", "ssr"]),
     (dict(layout=GemmLayout.parse("rrc")), GemmRule.LAYOUT, ["C row-major"]),
     (dict(types=FP8, layout=GemmLayout.parse("rrr")), GemmRule.LAYOUT, ["K-major", "rcr"]),
-    (dict(split_k=2), GemmRule.SPLIT_K, ["split_k=1"]),
+    (dict(split_k=0), GemmRule.SPLIT_K, ["split_k=0"]),
     (dict(epilogue_split=4), GemmRule.PERSISTENT_OPTIONS, ["epilogue_split=4"]),
     (dict(block_n=16), GemmRule.PERSISTENT_OPTIONS, ["block_n=16"]),
 ])
@@ -404,6 +404,13 @@ def test_persistent_layouts_and_fp8():
     for layout in ("rrr", "rcr", "crr", "ccr"):
         assert validate(replace(PERSISTENT, layout=GemmLayout.parse(layout)), SM90).ok
     assert validate(replace(PERSISTENT, types=FP8, block_k=128, num_stages=3), SM90).ok
+
+
+def test_persistent_split_k_stages_fp32_partials():
+    split = replace(PERSISTENT, split_k=8)
+    assert validate(split, SM90).ok
+    # The TMA store stages the fp32 partial sum, twice the bytes of the fp16 output tile.
+    assert shared_memory_bytes(split) - shared_memory_bytes(PERSISTENT) == 128 * 64 * 2
 
 
 def test_persistent_supports_only_aligned_operands():

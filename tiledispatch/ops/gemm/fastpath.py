@@ -88,6 +88,24 @@ class _Slot:
 
 
 @dataclass(frozen=True)
+class _Workspace:
+    """Argument `index` takes a fresh tensor made by the plan (split-K's partial sums), or a
+    descriptor over it; stages asking for the same shape and dtype share one per call."""
+
+    index: int
+    shape: tuple
+    dtype: torch.dtype
+    descriptor: TensorDescriptor | None = None
+
+    def value(self, tensor: torch.Tensor):
+        if self.descriptor is None:
+            return tensor
+        descriptor = copy.copy(self.descriptor)
+        descriptor.base = tensor
+        return descriptor
+
+
+@dataclass(frozen=True)
 class _Stage:
     """One launch of the plan: its launcher and grid, its arguments with holes, and what fills them."""
 
@@ -96,7 +114,7 @@ class _Stage:
     template: list
     plain: tuple[tuple[int, int], ...]  # (argument index, role) of the slots filled with the tensor as it is
     slots: tuple[_Slot, ...]  # the others: views and descriptors
-    workspaces: tuple[tuple[int, tuple, torch.dtype], ...]  # (index, shape, dtype), fresh per call
+    workspaces: tuple[_Workspace, ...]
 
 
 class BoundGemm:
@@ -120,16 +138,19 @@ class BoundGemm:
         python = isinstance(launcher, PythonLauncher)
         plain, slots, workspaces = [], [], []
         for j, value in enumerate(launch.args):
-            if isinstance(value, TensorDescriptor):
-                slots.append(_Slot(j, by_id[id(value.base)], _Fill.DESCRIPTOR, value))
-            elif isinstance(value, torch.Tensor):
-                role = by_id.get(id(value))
-                if role is None:  # made by the plan itself: a workspace
-                    workspaces.append((j, tuple(value.shape), value.dtype))
-                elif python and value.dim() == 3:
-                    slots.append(_Slot(j, role, _Fill.BATCHED_VIEW))
-                else:
-                    plain.append((j, role))
+            descriptor = value if isinstance(value, TensorDescriptor) else None
+            tensor = value.base if descriptor else value
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            role = by_id.get(id(tensor))
+            if role is None:  # made by the plan itself: a workspace
+                workspaces.append(_Workspace(j, tuple(tensor.shape), tensor.dtype, descriptor))
+            elif descriptor:
+                slots.append(_Slot(j, role, _Fill.DESCRIPTOR, descriptor))
+            elif python and tensor.dim() == 3:
+                slots.append(_Slot(j, role, _Fill.BATCHED_VIEW))
+            else:
+                plain.append((j, role))
         # Tensors are filled in per call; holding the planning ones would pin their memory.
         template = [None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch.args]
         return _Stage(launcher, launch.grid, template, tuple(plain), tuple(slots), tuple(workspaces))
@@ -154,11 +175,11 @@ class BoundGemm:
                 args[index] = values[role]
             for slot in stage.slots:
                 args[slot.index] = slot.value(values[slot.role])
-            for index, shape, dtype in stage.workspaces:
-                workspace = shared.get((shape, dtype))
-                if workspace is None:
-                    workspace = shared[(shape, dtype)] = torch.empty(shape, dtype=dtype, device=self._device)
-                args[index] = workspace
+            for ws in stage.workspaces:
+                tensor = shared.get((ws.shape, ws.dtype))
+                if tensor is None:
+                    tensor = shared[(ws.shape, ws.dtype)] = torch.empty(ws.shape, dtype=ws.dtype, device=self._device)
+                args[ws.index] = ws.value(tensor)
             stage.launcher(stage.grid, args, stream)
         if out is not None:
             return out

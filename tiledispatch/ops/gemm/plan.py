@@ -30,8 +30,8 @@ FAMILY_MODULES = {
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 _TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
-REDUCE_BLOCK = (32, 64)  # reduction tile: memory-bound, 2K elements per program
 MAX_GRID_YZ = 65535
+_EPILOGUE_STRIDES = (("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64"))
 
 
 def _unit_strides(prefix: str, layout: Layout, dims: tuple[str, str]) -> list[tuple[str, str]]:
@@ -79,8 +79,11 @@ def _divisibility(alignment: Alignment, types: GemmTypes, signature, split: bool
 def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
-    if config.family is Family.TMA_PERSISTENT:
-        return (_persistent_unit(config, alignment),)
+    main = _persistent_unit(config, alignment) if config.family is Family.TMA_PERSISTENT else _tiled_unit(config, alignment)
+    return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
+
+
+def _tiled_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     t, layout = config.types, config.layout
     split = config.split_k > 1
     c_type = "*fp32" if split else f"*{t.c.triton}"
@@ -89,7 +92,6 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
             ("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32")]
     strides = (_unit_strides("stride_a", layout.a, ("m", "k")) + _unit_strides("stride_b", layout.b, ("k", "n"))
                + _unit_strides("stride_c", Layout.STRIDED if split else layout.c, ("m", "n")))
-    tail = [("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64")]
     constexprs = {
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
         "GROUP_M": config.group_m, "SPLIT_K": config.split_k, **_epilogue_constexprs(config),
@@ -97,32 +99,46 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
         "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
     }
     constexprs.update({name: 1 for name, kind in strides if kind == "constexpr"})
-    signature = args + strides + tail + [(name, "constexpr") for name in constexprs if not name.startswith("stride")]
-    main = KernelUnit(
+    signature = args + strides + list(_EPILOGUE_STRIDES) + [(name, "constexpr") for name in constexprs if not name.startswith("stride")]
+    return KernelUnit(
         stage="main", module=FAMILY_MODULES[config.family], function="gemm_tiled",
         signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
         num_warps=config.num_warps, num_stages=config.num_stages,
         modules=(FAMILY_MODULES[config.family], _EPILOGUE_MODULE, _TILE_ORDER_MODULE),
         divisibility=_divisibility(alignment, t, signature, split),
     )
-    if not split:
-        return (main,)
-    reduce_strides = _unit_strides("stride_c", layout.c, ("m", "n"))
-    reduce_constexprs = {"BLOCK_M": REDUCE_BLOCK[0], "BLOCK_N": REDUCE_BLOCK[1], "SPLIT_K": config.split_k,
+
+
+def reduce_block(split_k: int) -> tuple[int, int]:
+    """The reduction's tile: rows of 64 columns, fewer rows the more slabs each sums.
+
+    Each program reads split_k slabs of its tile; at most ~64 KB per program keeps the
+    pass spread over many SMs when the output is small (a 64x64 output split 64 ways
+    would otherwise be summed by two programs).
+    """
+    rows = max(1, min(32, 256 // split_k))
+    return 1 << (rows.bit_length() - 1), 64
+
+
+def _reduce_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+    """The split-K reduction stage, the same for both families: the workspace is [batch, split, M, N]."""
+    t = config.types
+    reduce_strides = _unit_strides("stride_c", config.layout.c, ("m", "n"))
+    block_m, block_n = reduce_block(config.split_k)
+    reduce_constexprs = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": config.split_k,
                          **_epilogue_constexprs(config)}
     reduce_constexprs.update({name: 1 for name, kind in reduce_strides if kind == "constexpr"})
     reduce_signature = ([("ws_ptr", "*fp32"), ("c_ptr", f"*{t.c.triton}"), ("bias_ptr", f"*{t.c.triton}"),
                          ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"),
-                         ("M", "i32"), ("N", "i32")] + reduce_strides + tail
+                         ("M", "i32"), ("N", "i32")] + reduce_strides + list(_EPILOGUE_STRIDES)
                         + [(n, "constexpr") for n in reduce_constexprs if not n.startswith("stride")])
-    reduce = KernelUnit(
+    return KernelUnit(
         stage="reduce", module=_REDUCE_MODULE, function="splitk_reduce",
         signature=tuple(reduce_signature), constexprs=tuple(sorted(reduce_constexprs.items())),
         num_warps=4, num_stages=1, modules=(_REDUCE_MODULE, _EPILOGUE_MODULE),
         divisibility=_divisibility(replace(alignment, a=False, b=False), t, reduce_signature, False)
         + (("ws_ptr", VECTOR_BYTES),),
     )
-    return main, reduce
 
 
 def _descriptor_blocks(config: GemmConfig) -> dict[str, tuple[int, int, int]]:
@@ -137,20 +153,20 @@ def _descriptor_blocks(config: GemmConfig) -> dict[str, tuple[int, int, int]]:
 
 def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     t = config.types
-    dtypes = {"a_desc": t.a, "b_desc": t.b, "c_desc": t.c}
+    split = config.split_k > 1
+    dtypes = {"a_desc": t.a, "b_desc": t.b, "c_desc": DType.FP32 if split else t.c}
     descriptors = [(name, f"tensordesc<{dtypes[name].triton}[{','.join(map(str, block))}]>")
                    for name, block in _descriptor_blocks(config).items()]
     args = descriptors + [
         ("bias_ptr", f"*{t.c.triton}"), ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"),
         ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("batch", "i32"),
-        ("a_batch_step", "i32"), ("b_batch_step", "i32"),
-        ("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64"),
+        ("a_batch_step", "i32"), ("b_batch_step", "i32"), *_EPILOGUE_STRIDES,
     ]
     constexprs = {
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
         "GROUP_M": config.group_m, "A_K_MAJOR": config.layout.a is Layout.ROW,
         "B_K_MAJOR": config.layout.b is Layout.COL, "EPILOGUE_SPLIT": config.epilogue_split,
-        "FLATTEN": config.flatten, **_epilogue_constexprs(config),
+        "FLATTEN": config.flatten, "SPLIT_K": config.split_k, **_epilogue_constexprs(config),
         "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
         "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
     }
@@ -194,17 +210,48 @@ def _programs(device: torch.device) -> int:
 def _persistent_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor, epilogue_args: dict) -> Plan:
     p = ops.problem
     blocks = _descriptor_blocks(config)
+    workspace = _workspace(config, p, out)
+    if workspace is None:
+        c_desc = _tensor_descriptor(out, True, blocks["c_desc"])
+    else:  # its slabs as one 3-D matrix stack; the base stays the 4-D workspace the reduction reads
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        c_desc = TensorDescriptor(workspace, [p.batch * config.split_k, p.m, p.n], [p.m * p.n, p.n, 1],
+                                  list(blocks["c_desc"]))
     bound = {
         **epilogue_args, "K": p.k, "batch": p.batch,
         # A broadcast operand (batch 1 against batch > 1) is read at batch coordinate 0.
         "a_batch_step": int(ops.a.shape[0] > 1), "b_batch_step": int(ops.b.shape[0] > 1),
         "a_desc": _tensor_descriptor(ops.a, config.layout.a is Layout.ROW, blocks["a_desc"]),
         "b_desc": _tensor_descriptor(ops.b, config.layout.b is Layout.ROW, blocks["b_desc"]),
-        "c_desc": _tensor_descriptor(out, True, blocks["c_desc"]),
+        "c_desc": c_desc,
     }
-    tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n) * p.batch
-    grid = (min(tiles, _programs(out.device)), 1, 1)
-    return Plan((Launch("main", grid, _values(kernel_units(config, p.alignment)[0], bound)),), out)
+    units = kernel_units(config, p.alignment)
+    work = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n) * p.batch * config.split_k
+    grid = (min(work, _programs(out.device)), 1, 1)
+    launches = [Launch("main", grid, _values(units[0], bound))]
+    if workspace is not None:
+        launches.append(_reduce_launch(config, units[1], workspace, out, epilogue_args))
+    return Plan(tuple(launches), out)
+
+
+def _workspace(config: GemmConfig, p, out: torch.Tensor) -> torch.Tensor | None:
+    """Split-K's fp32 partial sums, one [M, N] slab per batch and split; None without split."""
+    if config.split_k == 1:
+        return None
+    return torch.empty((p.batch, config.split_k, p.m, p.n), dtype=torch.float32, device=out.device)
+
+
+def _reduce_launch(config: GemmConfig, unit: KernelUnit, workspace: torch.Tensor, out: torch.Tensor,
+                   epilogue_args: dict) -> Launch:
+    batch, _, m, n = workspace.shape
+    block_m, block_n = reduce_block(config.split_k)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
+    if grid[1] > MAX_GRID_YZ:
+        raise InvalidProblemError(f"N={n} is too large for the split-K reduction grid; use split_k=1")
+    bound = {**epilogue_args, "ws_ptr": workspace, "c_ptr": out,
+             "stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
+    return Launch("reduce", grid, _values(unit, bound))
 
 
 def _values(unit: KernelUnit, bound: dict) -> tuple:
@@ -249,24 +296,19 @@ def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = No
     }
     if config.family is Family.TMA_PERSISTENT:
         return _persistent_plan(config, ops, out, epilogue_args)
-    c_strides = {"stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
     units = kernel_units(config, p.alignment)
-    split = config.split_k > 1
-    workspace = torch.empty((p.batch, config.split_k, p.m, p.n), dtype=torch.float32,
-                            device=out.device) if split else None
+    workspace = _workspace(config, p, out)
     main_bound = {
         **epilogue_args,
-        "a_ptr": a, "b_ptr": b, "c_ptr": workspace if split else out, "K": p.k,
+        "a_ptr": a, "b_ptr": b, "c_ptr": out if workspace is None else workspace, "K": p.k,
         "stride_ab": bstride(a), "stride_am": a.stride(1), "stride_ak": a.stride(2),
         "stride_bb": bstride(b), "stride_bk": b.stride(1), "stride_bn": b.stride(2),
-        **({"stride_cb": 0, "stride_cm": 0, "stride_cn": 0} if split else c_strides),
+        # Split-K writes the workspace at its own (unused) strides: zeros, which divide by anything.
+        **({"stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
+           if workspace is None else {"stride_cb": 0, "stride_cm": 0, "stride_cn": 0}),
     }
     tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n)
     launches = [Launch("main", (tiles, config.split_k, p.batch), _values(units[0], main_bound))]
-    if split:
-        reduce_bound = {**epilogue_args, **c_strides, "ws_ptr": workspace, "c_ptr": out}
-        grid = (triton.cdiv(p.m, REDUCE_BLOCK[0]), triton.cdiv(p.n, REDUCE_BLOCK[1]), p.batch)
-        if grid[1] > MAX_GRID_YZ:
-            raise InvalidProblemError(f"N={p.n} is too large for the split-K reduction grid; use split_k=1")
-        launches.append(Launch("reduce", grid, _values(units[1], reduce_bound)))
+    if workspace is not None:
+        launches.append(_reduce_launch(config, units[1], workspace, out, epilogue_args))
     return Plan(tuple(launches), out)

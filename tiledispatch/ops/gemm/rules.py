@@ -22,7 +22,7 @@ from .problem import GemmProblem, Layout
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 9))
-MAX_SPLIT_K = 64
+MAX_SPLIT_K = 128
 MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond this the output is too large to need splits
 # Registers left for addresses, operands and loop state besides the accumulator.
 REGISTER_RESERVE = 64
@@ -54,8 +54,9 @@ def shared_memory_bytes(config: GemmConfig) -> int:
     t = config.types
     per_stage = config.block_m * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize
     staging = 0
-    if config.family is Family.TMA_PERSISTENT:
-        staging = config.block_m * config.block_n // config.epilogue_split * t.c.itemsize
+    if config.family is Family.TMA_PERSISTENT:  # split-K stages fp32 partial sums
+        c_bytes = 4 if config.split_k > 1 else t.c.itemsize
+        staging = config.block_m * config.block_n // config.epilogue_split * c_bytes
     return max(config.num_stages, 1) * per_stage + staging
 
 
@@ -147,7 +148,7 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
 
 
 def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
-    """What the tma-persistent family needs: TMA, descriptors with a unit-stride last dim, one K pass."""
+    """What the tma-persistent family needs: TMA, and descriptors with a unit-stride last dim."""
     out = []
     t, layout = config.types, config.layout
     if not arch.has(Feature.TMA):
@@ -161,9 +162,6 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
     elif (t.a.is_fp8 or t.a is DType.FP32) and (layout.a, layout.b) != (Layout.ROW, Layout.COL):
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
                            f"{t.a.value} tensor-core MMA reads both operands K-major: layout rcr, not {layout.name}"))
-    if config.split_k != 1:
-        out.append(Finding(GemmRule.SPLIT_K, Severity.ERROR, "tma-persistent computes whole tiles: split_k=1",
-                           "use the tiled family for split-K"))
     if config.epilogue_split not in (1, 2) or config.block_n // config.epilogue_split < 16:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
                            f"epilogue_split={config.epilogue_split} must be 1 or 2 and leave slices of >= 16 "

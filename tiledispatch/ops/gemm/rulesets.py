@@ -32,8 +32,8 @@ class Tile:
     flatten: bool = False
 
 
-def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, group_m=8) -> Tile:
-    return Tile(bm, bn, bk, warps, stages, group_m, 1, Family.TMA_PERSISTENT, epilogue_split, flatten)
+def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, group_m=8, split_k=1) -> Tile:
+    return Tile(bm, bn, bk, warps, stages, group_m, split_k, Family.TMA_PERSISTENT, epilogue_split, flatten)
 
 
 # Small tiles that the CPU interpreter runs quickly; split-K included.
@@ -46,6 +46,7 @@ TINY_TILES = (
 )
 TESTS_TILES = TINY_TILES + (
     _persistent(64, 32, 32, 4, 3, flatten=True),
+    _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2, split_k=3),
     Tile(64, 32, 64, 4, 3, 8),
     Tile(16, 64, 64, 4, 3, 1, split_k=4),
     Tile(128, 64, 32, 4, 3, 8),
