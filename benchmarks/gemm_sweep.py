@@ -33,16 +33,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import tiledispatch  # noqa: E402,F401  (first: it picks the backend)
 from tiledispatch import arch as arch_facts  # noqa: E402
 from tiledispatch.core.dispatcher import Dispatcher  # noqa: E402
-from tiledispatch.core.dtypes import DType  # noqa: E402
 from tiledispatch.core.registry import Registry  # noqa: E402
-from tiledispatch.ops.gemm import Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes  # noqa: E402
+from tiledispatch.ops.gemm import Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes, check_operands  # noqa: E402
 from tiledispatch.ops.gemm.problem import Epilogue  # noqa: E402
 
 CASES = ("deep_k_64x64x65536", "deep_k_256x256x131072", "llama3_8b_down_T128", "llama3_8b_o_T128",
          "llama3_8b_qkv_T128", "llama3_8b_down_T16", "llama3_70b_down_T256", "llama3_70b_down_T32",
          "tall_skinny_8192x64x8192")
-TYPES = {"bf16": GemmTypes(DType.BF16, DType.BF16, DType.BF16), "fp16": GemmTypes(DType.FP16, DType.FP16, DType.FP16),
-         "fp8e4m3": GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16)}
 RCR = GemmLayout.parse("rcr")
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 SCREEN_ROUNDS = 3
@@ -65,7 +62,17 @@ def persistent_split_space(types: GemmTypes, problem: GemmProblem, sm_count: int
 
 
 def problem_of(case: dict, dtype: str) -> GemmProblem:
-    return GemmProblem(case["M"], case["N"], case["K"], case["batch"], types=TYPES[dtype], layout=RCR)
+    """The problem as benchmarks/gemm.py poses it (A row-major, B column-major), alignment included:
+    checked on uninitialised host tensors of the same shapes and strides."""
+    import torch
+
+    from gemm import TORCH_DTYPES
+
+    lead = (case["batch"],) if case["batch"] > 1 else ()
+    a = torch.empty(*lead, case["M"], case["K"], dtype=TORCH_DTYPES[dtype])
+    b = torch.empty(*lead, case["N"], case["K"], dtype=TORCH_DTYPES[dtype]).transpose(-1, -2)
+    scales = {"scale_a": torch.tensor(1.0), "scale_b": torch.tensor(1.0)} if dtype.startswith("fp8") else {}
+    return check_operands(a, b, **scales).problem
 
 
 def main() -> int:

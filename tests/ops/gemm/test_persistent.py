@@ -113,12 +113,14 @@ def test_every_default_tile_on_gpu(dtype, layout):
 
 
 @requires_gpu
-def test_fast_path_rebinds_descriptors_to_each_calls_tensors():
+@pytest.mark.parametrize("tile", ["128x128x64_w4_s4_g8_k1", "64x128x128_w4_s4_g8_k2"], ids=["whole-k", "split-k"])
+def test_fast_path_rebinds_descriptors_to_each_calls_tensors(tile):
     """The second call with the same signature replays the bound plan: its TMA descriptors
-    must point at the new tensors, not at the first call's."""
+    must point at the new tensors, not at the first call's (split-K: at a fresh workspace,
+    the one its reduction reads)."""
     import tiledispatch
 
-    name = "gemm_bf16_rcr_tma-persistent_128x128x64_w4_s4_g8_k1_e1_none_" + ARCH.tag
+    name = f"gemm_bf16_rcr_tma-persistent_{tile}_e1_none_{ARCH.tag}"
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
         a = torch.randn(256, 320, device="cuda", generator=g).bfloat16()

@@ -59,6 +59,10 @@ CHAIN_LATENCY_S = 1.0e-6
 # included: llama3_8b_down_T128 fp8, 64x64x128 split 4, 1.83 MB per SM in 27.9 us (66 GB/s),
 # above the 36 GB/s even share of DRAM; single-program tiles there reached 32-35 GB/s.
 SM_PORT_BYTES_PER_S = 70e9
+# TMA copies draw more through one SM: llama3_8b_down_T128 bf16, 64x128x128 split 2 over
+# 5 stages, took 2.75 MB per SM in 37.7 us (73 GB/s, launch and reduction included);
+# on gemm.csv with gemm_sweep.csv, 85-100e9 rank best (selection P10 0.845 -> 0.879 there).
+TMA_SM_PORT_BYTES_PER_S = 100e9
 # Pointer loads of K rows shorter than a 128-byte line (block_k of 32 in 16-bit, 64 in fp8)
 # take twice the load instructions and barriers per byte and a narrower shared-memory
 # swizzle. Over gemm.csv, tiled candidates within 2x of the best ran 0.73-0.93x of what the
@@ -129,7 +133,8 @@ def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: in
     k_span = math.ceil(p.k / config.split_k)
     rows, cols = min(p.m, config.block_m), min(p.n, config.block_n)
     per_tile = (rows * t.a.itemsize + cols * t.b.itemsize) * k_span
-    return math.ceil(tiles / sm_count) * per_tile / SM_PORT_BYTES_PER_S
+    port = TMA_SM_PORT_BYTES_PER_S if config.family is Family.TMA_PERSISTENT else SM_PORT_BYTES_PER_S
+    return math.ceil(tiles / sm_count) * per_tile / port
 
 
 def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int, concurrent: int) -> float:

@@ -92,6 +92,24 @@ DEFAULT_TILES = TESTS_TILES + (
     _persistent(128, 128, 128, 8, 3),
     _persistent(128, 128, 128, 4, 3),
     _persistent(64, 128, 128, 4, 4),
+    # Small M x N, or deep K, on Hopper (benchmarks/gemm_sweep.py, results/h200/gemm_sweep.csv):
+    # five stages where one program per SM must hide its own load latency, and split-K where
+    # the output tiles alone leave SMs idle. Each tile here was the fastest of the sweep on at
+    # least one suite case, at 0.91-1.29x cuBLAS.
+    _persistent(64, 64, 128, 4, 5),
+    _persistent(64, 128, 128, 4, 5),
+    _persistent(128, 128, 64, 4, 5),
+    _persistent(128, 128, 128, 4, 5),
+    _persistent(64, 256, 128, 4, 4),
+    _persistent(64, 128, 128, 4, 4, split_k=2),
+    _persistent(64, 128, 128, 4, 5, split_k=2),
+    _persistent(64, 128, 128, 4, 5, split_k=4),
+    _persistent(128, 128, 128, 4, 5, split_k=4),
+    _persistent(64, 256, 128, 4, 4, split_k=4),
+    _persistent(64, 256, 64, 4, 3, split_k=8),
+    _persistent(128, 128, 64, 4, 4, split_k=32),
+    _persistent(128, 128, 128, 4, 4, split_k=32),
+    _persistent(64, 64, 128, 4, 5, split_k=128),
 )
 FULL_TILES = tuple(
     Tile(bm, bn, bk, w, s, 8, k)
