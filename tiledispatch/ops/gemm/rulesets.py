@@ -66,7 +66,6 @@ DEFAULT_TILES = TESTS_TILES + (
     Tile(16, 128, 128, 4, 4, 1),
     Tile(16, 64, 256, 4, 3, 1),
     Tile(64, 64, 128, 4, 3, 8, split_k=4),
-    Tile(32, 64, 128, 4, 4, 1, split_k=8),
     Tile(64, 128, 64, 4, 4, 8, split_k=2),
     # Deep K over few output tiles (deep_k_*, tall_skinny_* of the suite): enough programs
     # to fill 132 SMs only when K is split 16-64 ways.
