@@ -172,8 +172,12 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     vectorised = p.alignment.a and p.alignment.b
     if not vectorised:
         # Unaligned operands are loaded element by element, each through its own 64-bit
-        # pointer held in registers: large tiles over few threads spill.
-        registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
+        # pointer held in registers: large tiles over few threads spill. Single bytes (fp8)
+        # also take a register each until they are packed: on the unaligned fp8 cases of
+        # gemm.csv, time grew 3x from 32 to 64 elements per thread per K step (128x128x64
+        # over 8 warps: 4.4 ms, 64x64x32 over 4: 1.35 ms at 4095x4097x4093), not in bf16.
+        per_element = 3 if t.a.is_fp8 else 2
+        registers += per_element * (config.block_m + config.block_n) * config.block_k // threads
     spills = registers > arch.registers_per_thread_max + SPILL_MARGIN
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
@@ -200,7 +204,8 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     if persistent:
         persistent_terms = _persistent_terms(config, p, arch, peak)
         efficiency *= persistent_terms["depth"] * persistent_terms["overlap"]
-    efficiency *= SPILL_PENALTY if spills else 1.0
+    # The more it spills, the slower: graded by how far the estimate overshoots.
+    efficiency *= SPILL_PENALTY * (arch.registers_per_thread_max / registers) ** 2 if spills else 1.0
     compute_s = p.flops() / (peak * efficiency)
     # Bandwidth needs bytes in flight (Little's law): the useful operand bytes that the
     # resident programs of one multiprocessor have requested at once.
