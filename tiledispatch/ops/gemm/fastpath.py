@@ -139,13 +139,13 @@ class BoundGemm:
         plain, slots, workspaces = [], [], []
         for j, value in enumerate(launch.args):
             descriptor = value if isinstance(value, TensorDescriptor) else None
-            tensor = value.base if descriptor else value
+            tensor = value if descriptor is None else value.base
             if not isinstance(tensor, torch.Tensor):
                 continue
             role = by_id.get(id(tensor))
             if role is None:  # made by the plan itself: a workspace
                 workspaces.append(_Workspace(j, tuple(tensor.shape), tensor.dtype, descriptor))
-            elif descriptor:
+            elif descriptor is not None:
                 slots.append(_Slot(j, role, _Fill.DESCRIPTOR, descriptor))
             elif python and tensor.dim() == 3:
                 slots.append(_Slot(j, role, _Fill.BATCHED_VIEW))
