@@ -61,7 +61,7 @@ CHAIN_LATENCY_S = 1.0e-6
 SM_PORT_BYTES_PER_S = 70e9
 # TMA copies draw more through one SM: llama3_8b_down_T128 bf16, 64x128x128 split 2 over
 # 5 stages, took 2.75 MB per SM in 37.7 us (73 GB/s, launch and reduction included);
-# on gemm.csv with gemm_sweep.csv, 85-100e9 rank best (selection P10 0.845 -> 0.879 there).
+# on the gemm.csv of 4a0e6ae with gemm_sweep.csv, 85-100e9 ranked best (selection P10 0.845 -> 0.879).
 TMA_SM_PORT_BYTES_PER_S = 100e9
 # Pointer loads of K rows shorter than a 128-byte line (block_k of 32 in 16-bit, 64 in fp8)
 # take twice the load instructions and barriers per byte and a narrower shared-memory

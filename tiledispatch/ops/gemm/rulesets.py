@@ -94,7 +94,7 @@ DEFAULT_TILES = TESTS_TILES + (
     # Small M x N, or deep K, on Hopper (benchmarks/gemm_sweep.py, results/h200/gemm_sweep.csv):
     # five stages where one program per SM must hide its own load latency, and split-K where
     # the output tiles alone leave SMs idle. Each tile here was the fastest of the sweep on at
-    # least one suite case, at 0.91-1.29x cuBLAS.
+    # least one suite case, at 0.81-1.29x cuBLAS.
     _persistent(64, 64, 128, 4, 5),
     _persistent(64, 128, 128, 4, 5),
     _persistent(128, 128, 64, 4, 5),
