@@ -56,17 +56,18 @@ GPU_SECONDS_PER_KERNEL = 0.05  # timing budget per candidate and case: sets the 
 FINAL_ROUNDS = 7  # cuBLAS, the rules' pick, the oracle and the dispatcher's pick, sampled in turns
 
 
-def make_sets(case: dict, dtype: str, shapes_only: bool = False) -> list[dict]:
+def make_sets(case: dict, dtype: str, shapes_only: bool = False, device: str = "cuda") -> list[dict]:
     """Input sets for one case, enough of them that rotating through them defeats L2.
 
-    `shapes_only`: one set of uninitialised tensors, for describing the problem.
+    `shapes_only`: one set of uninitialised tensors, for describing the problem (on the
+    host, `device="cpu"`, where there is no GPU).
     """
     m, n, k, batch = case["M"], case["N"], case["K"], case["batch"]
     torch_dtype = TORCH_DTYPES[dtype]
     bytes_per_set = batch * (m * k + n * k) * torch_dtype.itemsize
     count = 1 if shapes_only else max(2, min(8, math.ceil(3 * L2_BYTES / bytes_per_set)))
-    make = (lambda *shape: torch.empty(*shape, device="cuda", dtype=torch_dtype)) if shapes_only else (
-        lambda *shape: torch.randn(*shape, device="cuda").to(torch_dtype))
+    make = (lambda *shape: torch.empty(*shape, device=device, dtype=torch_dtype)) if shapes_only else (
+        lambda *shape: torch.randn(*shape, device=device).to(torch_dtype))
     sets = []
     for _ in range(count):
         lead = (batch,) if batch > 1 else ()
@@ -74,10 +75,16 @@ def make_sets(case: dict, dtype: str, shapes_only: bool = False) -> list[dict]:
         b = make(*lead, n, k).transpose(-1, -2)  # K x N, column-major
         entry = {"a": a, "b": b}
         if dtype.startswith("fp8"):
-            entry["scale_a"] = torch.tensor(1.0 / math.sqrt(k), device="cuda")
-            entry["scale_b"] = torch.tensor(1.0, device="cuda")
+            entry["scale_a"] = torch.tensor(1.0 / math.sqrt(k), device=device)
+            entry["scale_b"] = torch.tensor(1.0, device=device)
         sets.append(entry)
     return sets
+
+
+def problem_of(case: dict, dtype: str, device: str = "cuda"):
+    """The problem a case poses, alignment included: checked on one set of uninitialised tensors."""
+    s = make_sets(case, dtype, shapes_only=True, device=device)[0]
+    return check_operands(s["a"], s["b"], scale_a=s.get("scale_a"), scale_b=s.get("scale_b")).problem
 
 
 def vendor_fn(dtype: str):
@@ -177,14 +184,11 @@ def main() -> int:
     work = []
     for case in cases:
         for dtype in dtypes:
-            sets = make_sets(case, dtype, shapes_only=True)
-            s = sets[0]
-            problem = check_operands(s["a"], s["b"], scale_a=s.get("scale_a"), scale_b=s.get("scale_b")).problem
+            problem = problem_of(case, dtype)
             explanation = dispatcher.explain(problem)
             triton = [c.spec for c in explanation.ranked if c.spec.family != "vendor"
                       and c.spec.config.layout.name == problem.layout.name]
             work.append((case, dtype, problem, triton, explanation))
-            del sets
     torch.cuda.empty_cache()
     precompile(dispatcher, [(p, t) for _, _, p, t, _ in work], args.jobs)
 

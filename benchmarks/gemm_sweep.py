@@ -34,8 +34,10 @@ import tiledispatch  # noqa: E402,F401  (first: it picks the backend)
 from tiledispatch import arch as arch_facts  # noqa: E402
 from tiledispatch.core.dispatcher import Dispatcher  # noqa: E402
 from tiledispatch.core.registry import Registry  # noqa: E402
-from tiledispatch.ops.gemm import Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes, check_operands  # noqa: E402
+from tiledispatch.ops.gemm import Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes  # noqa: E402
 from tiledispatch.ops.gemm.problem import Epilogue  # noqa: E402
+
+from gemm import SUITE, call, make_sets, precompile, problem_of, reference, rel_error, vendor_fn  # noqa: E402
 
 CASES = ("deep_k_64x64x65536", "deep_k_256x256x131072", "llama3_8b_down_T128", "llama3_8b_o_T128",
          "llama3_8b_qkv_T128", "llama3_8b_down_T16", "llama3_70b_down_T256", "llama3_70b_down_T32",
@@ -61,20 +63,6 @@ def persistent_split_space(types: GemmTypes, problem: GemmProblem, sm_count: int
         yield GemmConfig(Family.TMA_PERSISTENT, types, RCR, Epilogue(), bm, bn, bk, 8, warps, stages, split)
 
 
-def problem_of(case: dict, dtype: str) -> GemmProblem:
-    """The problem as benchmarks/gemm.py poses it (A row-major, B column-major), alignment included:
-    checked on uninitialised host tensors of the same shapes and strides."""
-    import torch
-
-    from gemm import TORCH_DTYPES
-
-    lead = (case["batch"],) if case["batch"] > 1 else ()
-    a = torch.empty(*lead, case["M"], case["K"], dtype=TORCH_DTYPES[dtype])
-    b = torch.empty(*lead, case["N"], case["K"], dtype=TORCH_DTYPES[dtype]).transpose(-1, -2)
-    scales = {"scale_a": torch.tensor(1.0), "scale_b": torch.tensor(1.0)} if dtype.startswith("fp8") else {}
-    return check_operands(a, b, **scales).problem
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gemm_sweep_out"))
@@ -85,7 +73,7 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="no GPU: list the candidates and the model's times")
     args = parser.parse_args()
     started = time.perf_counter()
-    suite = {c["name"]: c for c in json.loads((ROOT / "benchmarks/suites/gemm.json").read_text())["cases"]}
+    suite = {c["name"]: c for c in json.loads(SUITE.read_text())["cases"]}
     if args.dry_run:
         arch = arch_facts.load("sm_90")
     else:
@@ -94,7 +82,7 @@ def main() -> int:
     default = Registry.from_rule_set("gemm", "default", arch)
     work = []
     for name, dtype in itertools.product(args.cases.split(","), args.dtypes.split(",")):
-        p = problem_of(suite[name], dtype)
+        p = problem_of(suite[name], dtype, device="cpu")  # host tensors: --dry-run has no GPU
         space = Registry.from_configs("gemm", persistent_split_space(p.types, p, arch.sm_count), arch,
                                       source="the persistent split-K space")
         dispatcher = Dispatcher(default.merge(space), arch)
@@ -103,7 +91,7 @@ def main() -> int:
                           if c.spec.family != "vendor")
         cands = [(c.spec, c.score.terms.get("modelled_us"), rank, "space" if c.spec.name in space else "rules-pick")
                  for rank, c in enumerate(ranked) if c.spec.name in space or c.spec.name == rules_pick]
-        work.append((name, dtype, p, dispatcher, cands))
+        work.append((suite[name], dtype, p, dispatcher, cands))
         print(f"{name} {dtype}: {len(cands)} candidates", flush=True)
         if args.dry_run:
             for spec, model_us, rank, source in cands:
@@ -116,20 +104,19 @@ def main() -> int:
 def run(args, work, started) -> int:
     import torch
 
-    from gemm import call, make_sets, precompile, reference, rel_error, vendor_fn
     from tiledispatch.bench.timing import graph_sampler, interleaved_medians
 
     args.out.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    for name, dtype, p, dispatcher, cands in work:
+    for _, _, p, dispatcher, cands in work:
         precompile(dispatcher, [(p, [spec for spec, *_ in cands])], args.jobs)
     print(f"compiled in {time.perf_counter() - t:.0f} s", flush=True)
-    suite = {c["name"]: c for c in json.loads((ROOT / "benchmarks/suites/gemm.json").read_text())["cases"]}
     with (args.out / "gemm_sweep.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        for name, dtype, p, dispatcher, cands in work:
-            sets = make_sets(suite[name], dtype)
+        for case, dtype, p, dispatcher, cands in work:
+            name = case["name"]
+            sets = make_sets(case, dtype)
             ref = reference(sets[0])
             vendor = vendor_fn(dtype)
             calls = max(5, min(25, int(50 / max(p.flops() / 400e9, 1e-3))))
