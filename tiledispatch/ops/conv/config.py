@@ -24,6 +24,25 @@ class SplitMode(enum.Enum):
     ATOMIC = "at"  # fp32 atomic adds into one zeroed buffer, then a cast (order varies from run to run)
 
 
+class SplitReduction:
+    """Backward-weight's split over pixels, as both implicit-GEMM configs hold it
+    (fields `split_k` and `split_mode`): how many slabs it writes, and its name."""
+
+    @property
+    def atomic_split(self) -> bool:
+        """The programs of a tile add into one zeroed fp32 buffer instead of each writing a slab."""
+        return self.split_mode is SplitMode.ATOMIC and self.split_k > 1
+
+    @property
+    def workspace_slabs(self) -> int:
+        """fp32 slabs of dw a split backward-weight writes: one per split, or one shared by atomic adds."""
+        return 1 if self.atomic_split else self.split_k
+
+    @property
+    def split_tag(self) -> str:
+        return f"k{self.split_k}" + (self.split_mode.value if self.split_k > 1 else "")
+
+
 @dataclass(frozen=True)
 class ConvSignature:
     """What a kernel computes: direction, element types, and (forward only) the epilogue."""
@@ -42,7 +61,7 @@ class ConvSignature:
 
 
 @dataclass(frozen=True)
-class ImplicitGemmConfig:
+class ImplicitGemmConfig(SplitReduction):
     """An implicit GEMM: block_m x block_n output tile, block_k deep steps of the reduction.
 
     The GEMM view per group: forward M = output pixels, N = K/G, reduction = taps x C/G;
@@ -64,22 +83,17 @@ class ImplicitGemmConfig:
 
     @property
     def name(self) -> str:
-        split = f"k{self.split_k}" + (self.split_mode.value if self.split_k > 1 else "")
         merge = f"_gt{self.groups_per_tile}" if self.groups_per_tile > 1 else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_m}x{self.block_n}x{self.block_k}"
-                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{split}{merge}_{self.signature.epilogue.name}")
-
-    @property
-    def workspace_slabs(self) -> int:
-        """fp32 slabs of dw a split backward-weight writes: one per split, or one shared by atomic adds."""
-        return 1 if self.split_mode is SplitMode.ATOMIC else self.split_k
+                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{self.split_tag}{merge}"
+                f"_{self.signature.epilogue.name}")
 
     def for_problem(self, problem: ConvProblem) -> ImplicitGemmConfig:
         return replace(self, signature=ConvSignature.of(problem))
 
 
 @dataclass(frozen=True)
-class TmaConfig:
+class TmaConfig(SplitReduction):
     """An implicit GEMM over boxes of tile_h x tile_w output pixels that TMA moves (kernels/implicit_gemm_tma.py).
 
     Forward and backward-weight of stride-1 convs on sm_90+. The channel blocks are
@@ -102,9 +116,8 @@ class TmaConfig:
 
     @property
     def name(self) -> str:
-        split = f"k{self.split_k}" + (self.split_mode.value if self.split_k > 1 else "")
         return (f"conv_{self.signature.name}_{self.family.value}_{self.tile_h}x{self.tile_w}x{self.block_out}"
-                f"x{self.block_in}_w{self.num_warps}_s{self.num_stages}_{split}_{self.signature.epilogue.name}")
+                f"x{self.block_in}_w{self.num_warps}_s{self.num_stages}_{self.split_tag}_{self.signature.epilogue.name}")
 
     @property
     def pixels(self) -> int:
@@ -117,10 +130,6 @@ class TmaConfig:
         if self.signature.direction is Direction.BWD_WEIGHT:
             return self.block_out, self.block_in, self.pixels
         return self.pixels, self.block_out, self.block_in
-
-    @property
-    def workspace_slabs(self) -> int:
-        return 1 if self.split_mode is SplitMode.ATOMIC else self.split_k
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from .config import (
     DirectConfig,
     Family,
     ImplicitGemmConfig,
-    SplitMode,
     TmaConfig,
     VendorConfig,
 )
@@ -72,7 +71,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
     if isinstance(config, ImplicitGemmConfig):
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
                       "GROUP_M": config.group_m, "SPLIT_K": config.split_k,
-                      "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1, **epilogue,
+                      "ATOMIC": config.atomic_split, **epilogue,
                       "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec,
                       "POINTWISE": specialization.pointwise, "GROUPS_PER_TILE": config.groups_per_tile,
                       "EVEN_K": _even_channels(config, specialization),
@@ -178,7 +177,7 @@ def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUn
                        "HAS_RESIDUAL": sig.epilogue.residual}
     else:
         constexprs |= {"BLOCK_M": config.block_out, "BLOCK_N": config.block_in, "SPLIT_K": config.split_k,
-                       "ATOMIC": config.split_mode is SplitMode.ATOMIC and config.split_k > 1}
+                       "ATOMIC": config.atomic_split}
     constexprs["DOT_PRECISION"] = "tf32" if sig.types.allow_tf32 else "ieee"
     # `supports` takes only 16-byte aligned data (TMA's rule): pointers, strides and C/G, K/G counts
     # are multiples of 16 bytes, which lets the epilogue store 16-byte vectors.

@@ -26,7 +26,6 @@ from .config import (
     AnyConvConfig,
     DirectConfig,
     ImplicitGemmConfig,
-    SplitMode,
     TmaConfig,
     VendorConfig,
 )
@@ -327,7 +326,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     value = ideal / modelled
-    if config.split_k > 1 and config.split_mode is SplitMode.ATOMIC:
+    if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
     terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits, "sectors": sectors,
              "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
@@ -381,7 +380,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     bound_s = (compute_s**3 + memory_s**3 + issue_s**3) ** (1 / 3)
     modelled = bound_s / TMA_FRACTION[p.direction] + LAUNCH_SECONDS + reduce_s
     value = ideal_seconds(p, arch) / modelled
-    if config.split_k > 1 and config.split_mode is SplitMode.ATOMIC:
+    if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
     terms = {**waste, "waves": waves, "latency": latency, "narrow": narrow, "register_a": float(register_a),
              "resident": float(resident), "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}

@@ -22,6 +22,7 @@ from .config import (
     DirectConfig,
     ImplicitGemmConfig,
     SplitMode,
+    SplitReduction,
     TmaConfig,
     VendorConfig,
 )
@@ -144,6 +145,9 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     elif config.split_k > 1 and sig.direction is not Direction.BWD_WEIGHT:
         error(ConvRule.SPLIT_K, f"split_k={config.split_k} on {sig.direction.value}: only backward-weight "
               "splits its reduction (over pixels) across programs", "use split_k=1")
+    if isinstance(config, SplitReduction) and config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
+        error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
+              "use split_mode workspace, or split_k > 1")
     budget = arch.registers_per_thread_max - REGISTER_RESERVE
     regs = accumulator_registers(config)
 
@@ -188,9 +192,6 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     elif config.groups_per_tile > 1 and sig.direction is Direction.BWD_WEIGHT:
         error(ConvRule.GROUP_MERGE, "backward-weight does not merge groups: each group's dw tile is its own",
               "use groups_per_tile=1")
-    if config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
-        error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
-              "use split_mode workspace, or split_k > 1")
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
         error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of {config.block_m}x{config.block_k} and "
@@ -237,9 +238,6 @@ def _tma_findings(config: TmaConfig, arch, error, warning) -> None:
     if config.num_warps in WARP_CHOICES and gemm["M"] * gemm["N"] < config.num_warps * 512:
         warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps share a {gemm['M']}x{gemm['N']} tile: most "
                 "would idle", "use fewer warps or a larger tile")
-    if config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
-        error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
-              "use split_mode workspace, or split_k > 1")
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
         error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of the {gemm['M']}x{gemm['step']} and "
