@@ -20,7 +20,8 @@ than the margins measured here. TFLOP/s and TB/s (the fewest
 bytes the conv must move) are reported for each.
 
     python benchmarks/conv.py --out benchmarks/results/h200 [--dtypes bf16,fp16]
-        [--directions forward,bwd_data,bwd_weight] [--cases NAME,...] [--top 2] [--budget-s 480]
+        [--directions forward,bwd_data,bwd_weight] [--suite FILE] [--cases NAME,...] [--top 2]
+        [--budget-s 480]
 
 The whole suite (15 cases x 3 directions x 2 dtypes) is sized for one 10-minute device
 call on an H200: compiles first (16 workers), then about 2-4 s per case-direction-dtype.
@@ -315,6 +316,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/h200"))
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--directions", default="forward,bwd_data,bwd_weight")
+    parser.add_argument("--suite", type=Path, default=SUITE, help="a suite file in conv.json's format")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--top", type=int, default=2,
                         help="Triton candidates timed per family, by the rules ranking (0: all)")
@@ -326,7 +328,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    suite = json.loads(SUITE.read_text())
+    suite = json.loads(args.suite.read_text())
     cases = [c for c in suite["cases"] if not args.cases or c["name"] in args.cases.split(",")]
     directions = [Direction.parse(d) for d in args.directions.split(",")]
     arch = current_arch()

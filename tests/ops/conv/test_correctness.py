@@ -99,6 +99,28 @@ def test_dims_and_geometry(dispatcher, direction, geometry, family):
     run_and_check(dispatcher, p, best_of(dispatcher, p, family))
 
 
+# -- backward-data's stride phases ---------------------------------------------------------------
+# The igemm kernel visits, for each phase i % stride, only the taps whose residue reaches an output
+# pixel: phases that no tap reaches (filter 1 < stride 2; dilation 2 at stride 2 with odd padding)
+# must still be written, as zeros; dilation 3 at stride 2 alternates taps between phases.
+PHASES = {
+    "1d-f1-s2": ((10,), (1,), 2, 0, 1),
+    "1d-s2-d2-p1": ((11,), (3,), 2, 1, 2),
+    "1d-s3-d2-p2": ((14,), (4,), 3, 2, 2),
+    "2d-s3x2-d3x1": ((9, 10), (4, 3), (3, 2), (1, 2), (3, 1)),
+    "2d-stem-like": ((12, 11), (7, 7), 2, 3, 1),
+    "3d-s2": ((5, 6, 4), (3, 2, 3), (2, 2, 1), (1, 0, 1), 1),
+}
+
+
+@pytest.mark.parametrize("groups", [1, 2], ids=lambda g: f"g{g}")
+@pytest.mark.parametrize("geometry", PHASES, ids=str)
+def test_bwd_data_phases(dispatcher, geometry, groups):
+    size, filt, stride, padding, dilation = PHASES[geometry]
+    p = problem("bwd_data", 2, 3 * groups, 4 * groups, groups, size, filt, stride, padding, dilation)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, Family.IMPLICIT_GEMM))
+
+
 # -- groups, from dense to depthwise ------------------------------------------------------------
 GROUPS = {
     "dense": (6, 5, 1),

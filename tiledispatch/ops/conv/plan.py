@@ -374,8 +374,10 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
         bm, bn, merged = config.block_m, config.block_n, config.groups_per_tile
         if d is Direction.FORWARD:
             return (cdiv(pixels_out, bm) * cdiv(merged * p.k_per_group, bn), cdiv(p.groups, merged), 1)
-        if d is Direction.BWD_DATA:
-            return (cdiv(pixels_in, bm) * cdiv(merged * p.c_per_group, bn), cdiv(p.groups, merged), 1)
+        if d is Direction.BWD_DATA:  # axis 2: the stride's phases, each its own share of the input pixels
+            per_phase = p.n * math.prod(cdiv(size, s) for size, s in zip(p.input_size, p.stride))
+            return (cdiv(per_phase, bm) * cdiv(merged * p.c_per_group, bn), cdiv(p.groups, merged),
+                    math.prod(p.stride))
         return (taps * cdiv(p.k_per_group, bm) * cdiv(p.c_per_group, bn), p.groups, config.split_k)
     bp, bc = config.block_p, config.block_c
     if config.window and d is Direction.BWD_WEIGHT:  # channel blocks x shares of the runs

@@ -244,7 +244,10 @@ def sm_efficiency(tiles: int, resident: int, num_warps: int, sm_count: int) -> t
 
 
 def _stride_hit_rate(p: ConvProblem) -> float:
-    """Backward-data visits every (input pixel, tap): only 1 in prod(stride) of them meets an output pixel."""
+    """The direct family's backward-data visits every (input pixel, tap): 1 in prod(stride) meets an output pixel.
+
+    (The igemm family's visits only its phase's taps, which all do.)
+    """
     return 1.0 / math.prod(p.stride) if p.direction is Direction.BWD_DATA else 1.0
 
 
@@ -262,8 +265,10 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
     loads = (config.block_m + config.block_n) * config.block_k / (threads * vector)
     if p.direction is Direction.BWD_WEIGHT:
         steps = math.ceil(math.ceil(v.depth / config.block_k) / config.split_k)
-    else:
-        steps = v.taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
+    else:  # backward-data visits its stride phase's taps only
+        taps = (math.prod(-(-f // s) for f, s in zip(p.filter_size, p.stride))
+                if p.direction is Direction.BWD_DATA else v.taps)
+        steps = taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
     per_load = INSTRUCTIONS_PER_LOAD + (WEIGHT_INSTRUCTIONS_PER_LOAD if p.direction is Direction.BWD_WEIGHT else 0)
     per_step = STEP_INSTRUCTIONS + per_load * max(loads, 1.0)
     warp_instructions = tiles * steps * config.num_warps * per_step
@@ -303,8 +308,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * item)
     feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
     latency = 1.0 if concurrent >= 2 else 0.9 if config.num_stages >= 3 else 0.8
-    hits = _stride_hit_rate(p)
-    efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency * hits
+    efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency
     efficiency *= SPILL_PENALTY if spills else 1.0
     compute_s = p.flops() / (peak * efficiency)
     per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
@@ -328,7 +332,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     value = ideal / modelled
     if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
-    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "stride_hits": hits, "sectors": sectors,
+    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "sectors": sectors,
              "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
              "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
     return Score(value, terms)

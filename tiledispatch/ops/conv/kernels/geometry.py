@@ -50,6 +50,27 @@ def target_of(i, f, size, STRIDE, PAD, DIL):
 
 
 @triton.jit
+def phase_taps(phase, F, STRIDE, PAD, DIL):
+    """The taps that reach an output pixel from the input indices i = i' * STRIDE + phase (backward-data).
+
+    Those are f = f0 + t * period for t < count, and they reach o = i' + base - t * step:
+    no division and no divisibility mask per row, where asking every tap of every index
+    (`target_of`) wastes all but 1 in STRIDE of them. period is the least t >= 1 with
+    t * DIL a multiple of STRIDE; f0 the least f below it with phase + PAD - f * DIL one
+    (count 0 if none: no output pixel reads these indices). Scalars, once per program.
+    """
+    period = STRIDE
+    for t in range(1, STRIDE):  # the first match wins: later ones find period already set
+        period = tl.where((t * DIL % STRIDE == 0) & (period == STRIDE), t, period)
+    f0 = F  # none yet (a first match at or past F leaves no taps either)
+    for f in range(0, period):
+        f0 = tl.where(((phase + PAD - f * DIL) % STRIDE == 0) & (f0 == F), f, f0)
+    count = tl.where(f0 < F, (F - f0 + period - 1) // period, 0)
+    base = (phase + PAD - f0 * DIL) // STRIDE  # exact where count > 0: a multiple of STRIDE, of any sign
+    return f0, period, count, base, period * DIL // STRIDE
+
+
+@triton.jit
 def inside(i, size):
     """0 <= i < size, in one unsigned compare (a negative i wraps to a huge unsigned value)."""
     return i.to(tl.uint32, bitcast=True) < size.to(tl.uint32, bitcast=True)

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
 from ...gemm.kernels.tile_order import grouped_tile
-from .geometry import advance_pixel, inside, next_step, split_pixel, split_tap, target_of
+from .geometry import advance_pixel, inside, next_step, phase_taps, split_pixel, split_tap
 from .weight_reduce import store_weight_partial
 
 
@@ -134,12 +134,17 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                         GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """dx[n, i, g, c] = sum over taps and k of dy[n, o, g, k] * w[g, k, tap, c] where o*S-P+tap*D = i.
 
-    M = input pixels, N = C/G; an (input pixel, tap) pair with no output pixel (stride
-    > 1, borders) contributes nothing and is masked. GROUPS_PER_TILE merges groups as
-    the forward kernel does (N = their input channels, the reduction their output channels).
+    M = input pixels, N = C/G. Grid axis 2 is the stride's phase: a program's rows are the
+    input pixels i = i' * S + phase, which only the taps of one residue class reach
+    (`phase_taps`), at o = i' + base - t * step: the loop visits those taps alone, with
+    row pointers hoisted and one scalar offset a step, as at stride 1 (one phase, every
+    tap). Visiting every tap and masking the misses cost stride 2 a 14x slowdown (H200,
+    7x7 stem). GROUPS_PER_TILE merges groups as the forward kernel does (N = their input
+    channels, the reduction their output channels).
     """
     pid = tl.program_id(0)
     g = tl.program_id(1) * GROUPS_PER_TILE
+    phase = tl.program_id(2)
     CG = CG // VEC * VEC
     KG = KG // VEC * VEC
     if GROUPS_PER_TILE == 1:
@@ -148,15 +153,22 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     else:
         n_valid = min(GROUPS_PER_TILE, G - g) * CG
         k_valid = min(GROUPS_PER_TILE, G - g) * KG
-    M = N * D * H * W
+    # Input pixels of this phase: ceil(size / stride) of them per dim (fewer in some phases: masked).
+    PD_, PH_, PW_ = tl.cdiv(D, SD), tl.cdiv(H, SH), tl.cdiv(W, SW)
+    M = N * PD_ * PH_ * PW_
     pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    in_m = offs_m < M
     in_n = offs_n < n_valid
-    n, idd, ih, iw = split_pixel(offs_m, D, H, W)
+    n, qd, qh, qw = split_pixel(offs_m, PD_, PH_, PW_)
+    pz, py, px = split_tap(phase, SH, SW)
+    idd, ih, iw = qd * SD + pz, qh * SH + py, qw * SW + px
+    in_m = (offs_m < M) & (idd < D) & (ih < H) & (iw < W)
+    fz0, tz_period, nz, bz, z_step = phase_taps(pz, FZ, SD, PD, DD)
+    fy0, ty_period, ny, by, y_step = phase_taps(py, FY, SH, PH, DH)
+    fx0, tx_period, nx, bx, x_step = phase_taps(px, FX, SW, PW, DW)
     syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
     swz_v, swy_v, swx_v = swz // VEC * VEC, swy // VEC * VEC, swx // VEC * VEC
     dy_n = n.to(tl.int64) * (syn // VEC * VEC) + g * KG
@@ -164,17 +176,13 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         c_in_group = offs_n
     else:
         c_in_group = offs_n % CG
-    # Stride 1: the output pixel a tap meets is the row's (i + P) minus the tap's offset, so
-    # rows and pointers are hoisted and a step adds one scalar, as in the forward kernel.
-    d0 = idd + PD
-    h0 = ih + PH
-    w0 = iw + PW
-    if UNIT_STRIDE or POINTWISE:
-        dy_rows = dy_n + d0 * syd_v + h0 * syh_v + w0 * syw_v
-    else:
-        dy_rows = dy_n
-    a_ptrs = y_ptr + dy_rows[:, None] + offs_k[None, :]
-    b_ptrs = w_ptr + (g * KG + offs_k).to(tl.int64)[:, None] * (swk // VEC * VEC) + c_in_group[None, :]
+    # The output pixel each row meets at its phase's first tap; tap t of the phase is t steps back.
+    d0 = qd + bz
+    h0 = qh + by
+    w0 = qw + bx
+    a_ptrs = y_ptr + (dy_n + d0 * syd_v + h0 * syh_v + w0 * syw_v)[:, None] + offs_k[None, :]
+    b_ptrs = (w_ptr + (g * KG + offs_k).to(tl.int64)[:, None] * (swk // VEC * VEC) + c_in_group[None, :]
+              + (fz0 * swz_v + fy0 * swy_v + fx0 * swx_v))
     if GROUPS_PER_TILE > 1:
         # One channel block holds every merged output channel (`supports` asks GROUPS_PER_TILE *
         # K/G <= BLOCK_K): the block-diagonal mask is the same at every step, built once here.
@@ -183,44 +191,33 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         b_mask = in_k[:, None] & in_n[None, :] & ((offs_k // KG)[:, None] == (offs_n // CG)[None, :])
 
     k_tiles = tl.cdiv(GROUPS_PER_TILE * KG, BLOCK_K)
-    cb = tl.full((), 0, tl.int32)  # the (channel block, tap) of this step, carried: see next_step
-    fz = cb
-    fy = cb
-    fx = cb
+    cb = tl.full((), 0, tl.int32)  # the (channel block, tap of the phase) of this step: see next_step
+    tz = cb
+    ty = cb
+    tx = cb
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(FZ * FY * FX * k_tiles):
+    for _ in range(nz * ny * nx * k_tiles):
         k0 = cb * BLOCK_K
+        w_off = k0.to(tl.int64) * (swk // VEC * VEC)
         if POINTWISE:
             ok = in_m
             dy_off = k0.to(tl.int64)
-            w_off = k0.to(tl.int64) * (swk // VEC * VEC)
-        elif UNIT_STRIDE:
-            ok = in_m & inside(d0 - fz * DD, OD) & inside(h0 - fy * DH, OH) & inside(w0 - fx * DW, OW)
-            dy_off = k0 - (fz * DD) * syd_v - (fy * DH) * syh_v - (fx * DW) * syw_v
-            w_off = k0.to(tl.int64) * (swk // VEC * VEC) + fz * swz_v + fy * swy_v + fx * swx_v
         else:
-            od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
-            oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
-            ow, ok_w = target_of(iw, fx, OW, SW, PW, DW)
-            ok = in_m & ok_d & ok_h & ok_w
-            dy_off = k0
-            w_off = k0.to(tl.int64) * (swk // VEC * VEC) + fz * swz_v + fy * swy_v + fx * swx_v
-        if POINTWISE or UNIT_STRIDE:
-            a_at = a_ptrs + dy_off
-        else:  # the output pixel of each row: divided by the stride, per tap
-            a_at = a_ptrs + (od * syd_v + oh * syh_v + ow * syw_v)[:, None] + dy_off
+            ok = in_m & inside(d0 - tz * z_step, OD) & inside(h0 - ty * y_step, OH) & inside(w0 - tx * x_step, OW)
+            dy_off = k0 - (tz * z_step) * syd_v - (ty * y_step) * syh_v - (tx * x_step) * syw_v
+            w_off += (tz * tz_period) * swz_v + (ty * ty_period) * swy_v + (tx * tx_period) * swx_v
         if EVEN_K:  # whole channel blocks: only the rows without an output pixel are masked
-            a = tl.load(a_at, mask=ok[:, None], other=0.0)
+            a = tl.load(a_ptrs + dy_off, mask=ok[:, None], other=0.0)
             b = tl.load(b_ptrs + w_off, mask=in_n[None, :], other=0.0)
         elif GROUPS_PER_TILE == 1:
             in_k = k0 + offs_k < k_valid
-            a = tl.load(a_at, mask=ok[:, None] & in_k[None, :], other=0.0)
+            a = tl.load(a_ptrs + dy_off, mask=ok[:, None] & in_k[None, :], other=0.0)
             b = tl.load(b_ptrs + w_off, mask=in_k[:, None] & in_n[None, :], other=0.0)
         else:  # merged groups: a single channel block (k0 = 0), its masks built before the loop
-            a = tl.load(a_at, mask=ok[:, None] & a_cols, other=0.0)
+            a = tl.load(a_ptrs + dy_off, mask=ok[:, None] & a_cols, other=0.0)
             b = tl.load(b_ptrs + w_off, mask=b_mask, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        cb, fz, fy, fx = next_step(cb, fz, fy, fx, k_tiles, FY, FX)
+        cb, tz, ty, tx = next_step(cb, tz, ty, tx, k_tiles, ny, nx)
 
     x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
              + iw * (sxw // VEC * VEC) + g * CG)
