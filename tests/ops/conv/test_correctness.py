@@ -32,6 +32,7 @@ from tiledispatch.ops.gemm.problem import Activation
 from .helpers import ARCH, DEVICE, problem, run_and_check, spec_name
 
 DIRECTIONS = list(Direction)
+IGEMM_TILES = [t for t in TESTS_GEMM if t.family is Family.IMPLICIT_GEMM]  # the tests that build igemm configs
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +51,14 @@ def best_of(dispatcher, p, family: Family) -> str:
 # -- every tile of the `tests` rule set ------------------------------------------------------
 def _tiles(direction):
     weight = direction is Direction.BWD_WEIGHT
-    gemm = [t for t in TESTS_GEMM if (t.split_k == 1 or weight) and (t.groups_per_tile == 1 or not weight)]
+    gemm = [t for t in TESTS_GEMM if t.serves(direction)]
     direct = [t for t in TESTS_DIRECT if (t.split_k == 1 or weight) and not t.window]  # windows: test_window.py
     return [(direction, t) for t in gemm + direct]
 
 
 def _tile_id(case) -> str:
     direction, t = case
-    kind = "igemm" if hasattr(t, "block_m") else "direct"
+    kind = t.family.value if hasattr(t, "block_m") else "direct"
     return f"{direction.short}-{kind}-{'x'.join(str(v) for v in vars(t).values() if isinstance(v, int))}"
 
 
@@ -70,7 +71,7 @@ def test_every_tile(dispatcher, case, dtype):
     sig = ConvSignature(direction, p.types)
     if hasattr(t, "block_m"):
         config = ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps, t.num_stages,
-                                    t.split_k, t.split_mode, t.groups_per_tile)
+                                    t.split_k, t.split_mode, t.groups_per_tile, t.family)
     else:
         config = DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k)
     run_and_check(dispatcher, p, spec_name(config))
@@ -97,6 +98,22 @@ def test_dims_and_geometry(dispatcher, direction, geometry, family):
     size, filt, stride, padding, dilation = GEOMETRIES[geometry]
     p = problem(direction, 2, 4, 6, 2, size, filt, stride, padding, dilation)
     run_and_check(dispatcher, p, best_of(dispatcher, p, family))
+
+
+# -- igemm-flat: few channels a group, the filter's (tap, channel) pairs as one index ------------------
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+def test_flat_geometry(dispatcher, direction, geometry):
+    size, filt, stride, padding, dilation = GEOMETRIES[geometry]
+    p = problem(direction, 2, 6, 4, 2, size, filt, stride, padding, dilation)  # C/G = 3
+    run_and_check(dispatcher, p, best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT))
+
+
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+def test_flat_stem(dispatcher, direction):
+    # An image model's stem in small: 3 channels, 7x7 stride 2: 147 flat pairs, 5 steps of 32 with a ragged end.
+    p = problem(direction, 2, 3, 16, 1, (13, 12), (7, 7), 2, 3, 1)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT))
 
 
 # -- backward-data's stride phases ---------------------------------------------------------------
@@ -157,7 +174,8 @@ def test_tf32(dispatcher):
 
 
 # -- epilogue ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", [Family.IMPLICIT_GEMM, Family.DIRECT], ids=lambda f: f.value)
+@pytest.mark.parametrize("family", [Family.IMPLICIT_GEMM, Family.IMPLICIT_GEMM_FLAT, Family.DIRECT],
+                         ids=lambda f: f.value)
 @pytest.mark.parametrize("epilogue", [ConvEpilogue(True, Activation.RELU, True), ConvEpilogue(True, Activation.GELU),
                                       ConvEpilogue(False, Activation.SILU, True)], ids=lambda e: e.name)
 def test_forward_epilogue(dispatcher, epilogue, family):
@@ -251,7 +269,7 @@ def test_strided_channels_last_views_are_read_in_place(dispatcher):
 def test_merged_groups_on_aligned_channels(dispatcher, direction, merged):
     # 8 fp16 channels per group (16 bytes, the vectorised path), 5 groups: the last tile is partial.
     p = problem(direction, 2, 40, 40, 5, (5, 6), (3, 3), 1, 1, 1)
-    tile = next(t for t in TESTS_GEMM if t.groups_per_tile == merged)
+    tile = next(t for t in IGEMM_TILES if t.groups_per_tile == merged)
     config = ImplicitGemmConfig(ConvSignature(direction, p.types), tile.block_m, tile.block_n, tile.block_k,
                                 tile.group_m, tile.num_warps, tile.num_stages, groups_per_tile=merged)
     ops, _ = run_and_check(dispatcher, p, spec_name(config))
@@ -261,10 +279,11 @@ def test_merged_groups_on_aligned_channels(dispatcher, direction, merged):
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
 def test_whole_channel_blocks_and_unit_stride(dispatcher, direction, stride):
-    """C/G = K/G = 32 with block_k 32 and 16: the loop without channel masks (EVEN_K); stride 1 takes
-    the hoisted backward-data path, stride 2 the divided one. Dilation 2 and uneven borders on top."""
+    """C/G = K/G = 32 with block_k 32 and 16: the loop without channel masks (EVEN_K). Backward-data
+    runs one phase of every tap at stride 1, four phases of their taps at stride 2 (dilation 2 and
+    uneven borders on top)."""
     p = problem(direction, 2, 64, 64, 2, (7, 9), (3, 3), stride, 2, 2)
-    for tile in (t for t in TESTS_GEMM if t.split_k == 1 and t.groups_per_tile == 1 and t.block_k in (16, 32)):
+    for tile in (t for t in IGEMM_TILES if t.split_k == 1 and t.groups_per_tile == 1 and t.block_k in (16, 32)):
         config = ImplicitGemmConfig(ConvSignature(direction, p.types), tile.block_m, tile.block_n, tile.block_k,
                                     tile.group_m, tile.num_warps, tile.num_stages)
         ops, _ = run_and_check(dispatcher, p, spec_name(config))
@@ -276,7 +295,7 @@ def test_whole_channel_blocks_and_unit_stride(dispatcher, direction, stride):
 def test_partial_channel_blocks(dispatcher, direction):
     """C/G = 24, K/G = 40 (fp16: 16-byte aligned, not a multiple of block_k 32): the masked channel loop."""
     p = problem(direction, 2, 48, 80, 2, (5, 6), (3, 3), 1, 1)
-    tile = next(t for t in TESTS_GEMM if t.block_k == 32 and t.split_k == 1 and t.groups_per_tile == 1)
+    tile = next(t for t in IGEMM_TILES if t.block_k == 32 and t.split_k == 1 and t.groups_per_tile == 1)
     config = ImplicitGemmConfig(ConvSignature(direction, p.types), tile.block_m, tile.block_n, tile.block_k,
                                 tile.group_m, tile.num_warps, tile.num_stages)
     ops, _ = run_and_check(dispatcher, p, spec_name(config))
@@ -293,7 +312,7 @@ def test_weight_gradient_pixel_walk(dispatcher, geometry):
               "1x1": (3, (5, 3), (1, 1), 1, 0, 1)}
     n, size, filt, stride, padding, dilation = shapes[geometry]
     p = problem("bwd_weight", n, 64, 64, 2, size, filt, stride, padding, dilation)
-    for tile in (t for t in TESTS_GEMM if t.groups_per_tile == 1):
+    for tile in (t for t in IGEMM_TILES if t.groups_per_tile == 1):
         config = ImplicitGemmConfig(ConvSignature(Direction.BWD_WEIGHT, p.types), tile.block_m, tile.block_n,
                                     tile.block_k, tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
                                     tile.split_mode)

@@ -12,6 +12,7 @@ class Family(enum.Enum):
     """A kernel family is one kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
 
     IMPLICIT_GEMM = "igemm"  # tensor-core tiles over (pixels x channels), groups on the grid
+    IMPLICIT_GEMM_FLAT = "igemm-flat"  # the filter's (tap, channel) pairs as one flat index: few channels a group
     IMPLICIT_GEMM_TMA = "igemm-tma"  # the same GEMMs with boxes of pixels moved by TMA (sm_90+, stride 1)
     DIRECT = "direct"  # no tensor cores: channel vectors, for depthwise and few channels per group
     VENDOR = "vendor"  # cuDNN through PyTorch
@@ -67,6 +68,8 @@ class ImplicitGemmConfig(SplitReduction):
     The GEMM view per group: forward M = output pixels, N = K/G, reduction = taps x C/G;
     backward-data M = input pixels, N = C/G, reduction = taps x K/G; backward-weight
     M = K/G, N = C/G (per tap), reduction = output pixels, split over `split_k` programs.
+    Family `igemm-flat` (forward and backward-weight) takes taps x C/G as one flat index
+    where the others take C/G per tap: forward's reduction, backward-weight's N.
     """
 
     signature: ConvSignature

@@ -31,7 +31,10 @@ from .problem import ConvSpecialization, Direction
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
+                  Family.IMPLICIT_GEMM_FLAT: f"{_KERNELS}.implicit_gemm_flat",
                   Family.IMPLICIT_GEMM_TMA: f"{_KERNELS}.implicit_gemm_tma"}
+# A family's kernel modules that import another family's (part of the cache key).
+_FAMILY_IMPORTS = {Family.IMPLICIT_GEMM_FLAT: (FAMILY_MODULES[Family.IMPLICIT_GEMM],)}
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
 # The kernels' sources besides their own file (part of the cache key): every module they import from.
 _SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue",
@@ -43,6 +46,8 @@ FUNCTIONS = {
     (Family.DIRECT, Direction.FORWARD): "conv_fwd_direct",
     (Family.DIRECT, Direction.BWD_DATA): "conv_bwd_data_direct",
     (Family.DIRECT, Direction.BWD_WEIGHT): "conv_bwd_weight_direct",
+    (Family.IMPLICIT_GEMM_FLAT, Direction.FORWARD): "conv_fwd_igemm_flat",
+    (Family.IMPLICIT_GEMM_FLAT, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_flat",
     (Family.IMPLICIT_GEMM_TMA, Direction.FORWARD): "conv_fwd_igemm_tma",
     (Family.IMPLICIT_GEMM_TMA, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_tma",
 }
@@ -92,7 +97,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         stage="main", module=module, function=function,
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
-        modules=(module, *_SHARED_MODULES),
+        modules=(module, *_FAMILY_IMPORTS.get(config.family, ()), *_SHARED_MODULES),
         divisible_by_16=tuple(n for n in TENSORS if n != "bias_ptr") if vec > 1 else (),
     )
 
@@ -372,6 +377,8 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
     d = p.direction
     if isinstance(config, ImplicitGemmConfig):
         bm, bn, merged = config.block_m, config.block_n, config.groups_per_tile
+        if config.family is Family.IMPLICIT_GEMM_FLAT and d is Direction.BWD_WEIGHT:  # N = every tap's channels
+            return (cdiv(p.k_per_group, bm) * cdiv(taps * p.c_per_group, bn), p.groups, config.split_k)
         if d is Direction.FORWARD:
             return (cdiv(pixels_out, bm) * cdiv(merged * p.k_per_group, bn), cdiv(p.groups, merged), 1)
         if d is Direction.BWD_DATA:  # axis 2: the stride's phases, each its own share of the input pixels

@@ -25,6 +25,7 @@ from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficien
 from .config import (
     AnyConvConfig,
     DirectConfig,
+    Family,
     ImplicitGemmConfig,
     TmaConfig,
     VendorConfig,
@@ -149,6 +150,9 @@ INSTRUCTIONS_PER_LOAD = 12
 # Backward-weight also walks the step's pixels: each pixel row a thread loads (one per vector
 # load) carries its coordinates and offsets, ~29 more a load (429 a step for 128x128x64 w8).
 WEIGHT_INSTRUCTIONS_PER_LOAD = 29
+# igemm-flat gathers the im2col matrix element by element: each adds its column's tap offset
+# and checks the borders in three dims (a guess, to be fitted to conv.csv's stem rows).
+FLAT_GATHER_INSTRUCTIONS = 6
 ISSUE_PER_SM_CYCLE = 4  # warp-instructions an SM issues a cycle (four schedulers)
 CLOCK_HZ = 1.75e9
 # igemm-tma (kernels/implicit_gemm_tma.py). Fraction of the tensor-core peak at its best, after
@@ -260,16 +264,22 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
     element-load tiles 10-40x.
     """
     threads = config.num_warps * 32
-    per_group = p.specialization.groups_aligned
-    vector = max(16 // p.types.dtype.itemsize, 1) if per_group else 1
+    flat = config.family is Family.IMPLICIT_GEMM_FLAT  # gathers im2col elements one by one
+    vector = max(16 // p.types.dtype.itemsize, 1) if p.specialization.groups_aligned and not flat else 1
     loads = (config.block_m + config.block_n) * config.block_k / (threads * vector)
     if p.direction is Direction.BWD_WEIGHT:
         steps = math.ceil(math.ceil(v.depth / config.block_k) / config.split_k)
+    elif flat:
+        steps = math.ceil(v.taps * v.depth / config.block_k)
     else:  # backward-data visits its stride phase's taps only
         taps = (math.prod(-(-f // s) for f, s in zip(p.filter_size, p.stride))
                 if p.direction is Direction.BWD_DATA else v.taps)
         steps = taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
-    per_load = INSTRUCTIONS_PER_LOAD + (WEIGHT_INSTRUCTIONS_PER_LOAD if p.direction is Direction.BWD_WEIGHT else 0)
+    if flat:  # the pixel walk is per row of the tile; each element adds its own border checks
+        per_load = INSTRUCTIONS_PER_LOAD + FLAT_GATHER_INSTRUCTIONS
+    else:
+        per_load = INSTRUCTIONS_PER_LOAD + (WEIGHT_INSTRUCTIONS_PER_LOAD
+                                            if p.direction is Direction.BWD_WEIGHT else 0)
     per_step = STEP_INSTRUCTIONS + per_load * max(loads, 1.0)
     warp_instructions = tiles * steps * config.num_warps * per_step
     return warp_instructions / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
@@ -279,11 +289,15 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     v = gemm_view(p)
     item = p.types.dtype.itemsize
     peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
+    flat = config.family is Family.IMPLICIT_GEMM_FLAT  # N (backward-weight) or the reduction is taps x C/G
     if p.direction is Direction.BWD_WEIGHT:
         span = config.block_k * config.split_k
         tile_k = tile_efficiency(v.depth, span) if v.depth >= span else v.depth / (
             math.ceil(v.depth / config.block_k) * config.block_k)
-        tile_n = tile_efficiency(p.c_per_group, config.block_n)
+        tile_n = tile_efficiency(v.n if flat else p.c_per_group, config.block_n)
+    elif flat:
+        tile_k = tile_efficiency(v.taps * v.depth, config.block_k)
+        tile_n = v.n / (math.ceil(v.n / config.block_n) * config.block_n)
     else:
         merged = config.groups_per_tile
         useful = min(merged, p.groups)  # merging more groups than the conv has only adds empty columns
@@ -293,12 +307,14 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     waste = {"tile_m": tile_efficiency(v.m, config.block_m), "tile_n": tile_n, "tile_k": tile_k}
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + REGISTER_RESERVE
-    if not p.specialization.groups_aligned:
+    if flat or not p.specialization.groups_aligned:  # an address and a mask an element
         registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
     spills = registers > arch.registers_per_thread_max
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
-    if p.direction is Direction.BWD_WEIGHT:
+    if p.direction is Direction.BWD_WEIGHT and flat:
+        tiles = math.ceil(v.m / config.block_m) * math.ceil(v.n / config.block_n) * p.groups * config.split_k
+    elif p.direction is Direction.BWD_WEIGHT:
         tiles = math.ceil(v.m / config.block_m) * math.ceil(p.c_per_group / config.block_n)
         tiles *= math.prod(p.filter_size) * p.groups * config.split_k
     else:
@@ -314,10 +330,12 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
     programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
-    if not p.specialization.groups_aligned:
+    if flat or not p.specialization.groups_aligned:
         in_flight *= 0.25  # element loads instead of 16-byte vectors
-    # DRAM moves 32-byte sectors: a channel run shorter than one wastes the rest of it.
-    run_bytes = min(config.groups_per_tile * v.depth, config.block_k) * item
+    # DRAM moves 32-byte sectors: a channel run shorter than one wastes the rest of it. A flat
+    # step's run is a filter row's taps x channels, contiguous in a row of the input.
+    run = p.filter_size[-1] * v.depth if flat else config.groups_per_tile * v.depth
+    run_bytes = min(run, config.block_k) * item
     sectors = min(1.0, run_bytes / 32) if p.direction is not Direction.BWD_WEIGHT else 1.0
     in_flight *= sectors
     memory_s = p.bytes() / (bandwidth * in_flight)

@@ -20,6 +20,7 @@ from .config import (
     AnyConvConfig,
     ConvSignature,
     DirectConfig,
+    Family,
     ImplicitGemmConfig,
     SplitMode,
     SplitReduction,
@@ -38,6 +39,9 @@ REGISTER_RESERVE = 64  # registers for addresses, operands and loop state beside
 # The direct family loops over C/G (forward) or K/G (backward-data) per lane: beyond this
 # many channels per group the tensor cores of the implicit GEMM win by far.
 DIRECT_MAX_CHANNELS_PER_GROUP = 16
+# The igemm-flat family walks the filter's (tap, channel) pairs flat: it pays where the igemm
+# family would pad each tap's few channels to a whole block of 16 or more.
+FLAT_MAX_CHANNELS_PER_GROUP = 8
 # The sliding-window kernels unroll the filter width and a thread's run of output pixels:
 # every window x run pair is one FMA per channel in the unrolled body.
 MAX_WINDOW = 11
@@ -192,6 +196,12 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     elif config.groups_per_tile > 1 and sig.direction is Direction.BWD_WEIGHT:
         error(ConvRule.GROUP_MERGE, "backward-weight does not merge groups: each group's dw tile is its own",
               "use groups_per_tile=1")
+    elif config.groups_per_tile > 1 and config.family is Family.IMPLICIT_GEMM_FLAT:
+        error(ConvRule.GROUP_MERGE, "igemm-flat does not merge groups: its flat (tap, channel) index is one "
+              "group's", "use groups_per_tile=1")
+    if config.family is Family.IMPLICIT_GEMM_FLAT and sig.direction is Direction.BWD_DATA:
+        error(ConvRule.FAMILY_DIRECTION, "igemm-flat computes forward and backward-weight; backward-data reduces "
+              "over K/G, which no filter flattening shortens", "use family igemm")
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
         error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of {config.block_m}x{config.block_k} and "
@@ -347,6 +357,9 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
                     f"{config.block_k}: a merged tile reads all its groups' channels in one block")
     if isinstance(config, TmaConfig):
         return _tma_refusal(config, problem)
+    if config.family is Family.IMPLICIT_GEMM_FLAT and problem.c_per_group > FLAT_MAX_CHANNELS_PER_GROUP:
+        return (f"igemm-flat serves up to {FLAT_MAX_CHANNELS_PER_GROUP} input channels per group, where igemm "
+                f"would pad each tap's channels; this conv has C/G={problem.c_per_group} (igemm serves it)")
     if isinstance(config, DirectConfig):
         per_group = max(problem.c_per_group, problem.k_per_group)
         if per_group > DIRECT_MAX_CHANNELS_PER_GROUP:

@@ -19,6 +19,7 @@ from .config import (
     AnyConvConfig,
     ConvSignature,
     DirectConfig,
+    Family,
     ImplicitGemmConfig,
     SplitMode,
     TmaConfig,
@@ -38,6 +39,13 @@ class GemmTile:
     split_k: int = 1  # > 1: backward-weight only
     split_mode: SplitMode = SplitMode.WORKSPACE
     groups_per_tile: int = 1  # > 1: forward and backward-data only
+    family: Family = Family.IMPLICIT_GEMM  # or IMPLICIT_GEMM_FLAT: forward and backward-weight only
+
+    def serves(self, direction: Direction) -> bool:
+        """Split tiles are backward-weight's, merged ones not; flat ones have no backward-data."""
+        weight = direction is Direction.BWD_WEIGHT
+        flat_ok = self.family is not Family.IMPLICIT_GEMM_FLAT or direction is not Direction.BWD_DATA
+        return (self.split_k == 1 or weight) and (self.groups_per_tile == 1 or not weight) and flat_ok
 
 
 @dataclass(frozen=True)
@@ -94,12 +102,24 @@ TINY_GEMM = (
     GemmTile(16, 32, 32, 2, 2, 1, split_k=2, split_mode=SplitMode.ATOMIC),
 )
 TESTS_GEMM = TINY_GEMM + (
+    GemmTile(32, 16, 32, 2, 2, 4, family=Family.IMPLICIT_GEMM_FLAT),
+    GemmTile(16, 32, 16, 2, 2, 1, split_k=2, family=Family.IMPLICIT_GEMM_FLAT),
     GemmTile(64, 32, 32, 4, 3, 8),
     GemmTile(32, 64, 16, 4, 3, 8),
     GemmTile(64, 64, 32, 4, 3, 8, split_k=4),
     GemmTile(32, 16, 16, 2, 2, 4, groups_per_tile=2),
     GemmTile(16, 32, 32, 2, 2, 4, groups_per_tile=4),
 )
+# igemm-flat for few channels a group (the C=3 stem): forward tiles of 64-256 output pixels by
+# 64 output channels (the stem's K), stepping 32-64 (tap, channel) pairs; backward-weight tiles of
+# 64 output channels by 32-64 pairs (7x7x3 = 147: 3-5 column tiles), the pixels split 16-64 ways.
+FLAT_GEMM = tuple(replace(t, family=Family.IMPLICIT_GEMM_FLAT) for t in (
+    GemmTile(128, 64, 32, 4, 3, 8),
+    GemmTile(128, 64, 64, 4, 3, 8),
+    GemmTile(64, 64, 32, 4, 4, 8),
+    GemmTile(256, 64, 32, 8, 3, 8),
+    *(GemmTile(64, n, 64, 4, 3, 8, split_k=k) for n in (32, 64) for k in (16, 32, 64)),
+))
 # For sm_80+ tensor cores: the GEMM op's proven shapes, narrowed in N where K/G or C/G is
 # small, and split backward-weight tiles for its long pixel reductions.
 DEFAULT_GEMM = TESTS_GEMM + (
@@ -118,6 +138,7 @@ DEFAULT_GEMM = TESTS_GEMM + (
     GemmTile(64, 64, 64, 4, 4, 8, split_k=8),
     GemmTile(128, 128, 64, 8, 3, 8, split_k=4),
     GemmTile(64, 64, 64, 4, 4, 8, split_k=16),
+    *FLAT_GEMM,
     GemmTile(32, 32, 64, 4, 4, 8, split_k=32),
     GemmTile(64, 64, 64, 4, 4, 8, split_k=8, split_mode=SplitMode.ATOMIC),
     # Backward-weight with the carried pixel walk is issue-bound on small tiles (~29 instructions
@@ -289,9 +310,9 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES) -> Iterat
                     yield TmaConfig(sig, t.tile_h, t.tile_w, t.block_out, t.block_in, t.num_warps, t.num_stages,
                                     t.split_k, t.split_mode)
         for t in gemm_tiles:
-            if (t.split_k == 1 or weight) and (t.groups_per_tile == 1 or not weight):
+            if t.serves(sig.direction):
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
-                                         t.num_stages, t.split_k, t.split_mode, t.groups_per_tile)
+                                         t.num_stages, t.split_k, t.split_mode, t.groups_per_tile, t.family)
         for t in direct_tiles:
             if (t.split_k == 1 or weight) and sig.direction in t.directions:
                 yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run, t.rows,

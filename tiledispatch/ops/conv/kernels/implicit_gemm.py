@@ -111,14 +111,24 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         cb, fz, fy, fx = next_step(cb, fz, fy, fx, c_tiles, FY, FX)
 
-    acc = apply_epilogue(acc, offs_m, offs_n, M, n_valid, 0, bias_ptr, bias_ptr, bias_ptr + g * KG, 1,
+    store_forward_tile(acc, y_ptr, bias_ptr, res_ptr, offs_m, offs_n, M, n_valid, g * KG, n, od, oh, ow,
+                       syn, syd, syh, syw, srn, srd, srh, srw, VEC, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+
+
+@triton.jit
+def store_forward_tile(acc, y_ptr, bias_ptr, res_ptr, offs_m, offs_n, M, n_valid, k_first, n, od, oh, ow,
+                       syn, syd, syh, syw, srn, srd, srh, srw, VEC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """A forward tile's epilogue (bias, activation, then the residual) and its store: rows are output
+    pixels (n, od, oh, ow), columns the output channels from k_first (the group's first)."""
+    acc = apply_epilogue(acc, offs_m, offs_n, M, n_valid, 0, bias_ptr, bias_ptr, bias_ptr + k_first, 1,
                          res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
-    mask = in_m[:, None] & in_n[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < n_valid)[None, :]
     if HAS_RESIDUAL:
-        r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow * srw + g * KG
+        r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow * srw + k_first
         acc += tl.load(res_ptr + r_row[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
     y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
-             + ow * (syw // VEC * VEC) + g * KG)
+             + ow * (syw // VEC * VEC) + k_first)
     tl.store(y_ptr + y_row[:, None] + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
