@@ -234,11 +234,14 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
     activations += [t for t in (residual, bias) if t is not None]
     aligned = _aligned(activations, (c, k), dtype.itemsize)
     groups_aligned = _aligned(weights, (probe.c_per_group, probe.k_per_group), dtype.itemsize)
+    output_side = [views["dy"]] if "dy" in views else written + ([residual] if residual is not None else [])
+    outputs_aligned = _aligned(output_side, (k, probe.k_per_group), dtype.itemsize)
     problem = ConvProblem(direction, n, c, k, groups, spatial, filt, probe.stride, probe.padding, probe.dilation,
                           probe.types, epilogue,
                           ConvSpecialization(aligned, groups_aligned, probe.pointwise,
                                              probe.one_channel_per_group, probe.unit_stride,
-                                             channel_multiple(probe.c_per_group, probe.k_per_group)),
+                                             channel_multiple(probe.c_per_group, probe.k_per_group),
+                                             outputs_aligned),
                           SourceLayout.CONVERTED if converted else SourceLayout.CHANNELS_LAST)
     return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out,
                         tuple(converted))

@@ -73,11 +73,15 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
     epilogue = {"HAS_BIAS": sig.epilogue.bias, "ACTIVATION": ACTIVATION_CODES[sig.epilogue.activation],
                 "HAS_RESIDUAL": sig.epilogue.residual}
     vec = specialization.vector(sig.types.dtype, per_group=isinstance(config, ImplicitGemmConfig))
+    aligned_pointers = tuple(n for n in TENSORS if n != "bias_ptr") if vec > 1 else ()
     if isinstance(config, ImplicitGemmConfig):
+        vec_y = specialization.output_vector(sig.types.dtype)
+        if vec == 1 and vec_y > 1:
+            aligned_pointers = ("y_ptr",)
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
                       "GROUP_M": config.group_m, "SPLIT_K": config.split_k,
                       "ATOMIC": config.atomic_split, **epilogue,
-                      "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec,
+                      "DOT_PRECISION": "tf32" if sig.types.allow_tf32 else "ieee", "VEC": vec, "VEC_Y": vec_y,
                       "POINTWISE": specialization.pointwise, "GROUPS_PER_TILE": config.groups_per_tile,
                       "EVEN_K": _even_channels(config, specialization),
                       "UNIT_STRIDE": specialization.unit_stride}
@@ -98,7 +102,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
         modules=(module, *_FAMILY_IMPORTS.get(config.family, ()), *_SHARED_MODULES),
-        divisible_by_16=tuple(n for n in TENSORS if n != "bias_ptr") if vec > 1 else (),
+        divisible_by_16=aligned_pointers,
     )
 
 

@@ -95,7 +95,10 @@ class ConvSpecialization:
     `unit_stride`: stride 1 in every dim, so backward-data finds the output pixel of a
     tap by a subtraction (no division, no divisibility mask). `channel_multiple`: a power
     of two dividing C/G and K/G; an implicit GEMM whose block_k divides it reads whole
-    channel blocks and drops the channel mask from its loop. Every kernel serves every
+    channel blocks and drops the channel mask from its loop. `outputs_aligned`: the
+    output-channel side alone (y or dy and the residual: pointers and pixel strides; K and
+    K/G) is 16-byte aligned, as in a stem of C=3 and K=64, whose implicit GEMM then moves
+    dy and y in vectors though x and w take element loads. Every kernel serves every
     specialisation.
     """
 
@@ -105,9 +108,11 @@ class ConvSpecialization:
     depthwise: bool = False
     unit_stride: bool = False
     channel_multiple: int = 1
+    outputs_aligned: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups_aligned", self.groups_aligned and self.aligned)
+        object.__setattr__(self, "outputs_aligned", self.outputs_aligned or self.groups_aligned)
         if self.channel_multiple not in {2**i for i in range(MAX_CHANNEL_MULTIPLE.bit_length())}:
             raise InvalidProblemError(f"channel_multiple={self.channel_multiple} must be a power of two "
                                       f"up to {MAX_CHANNEL_MULTIPLE}")
@@ -116,11 +121,16 @@ class ConvSpecialization:
     def tag(self) -> str:
         return (f"al{int(self.aligned)}{int(self.groups_aligned)}" + ("-pw" if self.pointwise else "")
                 + ("-dw" if self.depthwise else "") + ("-s1" if self.unit_stride else "")
-                + (f"-c{self.channel_multiple}" if self.channel_multiple > 1 else ""))
+                + (f"-c{self.channel_multiple}" if self.channel_multiple > 1 else "")
+                + ("-ya" if self.outputs_aligned and not self.groups_aligned else ""))
 
     def vector(self, dtype: DType, per_group: bool) -> int:
         """Elements per guaranteed 16-byte run of channels (1: no guarantee), across or within groups."""
         return 16 // dtype.itemsize if (self.groups_aligned if per_group else self.aligned) else 1
+
+    def output_vector(self, dtype: DType) -> int:
+        """Elements per guaranteed 16-byte run of one group's output channels (y, dy), 1 if none."""
+        return 16 // dtype.itemsize if self.outputs_aligned else 1
 
     def even_channels(self, block_k: int) -> bool:
         """Whether every channel block of block_k is whole (no channel mask needed)."""
@@ -247,8 +257,9 @@ class ConvProblem:
         item = self.types.dtype.itemsize
         aligned = (self.c * item) % 16 == 0 and (self.k * item) % 16 == 0
         per_group = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
+        outputs = (self.k * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
         return ConvSpecialization(aligned, per_group, self.pointwise, self.one_channel_per_group,
-                                  self.unit_stride, channel_multiple(self.c_per_group, self.k_per_group))
+                                  self.unit_stride, channel_multiple(self.c_per_group, self.k_per_group), outputs)
 
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""

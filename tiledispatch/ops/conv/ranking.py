@@ -265,8 +265,11 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
     """
     threads = config.num_warps * 32
     flat = config.family is Family.IMPLICIT_GEMM_FLAT  # gathers im2col elements one by one
-    vector = max(16 // p.types.dtype.itemsize, 1) if p.specialization.groups_aligned and not flat else 1
-    loads = (config.block_m + config.block_n) * config.block_k / (threads * vector)
+    vector = max(16 // p.types.dtype.itemsize, 1)
+    x_side = vector if p.specialization.groups_aligned and not flat else 1  # x and w
+    y_side = vector if p.specialization.outputs_aligned else 1  # dy: the backward directions' A tile
+    a_vector = x_side if p.direction is Direction.FORWARD else y_side
+    loads = (config.block_m * config.block_k / a_vector + config.block_k * config.block_n / x_side) / threads
     if p.direction is Direction.BWD_WEIGHT:
         steps = math.ceil(math.ceil(v.depth / config.block_k) / config.split_k)
     elif flat:

@@ -5,7 +5,9 @@ the backward directions), bias, residual and the split-K workspace, the 3-D geom
 and the strides of every non-channel dim (channels are contiguous: NDHWGC / GKZYXC /
 NDHWGK). VEC is the vector width (in elements) the data's alignment allows: sizes and
 strides are rounded with ``// VEC * VEC``, a no-op on the data it is compiled for, which
-lets the compiler prove aligned vector loads along channels.
+lets the compiler prove aligned vector loads along channels. VEC_Y is the same for the
+output-channel side alone (y or dy, K/G): a C=3 stem has VEC 1 but reads dy and writes y
+in 16-byte vectors (one element at a time there made its kernels 4-20x slower, H200).
 
 The reduction walks (tap, channel block) in one flat loop, so the software pipeline
 spans all taps instead of restarting at each. What a step costs besides its MMAs was
@@ -34,7 +36,7 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                    SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
                    HAS_RESIDUAL: tl.constexpr, DOT_PRECISION: tl.constexpr, VEC: tl.constexpr,
-                   POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr,
+                   VEC_Y: tl.constexpr, POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr,
                    UNIT_STRIDE: tl.constexpr):
     """y[n, o, g, k] = sum over taps and c of x[n, o*S-P+tap*D, g, c] * w[g, k, tap, c]: M = pixels, N = K/G.
 
@@ -46,7 +48,7 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     pid = tl.program_id(0)
     g = tl.program_id(1) * GROUPS_PER_TILE  # the tile's first group
     CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
+    KG = KG // VEC_Y * VEC_Y
     if GROUPS_PER_TILE == 1:
         n_valid = KG
         c_valid = CG
@@ -112,12 +114,12 @@ def conv_fwd_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         cb, fz, fy, fx = next_step(cb, fz, fy, fx, c_tiles, FY, FX)
 
     store_forward_tile(acc, y_ptr, bias_ptr, res_ptr, offs_m, offs_n, M, n_valid, g * KG, n, od, oh, ow,
-                       syn, syd, syh, syw, srn, srd, srh, srw, VEC, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+                       syn, syd, syh, syw, srn, srd, srh, srw, VEC_Y, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
 
 
 @triton.jit
 def store_forward_tile(acc, y_ptr, bias_ptr, res_ptr, offs_m, offs_n, M, n_valid, k_first, n, od, oh, ow,
-                       syn, syd, syh, syw, srn, srd, srh, srw, VEC: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       syn, syd, syh, syw, srn, srd, srh, srw, VEC_Y: tl.constexpr, HAS_BIAS: tl.constexpr,
                        ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """A forward tile's epilogue (bias, activation, then the residual) and its store: rows are output
     pixels (n, od, oh, ow), columns the output channels from k_first (the group's first)."""
@@ -127,8 +129,8 @@ def store_forward_tile(acc, y_ptr, bias_ptr, res_ptr, offs_m, offs_n, M, n_valid
     if HAS_RESIDUAL:
         r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow * srw + k_first
         acc += tl.load(res_ptr + r_row[:, None] + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
-             + ow * (syw // VEC * VEC) + k_first)
+    y_row = (n.to(tl.int64) * (syn // VEC_Y * VEC_Y) + od * (syd // VEC_Y * VEC_Y)
+             + oh * (syh // VEC_Y * VEC_Y) + ow * (syw // VEC_Y * VEC_Y) + k_first)
     tl.store(y_ptr + y_row[:, None] + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -140,8 +142,9 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
-                        GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, VEC_Y: tl.constexpr,
+                        POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr,
+                        UNIT_STRIDE: tl.constexpr):
     """dx[n, i, g, c] = sum over taps and k of dy[n, o, g, k] * w[g, k, tap, c] where o*S-P+tap*D = i.
 
     M = input pixels, N = C/G. Grid axis 2 is the stride's phase: a program's rows are the
@@ -156,7 +159,7 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     g = tl.program_id(1) * GROUPS_PER_TILE
     phase = tl.program_id(2)
     CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
+    KG = KG // VEC_Y * VEC_Y
     if GROUPS_PER_TILE == 1:
         n_valid = CG
         k_valid = KG
@@ -179,9 +182,9 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     fz0, tz_period, nz, bz, z_step = phase_taps(pz, FZ, SD, PD, DD)
     fy0, ty_period, ny, by, y_step = phase_taps(py, FY, SH, PH, DH)
     fx0, tx_period, nx, bx, x_step = phase_taps(px, FX, SW, PW, DW)
-    syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
+    syd_v, syh_v, syw_v = syd // VEC_Y * VEC_Y, syh // VEC_Y * VEC_Y, syw // VEC_Y * VEC_Y
     swz_v, swy_v, swx_v = swz // VEC * VEC, swy // VEC * VEC, swx // VEC * VEC
-    dy_n = n.to(tl.int64) * (syn // VEC * VEC) + g * KG
+    dy_n = n.to(tl.int64) * (syn // VEC_Y * VEC_Y) + g * KG
     if GROUPS_PER_TILE == 1:
         c_in_group = offs_n
     else:
@@ -243,8 +246,9 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                           HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                          DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
-                          GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
+                          DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, VEC_Y: tl.constexpr,
+                          POINTWISE: tl.constexpr, GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr,
+                          UNIT_STRIDE: tl.constexpr):
     """dw[g, k, tap, c] = sum over output pixels of dy[n, o, g, k] * x[n, o*S-P+tap*D, g, c].
 
     M = K/G, N = C/G, one tap per program (grid axis 0 = tap x tiles), and the pixels
@@ -264,7 +268,7 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     g = tl.program_id(1)
     pid_s = tl.program_id(2)
     CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
+    KG = KG // VEC_Y * VEC_Y
     grid_m = tl.cdiv(KG, BLOCK_M)
     grid_n = tl.cdiv(CG, BLOCK_N)
     tiles = grid_m * grid_n
@@ -289,7 +293,7 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     # A pixel's dy offset is linear in (n, od, oh, ow) with the dy strides, its x offset with the
     # x strides times the conv stride: both are carried too. A step adds the step's offset, and
     # each digit that wraps adds its wrap correction (one more of the next dim, OW fewer of this).
-    cy = (syn // VEC * VEC, syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC)
+    cy = (syn // VEC_Y * VEC_Y, syd // VEC_Y * VEC_Y, syh // VEC_Y * VEC_Y, syw // VEC_Y * VEC_Y)
     cx = (sxn // VEC * VEC, SD * (sxd // VEC * VEC), SH * (sxh // VEC * VEC), SW * (sxw // VEC * VEC))
     z_off = fz * DD - PD  # the tap's input offset from o * S in each dim
     y_off = fy * DH - PH

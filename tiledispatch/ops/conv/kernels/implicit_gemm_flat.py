@@ -39,13 +39,13 @@ def conv_fwd_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, VEC_Y: tl.constexpr, POINTWISE: tl.constexpr,
                         GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """y[n, o, g, k] = sum over j of x[n, o*S-P+tap(j)*D, g, c(j)] * w[g, k, tap(j), c(j)]: M = pixels, N = K/G."""
     pid = tl.program_id(0)
     g = tl.program_id(1)
     CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
+    KG = KG // VEC_Y * VEC_Y
     M = N * OD * OH * OW
     J = FZ * FY * FX * CG
     pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(KG, BLOCK_N), GROUP_M)
@@ -76,7 +76,7 @@ def conv_fwd_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     store_forward_tile(acc, y_ptr, bias_ptr, res_ptr, offs_m, offs_n, M, KG, g * KG, n, od, oh, ow,
-                       syn, syd, syh, syw, srn, srd, srh, srw, VEC, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+                       syn, syd, syh, syw, srn, srd, srh, srw, VEC_Y, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
 
 
 @triton.jit
@@ -87,7 +87,8 @@ def conv_bwd_weight_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
                                HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                               DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, POINTWISE: tl.constexpr,
+                               DOT_PRECISION: tl.constexpr, VEC: tl.constexpr, VEC_Y: tl.constexpr,
+                               POINTWISE: tl.constexpr,
                                GROUPS_PER_TILE: tl.constexpr, EVEN_K: tl.constexpr, UNIT_STRIDE: tl.constexpr):
     """dw[g, k, j] = sum over output pixels of dy[n, o, g, k] * x[n, o*S-P+tap(j)*D, g, c(j)]: M = K/G, N = j.
 
@@ -99,7 +100,7 @@ def conv_bwd_weight_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     g = tl.program_id(1)
     pid_s = tl.program_id(2)
     CG = CG // VEC * VEC
-    KG = KG // VEC * VEC
+    KG = KG // VEC_Y * VEC_Y
     J = FZ * FY * FX * CG
     grid_n = tl.cdiv(J, BLOCK_N)
     pid_m = pid // grid_n
@@ -122,7 +123,7 @@ def conv_bwd_weight_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     offs_p = p_first * BLOCK_K + tl.arange(0, BLOCK_K)
     n, od, oh, ow = split_pixel(offs_p, OD, OH, OW)
     step_n, step_d, step_h, step_w = split_pixel(tl.full((), BLOCK_K, tl.int32), OD, OH, OW)
-    cy = (syn // VEC * VEC, syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC)
+    cy = (syn // VEC_Y * VEC_Y, syd // VEC_Y * VEC_Y, syh // VEC_Y * VEC_Y, syw // VEC_Y * VEC_Y)
     cx = (sxn // VEC * VEC, SD * sxd_v, SH * sxh_v, SW * sxw_v)
     dy_row = n.to(tl.int64) * cy[0] + od * cy[1] + oh * cy[2] + ow * cy[3] + g * KG
     x_row = n.to(tl.int64) * cx[0] + od * cx[1] + oh * cx[2] + ow * cx[3] + g * CG
