@@ -167,7 +167,10 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         n_valid = min(GROUPS_PER_TILE, G - g) * CG
         k_valid = min(GROUPS_PER_TILE, G - g) * KG
     # Input pixels of this phase: ceil(size / stride) of them per dim (fewer in some phases: masked).
-    PD_, PH_, PW_ = tl.cdiv(D, SD), tl.cdiv(H, SH), tl.cdiv(W, SW)
+    if UNIT_STRIDE:
+        PD_, PH_, PW_ = D, H, W
+    else:
+        PD_, PH_, PW_ = tl.cdiv(D, SD), tl.cdiv(H, SH), tl.cdiv(W, SW)
     M = N * PD_ * PH_ * PW_
     pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(GROUPS_PER_TILE * CG, BLOCK_N), GROUP_M)
 
@@ -176,12 +179,19 @@ def conv_bwd_data_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     in_n = offs_n < n_valid
     n, qd, qh, qw = split_pixel(offs_m, PD_, PH_, PW_)
-    pz, py, px = split_tap(phase, SH, SW)
-    idd, ih, iw = qd * SD + pz, qh * SH + py, qw * SW + px
-    in_m = (offs_m < M) & (idd < D) & (ih < H) & (iw < W)
-    fz0, tz_period, nz, bz, z_step = phase_taps(pz, FZ, SD, PD, DD)
-    fy0, ty_period, ny, by, y_step = phase_taps(py, FY, SH, PH, DH)
-    fx0, tx_period, nx, bx, x_step = phase_taps(px, FX, SW, PW, DW)
+    if UNIT_STRIDE:  # one phase, every tap: the search compiled away (it cost stride 1 up to 25%)
+        idd, ih, iw = qd, qh, qw
+        in_m = offs_m < M
+        fz0, tz_period, nz, bz, z_step = 0, 1, FZ, PD, DD
+        fy0, ty_period, ny, by, y_step = 0, 1, FY, PH, DH
+        fx0, tx_period, nx, bx, x_step = 0, 1, FX, PW, DW
+    else:
+        pz, py, px = split_tap(phase, SH, SW)
+        idd, ih, iw = qd * SD + pz, qh * SH + py, qw * SW + px
+        in_m = (offs_m < M) & (idd < D) & (ih < H) & (iw < W)
+        fz0, tz_period, nz, bz, z_step = phase_taps(pz, FZ, SD, PD, DD)
+        fy0, ty_period, ny, by, y_step = phase_taps(py, FY, SH, PH, DH)
+        fx0, tx_period, nx, bx, x_step = phase_taps(px, FX, SW, PW, DW)
     syd_v, syh_v, syw_v = syd // VEC_Y * VEC_Y, syh // VEC_Y * VEC_Y, syw // VEC_Y * VEC_Y
     swz_v, swy_v, swx_v = swz // VEC * VEC, swy // VEC * VEC, swx // VEC * VEC
     dy_n = n.to(tl.int64) * (syn // VEC_Y * VEC_Y) + g * KG
