@@ -2,8 +2,9 @@
 
 Each family sees the problem as what it computes:
 - igemm: a GEMM per group (`gemm_view`), stretched by the padding of edge tiles, the
-  channel padding of each tap's reduction step, the idle slots of the last wave, and
-  for backward-data with stride > 1 the taps that hit no output pixel;
+  channel padding of each tap's reduction step and the idle slots of the last wave;
+  igemm-flat the same GEMM with the (tap, channel) pairs padded as one run, gathered
+  element by element;
 - igemm-tma: the same GEMM in boxes of pixels, stretched by the boxes' overhang past the
   output's edges (in H and W apart), with a step's issue cost of its own (`tma_score`);
 - direct: a stream of the bytes, at the bandwidth a tile's vector loads can keep in
