@@ -196,7 +196,7 @@ def test_weight_window_tiles_on_the_gpu(dispatcher, case, dtype):
     """The three best-ranked backward-weight window tiles for the suite's depthwise shapes (batch cut),
     compiled for this GPU: bf16 widened by bit operations (kernels/direct.py `_widen`), fp16 converted.
     Three, not all: a 7x7 band tile takes up to 40 s to compile, and every tile of the rule set was
-    checked on the H200 by benchmarks/conv_dw_bwdw.py (results/h200/conv_dw_bwdw.csv, rel_error)."""
+    checked on the H200 by benchmarks/conv_depthwise.py (results/h200/conv_dw_bwdw.csv, rel_error)."""
     size, filt, pad, c = case
     p = problem("bwd_weight", 2, c, c, c, size, filt, 1, pad, 1, dtype)
     specs = [s for s in ranked(dispatcher, p, Family.DIRECT) if s.config.window]

@@ -114,25 +114,29 @@ DIRECT_FMA_FRACTION = {
     (Direction.FORWARD, True): 0.08, (Direction.BWD_DATA, True): 0.08, (Direction.BWD_WEIGHT, True): 0.022,
     (Direction.FORWARD, False): 0.016, (Direction.BWD_DATA, False): 0.016, (Direction.BWD_WEIGHT, False): 0.004,
 }
-# The sliding-window kernels (DirectConfig.window > 0), counted on sm_90 SASS of the bf16
-# forward (16x64 w4 tiles, the loop over filter rows): window 3 run 8: 468 instructions a
-# thread for 192 FMAs (2.4 an FMA; the per-tap kernel: 385 a tap for 64, 6.0), run 4: 293
-# for 96; window 5 run 8: 673 for 320; window 7 run 8: 889 for 448, run 4: 561 for 224.
-# They fit: ~16 a loaded 8-channel source vector (load, zero fill, border mask, address,
-# 8 widenings), ~3 a weight element, ~36 a filter row, and the FMAs. The issue efficiency
-# was first set between what the per-tap kernel reached (mbv2 3x3 forward 0.44, convnext
-# 7x7 0.74) and then checked against the H200 run of these kernels (conv.csv at 3293283,
-# benchmarks/evaluate_conv_rules.py): with the vendor, 0.6 keeps every pick at or above
-# cuDNN; 0.8 or 1.0 send depthwise_5x5 forward to a window kernel that ran 0.81x cuDNN.
-WINDOW_LOAD_INSTRUCTIONS = 8  # a source vector besides its widenings
-WINDOW_WEIGHT_INSTRUCTIONS = 3  # a weight element of the filter row
-WINDOW_ROW_INSTRUCTIONS = 36  # a filter row's fixed cost a thread
+# The sliding-window kernels (DirectConfig.window > 0), fitted to sm_90 SASS of bf16 forward
+# builds (the loop over filter rows; 45 builds: windows 3/5/7, runs 4/8/14, 2-8 channels a
+# thread, compiled offline): besides its run x window x channels FMAs, a thread spends per
+# filter row ~6.2 instructions a loaded source vector, ~2.0 a source element (widening, zero
+# fill), ~2.25 a weight element and ~44 fixed. Registers: ~1.7 an accumulator, ~1.4 a weight
+# element, ~39 more; ptxas holds builds the fit puts up to ~300 within 255 with a few bytes of
+# stack (16x64 w4 window 7 run 14: 16 bytes), and such builds were among the fastest on the
+# H200, so only a fit past WINDOW_SPILL_REGISTERS is taken to spill.
+WINDOW_LOAD_INSTRUCTIONS = 6.2  # a source vector, besides its elements
+WINDOW_SOURCE_ELEMENT_INSTRUCTIONS = 2.0  # a 16-bit source element (1.0 an fp32 one: no widening)
+WINDOW_WEIGHT_INSTRUCTIONS = 2.25  # a weight element of the filter row
+WINDOW_ROW_INSTRUCTIONS = 44  # a filter row's fixed cost a thread
 WINDOW_STORE_INSTRUCTIONS = 8  # an output vector: narrowing, address, mask, store
-WINDOW_ISSUE_EFFICIENCY = 0.6  # see above
-# Registers of the same builds: 128 / 220 for window 3 runs 4 / 8, 244 window 5 run 8,
-# 168 / 255 window 7 runs 4 / 8: ~2.5 an accumulator, the window's fp32 weights, ~30 more.
-WINDOW_REGISTERS_PER_ACCUMULATOR = 2.5
-WINDOW_REGISTER_BASE = 30
+WINDOW_ISSUE_EFFICIENCY = 0.6
+WINDOW_REGISTERS_PER_ACCUMULATOR = 1.7
+WINDOW_REGISTERS_PER_WEIGHT = 1.4
+WINDOW_REGISTER_BASE = 39
+WINDOW_SPILL_REGISTERS = 320
+# This model's error on the H200 sweep of these kernels (conv_depthwise.csv: 4 cases x 2
+# directions, ~58 tiles each): the picks' modelled / measured time 0.95-1.2, against the 0.8-1.9
+# of the models VENDOR_TRUST guards against. Its scores are raised to match, so the dispatcher
+# takes a window kernel over cuDNN when it is modelled faster by more than this.
+WINDOW_MODEL_ERROR = 1.1
 FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
 L2_REUSE = 4.0
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
@@ -416,21 +420,24 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
 def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[float, int]:
     """Instructions a thread issues for the sliding-window kernel, and its registers.
 
-    Per filter row (FZ x FY of them): each run a thread holds loads run + window - 1
-    source vectors and makes run x window x vector FMAs; the row's window x vector
-    weights are loaded once for all the runs the thread holds. Then each run stores.
+    A thread holds `elements` = block_p x block_c / threads channel values of each run
+    position, in vectors of up to `vector`. Per filter row (FZ x FY of them) it loads the
+    run + window - 1 source columns once and makes run x window x elements FMAs; the row's
+    weights are loaded once for all of them. Then each run position stores.
     """
     threads = config.num_warps * 32
-    rows = max(1.0, config.block_p * config.block_c / (threads * vector))  # runs a thread holds
-    widen = 0 if p.types.dtype is DType.FP32 else 1
+    elements = max(1.0, config.block_p * config.block_c / threads)
+    loads = math.ceil(elements / min(vector, elements))
+    channels = min(elements, vector)  # distinct channels a thread holds: the weights it loads
+    element_cost = WINDOW_SOURCE_ELEMENT_INSTRUCTIONS / (2 if p.types.dtype is DType.FP32 else 1)
     sources = config.run + config.window - 1
-    per_run = sources * (WINDOW_LOAD_INSTRUCTIONS + widen * vector) + config.run * config.window * vector
-    weights = config.window * vector * WINDOW_WEIGHT_INSTRUCTIONS
+    per_row = (sources * (loads * WINDOW_LOAD_INSTRUCTIONS + elements * element_cost)
+               + config.window * channels * WINDOW_WEIGHT_INSTRUCTIONS + WINDOW_ROW_INSTRUCTIONS
+               + config.run * config.window * elements)
     filter_rows = math.prod(p.filter_size[:-1])
-    per_thread = filter_rows * (rows * per_run + weights + WINDOW_ROW_INSTRUCTIONS)
-    per_thread += rows * config.run * WINDOW_STORE_INSTRUCTIONS
+    per_thread = filter_rows * per_row + loads * config.run * WINDOW_STORE_INSTRUCTIONS
     registers = int(WINDOW_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config)
-                    + config.window * vector + WINDOW_REGISTER_BASE)
+                    + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels + WINDOW_REGISTER_BASE)
     return per_thread, registers
 
 
@@ -445,22 +452,36 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     vector = min(16 // item, config.block_c) if p.specialization.aligned else 1
     threads = config.num_warps * 32
     per_thread, registers = _window_issue(config, p, vector)
-    spills = registers > arch.registers_per_thread_max
-    resident = blocks_per_sm(arch, threads=threads, shared_bytes=0,
-                             registers_per_thread=min(registers, arch.registers_per_thread_max))
+    spills = registers > WINDOW_SPILL_REGISTERS
+    registers = min(registers, arch.registers_per_thread_max)
+    resident = blocks_per_sm(arch, threads=threads, shared_bytes=0, registers_per_thread=registers)
     programs = math.ceil(runs / config.block_p) * math.ceil(lanes / config.block_c)
     waves = wave_efficiency(programs, arch.sm_count * resident)
     lane_use = tile_efficiency(lanes, config.block_c)
-    row_use = tile_efficiency(runs, config.block_p)
+    row_use = tile_efficiency(width, config.run)  # run positions past the row's end are idle
     # Bytes in flight: a program issues a filter row's source vectors at once.
     per_program = config.block_p * (config.run + config.window - 1) * config.block_c * item
     programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
-    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM) * min(1.0, vector * item / 16)
+    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    # A thread loads its channels of a column as one vector: 4-8-byte loads when it holds
+    # 2-4 (mamba's 1-D k4: 16x64 w4, 8 channels a thread, 167 us; 16x16 w4, 2 channels, 239 us).
+    load_bytes = min(vector, config.block_p * config.block_c / threads) * item
+    in_flight *= min(1.0, load_bytes / 16) ** 0.5
+    # and a row's channels as one contiguous segment: 64 bytes ran ~20 % slower than 128 there
+    # (32x32 against 16x64 tiles, the same bytes per program).
+    in_flight *= min(1.0, config.block_c * item / 128) ** 0.3
     efficiency = lane_use * row_use * waves * in_flight * DIRECT_FRACTION
     efficiency *= SPILL_PENALTY if spills else 1.0
-    memory_s = p.bytes() / (bandwidth * efficiency)
-    warp_instructions = programs * config.num_warps * per_thread
-    issue_s = warp_instructions / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY * waves)
+    # Each source element is loaded once a filter row and window - 1 times more at the run's
+    # edges: the loads past the first come from L1/L2, so short runs cost (mamba's 1-D k4 on
+    # the H200: run 4 210 us, run 14 167).
+    source_bytes = p.n * p.c * math.prod(p.input_size if p.direction is Direction.FORWARD else p.output_size) * item
+    reloads = math.prod(p.filter_size[:-1]) * (config.run + config.window - 1) / config.run - 1
+    memory_s = (p.bytes() + source_bytes * reloads / L2_REUSE) / (bandwidth * efficiency)
+    # Issue time follows the busiest SM, whose resident programs share its schedulers: it
+    # issues ceil(programs / SMs) programs' instructions, however many run at once.
+    busiest = math.ceil(programs / arch.sm_count)
+    issue_s = busiest * config.num_warps * per_thread / (ISSUE_PER_SM_CYCLE * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY)
     issue_s /= SPILL_PENALTY if spills else 1.0
     modelled = max(memory_s, issue_s) + LAUNCH_SECONDS
     ideal = ideal_seconds(p, arch)
@@ -468,7 +489,7 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
              "resident": float(resident), "spills": float(spills), "registers": float(registers),
              "instructions_per_fma": per_thread * threads / max(p.flops() / 2 / programs, 1.0),
              "issue_us": issue_s * 1e6, "memory_us": memory_s * 1e6, "modelled_us": modelled * 1e6}
-    return Score(ideal / modelled, terms)
+    return Score(ideal / modelled * VENDOR_TRUST / WINDOW_MODEL_ERROR, terms)
 
 
 # The backward-weight window kernel (kernels/direct.py, conv_bwd_weight_direct_window), counted on

@@ -174,15 +174,18 @@ TESTS_DIRECT = TINY_DIRECT + (
     + weight_windows((DirectTile(4, 16, 1, run=3, band=2),), ((3, 3), (2, 5)), (1, 2)))
 # Depthwise forward and backward-data by sliding windows (kernels/direct.py), for the filter
 # widths of MobileNet/EfficientNet (3, 5), ConvNeXt (7) and Mamba's causal conv1d (4). A
-# thread holds one run of `run` pixels of one 16-byte channel vector (block_c / 8 lanes
-# across the channels, the rest of the threads over runs); runs of 7 and 14 cover the 56,
-# 28, 14 and 7 wide maps of those networks without an idle tail.
+# thread holds one run of `run` pixels of 4-8 channels (block_c / 8 or / 4 lanes across the
+# channels, the rest of the threads over runs); runs of 7 and 14 cover the 56, 28, 14 and 7
+# wide maps of those networks without an idle tail. Runs of 14 were the fastest on the H200
+# for every width (benchmarks/results/h200/conv_depthwise.csv: 5x5 forward 22.3 -> 16.2 us).
 WINDOW_WIDTHS = (3, 4, 5, 7)
-DEFAULT_WINDOW_TILES = (  # 128 threads, one run each: 128-255 registers (ranking.py)
-    DirectTile(16, 64, 4, run=8),
+DEFAULT_WINDOW_TILES = (  # one run a thread, 4-8 channels: 127-255 registers (ranking.py)
     DirectTile(16, 64, 4, run=4),
     DirectTile(16, 64, 4, run=7),
-    DirectTile(32, 32, 4, run=7),
+    DirectTile(16, 64, 4, run=8),
+    DirectTile(16, 64, 4, run=14),
+    DirectTile(8, 64, 4, run=14),
+    DirectTile(8, 32, 2, run=14),
     DirectTile(8, 128, 4, run=8),
 )
 # Channel vectors of 64-128 (8-16 bytes a lane), a few pixel rows per program; the tall
@@ -228,7 +231,14 @@ DEFAULT_DIRECT = DEFAULT_DIRECT + DEFAULT_WEIGHT_WINDOWS
 FULL_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
     weight_windows(tiles, (shape,), tuple(k for k in (8, 11, 16, 24, 48) if k not in WEIGHT_WINDOW_SPLITS[shape]))
     for shape, tiles in WEIGHT_WINDOW_TILES.items() if shape[0] > 1))
-FULL_DIRECT = FULL_WEIGHT_WINDOWS + tuple(
+# `full` adds forward and backward-data windows of 2-8 channels a thread (8-16 warps an SM at
+# 2-4 channels, where the 8-channel default tiles hold 168-193 registers: 2 programs an SM) and runs of 2-14.
+FULL_WINDOWS = windows(tuple(
+    DirectTile(p, c, w, run=r)
+    for (p, c, w), r in itertools.product(((16, 32, 4), (16, 64, 8), (8, 64, 4), (32, 32, 8), (8, 32, 2),
+                                           (16, 16, 2), (32, 16, 4), (16, 16, 4), (8, 32, 4), (16, 64, 4),
+                                           (32, 32, 4)), (2, 4, 7, 8, 14))), WINDOW_WIDTHS)
+FULL_DIRECT = FULL_WEIGHT_WINDOWS + FULL_WINDOWS + tuple(
     DirectTile(p, c, w, k)
     for p, c, w, k in itertools.product((8, 16, 32, 64, 128), (16, 32, 64, 128, 256), (2, 4, 8), (1, 8, 32))
 )
