@@ -103,15 +103,6 @@ def main() -> int:
     return run(args, dispatcher, work, started)
 
 
-def copy_sets(moved: int, count: int) -> list[dict]:
-    """Source and destination buffers of moved / 2 bytes each, `count` of them to rotate beyond L2."""
-    import torch
-
-    half = moved // 2 // 2  # bf16 elements read, and as many written
-    return [{"src": torch.randn(half, device="cuda", dtype=torch.bfloat16),
-             "dst": torch.empty(half, device="cuda", dtype=torch.bfloat16)} for _ in range(count)]
-
-
 def run(args, dispatcher, work, started) -> int:
     import torch
 
@@ -135,7 +126,7 @@ def run(args, dispatcher, work, started) -> int:
 
 def run_case(args, dispatcher, name, p, cands, started) -> list[dict]:
     """Screens the candidates in turns with cuDNN, then times the finalists, cuDNN and the copy in turns."""
-    from conv import cudnn_fn, make_sets, reference, rel_error, sampler
+    from conv import copy_fn, cudnn_fn, make_sets, reference, rel_error, sampler
     from tiledispatch.bench.timing import interleaved_medians
 
     direction = p.direction.value
@@ -167,8 +158,8 @@ def run_case(args, dispatcher, name, p, cands, started) -> list[dict]:
                           "rel_error": f"{err:.2e}", "status": "ok"})
     timed = sorted((r for r in case_rows if r.get("ms")), key=lambda r: r["ms"] / r["cudnn_ms_same_turns"])
     finalists = {r["kernel"]: sampler(fns[r["kernel"]], sets) for r in timed[:FINALISTS]}
-    copies = copy_sets(moved, len(sets))
-    copy = sampler(lambda s: s["dst"].copy_(s["src"]), copies)
+    copy, copies = copy_fn(moved, len(sets))
+    copy = sampler(copy, copies)
     final = interleaved_medians({"cudnn": vendor_sampler, "copy": copy, **finalists}, FINAL_ROUNDS)
     for r in case_rows:
         if r["kernel"] in final:

@@ -22,6 +22,7 @@ UNALIGNED = ConvSpecialization(aligned=False)
 POINTWISE = ConvSpecialization(pointwise=True)
 DEPTHWISE = ConvSpecialization(groups_aligned=False, depthwise=True)
 DENSE = ConvSpecialization(unit_stride=True, channel_multiple=128)  # resnet's 256-channel 3x3 convs
+STEM = ConvSpecialization(aligned=False, outputs_aligned=True)  # C=3, K=64
 BUILDS = {  # kernel -> the specialisations built for it
     "conv_fwd_fp16_igemm_32x32x32_w4_s2_g4_k1_none_sm90": (ALIGNED, UNALIGNED, POINTWISE),
     "conv_fwd_bf16_igemm_32x32x32_w4_s2_g4_k1_bias-relu-res_sm90": (ALIGNED,),
@@ -41,6 +42,8 @@ BUILDS = {  # kernel -> the specialisations built for it
     "conv_fwd_bf16_igemm-tma_8x16x128x64_w8_s3_k1_none_sm90": (DENSE,),
     "conv_bwdw_bf16_igemm-tma_1x128x128x128_w8_s3_k4ws_none_sm90": (DENSE,),
     "conv_bwdw_bf16_igemm-tma_8x16x128x128_w8_s3_k1_none_sm90": (DENSE,),
+    "conv_fwd_bf16_igemm-flat_128x64x32_w4_s3_g8_k1_pc_none_sm90": (STEM,),
+    "conv_bwdw_bf16_igemm-flat_64x64x64_w4_s3_g8_k16ws_pc_none_sm90": (STEM,),
 }
 
 
@@ -138,6 +141,19 @@ def test_sliding_windows_load_each_source_vector_once_a_filter_row(built):
         assert code.count("ld.global.v4.b32") == run + window - 1, name
         assert code.count("ld.global.b16") == window * 8, name
         assert code.count("fma.rn.f32") == run * window * 8, name
+
+
+def test_padded_stem_gathers_vectors(built):
+    """With its channels padded (pad_channels), the stem's igemm-flat is built for C/G = 8: its x and w
+    gathers are 16-byte vectors, where the unpadded build for the same problem loads elements."""
+    cache, registry, _ = built
+    for name in ("conv_fwd_bf16_igemm-flat_128x64x32_w4_s3_g8_k1_pc_none_sm90",
+                 "conv_bwdw_bf16_igemm-flat_64x64x64_w4_s3_g8_k16ws_pc_none_sm90"):
+        code = ptx(cache, registry.get(name), STEM)
+        assert "ld.global.v4.b32" in code or "cp.async.cg.shared.global" in code, name
+        assert "ld.global.b16" not in code, name
+    pad = ptx(cache, registry.get("conv_fwd_bf16_igemm-flat_128x64x32_w4_s3_g8_k1_pc_none_sm90"), STEM, "pad")
+    assert "st.global" in pad and "mma" not in pad
 
 
 def test_tma_family_moves_boxes_by_tma_into_wgmma(built):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import tiledispatch
 from tiledispatch import Dispatcher, Registry
+from tiledispatch.core.errors import UnsupportedError
 from tiledispatch.ops.conv import (
     ConvSignature,
     DirectConfig,
@@ -40,18 +41,19 @@ def dispatcher() -> Dispatcher:
     return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
 
 
-def best_of(dispatcher, p, family: Family) -> str:
-    """The highest-ranked kernel of `family` for `p` (the test forces it)."""
+def best_of(dispatcher, p, family: Family, padded: bool = False) -> str:
+    """The highest-ranked kernel of `family` for `p` (the test forces it), with or without channel padding."""
     ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
-    names = [c.spec.name for c in dispatcher.explain(ops.problem).ranked if c.spec.family == family.value]
-    assert names, f"no {family.value} kernel supports {p.describe()}"
+    names = [c.spec.name for c in dispatcher.explain(ops.problem).ranked
+             if c.spec.family == family.value and getattr(c.spec.config, "pad_channels", False) == padded]
+    assert names, f"no {family.value} kernel (padded: {padded}) supports {p.describe()}"
     return names[0]
 
 
 # -- every tile of the `tests` rule set ------------------------------------------------------
 def _tiles(direction):
     weight = direction is Direction.BWD_WEIGHT
-    gemm = [t for t in TESTS_GEMM if t.serves(direction)]
+    gemm = [t for t in TESTS_GEMM if t.serves(direction) and not t.pad_channels]  # padded: test_padded_channels
     direct = [t for t in TESTS_DIRECT if (t.split_k == 1 or weight) and not t.window]  # windows: test_window.py
     return [(direction, t) for t in gemm + direct]
 
@@ -118,6 +120,40 @@ def test_stem(dispatcher, direction):
     family = Family.IMPLICIT_GEMM if direction is Direction.BWD_DATA else Family.IMPLICIT_GEMM_FLAT
     ops, _ = run_and_check(dispatcher, p, best_of(dispatcher, p, family))
     assert ops.problem.specialization.tag == "al00-ya"
+
+
+# -- igemm-flat on channels padded to 16-byte vectors (pad_channels): x and w copied with zeros, dw cut back
+PADDED = {"1d-p1": ((11,), (3,), 1, 1, 1), "2d-stem": ((13, 12), (7, 7), 2, 3, 1),
+          "3d-mixed": GEOMETRIES["3d-mixed"]}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("geometry", PADDED, ids=str)
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+def test_padded_channels(dispatcher, direction, geometry, dtype):
+    size, filt, stride, padding, dilation = PADDED[geometry]
+    p = problem(direction, 2, 3, 16, 1, size, filt, stride, padding, dilation, dtype)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT, padded=True))
+
+
+def test_padded_channels_with_epilogue_and_views(dispatcher):
+    """The padded forward keeps the epilogue (bias, activation, residual), and takes contiguous NCHW tensors."""
+    p = problem("forward", 2, 5, 8, 1, (9, 7), (3, 3), 2, 1, 1, epilogue=ConvEpilogue(True, Activation.RELU, True))
+    kernel = best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT, padded=True)
+    run_and_check(dispatcher, p, kernel)
+    run_and_check(dispatcher, p, kernel, channels_last=False)
+
+
+@pytest.mark.parametrize("c, k, g, reason", [(8, 16, 1, "nothing to pad"), (6, 16, 2, "one group"),
+                                             (3, 12, 1, "output side")], ids=["aligned", "grouped", "k12"])
+def test_padded_channels_refusals(dispatcher, c, k, g, reason):
+    p = problem("forward", 2, c, k, g, (6, 6), (3, 3), 1, 1, 1)
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    sig = ConvSignature(p.direction, p.types)
+    padded = spec_name(ImplicitGemmConfig(sig, 32, 16, 32, 4, 2, 2, family=Family.IMPLICIT_GEMM_FLAT,
+                                          pad_channels=True))
+    with pytest.raises(UnsupportedError, match=reason):
+        dispatcher.resolve(padded, ops.problem)
 
 
 # -- backward-data's stride phases ---------------------------------------------------------------

@@ -69,7 +69,9 @@ class ImplicitGemmConfig(SplitReduction):
     backward-data M = input pixels, N = C/G, reduction = taps x K/G; backward-weight
     M = K/G, N = C/G (per tap), reduction = output pixels, split over `split_k` programs.
     Family `igemm-flat` (forward and backward-weight) takes taps x C/G as one flat index
-    where the others take C/G per tap: forward's reduction, backward-weight's N.
+    where the others take C/G per tap: forward's reduction, backward-weight's N. With
+    `pad_channels` it first copies x (and forward's w) with C padded to a whole 16-byte
+    vector of zeros, so that a C=3 stem's gathers are vectors (plan.py, name `_pc`).
     """
 
     signature: ConvSignature
@@ -83,12 +85,14 @@ class ImplicitGemmConfig(SplitReduction):
     split_mode: SplitMode = SplitMode.WORKSPACE
     groups_per_tile: int = 1  # > 1: that many groups merged into one block-diagonal tile (small C/G, K/G)
     family: Family = Family.IMPLICIT_GEMM
+    pad_channels: bool = False  # igemm-flat: C padded to 16-byte vectors first (ConvProblem.channels_padded)
 
     @property
     def name(self) -> str:
         merge = f"_gt{self.groups_per_tile}" if self.groups_per_tile > 1 else ""
+        pad = "_pc" if self.pad_channels else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_m}x{self.block_n}x{self.block_k}"
-                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{self.split_tag}{merge}"
+                f"_w{self.num_warps}_s{self.num_stages}_g{self.group_m}_{self.split_tag}{merge}{pad}"
                 f"_{self.signature.epilogue.name}")
 
     def for_problem(self, problem: ConvProblem) -> ImplicitGemmConfig:

@@ -3,13 +3,15 @@
 Every pointer-based Triton kernel of the op takes one argument list (tensors, 3-D
 geometry, strides of the non-channel dims), so one binder serves the igemm and direct
 families in all directions; the igemm-tma family takes tensor descriptors instead
-(`_tma_unit`, `_tma_bound`). A split backward-weight adds the `conv_weight_reduce` stage.
+(`_tma_unit`, `_tma_bound`). A split backward-weight adds the `conv_weight_reduce` stage;
+a config with `pad_channels` runs its unpadded twin's stages on padded copies (`_padded_plan`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import torch
 import triton
@@ -36,6 +38,7 @@ FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRE
 # A family's kernel modules that import another family's (part of the cache key).
 _FAMILY_IMPORTS = {Family.IMPLICIT_GEMM_FLAT: (FAMILY_MODULES[Family.IMPLICIT_GEMM],)}
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
+_PAD_MODULE = f"{_KERNELS}.channel_pad"
 # The kernels' sources besides their own file (part of the cache key): every module they import from.
 _SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue",
                    "tiledispatch.ops.gemm.kernels.tile_order", _REDUCE_MODULE)
@@ -60,6 +63,7 @@ GEOMETRY = ("N", "G", "CG", "KG", "D", "H", "W", "OD", "OH", "OW", "FZ", "FY", "
 STRIDES = ("sxn", "sxd", "sxh", "sxw", "swk", "swz", "swy", "swx", "syn", "syd", "syh", "syw",
            "srn", "srd", "srh", "srw")
 REDUCE_BLOCK = 1024  # the reduction is a streaming pass: 1K elements per program
+PAD_BLOCK_ROWS = 128  # channel padding: rows (pixels) of 8 channels per program
 MAX_GRID_YZ = 65535
 ALIGNED = ConvSpecialization()
 
@@ -131,6 +135,32 @@ def _reduce_unit(config, specialization: ConvSpecialization) -> KernelUnit:
     )
 
 
+def _pad_unit(config: ImplicitGemmConfig) -> KernelUnit:
+    t = config.signature.types.dtype.triton
+    constexprs = {"BLOCK_R": PAD_BLOCK_ROWS, "BLOCK_C": 16 // config.signature.types.dtype.itemsize}
+    signature = ([("src_ptr", f"*{t}"), ("dst_ptr", f"*{t}")]
+                 + [(n, "i32") for n in ("ROWS", "D", "H", "W", "C", "CP")]
+                 + [(n, "i64") for n in ("ssn", "ssd", "ssh", "ssw", "sdn", "sdd", "sdh", "sdw")]
+                 + [(n, "constexpr") for n in constexprs])
+    return KernelUnit(
+        stage="pad", module=_PAD_MODULE, function="pad_channels", signature=tuple(signature),
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
+        modules=(_PAD_MODULE, f"{_KERNELS}.geometry"),
+    )
+
+
+_UNPAD_UNIT = KernelUnit(
+    stage="unpad", module="tiledispatch.ops.conv.plan", function="unpad_weight",
+    signature=(("padded", "python"), ("out", "python")), constexprs=(), num_warps=0, num_stages=0,
+    modules=("tiledispatch.ops.conv.plan",), kind=UnitKind.PYTHON,
+)
+
+
+def unpad_weight(padded: torch.Tensor, out: torch.Tensor) -> None:
+    """The last stage of a padded backward-weight: dw's real input channels out of the padded one's."""
+    out.copy_(padded[:, :out.shape[1]])
+
+
 _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
     signature=tuple((name, "python") for name in ("operands", "out")),
@@ -148,6 +178,11 @@ def splits(config: AnyConvConfig) -> bool:
 def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
+    if isinstance(config, ImplicitGemmConfig) and config.pad_channels:  # pad, the padded problem's units, unpad
+        padded = specialization.channels_padded(config.signature.types.dtype)
+        inner = kernel_units(replace(config, pad_channels=False), padded)
+        weight = config.signature.direction is Direction.BWD_WEIGHT
+        return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
     main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
 
@@ -295,6 +330,8 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
         return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
     if isinstance(config, TmaConfig):
         return _tma_plan(config, ops, out)
+    if isinstance(config, ImplicitGemmConfig) and config.pad_channels:
+        return _padded_plan(config, ops, out)
     direction = p.direction
     x = out if direction is Direction.BWD_DATA else ops.x
     w = out if direction is Direction.BWD_WEIGHT else ops.w
@@ -333,6 +370,38 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     if split:
         launches.append(_reduce_launch(units[1], workspace, w, p, taps))
     return Plan(tuple(launches), out)
+
+
+def _padded_plan(config: ImplicitGemmConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
+    """x (and forward's w) copied with C padded to whole 16-byte vectors, the unpadded config's plan on
+    the copies, and backward-weight's dw cut back to the real channels."""
+    p = ops.problem
+    padded = p.channels_padded()
+    pad = kernel_units(config, p.specialization)[0]
+    dtype, device = p.types.dtype.torch, ops.device
+    x = channels_last_empty((p.n, padded.c, *p.input_size), dtype, device)
+    launches = [_pad_launch(pad, ops.x, x)]
+    w, inner_out = ops.w, out
+    if p.direction is Direction.FORWARD:
+        w = channels_last_empty((p.k, padded.c, *p.filter_size), dtype, device)
+        launches.append(_pad_launch(pad, ops.w, w))
+    else:
+        inner_out = channels_last_empty((p.k, padded.c, *p.filter_size), dtype, device)
+    inner = plan(replace(config, pad_channels=False), replace(ops, problem=padded, x=x, w=w, out=inner_out))
+    launches += inner.launches
+    if p.direction is Direction.BWD_WEIGHT:
+        launches.append(Launch("unpad", (1, 1, 1), (inner_out, out)))
+    return Plan(tuple(launches), out)
+
+
+def _pad_launch(unit: KernelUnit, src: torch.Tensor, dst: torch.Tensor) -> Launch:
+    """A pad stage: src (A, C, *spatial) into dst (A, CP, *spatial), both channel stride 1."""
+    d, h, w = (1,) * (5 - src.dim()) + tuple(src.shape[2:])
+    rows = src.shape[0] * d * h * w
+    bound = {"src_ptr": src, "dst_ptr": dst, "ROWS": rows, "D": d, "H": h, "W": w, "C": src.shape[1],
+             "CP": dst.shape[1], **dict(zip(("ssn", "ssd", "ssh", "ssw"), _strides(src))),
+             **dict(zip(("sdn", "sdd", "sdh", "sdw"), _strides(dst)))}
+    return Launch("pad", (triton.cdiv(rows, PAD_BLOCK_ROWS), 1, 1), _values(unit, bound))
 
 
 def _reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p, taps: int) -> Launch:

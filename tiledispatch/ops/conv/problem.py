@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ...core.choice import Choice
@@ -135,6 +135,12 @@ class ConvSpecialization:
     def even_channels(self, block_k: int) -> bool:
         """Whether every channel block of block_k is whole (no channel mask needed)."""
         return self.channel_multiple % block_k == 0
+
+    def channels_padded(self, dtype: DType) -> ConvSpecialization:
+        """What a problem of this specialisation becomes with its input channels padded to whole 16-byte
+        vectors (ConvProblem.channels_padded): its x and w fresh copies, y / dy its own (16-byte aligned)."""
+        vector = 16 // dtype.itemsize
+        return ConvSpecialization(True, True, self.pointwise, False, self.unit_stride, vector, True)
 
 
 def _as_tuple(value, dims: int, what: str) -> tuple[int, ...]:
@@ -260,6 +266,16 @@ class ConvProblem:
         outputs = (self.k * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
         return ConvSpecialization(aligned, per_group, self.pointwise, self.one_channel_per_group,
                                   self.unit_stride, channel_multiple(self.c_per_group, self.k_per_group), outputs)
+
+    def channels_padded(self) -> ConvProblem:
+        """The same conv with C rounded up to whole 16-byte vectors (zero channels in x and w add nothing).
+
+        A C=3 stem's x and w then load as vectors instead of one element at a time: for
+        one group, whose output side is already aligned (rules.supports checks both).
+        """
+        vector = 16 // self.types.dtype.itemsize
+        return replace(self, c=-(-self.c // vector) * vector,
+                       specialization=self.specialization.channels_padded(self.types.dtype))
 
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...core.dtypes import DType
 from ...core.op import Score
@@ -271,7 +271,7 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
     threads = config.num_warps * 32
     flat = config.family is Family.IMPLICIT_GEMM_FLAT  # gathers im2col elements one by one
     vector = max(16 // p.types.dtype.itemsize, 1)
-    x_side = vector if p.specialization.groups_aligned and not flat else 1  # x and w
+    x_side = vector if p.specialization.groups_aligned else 1  # x and w (flat: a run of C/G a tap)
     y_side = vector if p.specialization.outputs_aligned else 1  # dy: the backward directions' A tile
     a_vector = x_side if p.direction is Direction.FORWARD else y_side
     loads = (config.block_m * config.block_k / a_vector + config.block_k * config.block_n / x_side) / threads
@@ -291,6 +291,22 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
     per_step = STEP_INSTRUCTIONS + per_load * max(loads, 1.0)
     warp_instructions = tiles * steps * config.num_warps * per_step
     return warp_instructions / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
+
+
+def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
+    """igemm-flat on the problem with C padded to 16-byte vectors, plus the copies that pad x (and
+    forward's w) and cut backward-weight's dw back: each a pass over its bytes and a launch."""
+    padded = p.channels_padded()
+    inner = igemm_score(replace(config, pad_channels=False), padded, arch)
+    item = p.types.dtype.itemsize
+    pixels = p.n * math.prod(p.input_size)
+    copies = pixels * (p.c + padded.c) * item
+    launches = 2 if p.direction is Direction.FORWARD else 3  # pad x, and pad w or (copy dw back, its 2 passes)
+    copies += p.k * math.prod(p.filter_size) * (p.c + padded.c) * item
+    pad_s = copies / _bandwidth(arch) + launches * LAUNCH_SECONDS
+    modelled = inner.terms["modelled_us"] * 1e-6 + pad_s
+    return Score(ideal_seconds(p, arch) / modelled,
+                 {**inner.terms, "pad_us": pad_s * 1e6, "modelled_us": modelled * 1e6})
 
 
 def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
@@ -338,7 +354,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
     programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
-    if flat or not p.specialization.groups_aligned:
+    if not p.specialization.groups_aligned:
         in_flight *= 0.25  # element loads instead of 16-byte vectors
     # DRAM moves 32-byte sectors: a channel run shorter than one wastes the rest of it. A flat
     # step's run is a filter row's taps x channels, contiguous in a row of the input.
@@ -633,4 +649,6 @@ def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
         return direct_score(config, problem, arch)
     if isinstance(config, TmaConfig):
         return tma_score(config, problem, arch)
+    if config.pad_channels:
+        return padded_score(config, problem, arch)
     return igemm_score(config, problem, arch)

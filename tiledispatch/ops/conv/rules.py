@@ -74,6 +74,7 @@ class ConvRule(enum.Enum):
     FAMILY_ARCH = "family-arch"
     FAMILY_DIRECTION = "family-direction"
     FAMILY_DTYPE = "family-dtype"
+    PAD_CHANNELS = "pad-channels"
 
 
 def shared_memory_bytes(config: ImplicitGemmConfig | TmaConfig) -> int:
@@ -199,6 +200,9 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     elif config.groups_per_tile > 1 and config.family is Family.IMPLICIT_GEMM_FLAT:
         error(ConvRule.GROUP_MERGE, "igemm-flat does not merge groups: its flat (tap, channel) index is one "
               "group's", "use groups_per_tile=1")
+    if config.pad_channels and config.family is not Family.IMPLICIT_GEMM_FLAT:
+        error(ConvRule.PAD_CHANNELS, f"pad_channels is igemm-flat's (few channels a group), not {config.family.value}'s",
+              "use family igemm-flat, or pad_channels=False")
     if config.family is Family.IMPLICIT_GEMM_FLAT and sig.direction is Direction.BWD_DATA:
         error(ConvRule.FAMILY_DIRECTION, "igemm-flat computes forward and backward-weight; backward-data reduces "
               "over K/G, which no filter flattening shortens", "use family igemm")
@@ -360,6 +364,8 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
     if config.family is Family.IMPLICIT_GEMM_FLAT and problem.c_per_group > FLAT_MAX_CHANNELS_PER_GROUP:
         return (f"igemm-flat serves up to {FLAT_MAX_CHANNELS_PER_GROUP} input channels per group, where igemm "
                 f"would pad each tap's channels; this conv has C/G={problem.c_per_group} (igemm serves it)")
+    if isinstance(config, ImplicitGemmConfig) and config.pad_channels:
+        return _padding_refusal(problem)
     if isinstance(config, DirectConfig):
         per_group = max(problem.c_per_group, problem.k_per_group)
         if per_group > DIRECT_MAX_CHANNELS_PER_GROUP:
@@ -367,6 +373,19 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
                     f"conv has C/G={problem.c_per_group}, K/G={problem.k_per_group}")
         if config.window:
             return _window_refusal(config, problem)
+    return None
+
+
+def _padding_refusal(problem: ConvProblem) -> str | None:
+    """Why padding the input channels (ImplicitGemmConfig.pad_channels) does not serve `problem` (None: it does)."""
+    vector = 16 // problem.types.dtype.itemsize
+    if problem.c % vector == 0:
+        return f"C={problem.c} is already whole {vector}-channel vectors: there is nothing to pad"
+    if problem.groups > 1:
+        return f"channel padding serves one group; this conv has G={problem.groups}"
+    if not problem.specialization.outputs_aligned:
+        return ("channel padding copies x and w into aligned buffers, but this conv's output side (K, y or dy) "
+                "is not 16-byte aligned, so the padded kernel would still take element loads there")
     return None
 
 

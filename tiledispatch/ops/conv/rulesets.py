@@ -40,6 +40,7 @@ class GemmTile:
     split_mode: SplitMode = SplitMode.WORKSPACE
     groups_per_tile: int = 1  # > 1: forward and backward-data only
     family: Family = Family.IMPLICIT_GEMM  # or IMPLICIT_GEMM_FLAT: forward and backward-weight only
+    pad_channels: bool = False  # IMPLICIT_GEMM_FLAT only
 
     def serves(self, direction: Direction) -> bool:
         """Split tiles are backward-weight's, merged ones not; flat ones have no backward-data."""
@@ -104,6 +105,8 @@ TINY_GEMM = (
 TESTS_GEMM = TINY_GEMM + (
     GemmTile(32, 16, 32, 2, 2, 4, family=Family.IMPLICIT_GEMM_FLAT),
     GemmTile(16, 32, 16, 2, 2, 1, split_k=2, family=Family.IMPLICIT_GEMM_FLAT),
+    GemmTile(32, 16, 32, 2, 2, 4, family=Family.IMPLICIT_GEMM_FLAT, pad_channels=True),
+    GemmTile(16, 32, 16, 2, 2, 1, split_k=2, family=Family.IMPLICIT_GEMM_FLAT, pad_channels=True),
     GemmTile(64, 32, 32, 4, 3, 8),
     GemmTile(32, 64, 16, 4, 3, 8),
     GemmTile(64, 64, 32, 4, 3, 8, split_k=4),
@@ -113,13 +116,15 @@ TESTS_GEMM = TINY_GEMM + (
 # igemm-flat for few channels a group (the C=3 stem): forward tiles of 64-256 output pixels by
 # 64 output channels (the stem's K), stepping 32-64 (tap, channel) pairs; backward-weight tiles of
 # 64 output channels by 32-64 pairs (7x7x3 = 147: 3-5 column tiles), the pixels split 16-64 ways.
-FLAT_GEMM = tuple(replace(t, family=Family.IMPLICIT_GEMM_FLAT) for t in (
-    GemmTile(128, 64, 32, 4, 3, 8),
-    GemmTile(128, 64, 64, 4, 3, 8),
-    GemmTile(64, 64, 32, 4, 4, 8),
-    GemmTile(256, 64, 32, 8, 3, 8),
-    *(GemmTile(64, n, 64, 4, 3, 8, split_k=k) for n in (32, 64) for k in (16, 32, 64)),
-))
+# Each also with the channels padded to a 16-byte vector (C=3 -> 8: the gathers become vectors).
+FLAT_GEMM = tuple(replace(t, family=Family.IMPLICIT_GEMM_FLAT, pad_channels=pad) for pad, t in itertools.product(
+    (False, True), (
+        GemmTile(128, 64, 32, 4, 3, 8),
+        GemmTile(128, 64, 64, 4, 3, 8),
+        GemmTile(64, 64, 32, 4, 4, 8),
+        GemmTile(256, 64, 32, 8, 3, 8),
+        *(GemmTile(64, n, 64, 4, 3, 8, split_k=k) for n in (32, 64) for k in (16, 32, 64)),
+    )))
 # For sm_80+ tensor cores: the GEMM op's proven shapes, narrowed in N where K/G or C/G is
 # small, and split backward-weight tiles for its long pixel reductions.
 DEFAULT_GEMM = TESTS_GEMM + (
@@ -322,7 +327,8 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES) -> Iterat
         for t in gemm_tiles:
             if t.serves(sig.direction):
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
-                                         t.num_stages, t.split_k, t.split_mode, t.groups_per_tile, t.family)
+                                         t.num_stages, t.split_k, t.split_mode, t.groups_per_tile, t.family,
+                                         t.pad_channels)
         for t in direct_tiles:
             if (t.split_k == 1 or weight) and sig.direction in t.directions:
                 yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run, t.rows,
