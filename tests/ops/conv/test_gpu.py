@@ -128,6 +128,20 @@ def test_every_sliding_window_tile_on_the_gpu(dispatcher, direction, case, dtype
         run_and_check(dispatcher, p, spec.name)
 
 
+@pytest.mark.parametrize("case", [((56, 56), (7, 7), 2, 3), ((9, 20, 18), (3, 5, 5), 2, 2), ((301,), (5,), 1, 2)],
+                         ids=["stem-7x7s2", "3d", "1d"])
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_padded_channel_tiles_on_the_gpu(dispatcher, direction, case, dtype):
+    """igemm-flat on C=3 padded to 8 (pad_channels): the best two padded tiles, compiled for this GPU."""
+    size, filt, stride, pad = case
+    p = problem(direction, 4, 3, 64, 1, size, filt, stride, pad, 1, dtype)
+    specs = [s for s in ranked(dispatcher, p, Family.IMPLICIT_GEMM_FLAT) if s.config.pad_channels]
+    assert specs, f"no padded igemm-flat kernel for {p.describe()}"
+    for spec in specs[:2]:
+        run_and_check(dispatcher, p, spec.name)
+
+
 # -- igemm-tma: stride-1 forward and backward-weight through tensor descriptors (sm_90+) ----------------
 TMA_SHAPES = {  # the suite's dense convs, batch cut; C/G a multiple of the forward's 64-channel steps
     "resnet50_3x3": (4, 256, 256, 1, (14, 14), (3, 3), 1, 1),
