@@ -18,8 +18,9 @@ another; then cuDNN, the rules' pick, the oracle and the dispatcher's pick are t
 in turns (FINAL_ROUNDS), and the compared figures are those: the GPU's clock drifts by more
 than the margins measured here. TFLOP/s and TB/s (the fewest
 bytes the conv must move) are reported for each; depthwise cases also time, in the same
-turns, a device-to-device copy of those bytes (`copy_fraction_depthwise`: a 17-38 MB
-copy moves 2.1-2.4 TB/s, where `bandwidth_fraction_depthwise` divides by 4.25).
+turns, a copy kernel moving those bytes (`copy_fraction_depthwise`: a 17-38 MB copy
+moves 2.9-3.5 TB/s, where `bandwidth_fraction_depthwise` divides by 4.25; bench/copy.py
+says why a kernel and not torch's memcpy).
 
     python benchmarks/conv.py --out benchmarks/results/h200 [--dtypes bf16,fp16]
         [--directions forward,bwd_data,bwd_weight] [--suite FILE] [--cases NAME,...] [--top 2]
@@ -49,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch  # noqa: F401  (first: it picks the backend)
+from tiledispatch.bench.copy import kernel_copy
 from tiledispatch.bench.plots import plot_speed_vs_vendor
 from tiledispatch.bench.timing import event_sampler, geomean, graph_sampler, interleaved_medians, percentile
 from tiledispatch.core.dispatcher import Dispatcher
@@ -92,12 +94,12 @@ def make_sets(p: ConvProblem) -> list[dict]:
 
 
 def copy_fn(moved: int, count: int):
-    """A device-to-device copy of `moved` bytes (half read, half written) over `count` rotating buffer
-    pairs, and its sets: the bandwidth limit of a transfer that size, launch and tail included."""
+    """A kernel copy of `moved` bytes (half read, half written) over `count` rotating buffer pairs,
+    and its sets: the bandwidth limit of a transfer that size, launch and tail included."""
     half = moved // 4  # bf16 elements read, and as many written
     sets = [{"src": torch.randn(half, device="cuda", dtype=torch.bfloat16),
              "dst": torch.empty(half, device="cuda", dtype=torch.bfloat16)} for _ in range(count)]
-    return (lambda s: s["dst"].copy_(s["src"])), sets
+    return (lambda s: kernel_copy(s["src"], s["dst"])), sets
 
 
 def cudnn_fn(p: ConvProblem):
@@ -260,7 +262,7 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
               "oracle_ms": times.get(oracle), "dispatcher": pick, "dispatcher_ms": dispatch_ms,
               "copy_ms": final.get("copy")}
     if p.depthwise:
-        record("copy", "torch copy_ of the same bytes", final["copy"], None)
+        record("copy", "kernel copy of the same bytes (bench/copy.py)", final["copy"], None)
     for provider, name, ms in (("triton-selected", selected, result["selected_ms"]),
                                ("triton-oracle", oracle, result["oracle_ms"]), ("dispatcher", pick, dispatch_ms)):
         record(provider, name, ms, None)
@@ -292,7 +294,7 @@ def summarize(results: list[dict]) -> dict:
         values = [e["bytes"] / (e[key] * 1e-3) / COPY_BANDWIDTH for e in depthwise if e.get(key)]
         return statistics.mean(values) if values else None
 
-    def of_copy(key):  # a 17-38 MB copy moves 2.1-2.4 TB/s on the H200, not the 4.25 of a large one
+    def of_copy(key):  # a 17-38 MB copy moves 2.9-3.5 TB/s on the H200, not the 4.25 of a large one
         values = [e["copy_ms"] / e[key] for e in depthwise if e.get(key) and e.get("copy_ms")]
         return statistics.mean(values) if values else None
 

@@ -7,7 +7,7 @@ direction, every direct-family kernel of the `full` rule set that supports the p
 then timed as CUDA-graph replays in turns with cuDNN's own call
 (bench.timing.interleaved_medians), so each ratio compares the same moments of the GPU's
 clock. The best few are timed again in FINAL_ROUNDS turns with cuDNN and with a
-device-to-device copy of the bytes the convolution must move (half read, half written):
+kernel copy of the bytes the convolution must move (half read, half written; bench/copy.py):
 the copy is what "the bandwidth limit" means for a transfer of that size, launch and
 tail included, where the 4.25 TB/s of a large copy is out of reach. Each row also holds
 the `rules` model's time and rank, to calibrate ranking.py.

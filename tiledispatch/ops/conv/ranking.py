@@ -301,7 +301,7 @@ def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     item = p.types.dtype.itemsize
     pixels = p.n * math.prod(p.input_size)
     copies = pixels * (p.c + padded.c) * item
-    launches = 2 if p.direction is Direction.FORWARD else 3  # pad x, and pad w or (copy dw back, its 2 passes)
+    launches = 2  # pad x, then pad w (forward) or cut dw back (backward-weight); the inner score has the rest
     copies += p.k * math.prod(p.filter_size) * (p.c + padded.c) * item
     pad_s = copies / _bandwidth(arch) + launches * LAUNCH_SECONDS
     modelled = inner.terms["modelled_us"] * 1e-6 + pad_s

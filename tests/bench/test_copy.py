@@ -1,0 +1,22 @@
+"""The benchmarks' copy kernel: the bandwidth baseline of the depthwise figures must copy exactly."""
+
+import pytest
+import torch
+
+from tiledispatch.bench.copy import BLOCK, kernel_copy
+
+
+@pytest.mark.parametrize("n", [1, BLOCK - 1, BLOCK, 3 * BLOCK + 5])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_copies_every_element(n, dtype):
+    src = torch.randn(n, dtype=torch.float64).to(dtype)
+    dst = torch.full((n,), float("nan"), dtype=dtype)
+    kernel_copy(src, dst)
+    assert torch.equal(dst, src)
+
+
+def test_refuses_mismatched_tensors():
+    with pytest.raises(ValueError, match="contiguous tensors of one dtype and size"):
+        kernel_copy(torch.zeros(8), torch.zeros(9))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel_copy(torch.zeros(4, 4).t(), torch.zeros(4, 4))
