@@ -29,6 +29,7 @@ from tiledispatch.ops.conv import (
     validate,
 )
 from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.plan import channels_fastest
 from tiledispatch.ops.conv.problem import ConvEpilogue
 from tiledispatch.ops.gemm.problem import Activation
 
@@ -84,6 +85,23 @@ def test_window_on_unaligned_channels(dispatcher, direction):
     for name in window_kernels(dispatcher, p):
         ops, _ = run_and_check(dispatcher, p, name)
         assert not ops.problem.specialization.aligned
+
+
+@pytest.mark.parametrize("direction", WINDOWED, ids=lambda d: d.value)
+def test_window_with_channel_blocks_fastest(dispatcher, direction):
+    """Pixels of >= 2 KB (520 fp32 channels: a partial last block) take the one-axis grid that steps
+    the channel blocks fastest (plan.channels_fastest); 20 channels keep the two-axis grid."""
+    wide = problem(direction, 2, 520, 520, 520, (9,), (3,), 1, 1, 1, "fp32")
+    narrow = problem(direction, 2, 20, 20, 20, (9,), (3,), 1, 1, 1, "fp32")
+    for p, one_axis in ((wide, True), (narrow, False)):
+        names = window_kernels(dispatcher, p)
+        assert names, f"no window kernel takes {p.describe()}"
+        for name in names:
+            ops, spec = run_and_check(dispatcher, p, name)
+            grid = spec.definition.plan(spec.config, ops).launches[0].grid
+            channel_blocks = -(-p.c // spec.config.block_c)
+            assert grid[1] == (1 if one_axis else channel_blocks), (name, grid)
+            assert channels_fastest(spec.config, p) == one_axis, name
 
 
 @pytest.mark.parametrize("epilogue", [ConvEpilogue(True, Activation.RELU, True), ConvEpilogue(False, Activation.SILU,

@@ -245,6 +245,22 @@ def _zeros(BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, RUN: tl.constexpr):
 
 
 @triton.jit
+def _program_tile(C, BLOCK_C: tl.constexpr):
+    """(pixel block, channel block) of this program, in the order the plan chose by the grid's shape.
+
+    A grid of (pixel blocks, channel blocks) steps the pixel blocks fastest; a grid of one
+    axis steps the channel blocks fastest, so that the programs running at once read whole
+    pixels of neighbouring runs rather than one BLOCK_C slice of pixels far apart
+    (plan.channels_fastest says where that pays). With one channel block the two agree.
+    """
+    if tl.num_programs(1) == 1:
+        blocks = tl.cdiv(C, BLOCK_C)
+        pid = tl.program_id(0)
+        return pid // blocks, pid % blocks
+    return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
 def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
                 RUN: tl.constexpr, WINDOW: tl.constexpr, FLIP: tl.constexpr):
     """Adds one filter row into the RUN accumulators of each pixel run.
@@ -288,9 +304,8 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     Rows of the tile are runs of RUN output pixels along W, (n, od, oh, run) flattened
     with the runs fastest; lanes are channels.
     """
-    pid_p = tl.program_id(0)
-    pid_c = tl.program_id(1)
     C = G // VEC * VEC
+    pid_p, pid_c = _program_tile(C, BLOCK_C)
     runs = tl.cdiv(OW, RUN)
     Q = N * OD * OH * runs
     offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -348,9 +363,8 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     and H any stride and dilation: each filter row finds its dy row (or none) as the
     per-tap kernel does.
     """
-    pid_p = tl.program_id(0)
-    pid_c = tl.program_id(1)
     C = G // VEC * VEC
+    pid_p, pid_c = _program_tile(C, BLOCK_C)
     runs = tl.cdiv(W, RUN)
     Q = N * D * H * runs
     offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
