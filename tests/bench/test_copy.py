@@ -5,12 +5,16 @@ import torch
 
 from tiledispatch.bench.copy import BLOCK, kernel_copy
 
+from ..conftest import on_gpu
+
+DEVICE = "cuda" if on_gpu() else "cpu"  # the interpreter reads CPU tensors
+
 
 @pytest.mark.parametrize("n", [1, BLOCK - 1, BLOCK, 3 * BLOCK + 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_copies_every_element(n, dtype):
-    src = torch.randn(n, dtype=torch.float64).to(dtype)
-    dst = torch.full((n,), float("nan"), dtype=dtype)
+    src = torch.randn(n, dtype=torch.float64).to(dtype).to(DEVICE)
+    dst = torch.full((n,), float("nan"), dtype=dtype, device=DEVICE)
     kernel_copy(src, dst)
     assert torch.equal(dst, src)
 
