@@ -89,11 +89,14 @@ class _Slot:
 
 @dataclass(frozen=True)
 class _Workspace:
-    """Argument `index` takes a fresh tensor made by the plan (split-K's partial sums), or a
-    descriptor over it; stages asking for the same shape and dtype share one per call."""
+    """Argument `index` takes a fresh tensor made by the plan (split-K's partial sums, realigned
+    operands), or a descriptor over it. `key` numbers the plan's own tensors: the stages that
+    shared one at planning (a realign copy and the kernel that reads it) share one per call."""
 
     index: int
+    key: int
     shape: tuple
+    stride: tuple
     dtype: torch.dtype
     descriptor: TensorDescriptor | None = None
 
@@ -124,7 +127,8 @@ class BoundGemm:
         p = operands.problem
         by_id = {id(getattr(operands, role)): i for i, role in enumerate(ROLES) if getattr(operands, role) is not None}
         by_id[id(plan.output)] = ROLES.index("out")
-        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id) for launch in plan.launches)
+        own: dict[int, int] = {}  # id of each tensor the plan made -> its workspace key
+        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, own) for launch in plan.launches)
         self._shape = (p.batch, p.m, p.n)
         self._dtype = p.types.c.torch
         self._device = operands.device
@@ -134,7 +138,7 @@ class BoundGemm:
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
 
     @staticmethod
-    def _stage(launch, launcher, by_id: dict) -> _Stage:
+    def _stage(launch, launcher, by_id: dict, own: dict) -> _Stage:
         python = isinstance(launcher, PythonLauncher)
         plain, slots, workspaces = [], [], []
         for j, value in enumerate(launch.args):
@@ -144,7 +148,8 @@ class BoundGemm:
                 continue
             role = by_id.get(id(tensor))
             if role is None:  # made by the plan itself: a workspace
-                workspaces.append(_Workspace(j, tuple(tensor.shape), tensor.dtype, descriptor))
+                key = own.setdefault(id(tensor), len(own))
+                workspaces.append(_Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor))
             elif descriptor is not None:
                 slots.append(_Slot(j, role, _Fill.DESCRIPTOR, descriptor))
             elif python and tensor.dim() == 3:
@@ -176,9 +181,10 @@ class BoundGemm:
             for slot in stage.slots:
                 args[slot.index] = slot.value(values[slot.role])
             for ws in stage.workspaces:
-                tensor = shared.get((ws.shape, ws.dtype))
+                tensor = shared.get(ws.key)
                 if tensor is None:
-                    tensor = shared[(ws.shape, ws.dtype)] = torch.empty(ws.shape, dtype=ws.dtype, device=self._device)
+                    tensor = shared[ws.key] = torch.empty_strided(ws.shape, ws.stride, dtype=ws.dtype,
+                                                                  device=self._device)
                 args[ws.index] = ws.value(tensor)
             stage.launcher(stage.grid, args, stream)
         if out is not None:

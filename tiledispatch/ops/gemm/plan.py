@@ -2,7 +2,8 @@
 
 `kernel_units` fixes the compiled signature: a stride that the layout makes 1 becomes a
 compile-time constant (contiguous loads), every other stride is a 64-bit argument (no
-overflow on large tensors). `plan` binds the operands to one or two launches.
+overflow on large tensors). `plan` binds the operands to one or two launches; a realign
+config adds copies around them (`_realigned_plan`).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def _divisibility(alignment: Alignment, types: GemmTypes, signature, split: bool
 def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
+    if config.realign:  # the copies, then its twin's stages on aligned buffers
+        return (_REALIGN_UNIT, *kernel_units(replace(config, realign=False), alignment.realigned()))
     main = _persistent_unit(config, alignment) if config.family is Family.TMA_PERSISTENT else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
 
@@ -268,6 +271,56 @@ _VENDOR_UNIT = KernelUnit(
 )
 
 
+def copy_rows(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """A realign stage: one operand into (or the result out of) its aligned buffer."""
+    dst.copy_(src)
+
+
+_REALIGN_UNIT = KernelUnit(
+    stage="realign", module="tiledispatch.ops.gemm.plan", function="copy_rows",
+    signature=(("src", "python"), ("dst", "python")), constexprs=(), num_warps=0, num_stages=0,
+    modules=("tiledispatch.ops.gemm.plan",), kind=UnitKind.PYTHON,
+)
+
+
+def aligned_empty(shape: tuple[int, int, int], layout: Layout, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised (batch, rows, cols) matrix stack in `layout` (ROW: cols contiguous, COL:
+    rows) whose leading stride is padded to a multiple of 16 bytes: what a TMA descriptor takes.
+    The padding is never read: a descriptor's shape is the real one, and it clips there."""
+    batch, rows, cols = shape
+    per_vector = max(1, VECTOR_BYTES // torch.empty((), dtype=dtype).element_size())
+    if layout is Layout.COL:
+        lead = triton.cdiv(rows, per_vector) * per_vector
+        stride = (cols * lead, 1, lead)
+    else:
+        lead = triton.cdiv(cols, per_vector) * per_vector
+        stride = (rows * lead, lead, 1)
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+def _realigned_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor) -> Plan:
+    """Copies of the operands TMA cannot take (`Alignment.unaligned_operands`) into aligned
+    buffers, the twin config's plan on those, and C copied out of its buffer if C was one.
+
+    A row of 4093 bf16 (8186 bytes) keeps both cuBLAS and pointer kernels to element-by-
+    element loads; the copies cost a few passes over memory, which a large GEMM repays.
+    """
+    p = ops.problem
+    unaligned = p.alignment.unaligned_operands
+    launches, copies = [], {}
+    for role, layout in (("a", config.layout.a), ("b", config.layout.b)):
+        if role in unaligned:
+            source = getattr(ops, role)
+            copies[role] = aligned_empty(tuple(source.shape), layout, source.dtype, source.device)
+            launches.append(Launch("realign", (1, 1, 1), (source, copies[role])))
+    inner_out = aligned_empty(tuple(out.shape), Layout.ROW, out.dtype, out.device) if "c" in unaligned else out
+    inner_ops = replace(ops, problem=replace(p, alignment=p.alignment.realigned()), out=inner_out, **copies)
+    launches += plan(replace(config, realign=False), inner_ops, inner_out).launches
+    if inner_out is not out:
+        launches.append(Launch("realign", (1, 1, 1), (inner_out, out)))
+    return Plan(tuple(launches), out)
+
+
 def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = None) -> Plan:
     p = ops.problem
     if p.batch > MAX_GRID_YZ:
@@ -280,6 +333,8 @@ def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = No
     if isinstance(config, VendorConfig):
         args = (a, b, out, ops.bias, res, ops.scale_a, ops.scale_b, p.epilogue.activation)
         return Plan((Launch("vendor", (1, 1, 1), args),), out)
+    if config.realign:
+        return _realigned_plan(config, ops, out)
     # Broadcast operands (batch 1 against batch > 1) are read with a zero batch stride.
     bstride = lambda t: 0 if t.shape[0] == 1 else t.stride(0)  # noqa: E731
     dummy = out  # stands in for absent pointers; the kernel never reads it (constexpr flags off)

@@ -8,7 +8,7 @@ strides). The epilogue is applied in a fixed order: scale, bias, activation, res
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 from ...core.choice import Choice
@@ -200,6 +200,16 @@ class Alignment:
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, _level(getattr(self, f.name)))
+
+    @property
+    def unaligned_operands(self) -> tuple[str, ...]:
+        """The operands ("a", "b", "c") that TMA cannot take: below BYTES16."""
+        return tuple(role for role in ("a", "b", "c") if not getattr(self, role))
+
+    def realigned(self) -> "Alignment":
+        """The alignment once every operand below BYTES16 is copied into a buffer of our own
+        (16-byte base, rows padded to 16 bytes); the sizes stay what they are."""
+        return replace(self, **{role: Align.BYTES16 for role in self.unaligned_operands})
 
     @property
     def tag(self) -> str:

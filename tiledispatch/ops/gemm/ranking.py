@@ -10,6 +10,7 @@ waiting a load latency over the stages in flight. Score = ideal time / modelled 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ...core.dtypes import DType
 from ...core.op import Score
@@ -34,6 +35,12 @@ LOAD_LATENCY_S = 0.8e-6
 TILE_OVERHEAD_ITERATIONS = 2.0
 FLATTENED_OVERHEAD_ITERATIONS = 0.7
 VENDOR_FRACTION = 0.79
+# cuBLAS where an operand's base or rows are not 16-byte multiples: 133-138 TFLOP/s on
+# odd_4095x4097x4093 in bf16 and fp16 (benchmarks/results/h200/gemm.csv), 0.14 of the peak.
+VENDOR_UNALIGNED_FRACTION = 0.14
+# A realign copy (torch's strided copy into an aligned buffer) reads and writes its operand once,
+# at this fraction of the memory bandwidth (a first guess, half of what a copy kernel reaches).
+REALIGN_BANDWIDTH_FRACTION = 0.5
 # torch._scaled_mm reached 1194-1348 TFLOP/s at 4096^3/8192^3 fp8, of a 1979 peak.
 VENDOR_FP8_FRACTION = 0.70
 # The fractions above are of the tensor-core peak; of the memory bandwidth, on the
@@ -72,6 +79,10 @@ ROW_EXPONENT = 0.25
 # A kernel that spills registers to local memory: seen 5-10x slower on the unaligned cases
 # of benchmarks/results/h200/gemm.csv (odd_1000: 64x256 tiles over 4 warps).
 SPILL_PENALTY = 0.15
+# Element-by-element operand loads (rows not a multiple of 16 bytes): the best tiled kernels
+# on the unaligned cases of gemm.csv ran 0.35-0.67 (bf16) and 0.45-0.9 (fp8) of what the
+# model gave them without this term (odd_4095x4097x4093, odd_3000x5000x100, odd_1000 fp8).
+UNALIGNED_LOAD_FRACTION = 0.5
 # The register estimate is coarse: on the unaligned cases of gemm.csv, tiles estimated at
 # 256 registers ran fastest (odd_4095x4097x4093 bf16, 128x128x64 over 8 warps; 0.95 of the
 # best at odd_3000x5000x100) and those estimated at 272 ran 0.04-0.11 of the best: the
@@ -104,7 +115,10 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     if p.types.c is not p.types.a and not p.types.scaled:
         steps += 1  # fp32 output from half inputs: computed in fp32, then copied
     step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / (arch.memory_bandwidth_gbs * 1e9) + LAUNCH_SECONDS
-    compute_s = p.flops() / _peak_flops(p, arch) / (VENDOR_FP8_FRACTION if p.types.scaled else VENDOR_FRACTION)
+    fraction = VENDOR_FP8_FRACTION if p.types.scaled else VENDOR_FRACTION
+    if p.alignment.unaligned_operands:
+        fraction = VENDOR_UNALIGNED_FRACTION
+    compute_s = p.flops() / _peak_flops(p, arch) / fraction
     memory_s = p.bytes() / (arch.memory_bandwidth_gbs * 1e9) / VENDOR_BANDWIDTH_FRACTION
     modelled = _soft_max(compute_s, memory_s) + VENDOR_CALL_SECONDS + steps * step_s
     return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
@@ -154,9 +168,25 @@ def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int
     return math.ceil(programs / concurrent) * (k_iters * per_iter + CHAIN_LATENCY_S)
 
 
+def _realign_seconds(p: GemmProblem, arch) -> float:
+    """The copies of a realign plan: each unaligned operand read and written once more."""
+    t = p.types
+    sizes = {"a": p.m * p.k * t.a.itemsize, "b": p.k * p.n * t.b.itemsize, "c": p.m * p.n * t.c.itemsize}
+    unaligned = p.alignment.unaligned_operands
+    moved = sum(2 * p.batch * sizes[role] for role in unaligned)
+    return moved / (arch.memory_bandwidth_gbs * 1e9 * REALIGN_BANDWIDTH_FRACTION) + len(unaligned) * LAUNCH_SECONDS
+
+
 def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
+    if config.realign:  # its twin on the aligned copies, plus the copies
+        inner = rule_score(replace(config, realign=False), replace(problem, alignment=problem.alignment.realigned()),
+                           arch)
+        copies_s = _realign_seconds(problem, arch)
+        modelled = inner.terms["modelled_us"] * 1e-6 + copies_s
+        return Score(_ideal_seconds(problem, arch) / modelled,
+                     {**inner.terms, "realign_us": copies_s * 1e6, "modelled_us": modelled * 1e6})
     p, t = problem, problem.types
     bandwidth = arch.memory_bandwidth_gbs * 1e9
     peak = _peak_flops(p, arch)
@@ -200,6 +230,8 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
 
     row = 1.0 if persistent else min(1.0, config.block_k * t.a.itemsize / 128) ** ROW_EXPONENT
     efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency * row
+    if not vectorised:
+        efficiency *= UNALIGNED_LOAD_FRACTION
     persistent_terms = {}
     if persistent:
         persistent_terms = _persistent_terms(config, p, arch, peak)

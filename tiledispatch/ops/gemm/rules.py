@@ -109,9 +109,9 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
 
     if config.family is Family.TMA_PERSISTENT:
         out.extend(_persistent_findings(config, arch))
-    elif config.epilogue_split != 1 or config.flatten:
-        error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split and flatten belong to the tma-persistent family",
-              "leave them at 1 and False for the tiled family")
+    elif config.epilogue_split != 1 or config.flatten or config.realign:
+        error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split, flatten and realign belong to the tma-persistent family",
+              "leave them at 1, False and False for the tiled family")
 
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
@@ -241,9 +241,11 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
     if config.family is Family.TMA_PERSISTENT:
         # TMA's rule, in bytes: a 16-byte aligned base and strides that are multiples of 16
         # bytes (Align.BYTES16 or better): rows of 1000 bf16 (2000 bytes) qualify.
-        al = problem.alignment
-        unaligned = [role for role in ("a", "b", "c") if not getattr(al, role)]
-        if unaligned:
+        unaligned = problem.alignment.unaligned_operands
+        if config.realign and not unaligned:
+            return "every operand is 16-byte aligned: nothing to realign (its twin without realign takes it as it is)"
+        if unaligned and not config.realign:
             return (f"tma-persistent needs 16-byte aligned base pointers and strides that are multiples of "
-                    f"16 bytes; {', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not")
+                    f"16 bytes; {', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not "
+                    "(its realign variant copies them into aligned buffers first)")
     return None

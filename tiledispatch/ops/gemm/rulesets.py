@@ -30,10 +30,13 @@ class Tile:
     family: Family = Family.TILED
     epilogue_split: int = 1
     flatten: bool = False
+    realign: bool = False
 
 
-def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, group_m=8, split_k=1) -> Tile:
-    return Tile(bm, bn, bk, warps, stages, group_m, split_k, Family.TMA_PERSISTENT, epilogue_split, flatten)
+def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, group_m=8, split_k=1,
+                realign=False) -> Tile:
+    return Tile(bm, bn, bk, warps, stages, group_m, split_k, Family.TMA_PERSISTENT, epilogue_split, flatten,
+                realign)
 
 
 # Small tiles that the CPU interpreter runs quickly; split-K included.
@@ -46,6 +49,7 @@ TINY_TILES = (
 )
 TESTS_TILES = TINY_TILES + (
     _persistent(64, 32, 32, 4, 3, flatten=True),
+    _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2, realign=True),
     _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2, split_k=3),
     Tile(64, 32, 64, 4, 3, 8),
     Tile(16, 64, 64, 4, 3, 1, split_k=4),
@@ -109,6 +113,13 @@ DEFAULT_TILES = TESTS_TILES + (
     _persistent(128, 128, 64, 4, 4, split_k=32),
     _persistent(128, 128, 128, 4, 4, split_k=32),
     _persistent(64, 64, 128, 4, 5, split_k=128),
+    # Operands with rows that are not 16-byte multiples (odd_4095x4097x4093, odd_3000x5000x100),
+    # copied into aligned buffers first: the large 16-bit and fp8 tiles above, and a small one.
+    _persistent(128, 256, 64, 8, 4, epilogue_split=2, realign=True),
+    _persistent(128, 128, 64, 8, 4, epilogue_split=2, realign=True),
+    _persistent(64, 128, 64, 4, 4, realign=True),
+    _persistent(128, 256, 128, 8, 3, epilogue_split=2, realign=True),
+    _persistent(128, 128, 128, 4, 5, realign=True),
 )
 FULL_TILES = tuple(
     Tile(bm, bn, bk, w, s, 8, k)
@@ -159,7 +170,7 @@ def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
             if _fits(tile, t, layout):
                 yield GemmConfig(tile.family, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
                                  tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
-                                 tile.epilogue_split, tile.flatten)
+                                 tile.epilogue_split, tile.flatten, tile.realign)
 
 
 def tiny() -> Iterator[AnyGemmConfig]:

@@ -1,0 +1,174 @@
+"""tma-persistent with `realign`: operands TMA cannot take are copied into aligned buffers first.
+
+A row of 4093 bf16 is 8186 bytes: no TMA descriptor takes it, and pointer kernels load it
+element by element. The realign variant copies each such operand (and C, when C is one)
+into a buffer whose rows are padded to 16 bytes, runs its twin's kernel there, and copies
+C back. Checked here under the interpreter in fp16 on every layout and on unaligned bases;
+the fast path's per-call buffers on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiledispatch import Dispatcher, Registry, arch
+from tiledispatch.core.op import OpKind, RuleSet
+from tiledispatch.core.runtime import current_arch
+from tiledispatch.core.validation import Severity
+from tiledispatch.ops.gemm import (Activation, Epilogue, GemmLayout, GemmProblem, GemmRule, GemmTypes, check_operands,
+                                   plan, supports, validate)
+from tiledispatch.ops.gemm.config import Family, GemmConfig
+from tiledispatch.ops.gemm.inputs import make_inputs
+from tiledispatch.ops.gemm.ranking import rule_score
+from tiledispatch.ops.gemm.reference import compare
+
+from ...conftest import on_gpu, requires_gpu
+
+ARCH = current_arch()
+DEVICE = "cuda" if on_gpu() else "cpu"
+REALIGN = "gemm_fp16_{layout}_tma-persistent_32x32x32_w4_s2_g2_k1_e2_realign_{epilogue}_" + ARCH.tag
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("gemm", "tests", ARCH), ARCH)
+
+
+def check(dispatcher: Dispatcher, problem: GemmProblem, *, unaligned: tuple[str, ...], offset_a: bool = False,
+          broadcast_b: bool = False, seed: int = 0) -> None:
+    """Runs the realign kernel into a NaN-poisoned out and compares with the float64 reference."""
+    inputs = make_inputs(problem, device=DEVICE, seed=seed)
+    a, b = inputs.a, inputs.b[:1] if broadcast_b else inputs.b
+    if offset_a:  # the same values one element into a fresh buffer: a base 2 bytes past 16
+        shifted = torch.empty(a.numel() + 1, dtype=a.dtype, device=DEVICE)
+        a = shifted[1:].view(a.shape).copy_(a)
+    ops = check_operands(a, b, activation=problem.epilogue.activation, **inputs.kwargs())
+    assert ops.problem.alignment.unaligned_operands == unaligned, ops.problem.alignment.tag
+    name = REALIGN.format(layout=problem.layout.name, epilogue=problem.epilogue.name)
+    assert supports(dispatcher.registry.get(name).config, ops.problem) is None
+    dispatcher.run(ops, kernel=name)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    result = compare(inputs.out, ops)
+    assert result.passed, (name, result.to_dict())
+
+
+FP16 = GemmTypes.parse("fp16")
+
+
+@pytest.mark.parametrize("layout, shape, unaligned", [
+    ("rcr", (40, 48, 37), ("a", "b")),  # K rows of 74 bytes; C's rows of 96 are fine
+    ("rcr", (40, 33, 48), ("c",)),  # only C: written to a buffer, copied out
+    ("rrr", (45, 33, 37), ("a", "b", "c")),  # B row-major: its rows are N long
+    ("crr", (45, 40, 32), ("a",)),  # A column-major: its rows are M long
+    ("ccr", (33, 41, 37), ("a", "b", "c")),
+], ids=["rcr-k", "rcr-c", "rrr-all", "crr-a", "ccr-all"])
+def test_layouts(dispatcher, layout, shape, unaligned):
+    check(dispatcher, GemmProblem(*shape, types=FP16, layout=GemmLayout.parse(layout)), unaligned=unaligned)
+
+
+def test_unaligned_base_with_aligned_rows(dispatcher):
+    """Rows of 64 bytes, but A starts 2 bytes past a 16-byte boundary."""
+    check(dispatcher, GemmProblem(40, 48, 32, types=FP16, layout=GemmLayout.parse("rcr")), unaligned=("a",),
+          offset_a=True, seed=1)
+
+
+def test_batched_broadcast_with_the_epilogue(dispatcher):
+    """Batch 3 against a broadcast B, bias, GELU and residual, with every operand unaligned."""
+    problem = GemmProblem(35, 41, 29, batch=3, types=FP16, layout=GemmLayout.parse("rcr"),
+                          epilogue=Epilogue(True, Activation.GELU, True))
+    check(dispatcher, problem, unaligned=("a", "b", "c"), broadcast_b=True, seed=2)
+
+
+def test_plan_copies_only_the_unaligned_operands_into_16_byte_rows(dispatcher):
+    problem = GemmProblem(40, 33, 37, types=FP16, layout=GemmLayout.parse("rcr"))
+    inputs = make_inputs(problem, device="cpu")
+    ops = check_operands(inputs.a, inputs.b, out=inputs.out)
+    config = dispatcher.registry.get(REALIGN.format(layout="rcr", epilogue="none")).config
+    stages = plan(config, ops, ops.out)
+    assert [launch.stage for launch in stages.launches] == ["realign", "realign", "main", "realign"]
+    buffers = [launch.args[1] for launch in stages.launches[:2]] + [stages.launches[-1].args[0]]
+    assert [tuple(t.shape) for t in buffers] == [(1, 40, 37), (1, 37, 33), (1, 40, 33)]
+    # A's rows (K) and B's columns (K, B being column-major) padded to 40 halves, C's rows to 40.
+    assert [t.stride() for t in buffers] == [(1600, 40, 1), (1320, 1, 40), (1600, 40, 1)]
+    assert stages.launches[0].args[0] is ops.a and stages.launches[-1].args[1] is ops.out
+
+
+# -- where the variant applies, and how it is ranked ---------------------------------------------------------------
+
+
+def test_realign_is_refused_where_nothing_needs_it_and_named_where_it_would_help(dispatcher):
+    aligned = GemmProblem(64, 64, 64, types=FP16, layout=GemmLayout.parse("rcr"))
+    realign = dispatcher.registry.get(REALIGN.format(layout="rcr", epilogue="none")).config
+    assert "nothing to realign" in supports(realign, aligned)
+    a = torch.empty(64, 37, dtype=torch.float16, device="meta")
+    unaligned = check_operands(a, a.t()).problem
+    plain = next(s.config for s in dispatcher.registry if s.config.family is Family.TMA_PERSISTENT
+                 and not s.config.realign and s.config.types == FP16 and s.config.layout.name == "rcr"
+                 and s.config.epilogue.name == "none")
+    assert "realign variant" in supports(plain, unaligned)
+
+
+def test_realign_belongs_to_the_persistent_family():
+    tiled = GemmConfig(Family.TILED, FP16, GemmLayout.parse("rcr"), Epilogue(), 64, 64, 32, realign=True)
+    findings = validate(tiled, arch.load("sm_90")).errors
+    assert [f.rule for f in findings] == [GemmRule.PERSISTENT_OPTIONS] and findings[0].severity is Severity.ERROR
+
+
+def test_odd_4095_ranks_realign_over_element_loads_and_cublas():
+    """odd_4095x4097x4093 in bf16: cuBLAS ran it at 138 TFLOP/s and the best tiled kernel at 124
+    (gemm.csv); the rules put a realign tile first."""
+    sm90 = arch.load("sm_90")
+    registry = Registry.from_rule_set(OpKind.GEMM, RuleSet.DEFAULT, sm90)
+    a = torch.empty(4095, 4093, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(4097, 4093, dtype=torch.bfloat16, device="meta").t()
+    problem = check_operands(a, b).problem
+    ranked = sorted(((rule_score(s.config, problem, sm90).value, s) for s in registry
+                     if supports(s.config, problem) is None), key=lambda x: -x[0])
+    assert ranked[0][1].config.realign, [s.name for _, s in ranked[:3]]
+    vendor = next(score for score, s in ranked if s.config.family is Family.VENDOR)
+    assert ranked[0][0] > 2 * vendor
+    best_tiled = next(score for score, s in ranked if s.config.family is Family.TILED)
+    assert ranked[0][0] > 1.5 * best_tiled
+
+
+# -- the GPU fast path: fresh aligned buffers per call ---------------------------------------------------------------
+
+
+@requires_gpu
+def test_fast_path_gives_each_copy_its_own_buffer():
+    """M = N = K: the aligned copies of A, B and C all have the shape (1, 301, 301) (A's and
+    C's the same strides too), yet each must be a buffer of its own in every replay."""
+    import tiledispatch
+
+    name = f"gemm_bf16_rcr_tma-persistent_128x128x64_w8_s4_g8_k1_e2_realign_none_{ARCH.tag}"
+    for seed in range(3):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        a = torch.randn(301, 301, device="cuda", generator=g).bfloat16()
+        b = torch.randn(301, 301, device="cuda", generator=g).bfloat16().t()
+        out = tiledispatch.gemm(a, b, kernel=name)
+        torch.cuda.synchronize()
+        want = a.double() @ b.double()
+        assert torch.allclose(out.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item()), seed
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp8e4m3"])
+def test_every_default_realign_tile_on_gpu(dtype):
+    """Batch 2, K rows of 333 elements, C rows of 401, bias and GELU: A, B and C all realigned."""
+    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", ARCH), ARCH)
+    problem = GemmProblem(270, 401, 333, batch=2, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"),
+                          epilogue=Epilogue(True, Activation.GELU, False))
+    inputs = make_inputs(problem, device=DEVICE)
+    ops = check_operands(inputs.a, inputs.b, activation=Activation.GELU, **inputs.kwargs())
+    assert ops.problem.alignment.unaligned_operands == ("a", "b", "c")
+    names = [s.name for s in dispatcher.registry if s.config.realign and supports(s.config, ops.problem) is None]
+    assert len(names) == 5, names
+    for seed, name in enumerate(names):
+        inputs = make_inputs(problem, device=DEVICE, seed=seed)
+        ops = check_operands(inputs.a, inputs.b, activation=Activation.GELU, **inputs.kwargs())
+        dispatcher.run(ops, kernel=name)
+        torch.cuda.synchronize()
+        result = compare(inputs.out, ops)
+        assert result.passed, (name, result.to_dict())
