@@ -9,16 +9,17 @@ the fast path's per-call buffers on the GPU.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from tiledispatch import Dispatcher, Registry, arch
 from tiledispatch.core.op import OpKind, RuleSet
 from tiledispatch.core.runtime import current_arch
-from tiledispatch.core.validation import Severity
-from tiledispatch.ops.gemm import (Activation, Epilogue, GemmLayout, GemmProblem, GemmRule, GemmTypes, check_operands,
-                                   plan, supports, validate)
-from tiledispatch.ops.gemm.config import Family, GemmConfig
+from tiledispatch.ops.gemm import (Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes, check_operands,
+                                   kernel_units, plan, supports, validate)
+from tiledispatch.ops.gemm.config import Family
 from tiledispatch.ops.gemm.inputs import make_inputs
 from tiledispatch.ops.gemm.ranking import rule_score
 from tiledispatch.ops.gemm.reference import compare
@@ -87,7 +88,7 @@ def test_plan_copies_only_the_unaligned_operands_into_16_byte_rows(dispatcher):
     ops = check_operands(inputs.a, inputs.b, out=inputs.out)
     config = dispatcher.registry.get(REALIGN.format(layout="rcr", epilogue="none")).config
     stages = plan(config, ops, ops.out)
-    assert [launch.stage for launch in stages.launches] == ["realign", "realign", "main", "realign"]
+    assert [launch.stage for launch in stages.launches] == ["realign_a", "realign_b", "main", "realign_c"]
     buffers = [launch.args[1] for launch in stages.launches[:2]] + [stages.launches[-1].args[0]]
     assert [tuple(t.shape) for t in buffers] == [(1, 40, 37), (1, 37, 33), (1, 40, 33)]
     # A's rows (K) and B's columns (K, B being column-major) padded to 40 halves, C's rows to 40.
@@ -108,12 +109,26 @@ def test_realign_is_refused_where_nothing_needs_it_and_named_where_it_would_help
                  and not s.config.realign and s.config.types == FP16 and s.config.layout.name == "rcr"
                  and s.config.epilogue.name == "none")
     assert "realign variant" in supports(plain, unaligned)
+    every_other = torch.empty(64, 74, dtype=torch.float16, device="meta")[:, ::2]  # neither dim contiguous
+    strided = check_operands(every_other, every_other.t()).problem
+    assert strided.layout.a.value == "s"
+    sss = next(s.config for s in dispatcher.registry if s.config.family is Family.TILED and s.config.types == FP16
+               and s.config.layout.name == "sss" and s.config.epilogue.name == "none")
+    assert "row- or column-major" in supports(replace(sss, realign=True), strided)
 
 
-def test_realign_belongs_to_the_persistent_family():
-    tiled = GemmConfig(Family.TILED, FP16, GemmLayout.parse("rcr"), Epilogue(), 64, 64, 32, realign=True)
-    findings = validate(tiled, arch.load("sm_90")).errors
-    assert [f.rule for f in findings] == [GemmRule.PERSISTENT_OPTIONS] and findings[0].severity is Severity.ERROR
+def test_tiled_realign_runs_with_vector_loads(dispatcher):
+    """The tiled family's variant: its twin compiled for 16-byte rows (divisibility 8 halves)."""
+    spec = dispatcher.registry.get("gemm_fp16_rcr_tiled_32x32x32_w4_s2_g4_k1_realign_none_" + ARCH.tag)
+    config = spec.config
+    problem = check_operands(torch.empty(40, 37, dtype=torch.float16, device="meta"),
+                             torch.empty(48, 37, dtype=torch.float16, device="meta").t()).problem
+    main = next(u for u in kernel_units(config, problem.alignment) if u.stage == "main")
+    assert dict(main.divisibility)["stride_am"] == 8 and validate(config, arch.load("sm_90")).ok
+    inputs = make_inputs(GemmProblem(40, 48, 37, types=FP16, layout=GemmLayout.parse("rcr")), device=DEVICE, seed=3)
+    ops = check_operands(inputs.a, inputs.b, out=inputs.out)
+    dispatcher.run(ops, kernel=spec.name)
+    assert compare(inputs.out, ops).passed
 
 
 def test_odd_4095_ranks_realign_over_element_loads_and_cublas():
@@ -129,7 +144,7 @@ def test_odd_4095_ranks_realign_over_element_loads_and_cublas():
     assert ranked[0][1].config.realign, [s.name for _, s in ranked[:3]]
     vendor = next(score for score, s in ranked if s.config.family is Family.VENDOR)
     assert ranked[0][0] > 2 * vendor
-    best_tiled = next(score for score, s in ranked if s.config.family is Family.TILED)
+    best_tiled = next(score for score, s in ranked if s.config.family is Family.TILED and not s.config.realign)
     assert ranked[0][0] > 1.5 * best_tiled
 
 
@@ -163,8 +178,9 @@ def test_every_default_realign_tile_on_gpu(dtype):
     inputs = make_inputs(problem, device=DEVICE)
     ops = check_operands(inputs.a, inputs.b, activation=Activation.GELU, **inputs.kwargs())
     assert ops.problem.alignment.unaligned_operands == ("a", "b", "c")
-    names = [s.name for s in dispatcher.registry if s.config.realign and supports(s.config, ops.problem) is None]
-    assert len(names) == 5, names
+    names = [s.name for s in dispatcher.registry if s.config.family is not Family.VENDOR and s.config.realign
+             and supports(s.config, ops.problem) is None]
+    assert len(names) >= 8 and any("tiled" in name for name in names), names
     for seed, name in enumerate(names):
         inputs = make_inputs(problem, device=DEVICE, seed=seed)
         ops = check_operands(inputs.a, inputs.b, activation=Activation.GELU, **inputs.kwargs())

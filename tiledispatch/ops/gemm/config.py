@@ -31,19 +31,19 @@ class GemmConfig:
     split_k: int = 1  # >1: K is split over programs and reduced in a second stage
     epilogue_split: int = 1  # tma-persistent: store the C tile in this many column slices
     flatten: bool = False  # tma-persistent: one software pipeline across tiles, not per tile
-    # tma-persistent: operands a descriptor cannot take (a base or a row not a multiple of 16
-    # bytes) are copied first into buffers whose rows are, C copied back after (plan.realigned_plan).
+    # Operands below 16-byte alignment (a base or a row not a multiple of 16 bytes: no TMA, no
+    # vector loads) are copied first into buffers whose rows are, C copied back after (plan._realigned_plan).
     realign: bool = False
 
     @property
     def name(self) -> str:
         persistent = ""
         if self.family is Family.TMA_PERSISTENT:
-            persistent = f"_e{self.epilogue_split}" + ("f" if self.flatten else "") + ("_realign" if self.realign else "")
+            persistent = f"_e{self.epilogue_split}" + ("f" if self.flatten else "")
         return (
             f"gemm_{self.types.name}_{self.layout.name}_{self.family.value}"
             f"_{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
-            f"_g{self.group_m}_k{self.split_k}{persistent}_{self.epilogue.name}"
+            f"_g{self.group_m}_k{self.split_k}{persistent}{'_realign' if self.realign else ''}_{self.epilogue.name}"
         )
 
     def for_problem(self, problem: GemmProblem) -> "GemmConfig":

@@ -31,6 +31,8 @@ FAMILY_MODULES = {
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 _TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
+_REALIGN_MODULE = "tiledispatch.ops.gemm.kernels.realign"
+_COPY_STRIDES = ("src_batch", "src_row", "dst_batch", "dst_row")
 MAX_GRID_YZ = 65535
 _EPILOGUE_STRIDES = (("stride_bias", "i64"), ("stride_rb", "i64"), ("stride_rm", "i64"), ("stride_rn", "i64"))
 
@@ -81,7 +83,7 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
     if config.realign:  # the copies, then its twin's stages on aligned buffers
-        return (_REALIGN_UNIT, *kernel_units(replace(config, realign=False), alignment.realigned()))
+        return (*_realign_units(config, alignment), *kernel_units(replace(config, realign=False), alignment.realigned()))
     main = _persistent_unit(config, alignment) if config.family is Family.TMA_PERSISTENT else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
 
@@ -142,6 +144,32 @@ def _reduce_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
         divisibility=_divisibility(replace(alignment, a=False, b=False), t, reduce_signature, False)
         + (("ws_ptr", VECTOR_BYTES),),
     )
+
+
+REALIGN_BLOCK = (16, 256)  # rows x columns one copy program moves
+
+
+def _realign_units(config: GemmConfig, alignment: Alignment) -> tuple[KernelUnit, ...]:
+    """The copy of each operand a realign plan moves: A and B into their buffers, C out of its own.
+
+    The buffer side is ours (16-byte base, rows and matrices of 16-byte multiples), so the
+    compiler may vectorise it; the caller's side is taken as it comes.
+    """
+    units = []
+    for role in alignment.unaligned_operands:
+        dtype = getattr(config.types, role)
+        ours = "src" if role == "c" else "dst"
+        per_vector = max(1, VECTOR_BYTES // dtype.itemsize)
+        signature = ((("src_ptr", f"*{dtype.triton}"), ("dst_ptr", f"*{dtype.triton}"), ("ROWS", "i32"),
+                      ("COLS", "i32")) + tuple((name, "i64") for name in _COPY_STRIDES)
+                     + (("BLOCK_R", "constexpr"), ("BLOCK_C", "constexpr")))
+        units.append(KernelUnit(
+            stage=f"realign_{role}", module=_REALIGN_MODULE, function="copy_rows", signature=signature,
+            constexprs=(("BLOCK_C", REALIGN_BLOCK[1]), ("BLOCK_R", REALIGN_BLOCK[0])), num_warps=4, num_stages=1,
+            modules=(_REALIGN_MODULE,),
+            divisibility=((f"{ours}_ptr", VECTOR_BYTES), (f"{ours}_batch", per_vector), (f"{ours}_row", per_vector)),
+        ))
+    return tuple(units)
 
 
 def _descriptor_blocks(config: GemmConfig) -> dict[str, tuple[int, int, int]]:
@@ -271,18 +299,6 @@ _VENDOR_UNIT = KernelUnit(
 )
 
 
-def copy_rows(src: torch.Tensor, dst: torch.Tensor) -> None:
-    """A realign stage: one operand into (or the result out of) its aligned buffer."""
-    dst.copy_(src)
-
-
-_REALIGN_UNIT = KernelUnit(
-    stage="realign", module="tiledispatch.ops.gemm.plan", function="copy_rows",
-    signature=(("src", "python"), ("dst", "python")), constexprs=(), num_warps=0, num_stages=0,
-    modules=("tiledispatch.ops.gemm.plan",), kind=UnitKind.PYTHON,
-)
-
-
 def aligned_empty(shape: tuple[int, int, int], layout: Layout, dtype: torch.dtype, device) -> torch.Tensor:
     """An uninitialised (batch, rows, cols) matrix stack in `layout` (ROW: cols contiguous, COL:
     rows) whose leading stride is padded to a multiple of 16 bytes: what a TMA descriptor takes.
@@ -308,17 +324,32 @@ def _realigned_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor) ->
     p = ops.problem
     unaligned = p.alignment.unaligned_operands
     launches, copies = [], {}
-    for role, layout in (("a", config.layout.a), ("b", config.layout.b)):
+    for role, layout in (("a", p.layout.a), ("b", p.layout.b)):
         if role in unaligned:
             source = getattr(ops, role)
             copies[role] = aligned_empty(tuple(source.shape), layout, source.dtype, source.device)
-            launches.append(Launch("realign", (1, 1, 1), (source, copies[role])))
+            launches.append(_copy_launch(f"realign_{role}", source, copies[role], layout))
     inner_out = aligned_empty(tuple(out.shape), Layout.ROW, out.dtype, out.device) if "c" in unaligned else out
     inner_ops = replace(ops, problem=replace(p, alignment=p.alignment.realigned()), out=inner_out, **copies)
     launches += plan(replace(config, realign=False), inner_ops, inner_out).launches
     if inner_out is not out:
-        launches.append(Launch("realign", (1, 1, 1), (inner_out, out)))
+        launches.append(_copy_launch("realign_c", inner_out, out, Layout.ROW))
     return Plan(tuple(launches), out)
+
+
+def _copy_launch(stage: str, src: torch.Tensor, dst: torch.Tensor, layout: Layout) -> Launch:
+    """A realign copy of the stack src into dst (same shape, or src a broadcast batch of one),
+    walked in storage order: rows of the contiguous dim. The tensors themselves are the
+    pointer arguments (the fast path finds its operands by identity)."""
+    s, d = (src, dst) if layout is not Layout.COL else (src.transpose(1, 2), dst.transpose(1, 2))
+    batch, rows, cols = s.shape
+    block_r, block_c = REALIGN_BLOCK
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), batch)
+    if grid[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+        raise InvalidProblemError(f"a {rows}x{cols} matrix stack of {batch} is too large to realign; "
+                                  "pass operands whose rows are multiples of 16 bytes")
+    return Launch(stage, grid, (src, dst, rows, cols, s.stride(0), s.stride(1), d.stride(0), d.stride(1),
+                                block_r, block_c))
 
 
 def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = None) -> Plan:

@@ -109,9 +109,9 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
 
     if config.family is Family.TMA_PERSISTENT:
         out.extend(_persistent_findings(config, arch))
-    elif config.epilogue_split != 1 or config.flatten or config.realign:
-        error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split, flatten and realign belong to the tma-persistent family",
-              "leave them at 1, False and False for the tiled family")
+    elif config.epilogue_split != 1 or config.flatten:
+        error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split and flatten belong to the tma-persistent family",
+              "leave them at 1 and False for the tiled family")
 
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
@@ -238,14 +238,15 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
             return (f"split_k={config.split_k} needs a {workspace / 2**30:.1f} GiB fp32 workspace for this "
                     f"{problem.m}x{problem.n} output, over the {MAX_SPLIT_WORKSPACE_BYTES / 2**30:.0f} GiB limit; "
                     "split-K pays on small outputs: use fewer splits or split_k=1")
-    if config.family is Family.TMA_PERSISTENT:
+    unaligned = problem.alignment.unaligned_operands
+    if config.realign and not unaligned:
+        return "every operand is 16-byte aligned: nothing to realign (its twin without realign takes it as it is)"
+    if config.realign and Layout.STRIDED in (problem.layout.a, problem.layout.b, problem.layout.c):
+        return f"realign copies row- or column-major operands, not layout {problem.layout.name}"
+    if config.family is Family.TMA_PERSISTENT and unaligned and not config.realign:
         # TMA's rule, in bytes: a 16-byte aligned base and strides that are multiples of 16
         # bytes (Align.BYTES16 or better): rows of 1000 bf16 (2000 bytes) qualify.
-        unaligned = problem.alignment.unaligned_operands
-        if config.realign and not unaligned:
-            return "every operand is 16-byte aligned: nothing to realign (its twin without realign takes it as it is)"
-        if unaligned and not config.realign:
-            return (f"tma-persistent needs 16-byte aligned base pointers and strides that are multiples of "
-                    f"16 bytes; {', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not "
-                    "(its realign variant copies them into aligned buffers first)")
+        return (f"tma-persistent needs 16-byte aligned base pointers and strides that are multiples of "
+                f"16 bytes; {', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not "
+                "(its realign variant copies them into aligned buffers first)")
     return None

@@ -50,6 +50,7 @@ TINY_TILES = (
 TESTS_TILES = TINY_TILES + (
     _persistent(64, 32, 32, 4, 3, flatten=True),
     _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2, realign=True),
+    Tile(32, 32, 32, 4, 2, 4, realign=True),
     _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2, split_k=3),
     Tile(64, 32, 64, 4, 3, 8),
     Tile(16, 64, 64, 4, 3, 1, split_k=4),
@@ -114,7 +115,11 @@ DEFAULT_TILES = TESTS_TILES + (
     _persistent(128, 128, 128, 4, 4, split_k=32),
     _persistent(64, 64, 128, 4, 5, split_k=128),
     # Operands with rows that are not 16-byte multiples (odd_4095x4097x4093, odd_3000x5000x100),
-    # copied into aligned buffers first: the large 16-bit and fp8 tiles above, and a small one.
+    # copied into aligned buffers first: the large 16-bit and fp8 tiles above, a small one, a
+    # flattened one for short K loops, and the two tiled tiles that led on those cases unaligned.
+    Tile(128, 128, 64, 8, 3, 8, realign=True),
+    Tile(128, 64, 32, 4, 3, 8, realign=True),
+    _persistent(128, 256, 64, 8, 3, epilogue_split=2, flatten=True, realign=True),
     _persistent(128, 256, 64, 8, 4, epilogue_split=2, realign=True),
     _persistent(128, 128, 64, 8, 4, epilogue_split=2, realign=True),
     _persistent(64, 128, 64, 4, 4, realign=True),
@@ -154,7 +159,10 @@ _K_MAJOR = GemmLayout.parse("rcr")
 
 
 def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout) -> bool:
-    """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands."""
+    """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands;
+    realign copies row- or column-major operands (no `s` either)."""
+    if tile.realign and "s" in layout.name:
+        return False
     if tile.family is not Family.TMA_PERSISTENT:
         return True
     if types.a.is_fp8 or types.a is DType.FP32:
