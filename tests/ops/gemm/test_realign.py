@@ -36,18 +36,28 @@ def dispatcher() -> Dispatcher:
     return Dispatcher(Registry.from_rule_set("gemm", "tests", ARCH), ARCH)
 
 
-def check(dispatcher: Dispatcher, problem: GemmProblem, *, unaligned: tuple[str, ...], offset_a: bool = False,
-          broadcast_b: bool = False, seed: int = 0) -> None:
-    """Runs the realign kernel into a NaN-poisoned out and compares with the float64 reference."""
+def check(dispatcher: Dispatcher, problem: GemmProblem, *, unaligned: tuple[str, ...], a_storage: str = "dense",
+          broadcast_b: bool = False, seed: int = 0, copies: tuple[str, ...] | None = None) -> None:
+    """Runs the realign kernel into a NaN-poisoned out and compares with the float64 reference.
+
+    a_storage: "dense" as made; "offset", the same values one element into a fresh buffer (a
+    base 2 bytes past 16); "padded", rows 8 elements longer than K. `copies`: the copy stages
+    the plan must hold (`copy_dense` for dense runs from aligned bases, else `copy_rows`)."""
     inputs = make_inputs(problem, device=DEVICE, seed=seed)
     a, b = inputs.a, inputs.b[:1] if broadcast_b else inputs.b
-    if offset_a:  # the same values one element into a fresh buffer: a base 2 bytes past 16
+    if a_storage == "offset":
         shifted = torch.empty(a.numel() + 1, dtype=a.dtype, device=DEVICE)
         a = shifted[1:].view(a.shape).copy_(a)
+    elif a_storage == "padded":
+        a = torch.empty(*a.shape[:-1], a.shape[-1] + 8, dtype=a.dtype, device=DEVICE)[..., :a.shape[-1]].copy_(a)
     ops = check_operands(a, b, activation=problem.epilogue.activation, **inputs.kwargs())
     assert ops.problem.alignment.unaligned_operands == unaligned, ops.problem.alignment.tag
     name = REALIGN.format(layout=problem.layout.name, epilogue=problem.epilogue.name)
-    assert supports(dispatcher.registry.get(name).config, ops.problem) is None
+    spec = dispatcher.registry.get(name)
+    assert supports(spec.config, ops.problem) is None
+    if copies is not None:
+        stages = [launch.stage for launch in plan(spec.config, ops, ops.out).launches]
+        assert [stage for stage in stages if stage.startswith("realign")] == list(copies)
     dispatcher.run(ops, kernel=name)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -70,9 +80,15 @@ def test_layouts(dispatcher, layout, shape, unaligned):
 
 
 def test_unaligned_base_with_aligned_rows(dispatcher):
-    """Rows of 64 bytes, but A starts 2 bytes past a 16-byte boundary."""
+    """Rows of 64 bytes, but A starts 2 bytes past a 16-byte boundary: copied row by row."""
     check(dispatcher, GemmProblem(40, 48, 32, types=FP16, layout=GemmLayout.parse("rcr")), unaligned=("a",),
-          offset_a=True, seed=1)
+          a_storage="offset", copies=("realign_a",), seed=1)
+
+
+def test_padded_odd_rows_and_dense_ones(dispatcher):
+    """A's rows of 37 halves padded to 45 (not a dense run: row by row); B and C dense runs."""
+    check(dispatcher, GemmProblem(40, 33, 37, types=FP16, layout=GemmLayout.parse("rcr")), unaligned=("a", "b", "c"),
+          a_storage="padded", copies=("realign_a", "realign_b_dense", "realign_c_dense"), seed=4)
 
 
 def test_batched_broadcast_with_the_epilogue(dispatcher):
@@ -88,7 +104,8 @@ def test_plan_copies_only_the_unaligned_operands_into_16_byte_rows(dispatcher):
     ops = check_operands(inputs.a, inputs.b, out=inputs.out)
     config = dispatcher.registry.get(REALIGN.format(layout="rcr", epilogue="none")).config
     stages = plan(config, ops, ops.out)
-    assert [launch.stage for launch in stages.launches] == ["realign_a", "realign_b", "main", "realign_c"]
+    assert [launch.stage for launch in stages.launches] == ["realign_a_dense", "realign_b_dense", "main",
+                                                            "realign_c_dense"]
     buffers = [launch.args[1] for launch in stages.launches[:2]] + [stages.launches[-1].args[0]]
     assert [tuple(t.shape) for t in buffers] == [(1, 40, 37), (1, 37, 33), (1, 40, 33)]
     # A's rows (K) and B's columns (K, B being column-major) padded to 40 halves, C's rows to 40.
@@ -188,3 +205,25 @@ def test_every_default_realign_tile_on_gpu(dtype):
         torch.cuda.synchronize()
         result = compare(inputs.out, ops)
         assert result.passed, (name, result.to_dict())
+
+
+def test_sm90_dense_copies_move_16_byte_vectors_on_the_callers_side(tmp_path):
+    """The whole point of `copy_dense`: the caller's odd rows read (A, B) and written (C) as one
+    run in 16-byte vectors; `copy_rows` cannot, and moved 1.25 TB/s reading them on the H200."""
+    import os
+
+    from tiledispatch.core import kernel
+    from tiledispatch.core.cache import KernelCache
+    from tiledispatch.ops.gemm import Alignment
+
+    os.chmod(tmp_path, 0o700)
+    cache = KernelCache(tmp_path / "cache")
+    registry = Registry.from_rule_set(OpKind.GEMM, RuleSet.DEFAULT, arch.load("sm_90"))
+    spec = registry.get("gemm_bf16_rcr_tma-persistent_128x128x64_w8_s4_g8_k1_e2_realign_none_sm90")
+    unaligned = Alignment(*[False] * 6)
+    results = kernel.build_all([spec], cache, jobs=1, specializations=(unaligned,))
+    assert all(r.ok for r in results), [r.error for r in results]
+    ptx = {e.key.split(".")[2].split("-")[0]: e.files[kernel.PTX_FILE].read_text() for e in cache.entries()}
+    assert "ld.global.v4" in ptx["realign_a_dense"] and "ld.global.v4" in ptx["realign_b_dense"]
+    assert "st.global.v4" in ptx["realign_c_dense"]
+    assert "ld.global.v4" not in ptx["realign_a"]

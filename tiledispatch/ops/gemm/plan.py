@@ -146,28 +146,38 @@ def _reduce_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     )
 
 
-REALIGN_BLOCK = (16, 256)  # rows x columns one copy program moves
+REALIGN_BLOCK = (16, 256)  # rows x columns one `copy_rows` program moves
+REALIGN_DENSE_BLOCK = 2048  # elements one `copy_dense` program moves
 
 
 def _realign_units(config: GemmConfig, alignment: Alignment) -> tuple[KernelUnit, ...]:
-    """The copy of each operand a realign plan moves: A and B into their buffers, C out of its own.
-
-    The buffer side is ours (16-byte base, rows and matrices of 16-byte multiples), so the
-    compiler may vectorise it; the caller's side is taken as it comes.
+    """The copies of each operand a realign plan moves (A and B into their buffers, C out of its
+    own): `copy_dense` for a caller's tensor that is one dense run from a 16-byte aligned base,
+    `copy_rows` for any other. The buffer side is ours (16-byte base, rows and matrices of
+    16-byte multiples), so the compiler may vectorise it; the plan picks the one that applies.
     """
     units = []
     for role in alignment.unaligned_operands:
         dtype = getattr(config.types, role)
-        ours = "src" if role == "c" else "dst"
+        into = role != "c"
+        ours, theirs = ("dst", "src") if into else ("src", "dst")
         per_vector = max(1, VECTOR_BYTES // dtype.itemsize)
-        signature = ((("src_ptr", f"*{dtype.triton}"), ("dst_ptr", f"*{dtype.triton}"), ("ROWS", "i32"),
-                      ("COLS", "i32")) + tuple((name, "i64") for name in _COPY_STRIDES)
-                     + (("BLOCK_R", "constexpr"), ("BLOCK_C", "constexpr")))
+        pointers = (("src_ptr", f"*{dtype.triton}"), ("dst_ptr", f"*{dtype.triton}"))
+        rows_signature = (pointers + (("ROWS", "i32"), ("COLS", "i32")) + tuple((n, "i64") for n in _COPY_STRIDES)
+                          + (("BLOCK_R", "constexpr"), ("BLOCK_C", "constexpr")))
         units.append(KernelUnit(
-            stage=f"realign_{role}", module=_REALIGN_MODULE, function="copy_rows", signature=signature,
+            stage=f"realign_{role}", module=_REALIGN_MODULE, function="copy_rows", signature=rows_signature,
             constexprs=(("BLOCK_C", REALIGN_BLOCK[1]), ("BLOCK_R", REALIGN_BLOCK[0])), num_warps=4, num_stages=1,
             modules=(_REALIGN_MODULE,),
             divisibility=((f"{ours}_ptr", VECTOR_BYTES), (f"{ours}_batch", per_vector), (f"{ours}_row", per_vector)),
+        ))
+        dense_signature = pointers + (("TOTAL", "i32"), ("COLS", "i32"), ("buffer_row", "i32"),
+                                      ("BLOCK", "constexpr"), ("INTO_BUFFER", "constexpr"))
+        units.append(KernelUnit(
+            stage=f"realign_{role}_dense", module=_REALIGN_MODULE, function="copy_dense", signature=dense_signature,
+            constexprs=(("BLOCK", REALIGN_DENSE_BLOCK), ("INTO_BUFFER", into)), num_warps=4, num_stages=1,
+            modules=(_REALIGN_MODULE,),
+            divisibility=(("src_ptr", VECTOR_BYTES), ("dst_ptr", VECTOR_BYTES), ("buffer_row", per_vector)),
         ))
     return tuple(units)
 
@@ -337,12 +347,27 @@ def _realigned_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor) ->
     return Plan(tuple(launches), out)
 
 
+def _dense_run(t: torch.Tensor) -> bool:
+    """Whether a stack (in storage order) is one run of elements from a 16-byte aligned base,
+    short enough for 32-bit offsets."""
+    batch, rows, cols = t.shape
+    dense = ((cols == 1 or t.stride(2) == 1) and (rows == 1 or t.stride(1) == cols)
+             and (batch == 1 or t.stride(0) == rows * cols))
+    return dense and t.data_ptr() % VECTOR_BYTES == 0 and t.numel() < 2**31
+
+
 def _copy_launch(stage: str, src: torch.Tensor, dst: torch.Tensor, layout: Layout) -> Launch:
     """A realign copy of the stack src into dst (same shape, or src a broadcast batch of one),
-    walked in storage order: rows of the contiguous dim. The tensors themselves are the
-    pointer arguments (the fast path finds its operands by identity)."""
+    walked in storage order: rows of the contiguous dim. `stage` names the copy of an operand
+    into its buffer (src the caller's) or, for C, out of it (dst the caller's). The tensors
+    themselves are the pointer arguments (the fast path finds its operands by identity)."""
     s, d = (src, dst) if layout is not Layout.COL else (src.transpose(1, 2), dst.transpose(1, 2))
+    caller, buffer = (d, s) if stage == "realign_c" else (s, d)
     batch, rows, cols = s.shape
+    if _dense_run(caller) and batch * rows * buffer.stride(1) < 2**31:
+        grid = (triton.cdiv(caller.numel(), REALIGN_DENSE_BLOCK), 1, 1)
+        return Launch(f"{stage}_dense", grid, (src, dst, caller.numel(), cols, buffer.stride(1),
+                                               REALIGN_DENSE_BLOCK, stage != "realign_c"))
     block_r, block_c = REALIGN_BLOCK
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), batch)
     if grid[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
