@@ -38,9 +38,11 @@ VENDOR_FRACTION = 0.79
 # cuBLAS where an operand's base or rows are not 16-byte multiples: 133-138 TFLOP/s on
 # odd_4095x4097x4093 in bf16 and fp16 (benchmarks/results/h200/gemm.csv), 0.14 of the peak.
 VENDOR_UNALIGNED_FRACTION = 0.14
-# A realign copy (torch's strided copy into an aligned buffer) reads and writes its operand once,
-# at this fraction of the memory bandwidth (a first guess, half of what a copy kernel reaches).
-REALIGN_BANDWIDTH_FRACTION = 0.5
+# A realign copy reads and writes its operand once, at this fraction of the memory bandwidth, by
+# element size: on the H200 (odd_4095x4097x4093) the dense copies moved 3.1-3.2 TB/s of 4.8 in
+# bf16 and out of the buffer in any dtype, 1.87 TB/s into it in fp8 (byte stores).
+REALIGN_BANDWIDTH_FRACTION = {1: 0.39}
+REALIGN_BANDWIDTH_FRACTION_WIDE = 0.65
 # torch._scaled_mm reached 1194-1348 TFLOP/s at 4096^3/8192^3 fp8, of a 1979 peak.
 VENDOR_FP8_FRACTION = 0.70
 # The fractions above are of the tensor-core peak; of the memory bandwidth, on the
@@ -171,10 +173,13 @@ def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int
 def _realign_seconds(p: GemmProblem, arch) -> float:
     """The copies of a realign plan: each unaligned operand read and written once more."""
     t = p.types
-    sizes = {"a": p.m * p.k * t.a.itemsize, "b": p.k * p.n * t.b.itemsize, "c": p.m * p.n * t.c.itemsize}
-    unaligned = p.alignment.unaligned_operands
-    moved = sum(2 * p.batch * sizes[role] for role in unaligned)
-    return moved / (arch.memory_bandwidth_gbs * 1e9 * REALIGN_BANDWIDTH_FRACTION) + len(unaligned) * LAUNCH_SECONDS
+    elements = {"a": p.m * p.k, "b": p.k * p.n, "c": p.m * p.n}
+    seconds = 0.0
+    for role in p.alignment.unaligned_operands:
+        itemsize = getattr(t, role).itemsize
+        rate = arch.memory_bandwidth_gbs * 1e9 * REALIGN_BANDWIDTH_FRACTION.get(itemsize, REALIGN_BANDWIDTH_FRACTION_WIDE)
+        seconds += 2 * p.batch * elements[role] * itemsize / rate + LAUNCH_SECONDS
+    return seconds
 
 
 def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
