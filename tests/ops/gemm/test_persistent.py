@@ -115,18 +115,22 @@ def test_every_default_tile_on_gpu(dtype, layout):
 
 
 @requires_gpu
-@pytest.mark.parametrize("tile", ["128x128x64_w4_s4_g8_k1", "64x128x128_w4_s4_g8_k2"], ids=["whole-k", "split-k"])
-def test_fast_path_rebinds_descriptors_to_each_calls_tensors(tile):
+@pytest.mark.parametrize("tile, m, n, k", [("128x128x64_w4_s4_g8_k1_e1", 256, 192, 320),
+                                          ("64x128x128_w4_s4_g8_k2_e1", 256, 192, 320),
+                                          ("128x128x64_w8_s4_g8_k1_e2_realign", 301, 301, 301)],
+                         ids=["whole-k", "split-k", "realign"])
+def test_fast_path_rebinds_descriptors_to_each_calls_tensors(tile, m, n, k):
     """The second call with the same signature replays the bound plan: its TMA descriptors
     must point at the new tensors, not at the first call's (split-K: at a fresh workspace,
-    the one its reduction reads)."""
+    the one its reduction reads; realign: at fresh aligned copies, one per operand, though
+    at 301^3 the copies of A, B and C all have the same shape)."""
     import tiledispatch
 
-    name = f"gemm_bf16_rcr_tma-persistent_{tile}_e1_none_{ARCH.tag}"
+    name = f"gemm_bf16_rcr_tma-persistent_{tile}_none_{ARCH.tag}"
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        a = torch.randn(256, 320, device="cuda", generator=g).bfloat16()
-        b = torch.randn(192, 320, device="cuda", generator=g).bfloat16().t()
+        a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        b = torch.randn(n, k, device="cuda", generator=g).bfloat16().t()
         out = tiledispatch.gemm(a, b, kernel=name)
         torch.cuda.synchronize()
         want = a.double() @ b.double()

@@ -1,10 +1,10 @@
-"""tma-persistent with `realign`: operands TMA cannot take are copied into aligned buffers first.
+"""The `realign` variants: operands below 16-byte alignment are copied into aligned buffers first.
 
 A row of 4093 bf16 is 8186 bytes: no TMA descriptor takes it, and pointer kernels load it
-element by element. The realign variant copies each such operand (and C, when C is one)
-into a buffer whose rows are padded to 16 bytes, runs its twin's kernel there, and copies
-C back. Checked here under the interpreter in fp16 on every layout and on unaligned bases;
-the fast path's per-call buffers on the GPU.
+element by element. A realign config (tma-persistent or tiled) copies each such operand
+(and C, when C is one) into a buffer whose rows are padded to 16 bytes, runs its twin's
+kernel there, and copies C back. Checked here under the interpreter in fp16 on every layout and on unaligned bases;
+every default realign tile on the GPU.
 """
 
 from __future__ import annotations
@@ -165,24 +165,29 @@ def test_odd_4095_ranks_realign_over_element_loads_and_cublas():
     assert ranked[0][0] > 1.5 * best_tiled
 
 
-# -- the GPU fast path: fresh aligned buffers per call ---------------------------------------------------------------
+def test_sm90_dense_copies_move_16_byte_vectors_on_the_callers_side(tmp_path):
+    """The whole point of `copy_dense`: the caller's odd rows read (A, B) and written (C) as one
+    run in 16-byte vectors; `copy_rows` cannot, and moved 1.25 TB/s reading them on the H200."""
+    import os
+
+    from tiledispatch.core import kernel
+    from tiledispatch.core.cache import KernelCache
+    from tiledispatch.ops.gemm import Alignment
+
+    os.chmod(tmp_path, 0o700)
+    cache = KernelCache(tmp_path / "cache")
+    registry = Registry.from_rule_set(OpKind.GEMM, RuleSet.DEFAULT, arch.load("sm_90"))
+    spec = registry.get("gemm_bf16_rcr_tma-persistent_128x128x64_w8_s4_g8_k1_e2_realign_none_sm90")
+    unaligned = Alignment(*[False] * 6)
+    results = kernel.build_all([spec], cache, jobs=1, specializations=(unaligned,))
+    assert all(r.ok for r in results), [r.error for r in results]
+    ptx = {e.key.split(".")[2].split("-")[0]: e.files[kernel.PTX_FILE].read_text() for e in cache.entries()}
+    assert "ld.global.v4" in ptx["realign_a_dense"] and "ld.global.v4" in ptx["realign_b_dense"]
+    assert "st.global.v4" in ptx["realign_c_dense"]
+    assert "ld.global.v4" not in ptx["realign_a"]
 
 
-@requires_gpu
-def test_fast_path_gives_each_copy_its_own_buffer():
-    """M = N = K: the aligned copies of A, B and C all have the shape (1, 301, 301) (A's and
-    C's the same strides too), yet each must be a buffer of its own in every replay."""
-    import tiledispatch
-
-    name = f"gemm_bf16_rcr_tma-persistent_128x128x64_w8_s4_g8_k1_e2_realign_none_{ARCH.tag}"
-    for seed in range(3):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        a = torch.randn(301, 301, device="cuda", generator=g).bfloat16()
-        b = torch.randn(301, 301, device="cuda", generator=g).bfloat16().t()
-        out = tiledispatch.gemm(a, b, kernel=name)
-        torch.cuda.synchronize()
-        want = a.double() @ b.double()
-        assert torch.allclose(out.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item()), seed
+# -- on the GPU (the fast path's fresh buffers per call: test_persistent.py) ----------------------------------------
 
 
 @requires_gpu
@@ -205,25 +210,3 @@ def test_every_default_realign_tile_on_gpu(dtype):
         torch.cuda.synchronize()
         result = compare(inputs.out, ops)
         assert result.passed, (name, result.to_dict())
-
-
-def test_sm90_dense_copies_move_16_byte_vectors_on_the_callers_side(tmp_path):
-    """The whole point of `copy_dense`: the caller's odd rows read (A, B) and written (C) as one
-    run in 16-byte vectors; `copy_rows` cannot, and moved 1.25 TB/s reading them on the H200."""
-    import os
-
-    from tiledispatch.core import kernel
-    from tiledispatch.core.cache import KernelCache
-    from tiledispatch.ops.gemm import Alignment
-
-    os.chmod(tmp_path, 0o700)
-    cache = KernelCache(tmp_path / "cache")
-    registry = Registry.from_rule_set(OpKind.GEMM, RuleSet.DEFAULT, arch.load("sm_90"))
-    spec = registry.get("gemm_bf16_rcr_tma-persistent_128x128x64_w8_s4_g8_k1_e2_realign_none_sm90")
-    unaligned = Alignment(*[False] * 6)
-    results = kernel.build_all([spec], cache, jobs=1, specializations=(unaligned,))
-    assert all(r.ok for r in results), [r.error for r in results]
-    ptx = {e.key.split(".")[2].split("-")[0]: e.files[kernel.PTX_FILE].read_text() for e in cache.entries()}
-    assert "ld.global.v4" in ptx["realign_a_dense"] and "ld.global.v4" in ptx["realign_b_dense"]
-    assert "st.global.v4" in ptx["realign_c_dense"]
-    assert "ld.global.v4" not in ptx["realign_a"]
