@@ -148,6 +148,17 @@ def test_explain_gemm():
     assert doc["accepted"] + doc["refused_count"] == total
 
 
+def test_explain_gemm_sees_the_alignment_of_fresh_tensors():
+    """Rows of 37 halves (74 bytes) take no TMA and no vector loads: explain says so, as the
+    `gemm` command would find it, and ranks the realign variants (at this size their copies'
+    launches outweigh them); rows of 40 halves need none."""
+    odd = invoke("explain", "gemm", "40", "48", "37", "--layout", "rcr", "--rule-set", "tests", "--limit", "0")
+    assert odd["problem"]["alignment"] == "al-002120"  # A, B below 16 bytes; C, M, N, K as they are
+    assert any("realign" in c["kernel"] and c["terms"]["realign_us"] > 0 for c in odd["ranking"])
+    even = invoke("explain", "gemm", "40", "48", "40", "--layout", "rcr", "--rule-set", "tests", "--limit", "0")
+    assert even["problem"]["alignment"] == "al-112121" and not any("realign" in c["kernel"] for c in even["ranking"])
+
+
 def test_explain_limit():
     doc = invoke("explain", "gemm", "64", "64", "64", "--rule-set", "tiny", "--limit", "2")
     assert len(doc["ranking"]) == 2 and len(doc["refused"]) == 2

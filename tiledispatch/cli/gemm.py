@@ -82,5 +82,9 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
                          limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
     """Show every candidate for a GEMM: the ranking with its terms, and why each refused one refused."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
+    # As `gemm` poses it on fresh tensors of this layout: rows of 4093 halves are not 16-byte aligned.
+    inputs = make_inputs(problem, device="meta")  # shapes and strides, no memory (so no `out`: no alias check)
+    problem = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
+                             activation=problem.epilogue.activation, **{**inputs.kwargs(), "out": None}).problem
     explanation = dispatcher_for(OpKind.GEMM, rule_set, strategy).explain(problem)
     emit(explanation.to_dict(limit=limit or None))

@@ -2,7 +2,8 @@
 
 Values are fresh normal draws (never zeros, which hide unwritten outputs), scaled so
 that the sum over K stays near 1 and no dtype overflows; the output is poisoned with
-NaN so that an element the kernel never writes fails validation.
+NaN so that an element the kernel never writes fails validation. On the "meta" device no
+values are drawn: the tensors carry shapes, strides and alignment only (for `explain`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,17 @@ class GemmInputs:
                 "scale_a": self.scale_a, "scale_b": self.scale_b}
 
 
+def _draw(shape, generator: torch.Generator, scale: float, dtype: torch.dtype, device) -> torch.Tensor:
+    if torch.device(device).type == "meta":
+        return torch.empty(shape, dtype=dtype, device=device)
+    return (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+
+
 def _matrix(batch: int, rows: int, cols: int, layout: Layout, dtype: torch.dtype, device,
             generator: torch.Generator, scale: float) -> torch.Tensor:
     """A batch x rows x cols tensor whose matrices have `layout` (``s``: every other column)."""
     shape = {Layout.ROW: (batch, rows, cols), Layout.COL: (batch, cols, rows)}.get(layout, (batch, rows, 2 * cols + 1))
-    base = (torch.randn(shape, generator=generator) * scale).to(device=device, dtype=dtype)
+    base = _draw(shape, generator, scale, dtype, device)
     if layout is Layout.ROW:
         return base
     return base.transpose(1, 2) if layout is Layout.COL else base[:, :, 1::2]
@@ -48,10 +55,10 @@ def make_inputs(problem: GemmProblem, device="cpu", seed: int = 0, activation=No
     if p.batch == 1:
         a, b = a[0], b[0]
     c_dtype = t.c.torch
-    bias = (torch.randn(p.n, generator=g) * 0.5).to(device=device, dtype=c_dtype) if p.epilogue.bias else None
+    bias = _draw((p.n,), g, 0.5, c_dtype, device) if p.epilogue.bias else None
     residual = None
     if p.epilogue.residual:
-        residual = torch.randn(p.batch, p.m, p.n, generator=g).to(device=device, dtype=c_dtype)
+        residual = _draw((p.batch, p.m, p.n), g, 1.0, c_dtype, device)
         residual = residual[0] if p.batch == 1 else residual
     out = _matrix(p.batch, p.m, p.n, lay.c, c_dtype, device, g, 1.0).fill_(float("nan"))
     out = out[0] if p.batch == 1 else out
