@@ -16,6 +16,12 @@ from tiledispatch.core.cache import CacheEntry, KernelCache
 from tiledispatch.core.registry import Registry
 from tiledispatch.cli.main import app
 
+from ..conftest import on_gpu
+
+# These pin what the CPU interpreter is (its arch name, kernel names ending in _interp, its
+# registry counts); on a GPU the same commands run through tests/ops/*/test_gpu.py instead.
+pytestmark = pytest.mark.skipif(on_gpu(), reason="the CLI tests pin the interpreter's arch, names and counts")
+
 SMALL = "gemm_fp16_rrr_tiled_16x32x32_w2_s1_g1_k1_none_interp"  # in the tiny rule set
 BUILD_ONE = "gemm_fp16_rcr_tiled_32x32x32_w4_s2_g4_k1_none_sm90"
 
