@@ -160,7 +160,7 @@ def _realign_units(config: GemmConfig, alignment: Alignment) -> tuple[KernelUnit
     for role in alignment.unaligned_operands:
         dtype = getattr(config.types, role)
         into = role != "c"
-        ours, theirs = ("dst", "src") if into else ("src", "dst")
+        ours = "dst" if into else "src"
         per_vector = max(1, VECTOR_BYTES // dtype.itemsize)
         pointers = (("src_ptr", f"*{dtype.triton}"), ("dst_ptr", f"*{dtype.triton}"))
         rows_signature = (pointers + (("ROWS", "i32"), ("COLS", "i32")) + tuple((n, "i64") for n in _COPY_STRIDES)
@@ -338,12 +338,12 @@ def _realigned_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor) ->
         if role in unaligned:
             source = getattr(ops, role)
             copies[role] = aligned_empty(tuple(source.shape), layout, source.dtype, source.device)
-            launches.append(_copy_launch(f"realign_{role}", source, copies[role], layout))
+            launches.append(_copy_launch(role, source, copies[role], layout))
     inner_out = aligned_empty(tuple(out.shape), Layout.ROW, out.dtype, out.device) if "c" in unaligned else out
     inner_ops = replace(ops, problem=replace(p, alignment=p.alignment.realigned()), out=inner_out, **copies)
     launches += plan(replace(config, realign=False), inner_ops, inner_out).launches
     if inner_out is not out:
-        launches.append(_copy_launch("realign_c", inner_out, out, Layout.ROW))
+        launches.append(_copy_launch("c", inner_out, out, Layout.ROW))
     return Plan(tuple(launches), out)
 
 
@@ -356,18 +356,19 @@ def _dense_run(t: torch.Tensor) -> bool:
     return dense and t.data_ptr() % VECTOR_BYTES == 0 and t.numel() < 2**31
 
 
-def _copy_launch(stage: str, src: torch.Tensor, dst: torch.Tensor, layout: Layout) -> Launch:
-    """A realign copy of the stack src into dst (same shape, or src a broadcast batch of one),
-    walked in storage order: rows of the contiguous dim. `stage` names the copy of an operand
-    into its buffer (src the caller's) or, for C, out of it (dst the caller's). The tensors
-    themselves are the pointer arguments (the fast path finds its operands by identity)."""
+def _copy_launch(role: str, src: torch.Tensor, dst: torch.Tensor, layout: Layout) -> Launch:
+    """The realign copy of operand `role`: A or B from the caller's src into our buffer dst
+    (same shape, or src a broadcast batch of one), C from our buffer src out to the caller's
+    dst. Walked in storage order, rows being the contiguous dim. The tensors themselves are
+    the pointer arguments (the fast path finds its operands by identity)."""
+    stage, into = f"realign_{role}", role != "c"
     s, d = (src, dst) if layout is not Layout.COL else (src.transpose(1, 2), dst.transpose(1, 2))
-    caller, buffer = (d, s) if stage == "realign_c" else (s, d)
+    caller, buffer = (s, d) if into else (d, s)
     batch, rows, cols = s.shape
     if _dense_run(caller) and batch * rows * buffer.stride(1) < 2**31:
         grid = (triton.cdiv(caller.numel(), REALIGN_DENSE_BLOCK), 1, 1)
         return Launch(f"{stage}_dense", grid, (src, dst, caller.numel(), cols, buffer.stride(1),
-                                               REALIGN_DENSE_BLOCK, stage != "realign_c"))
+                                               REALIGN_DENSE_BLOCK, into))
     block_r, block_c = REALIGN_BLOCK
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), batch)
     if grid[1] > MAX_GRID_YZ or batch > MAX_GRID_YZ:
