@@ -188,3 +188,25 @@ def test_sm90_ptx_has_16_byte_vectors_for_rows_of_1000_bf16(tmp_path):
     assert sixteen_byte_copies(vectorised) >= 2 and "st.global.v4" in vectorised  # A and B tiles, the C store
     assert sixteen_byte_copies(scalar) == 0 and "st.global.v4" not in scalar
     assert "cp.async.bulk.tensor" in ptx[persistent.name, odd_1000.tag]
+
+
+def test_a_single_column_is_not_16_byte_aligned(dispatcher):
+    """K = 1: A (20 x 1, contiguous) is row-major with rows 2 bytes apart. Its one unit stride
+    is a step between rows, not the contiguous dim, so A is NONE (no descriptor takes it: the
+    plain TMA kernels refused to build one), and every kernel that takes it is right."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(20, 1, generator=g).to(DEVICE, torch.float16)
+    b = torch.randn(1, 32, generator=g).to(DEVICE, torch.float16)
+    ops = check_operands(a, b)
+    assert ops.problem.alignment.a == NONE and ops.problem.alignment.b == E16
+    names = [s.name for s in dispatcher.registry if s.family != "vendor" and supports(s.config, ops.problem) is None]
+    assert any("realign" in name for name in names) and not any(
+        "tma-persistent" in name and "realign" not in name for name in names)
+    for name in names:
+        out = torch.full((20, 32), float("nan"), dtype=torch.float16, device=DEVICE)
+        with_out = check_operands(a, b, out=out)
+        dispatcher.run(with_out, kernel=name)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        result = compare(out, with_out)
+        assert result.passed, (name, result.to_dict())

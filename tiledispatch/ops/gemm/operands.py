@@ -84,24 +84,31 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _aligned(t: torch.Tensor | None, dtype: DType, shape: tuple[int, ...] | None = None) -> Align:
+_CONTIGUOUS_DIM = {Layout.ROW: 2, Layout.COL: 1}  # in a (batch, rows, cols) stack
+
+
+def _aligned(t: torch.Tensor | None, dtype: DType, layout: Layout, shape: tuple[int, ...] | None = None) -> Align:
     """The operand's level: base pointer and every stride of a dim longer than one, in bytes.
 
-    A unit stride is the contiguous dim itself, not a step between vectors, so it does not
-    count. A tensor not given yet (`t` None, the output we allocate) is contiguous with
-    `shape`, and torch allocates it 16-byte aligned.
+    The layout's contiguous dim is the run a vector (or a TMA box) reads, not a step between
+    them, so its stride does not count; every other one does, even a stride of 1: a 20 x 1
+    contiguous matrix is row-major (its one column is the contiguous dim) with rows 2 bytes
+    apart, which no descriptor takes. A tensor not given yet (`t` None, the output we
+    allocate) is contiguous with `shape`, and torch allocates it 16-byte aligned.
     """
     shape = tuple(t.shape) if t is not None else shape
     strides = t.stride() if t is not None else _contiguous_strides(shape)
-    steps = [s for s, n in zip(strides, shape) if s != 1 and n != 1]
+    inner = _CONTIGUOUS_DIM.get(layout)
+    steps = [s for i, (s, n) in enumerate(zip(strides, shape)) if n != 1 and i != inner]
     return Align.of(steps, dtype.itemsize, t.data_ptr() if t is not None else 0)
 
 
 def alignment_of(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, types: GemmTypes,
-                 shape: tuple[int, int, int, int]) -> Alignment:
+                 shape: tuple[int, int, int, int], layout: GemmLayout) -> Alignment:
     """The operands' levels and the sizes' (each in the smallest element laid along it)."""
     batch, m, n, k = shape
-    return Alignment(_aligned(a, types.a), _aligned(b, types.b), _aligned(out, types.c, (batch, m, n)),
+    return Alignment(_aligned(a, types.a, layout.a), _aligned(b, types.b, layout.b),
+                     _aligned(out, types.c, layout.c, (batch, m, n)),
                      *(Align.of([size], types.itemsize_along(dim)) for dim, size in zip("mnk", (m, n, k))))
 
 
@@ -192,16 +199,12 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
         layout_c = Layout.of(m, n, out3.stride(1), out3.stride(2))
 
     types = GemmTypes(ta, tb, tc, DType.FP32, allow_tf32)
+    layout = GemmLayout(Layout.of(m, k, a3.stride(1), a3.stride(2)), Layout.of(k, n, b3.stride(1), b3.stride(2)),
+                        layout_c)
     problem = GemmProblem(
-        m=m, n=n, k=k, batch=batch,
-        types=types,
-        layout=GemmLayout(
-            Layout.of(m, k, a3.stride(1), a3.stride(2)),
-            Layout.of(k, n, b3.stride(1), b3.stride(2)),
-            layout_c,
-        ),
+        m=m, n=n, k=k, batch=batch, types=types, layout=layout,
         epilogue=Epilogue(bias is not None, Activation.parse(activation), residual is not None),
-        alignment=alignment_of(a3, b3, out3, types, (batch, m, n, k)),
+        alignment=alignment_of(a3, b3, out3, types, (batch, m, n, k), layout),
     )
     fp8 = ta.is_fp8
     return GemmOperands(
