@@ -121,3 +121,21 @@ def advance_pixel(d, h, w, step_d, step_h, step_w, D, H, W):
     wrap_d = d >= D
     d = tl.where(wrap_d, d - D, d)
     return d, h, w, wrap_d, wrap_h, wrap_w
+
+
+@triton.jit
+def linear_walk(coef, n, d, h, w, step_n, step_d, step_h, step_w, D, H, W):
+    """An offset linear in (n, d, h, w) with coefficients `coef`, carried along `advance_pixel`:
+    its value at the first pixel, the step's offset, and the correction for each digit that
+    wraps (one more of the next dim, W (H, D) fewer of this one), as (w, h, d)."""
+    start = n.to(tl.int64) * coef[0] + d * coef[1] + h * coef[2] + w * coef[3]
+    step = step_n * coef[0] + step_d * coef[1] + step_h * coef[2] + step_w * coef[3]
+    wraps = (coef[2] - W * coef[3], coef[1] - H * coef[2], coef[0] - D * coef[1])
+    return start, step, wraps
+
+
+@triton.jit
+def walk(offset, step, wraps, wrap_d, wrap_h, wrap_w):
+    """A `linear_walk` offset moved by one `advance_pixel` step that wrapped as it says."""
+    return (offset + step + tl.where(wrap_w, wraps[0], 0) + tl.where(wrap_h, wraps[1], 0)
+            + tl.where(wrap_d, wraps[2], 0))

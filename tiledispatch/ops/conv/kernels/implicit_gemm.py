@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
 from ...gemm.kernels.tile_order import grouped_tile
-from .geometry import advance_pixel, inside, next_step, phase_taps, split_pixel, split_tap
+from .geometry import advance_pixel, inside, linear_walk, next_step, phase_taps, split_pixel, split_tap, walk
 from .weight_reduce import store_weight_partial
 
 
@@ -308,13 +308,10 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     z_off = fz * DD - PD  # the tap's input offset from o * S in each dim
     y_off = fy * DH - PH
     x_off = fx * DW - PW
-    dy_row = n.to(tl.int64) * cy[0] + od * cy[1] + oh * cy[2] + ow * cy[3] + g * KG
-    x_row = (n.to(tl.int64) * cx[0] + od * cx[1] + oh * cx[2] + ow * cx[3] + g * CG
-             + z_off * (sxd // VEC * VEC) + y_off * (sxh // VEC * VEC) + x_off * (sxw // VEC * VEC))
-    dy_step = step_n * cy[0] + step_d * cy[1] + step_h * cy[2] + step_w * cy[3]
-    x_step = step_n * cx[0] + step_d * cx[1] + step_h * cx[2] + step_w * cx[3]
-    dy_wrap_w, dy_wrap_h, dy_wrap_d = cy[2] - OW * cy[3], cy[1] - OH * cy[2], cy[0] - OD * cy[1]
-    x_wrap_w, x_wrap_h, x_wrap_d = cx[2] - OW * cx[3], cx[1] - OH * cx[2], cx[0] - OD * cx[1]
+    dy_row, dy_step, dy_wraps = linear_walk(cy, n, od, oh, ow, step_n, step_d, step_h, step_w, OD, OH, OW)
+    x_row, x_step, x_wraps = linear_walk(cx, n, od, oh, ow, step_n, step_d, step_h, step_w, OD, OH, OW)
+    dy_row += g * KG
+    x_row += g * CG + z_off * (sxd // VEC * VEC) + y_off * (sxh // VEC * VEC) + x_off * (sxw // VEC * VEC)
     a_cols = y_ptr + offs_m[:, None]
     b_cols = x_ptr + offs_n[None, :]
 
@@ -335,10 +332,8 @@ def conv_bwd_weight_igemm(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         offs_p += BLOCK_K
         od, oh, ow, wrap_d, wrap_h, wrap_w = advance_pixel(od, oh, ow, step_d, step_h, step_w, OD, OH, OW)
-        dy_row += (dy_step + tl.where(wrap_w, dy_wrap_w, 0) + tl.where(wrap_h, dy_wrap_h, 0)
-                   + tl.where(wrap_d, dy_wrap_d, 0))
-        x_row += (x_step + tl.where(wrap_w, x_wrap_w, 0) + tl.where(wrap_h, x_wrap_h, 0)
-                  + tl.where(wrap_d, x_wrap_d, 0))
+        dy_row = walk(dy_row, dy_step, dy_wraps, wrap_d, wrap_h, wrap_w)
+        x_row = walk(x_row, x_step, x_wraps, wrap_d, wrap_h, wrap_w)
 
     mask = in_m[:, None] & in_n[None, :]
     if SPLIT_K == 1:
