@@ -7,14 +7,17 @@ a problem seen before costs a dict lookup, the plan and the launch.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from . import kernel as kernel_step
 from .choice import Choice
 from .cache import KernelCache
+from ..heuristics import autotune
 from .errors import BuildError, InvalidProblemError, NoKernelError, UnsupportedError
 from .launch import execute
 from .op import OpKind, RuleSet, Score
@@ -28,6 +31,7 @@ log = logging.getLogger("tiledispatch.dispatcher")
 class Strategy(Choice):
     FIRST = "first"  # the first supporting kernel in registry order
     RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
+    AUTOTUNE = "autotune"  # the rules' finalists timed once per problem, the fastest remembered on disk
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,9 @@ class Explanation:
     arch: str
     strategy: Strategy
     selected: KernelSpec | None
-    ranked: tuple[Candidate, ...]  # the accepted candidates, best first
+    ranked: tuple[Candidate, ...]  # the accepted candidates, in the rules' order
     refused: tuple[Candidate, ...]
+    tuned_ms: Mapping[str, float] | None = None  # autotune: the finalists' measured times, if tuned
 
     def to_dict(self, limit: int | None = None) -> dict[str, Any]:
         refused = self.refused if limit is None else self.refused[:limit]
@@ -66,12 +71,13 @@ class Explanation:
             "refused_count": len(self.refused),
             "ranking": [c.to_dict() for c in (self.ranked if limit is None else self.ranked[:limit])],
             "refused": [c.to_dict() for c in refused],
+            **({"tuned_ms": dict(self.tuned_ms)} if self.tuned_ms is not None else {}),
         }
 
 
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
-                 cache: KernelCache | None = None) -> None:
+                 cache: KernelCache | None = None, tuning: autotune.TuningStore | None = None) -> None:
         self.arch = arch if arch is not None else current_arch()
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
@@ -83,6 +89,7 @@ class Dispatcher:
         self._launchers: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[str] = set()
         self._bound: dict[Any, Any] = {}
+        self._tuning = tuning  # autotune's records; by default beside the kernel cache
         self._lock = threading.RLock()
 
     @property
@@ -100,15 +107,17 @@ class Dispatcher:
                 reason = "failed to build on this machine"
             if reason is not None:
                 refused.append(Candidate(spec, reason))
-            elif self.strategy is Strategy.RULES:
+            elif self.strategy is not Strategy.FIRST:
                 accepted.append(Candidate(spec, None, spec.definition.rule_score(spec.config, problem, self.arch)))
             else:
                 accepted.append(Candidate(spec))
-        if self.strategy is Strategy.RULES:
+        if self.strategy is not Strategy.FIRST:
             accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
         return accepted, refused
 
-    def select(self, problem) -> KernelSpec:
+    def select(self, problem, *, device=None) -> KernelSpec:
+        """The kernel for a problem. Under `autotune`, the remembered winner, or one timed now
+        on `device` (the rules' pick where there is neither: `explain`, a graph capture)."""
         key = problem.key()
         spec = self._selected.get(key)
         if spec is not None:
@@ -122,14 +131,75 @@ class Dispatcher:
                 f"problem ({problem.describe()}); the registry has kernels for dtypes {dtypes}; "
                 f"reasons given: {reasons or ['the registry is empty']}"
             )
+        spec = accepted[0].spec
+        if self.strategy is Strategy.AUTOTUNE:
+            record = self._tuned(problem, accepted, device)
+            if record is None:
+                return spec  # not remembered: a later call with a device tunes
+            spec = self.registry.get(record.winner)
         with self._lock:
-            self._selected[key] = accepted[0].spec
-        return accepted[0].spec
+            self._selected[key] = spec
+        return spec
 
     def explain(self, problem) -> Explanation:
         accepted, refused = self._candidates(problem)
         selected = accepted[0].spec if accepted else None
-        return Explanation(problem, self.arch.name, self.strategy, selected, tuple(accepted), tuple(refused))
+        record = self._tuned(problem, accepted, None) if accepted and self.strategy is Strategy.AUTOTUNE else None
+        if record is not None:
+            selected = self.registry.get(record.winner)
+        return Explanation(problem, self.arch.name, self.strategy, selected, tuple(accepted), tuple(refused),
+                           None if record is None else record.times_ms)
+
+    # -- autotune ----------------------------------------------------------------------
+    @property
+    def tuning(self) -> autotune.TuningStore:
+        if self._tuning is None:  # beside the compiled kernels, under the same private root
+            self._tuning = autotune.TuningStore(self.cache.root)
+        return self._tuning
+
+    def _tuned(self, problem, accepted: list[Candidate], device) -> autotune.TuningRecord | None:
+        """The stored record of this problem's finalists; timed now if there is none and `device` allows."""
+        finalists = autotune.finalists(accepted)
+        names = [c.spec.name for c in finalists]
+        key = self.tuning.key(problem.op.value, self.arch.name, problem, names, _device_name(device))
+        record = self.tuning.get(key)
+        if record is None and device is not None:
+            record = self._time_finalists(problem, finalists, device)
+            if record is not None:
+                self.tuning.put(key, record)
+        return record if record is not None and record.winner in names else None
+
+    def _time_finalists(self, problem, finalists: list[Candidate], device) -> autotune.TuningRecord | None:
+        definition = finalists[0].spec.definition
+        on_gpu = device.type == "cuda"
+        if definition.tuning_operands is None or (on_gpu and _capturing()):
+            log.info("autotune: cannot time %s now; ranked by rules", problem.describe())
+            return None
+        sets = autotune.operand_sets(problem.bytes(), self.arch.l2_bytes, on_gpu)
+        operands = [definition.tuning_operands(problem, device, seed) for seed in range(sets)]
+        if any(o is None for o in operands):
+            log.info("autotune: no fresh operands reproduce %s; ranked by rules", problem.describe())
+            return None
+        stream = _stream(device)
+        runs = {}
+        for candidate in finalists:
+            spec = candidate.spec
+            try:
+                launchers = self.launchers(spec, definition.specialization_of(problem))
+            except BuildError:
+                log.warning("kernel %s failed to build; not a finalist", spec.name, exc_info=True)
+                with self._lock:
+                    self._broken.add(spec.name)
+                continue
+            plans = itertools.cycle([definition.plan(spec.config, o) for o in operands])
+            runs[spec.name] = functools.partial(_run_next, plans, launchers, stream)
+        if not runs:
+            return None
+        times = autotune.measure(runs, on_gpu)
+        winner = min(times, key=times.get)
+        log.info("autotune: %s -> %s (%s)", problem.describe(), winner,
+                 ", ".join(f"{n} {t:.4f} ms" for n, t in times.items()))
+        return autotune.TuningRecord(winner, times, problem.describe())
 
     def resolve(self, kernel: str | KernelSpec, problem) -> KernelSpec:
         """A forced kernel, checked: it must be registered and must support the problem."""
@@ -163,7 +233,7 @@ class Dispatcher:
         problem = operands.problem
         _check_device(operands.device)
         while True:
-            spec = self.resolve(kernel, problem) if kernel is not None else self.select(problem)
+            spec = self.resolve(kernel, problem) if kernel is not None else self.select(problem, device=operands.device)
             try:
                 launchers = self.launchers(spec, spec.definition.specialization_of(problem))
                 break
@@ -197,6 +267,25 @@ def _check_device(device) -> None:
         raise InvalidProblemError(f"tensors are on {device}; tiledispatch runs on the GPU here: move them to cuda")
 
 
+def _run_next(plans, launchers, stream) -> None:
+    execute(next(plans), launchers, stream)
+
+
+def _device_name(device) -> str:
+    """The GPU's model (an H100 and an H200 share an arch, not a bandwidth); the interpreter's name."""
+    if current_backend() is Backend.INTERPRETER:
+        return "interpreter"
+    import torch
+
+    return torch.cuda.get_device_name(device if device is not None and device.type == "cuda" else None)
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_current_stream_capturing()
+
+
 def _stream(device) -> int | None:
     return stream_getter(device)()
 
@@ -223,7 +312,8 @@ def _no_stream() -> None:
 
 @functools.lru_cache(maxsize=None)
 def default_dispatcher(rule_set: RuleSet = RuleSet.DEFAULT) -> Dispatcher:
-    """One per process: the shipped rule sets of every implemented op, for this machine's arch."""
+    """One per process: the shipped rule sets of every implemented op, for this machine's arch,
+    ranked by `$TILEDISPATCH_STRATEGY` (rules unless it says otherwise)."""
     from .op import get_op
 
     arch = current_arch()
@@ -234,4 +324,4 @@ def default_dispatcher(rule_set: RuleSet = RuleSet.DEFAULT) -> Dispatcher:
         except UnsupportedError:
             continue
         registry = registry.merge(Registry.from_rule_set(op, rule_set, arch))
-    return Dispatcher(registry, arch)
+    return Dispatcher(registry, arch, strategy=os.environ.get("TILEDISPATCH_STRATEGY", Strategy.RULES))

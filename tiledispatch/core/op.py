@@ -85,6 +85,9 @@ class OpDefinition:
     rule_score: Callable[[Any, Any, Any], Score]  # (config, problem, arch) -> Score
     family_of: Callable[[Any], str]  # config -> family name (for filters and counts)
     dtype_of: Callable[[Any], str]  # config -> dtype name (for filters and counts)
+    # (problem, device, seed) -> fresh random operands laid out as the problem says, or None where
+    # none reproduce it; what the `autotune` strategy times. None: the op is ranked by rules only.
+    tuning_operands: Callable[[Any, Any, int], Any] | None = None
 
 
 def get_op(kind: "OpKind | str") -> OpDefinition:

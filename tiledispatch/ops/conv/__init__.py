@@ -15,6 +15,7 @@ from .config import (
     TmaConfig,
     VendorConfig,
 )
+from .inputs import tuning_operands
 from .operands import ConvOperands, check_operands
 from .plan import kernel_units, plan
 from .problem import (
@@ -47,6 +48,7 @@ OP = OpDefinition(
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.signature.types.name,
+    tuning_operands=tuning_operands,
 )
 
 

@@ -67,3 +67,13 @@ def make_inputs(problem: ConvProblem, device="cpu", seed: int = 0, channels_last
     out_shape = {Direction.FORWARD: y_shape, Direction.BWD_DATA: x_shape, Direction.BWD_WEIGHT: w_shape}[p.direction]
     out = channels_last_empty(out_shape, dtype, device).fill_(float("nan"))
     return ConvInputs(x, w, dy, bias, residual, out)
+
+
+def tuning_operands(problem: ConvProblem, device, seed: int = 0):
+    """Fresh checked operands of exactly this problem (for `autotune`), or None where fresh
+    channels-last tensors do not reproduce it."""
+    from .operands import check_operands
+
+    inputs = make_inputs(problem, device=device, seed=seed)
+    operands = check_operands(problem.direction, **inputs.kwargs(problem))
+    return operands if operands.problem == problem else None

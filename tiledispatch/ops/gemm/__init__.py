@@ -8,6 +8,7 @@ from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
+from .inputs import tuning_operands
 from .operands import GemmOperands, check_operands
 from .plan import kernel_units, plan
 from .problem import Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
@@ -30,6 +31,7 @@ OP = OpDefinition(
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.types.name,
+    tuning_operands=tuning_operands,
 )
 
 

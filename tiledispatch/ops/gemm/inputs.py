@@ -68,3 +68,14 @@ def make_inputs(problem: GemmProblem, device="cpu", seed: int = 0, activation=No
         scales = [torch.tensor(fp8_scale, dtype=torch.float32, device=device),
                   torch.tensor(1.0, dtype=torch.float32, device=device)]
     return GemmInputs(a, b, bias, residual, out, *scales)
+
+
+def tuning_operands(problem: GemmProblem, device, seed: int = 0):
+    """Fresh checked operands of exactly this problem (for `autotune`), or None: a problem whose
+    alignment fresh tensors do not reproduce (an operand starting off a 16-byte boundary)."""
+    from .operands import check_operands
+
+    inputs = make_inputs(problem, device=device, seed=seed)
+    operands = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
+                              activation=problem.epilogue.activation, **inputs.kwargs())
+    return operands if operands.problem == problem else None
