@@ -180,7 +180,7 @@ class Dispatcher:
         if any(o is None for o in operands):
             log.info("autotune: no fresh operands reproduce %s; ranked by rules", problem.describe())
             return None
-        stream = _stream(device)
+        stream = stream_getter(device)  # read at each call: a graph capture runs on a stream of its own
         runs = {}
         for candidate in finalists:
             spec = candidate.spec
@@ -267,8 +267,8 @@ def _check_device(device) -> None:
         raise InvalidProblemError(f"tensors are on {device}; tiledispatch runs on the GPU here: move them to cuda")
 
 
-def _run_next(plans, launchers, stream) -> None:
-    execute(next(plans), launchers, stream)
+def _run_next(plans, launchers, stream: Callable[[], int | None]) -> None:
+    execute(next(plans), launchers, stream())
 
 
 def _device_name(device) -> str:
