@@ -65,7 +65,7 @@ def main() -> int:
 
     fields = ["case", "dtype", "m", "n", "k", "batch", "cublas_ms", "rules_kernel", "rules_ms", "autotune_kernel",
               "autotune_ms", "tuned", "tune_s", "ratio_rules", "ratio_autotune", "rel_error_rules",
-              "rel_error_autotune"]
+              "rel_error_autotune", "finalists_ms"]
     entries = []
     with (args.out / "gemm_autotune.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
@@ -103,7 +103,8 @@ def main() -> int:
                      "ratio_rules": vendor_ms / ms["rules"] if vendor_ms else None,
                      "ratio_autotune": vendor_ms / ms["autotune"] if vendor_ms else None,
                      "rel_error_rules": f"{errors[rules_pick.name]:.2e}",
-                     "rel_error_autotune": f"{errors[autotune_pick.name]:.2e}"}
+                     "rel_error_autotune": f"{errors[autotune_pick.name]:.2e}",
+                     "finalists_ms": json.dumps(record) if record else None}
             entries.append(entry)
             writer.writerow(entry)
             f.flush()

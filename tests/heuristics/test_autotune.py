@@ -79,6 +79,14 @@ def test_finalists_are_the_top_k_then_the_best_of_each_other_family():
     assert [c.spec.name for c in autotune.finalists(ranked, top_k=5)] == ["0", "1", "2", "3", "4", "5"]
 
 
+def test_a_vendor_finalist_within_the_margin_wins():
+    margin = autotune.VENDOR_MARGIN
+    assert autotune.winner({"ours": 1.0, "vendor": 1.0 + margin / 2}, ["vendor"]) == "vendor"
+    assert autotune.winner({"ours": 1.0, "vendor": 1.0 + 2 * margin}, ["vendor"]) == "ours"
+    assert autotune.winner({"ours": 1.0, "other": 1.01}, []) == "ours"
+    assert autotune.winner({"ours": 1.0, "vendor": 0.9}, ["vendor", "untimed"]) == "vendor"
+
+
 def test_operand_sets_outgrow_l2_on_the_gpu_only():
     assert autotune.operand_sets(10**9, 50 * 2**20, on_gpu=True) == 1
     assert autotune.operand_sets(10**6, 50 * 2**20, on_gpu=True) == autotune.MAX_SETS

@@ -20,7 +20,7 @@ from .cache import KernelCache
 from ..heuristics import autotune
 from .errors import BuildError, InvalidProblemError, NoKernelError, UnsupportedError
 from .launch import execute
-from .op import OpKind, RuleSet, Score
+from .op import OpKind, RuleSet, Score, UnitKind
 from .registry import Registry
 from .runtime import Backend, current_arch, current_backend
 from .spec import KernelSpec
@@ -196,7 +196,8 @@ class Dispatcher:
         if not runs:
             return None
         times = autotune.measure(runs, on_gpu)
-        winner = min(times, key=times.get)
+        vendors = [c.spec.name for c in finalists if all(u.kind is UnitKind.PYTHON for u in kernel_step.units(c.spec))]
+        winner = autotune.winner(times, vendors)
         log.info("autotune: %s -> %s (%s)", problem.describe(), winner,
                  ", ".join(f"{n} {t:.4f} ms" for n, t in times.items()))
         return autotune.TuningRecord(winner, times, problem.describe())

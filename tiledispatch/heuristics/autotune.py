@@ -29,7 +29,15 @@ ROUNDS = 5  # samples of each finalist, taken in turns
 # persistent kernel that then ran 0.975x cuBLAS).
 CLOSE = 0.03
 CLOSE_ROUNDS = 15
-SAMPLE_SECONDS = 5e-4  # each sample replays a finalist back to back for about this long
+# Each sample replays a finalist back to back for about this long. Under load the H200's clock
+# settles lower for some kernels than for others: samples of one 1.5 ms call picked persistent
+# kernels on llama3_8b_up_T4096 that then ran 0.94x cuBLAS in the benchmark's 35 ms samples.
+SAMPLE_SECONDS = 1e-2
+MAX_CALLS = 200  # per sample, for the smallest problems
+# A vendor finalist within this fraction of the fastest is kept: a win this small is within
+# what a tuning run can mismeasure (above; 3 us problems moved by 3 % between runs), and the
+# vendor's own choice adapts to conditions we did not time.
+VENDOR_MARGIN = 0.02
 MAX_SETS = 4  # operand sets rotated through, so that a problem smaller than L2 is timed from DRAM
 FORMAT = 1
 
@@ -82,13 +90,23 @@ def measure(runs: Mapping[str, Callable[[], object]], on_gpu: bool) -> dict[str,
     samplers = {}
     for name, fn in runs.items():
         once_ms = time_call(fn, on_gpu=True, repeats=3, warmup=1).median_ms
-        calls = max(1, min(100, round(SAMPLE_SECONDS * 1e3 / max(once_ms, 1e-4))))
+        calls = max(1, min(MAX_CALLS, round(SAMPLE_SECONDS * 1e3 / max(once_ms, 1e-4))))
         samplers[name] = graph_sampler(lambda _, fn=fn: fn(), [None], calls)
     times = interleaved_medians(samplers, ROUNDS)
     first, second = (sorted(times, key=times.get) + [None])[:2]
     if second is not None and times[second] < times[first] * (1 + CLOSE):
         times.update(interleaved_medians({name: samplers[name] for name in (first, second)}, CLOSE_ROUNDS))
     return times
+
+
+def winner(times: Mapping[str, float], vendors: Sequence[str]) -> str:
+    """The fastest finalist, unless a vendor finalist is within VENDOR_MARGIN of it."""
+    best = min(times, key=times.get)
+    timed = [name for name in vendors if name in times]
+    if best in timed or not timed:
+        return best
+    vendor = min(timed, key=times.get)
+    return vendor if times[vendor] <= times[best] * (1 + VENDOR_MARGIN) else best
 
 
 class TuningStore:
