@@ -8,7 +8,12 @@ With --vendor the vendor candidate takes part too, timed as the table's cuBLAS r
 the dispatcher with the vendor family would run), and the report adds the pick's ratio to
 cuBLAS: the figure the issue's "never below 0.98x" target is about.
 
-    python benchmarks/evaluate_rules.py benchmarks/results/h200/gemm.csv [--arch sm_90] [--vendor]
+With --autotune (which implies --vendor) the pick is the `autotune` strategy's instead: the
+fastest of its finalists (heuristics/autotune.py) by the table's times, the vendor kept
+within its margin. The table's medians stand in for the tuning run's own samples, so this
+is the strategy with a noiseless tuning run: how good its finalists are, not its timer.
+
+    python benchmarks/evaluate_rules.py benchmarks/results/h200/gemm.csv [--arch sm_90] [--vendor] [--autotune]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import tiledispatch  # noqa: F401  (first: it picks the backend)
 from tiledispatch import arch as arch_facts
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
+from tiledispatch.heuristics import autotune
 from tiledispatch.ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
 
 
@@ -51,7 +57,9 @@ def main() -> None:
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--worst", type=int, default=10)
     parser.add_argument("--vendor", action="store_true", help="the vendor candidate takes part (timed as cuBLAS)")
+    parser.add_argument("--autotune", action="store_true", help="the autotune strategy's pick (implies --vendor)")
     args = parser.parse_args()
+    args.vendor |= args.autotune
     arch = arch_facts.load(args.arch)
     times: dict[tuple, dict[str, float]] = defaultdict(dict)
     vendor_ms: dict[tuple, float] = {}
@@ -72,7 +80,13 @@ def main() -> None:
             measured = {**measured, vendor.name: vendor_ms[key]}
         # The dispatcher's own ranking (ties keep registry order), over the kernels that were timed.
         dispatcher = Dispatcher(registry.filter(lambda s, names=measured: s.name in names), arch)
-        pick = dispatcher.select(problems[key])
+        if args.autotune:
+            finalists = [c.spec for c in autotune.finalists(dispatcher.explain(problems[key]).ranked)]
+            winner = autotune.winner({s.name: measured[s.name] for s in finalists},
+                                     [s.name for s in finalists if s.family == "vendor"])
+            pick = next(s for s in finalists if s.name == winner)
+        else:
+            pick = dispatcher.select(problems[key])
         picks[key] = pick.name
         efficiency[key] = min(measured.values()) / measured[pick.name]
         if key in vendor_ms:
@@ -86,6 +100,10 @@ def report(title: str, values_by_case: dict, picks: dict, worst: int) -> None:
     geomean = math.exp(statistics.mean(map(math.log, values)))
     print(f"{title}, {len(values)} cases: mean {statistics.mean(values):.3f}  geomean {geomean:.3f}  "
           f"median {statistics.median(values):.3f}  P10 {values[len(values) // 10]:.3f}  min {values[0]:.3f}")
+    for dtype in sorted({key[1] for key in values_by_case}):
+        of_dtype = sorted(v for key, v in values_by_case.items() if key[1] == dtype)
+        print(f"  {dtype}: {len(of_dtype)} cases, mean {statistics.mean(of_dtype):.3f}  geomean "
+              f"{math.exp(statistics.mean(map(math.log, of_dtype))):.3f}  min {of_dtype[0]:.3f}")
     for key, value in sorted(values_by_case.items(), key=lambda kv: kv[1])[:worst]:
         print(f"  {value:.3f}  {key[0]} {key[1]}  ({picks[key]})")
 

@@ -232,3 +232,32 @@ def test_tma_persistent_compiles_to_bulk_tensor_copies_and_wgmma(tmp_path):
     (entry,) = cache.entries()
     ptx = entry.files[kernel.PTX_FILE].read_text()
     assert "cp.async.bulk.tensor" in ptx and "wgmma" in ptx
+
+
+def test_a_unit_past_the_shared_memory_limit_fails_its_build(tmp_path):
+    """Triton compiles a kernel that takes more shared memory than a block may have, and only its
+    launch fails; the build refuses it instead, so nothing is cached and the dispatcher can move on.
+    Five stages of 128x128 and 128x128 fp16 tiles take 320 KiB (validation refuses the config; the
+    spec is made by hand to get past it)."""
+    from dataclasses import replace
+
+    from tiledispatch.core.spec import KernelSpec
+    from tiledispatch.ops.gemm import validate
+
+    os.chmod(tmp_path, 0o700)
+    cache = KernelCache(tmp_path / "cache")
+    small = Registry.from_rule_set(OpKind.GEMM, RuleSet.TINY, SM90).get(PLAIN).config
+    config = replace(small, block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=5)
+    assert not validate(config, SM90).ok
+    spec = KernelSpec(OpKind.GEMM, config, SM90.name)
+    (result,) = kernel.build_all([spec], cache, jobs=1, specializations=(Alignment(),))
+    assert not result.ok
+    assert "shared memory" in result.error and str(SM90.shared_memory_per_block_optin) in result.error
+    assert cache.entries() == []
+
+
+def test_shared_memory_check_names_the_unit_and_the_limit():
+    unit = kernel.units(Registry.from_rule_set(OpKind.GEMM, RuleSet.TINY, SM90).get(PLAIN))[0]
+    kernel.check_shared_memory(unit, SM90.shared_memory_per_block_optin, SM90)  # at the limit: fine
+    with pytest.raises(BuildError, match=rf"{unit.function} \(main\) .* 232449 B .* allows 232448 B"):
+        kernel.check_shared_memory(unit, SM90.shared_memory_per_block_optin + 1, SM90)

@@ -84,6 +84,21 @@ def _source(unit: KernelUnit):
     return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
 
 
+def check_shared_memory(unit: KernelUnit, shared_bytes: int, arch_facts) -> None:
+    """Refuses a compiled unit that asks for more shared memory than one block may have.
+
+    Validation estimates a config's shared memory before compiling; the compiled kernel
+    says what it really takes. Triton compiles past the limit and only the launch fails, so
+    the check lives here: the artifact is never cached, and the dispatcher moves on to its
+    next candidate instead of failing on the user's call.
+    """
+    limit = arch_facts.shared_memory_per_block_optin
+    if shared_bytes > limit:
+        raise BuildError(
+            f"{unit.function} ({unit.stage}) compiled for {arch_facts.name} takes {shared_bytes} B of shared memory "
+            f"a block; {arch_facts.name} allows {limit} B: use smaller blocks or fewer stages")
+
+
 def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, Any]:
     """Compiles one unit for `arch_name` and writes its cubin, PTX and metadata to out_dir."""
     import triton
@@ -103,6 +118,7 @@ def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, A
         )
     except Exception as e:
         raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} failed: {e}") from e
+    check_shared_memory(unit, compiled.metadata.shared, arch.load(arch_name))
     metadata_path = next(Path(p) for name, p in compiled.metadata_group.items() if name.endswith(".json"))
     shutil.copyfile(metadata_path, out_dir / METADATA_FILE)
     (out_dir / BINARY_FILE).write_bytes(compiled.asm["cubin"])

@@ -68,6 +68,16 @@ def test_registries_per_arch():
     assert len(Registry.from_rule_set("attention", "default", SM80)) > 0
 
 
+def test_atomic_backward_counts_its_staged_dq_block():
+    """bwd-atomic's dK/dV kernel also stages the fp32 dQ block it adds: at d=256 and 64x64 over 8
+    warps that took it to 257 KiB on sm_90 (compiled), past the 227 KiB a block may have, while
+    its deterministic twin compiled to 193 KiB and ran."""
+    twin = AttentionConfig(Family.BWD, DType.BF16, 256, 256, 64, 64, 8, 2)
+    atomic = replace(twin, family=Family.BWD_ATOMIC)
+    assert validate(twin, SM90).ok
+    assert AttentionRule.SHARED_MEMORY in validate(atomic, SM90).broken_rules()
+
+
 def test_validation_names_the_rule():
     good = AttentionConfig(Family.FWD, DType.FP16, 128, 128, 128, 64, 8, 3)
     assert validate(good, SM90).ok

@@ -54,7 +54,9 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     """Shared memory the software pipeline holds.
 
     Forward: the Q tile, plus a K and a V tile per stage. Backward (dK/dV): the K and V
-    tiles, plus a Q and a dO tile per stage.
+    tiles, plus a Q and a dO tile per stage; `bwd-atomic` also stages the fp32 dQ block it
+    adds atomically (sm_90 compiles: +64 KiB at d=256 and 64 query rows, which took its dK/dV
+    kernel to 257 KiB, past the 227 KiB limit, where the estimate without it said 212 KiB).
     """
     size = config.dtype.itemsize
     qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
@@ -64,8 +66,9 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
     # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
     # read them transposed.
+    dq_staging = 4 * config.block_m * qk if config.family is Family.BWD_ATOMIC else 0
     return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)
-                   + 2 * config.block_m * config.block_n) + FEATURE_BYTES
+                   + 2 * config.block_m * config.block_n) + dq_staging + FEATURE_BYTES
 
 
 def accumulator_registers(config: AttentionConfig) -> int:
