@@ -59,6 +59,19 @@ def test_the_shared_memory_rule_is_not_below_what_the_compiler_took(built):
             assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config), entry.key
 
 
+def test_compiled_soft_cap_takes_the_hardware_tanh(built):
+    """Compiled for sm_90 the soft-cap's tanh is one tanh.approx.f32 a score (the sigmoid form
+    spent an exp and IEEE divisions on the special-function unit); without a soft-cap, none."""
+    cache, *_ = built
+    for entry in cache.entries():
+        if entry.metadata["stage"] not in ("fwd", "dkdv", "dq"):
+            continue
+        ptx = entry.files[kernel.PTX_FILE].read_text()
+        capped = f".{FEATURES.tag}." in entry.key
+        assert ("tanh.approx.f32" in ptx) == capped, entry.key
+        assert "div.rn.f32" not in ptx, entry.key
+
+
 HOPPER = ["attention_fwd_bf16_d128x128_fwd-tma_128x128_w8_s2_sm90",
           "attention_fwd_bf16_d128x128_fwd_128x128_w8_s2_sm90",
           "attention_bwd_bf16_d128x128_bwd_32x128_w8_s2_sm90"]

@@ -19,8 +19,9 @@ from ...core.dtypes import DType
 from ...core.errors import BuildError, InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
+from ...core.runtime import Backend, current_backend
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .kernels.scores import UNBOUNDED
+from .kernels.scores import SOFTCAP_MUFU, SOFTCAP_PORTABLE, UNBOUNDED
 from .operands import AttentionOperands
 from .problem import AttentionVariant, Direction, MaskKind, UserMask
 
@@ -78,13 +79,22 @@ def _block(d: int) -> int:
     return triton.next_power_of_2(d)
 
 
+def softcap_code(softcap: bool) -> int:
+    """HAS_SOFTCAP's value (kernels/scores.py): 0 without a soft-cap, else the tanh the kernel
+    computes it with: the hardware's where the kernel is compiled, the sigmoid form under the
+    interpreter. The process decides: interpreter processes never compile."""
+    if not softcap:
+        return 0
+    return (SOFTCAP_PORTABLE if current_backend() is Backend.INTERPRETER else SOFTCAP_MUFU).value
+
+
 def _feature_constexprs(config: AttentionConfig, v: AttentionVariant) -> dict:
     return {
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
         "HEAD_QK": config.head_dim_qk, "HEAD_V": config.head_dim_v,
         "BLOCK_QK": _block(config.head_dim_qk), "BLOCK_V": _block(config.head_dim_v),
         "HAS_BAND": v.band, "USER_MASK": USER_MASK_CODES[v.user_mask], "HAS_BIAS": v.bias,
-        "HAS_ALIBI": v.alibi, "HAS_SOFTCAP": v.softcap, "HAS_DROPOUT": v.dropout, "VARLEN": v.varlen,
+        "HAS_ALIBI": v.alibi, "HAS_SOFTCAP": softcap_code(v.softcap), "HAS_DROPOUT": v.dropout, "VARLEN": v.varlen,
     }
 
 
@@ -180,7 +190,7 @@ def _tma_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
                                      ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
                                      ("window_left", "i32"), ("window_right", "i32")])
     constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "HEAD_QK": config.head_dim_qk,
-                  "HEAD_V": config.head_dim_v, "HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap,
+                  "HEAD_V": config.head_dim_v, "HAS_BAND": variant.band, "HAS_SOFTCAP": softcap_code(variant.softcap),
                   "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows}
     return _unit("fwd", _FWD_TMA, "attention_fwd_tma", args, constexprs, config, variant)
 

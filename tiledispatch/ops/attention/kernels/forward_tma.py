@@ -19,7 +19,7 @@ A warp-specialised variant of the interior loop (Triton 3.6's `warp_specialize`,
 import triton
 import triton.language as tl
 
-from .scores import LN2, LOG2E, key_range
+from .scores import LN2, LOG2E, key_range, soft_cap
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, 
     if HAS_SOFTCAP or MASKED:
         if HAS_SOFTCAP:
             x = qk * sm_scale
-            x = softcap * (2.0 * tl.sigmoid(2.0 * x / softcap) - 1.0)  # cap * tanh(x / cap), as scores.py
+            x, _ = soft_cap(x, softcap, HAS_SOFTCAP)
             s = x * LOG2E
         else:
             s = qk * qk_scale

@@ -18,6 +18,27 @@ USER_MASK_NONE = tl.constexpr(0)
 USER_MASK_BOOL = tl.constexpr(1)
 USER_MASK_ADDITIVE = tl.constexpr(2)
 
+# HAS_SOFTCAP: 0 without a soft-cap, else how its tanh is computed (plan.softcap_code picks).
+SOFTCAP_PORTABLE = tl.constexpr(1)  # from sigmoid: what the interpreter can run
+SOFTCAP_MUFU = tl.constexpr(2)  # tanh.approx.f32, one special-function instruction (compiled code)
+
+
+@triton.jit
+def soft_cap(x, softcap, HOW: tl.constexpr):
+    """(cap * tanh(x / cap), tanh(x / cap)): the capped score and the tanh its gradient needs.
+
+    Compiled code takes the hardware tanh (tanh.approx.f32, max relative error 2^-11, as
+    FlashAttention's soft-cap does): the sigmoid form spends an exp and two IEEE divisions a
+    score on the special-function unit, which the exp2 of the softmax already keeps busy.
+    Inline PTX cannot run under the interpreter, which gets the sigmoid form.
+    """
+    y = x * (1.0 / softcap)
+    if HOW == SOFTCAP_MUFU:
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [y], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        t = 2.0 * tl.sigmoid(2.0 * y) - 1.0
+    return softcap * t, t
+
 
 @triton.jit
 def load_tile(base, rows, stride, offs_d, n_rows, HEAD: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -77,8 +98,7 @@ def block_scores(qk, r, c, len_q, len_kv, band_offset, alibi_offset, window_left
     x = qk * sm_scale
     t = x
     if HAS_SOFTCAP:
-        t = 2.0 * tl.sigmoid(2.0 * x / softcap) - 1.0  # tanh, from a primitive every backend has
-        x = softcap * t
+        x, t = soft_cap(x, softcap, HAS_SOFTCAP)
     inside = (r < len_q) & (c < len_kv)
     if HAS_BIAS:
         bias = tl.load(bias_base + r * stride_bm + c * stride_bn, mask=inside, other=0.0)
