@@ -58,7 +58,9 @@ def test_every_name_spells_its_fields():
 def test_registries_per_arch():
     interp = Registry.from_rule_set("attention", "default", INTERP)
     sm90 = Registry.from_rule_set("attention", "default", SM90)
-    assert {s.dtype for s in interp} == {"fp16", "fp32"}  # no bf16 tl.dot in the interpreter
+    assert {s.dtype for s in interp} == {"fp16", "fp32", "fp8e4m3"}  # no bf16 tl.dot in the interpreter
+    assert {s.family for s in sm90 if s.dtype == "fp8e4m3"} == {"fwd-tma"}  # fp8: the TMA forward only
+    assert not any(s.dtype == "fp8e4m3" for s in Registry.from_rule_set("attention", "default", SM80))
     assert not any(s.family.startswith("sdpa") for s in interp)
     assert {"bf16", "fp16"} <= {s.dtype for s in sm90}
     families = {s.family for s in sm90}

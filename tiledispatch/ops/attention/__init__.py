@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .function import AttentionFunction, Call, bound_forward, forward, parse_causal, parse_window
+from .function import FP8_TORCH, AttentionFunction, Call, bound_forward, forward, parse_causal, parse_window
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
@@ -51,7 +52,7 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
               sinks=None, dropout_p: float = 0.0, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
               return_lse: bool = False, deterministic: bool = False, dropout_seed: int | None = None,
               dropout_offset: int = 0, kernel: str | None = None, backward_kernel: str | None = None,
-              dispatcher=None):
+              dispatcher=None, scale_q=None, scale_k=None, scale_v=None):
     """softmax(mask(scale * q k^T + bias)) v by the fastest registered kernels, differentiable.
 
     causal: False, True (top-left, as torch SDPA), "top_left" or "bottom_right" (the last
@@ -65,6 +66,10 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     Returns out, or (out, lse) with the natural-log LSE (batch, heads_q, seqlen_q) or
     (heads_q, tokens). `kernel`/`backward_kernel` force kernels by name; `dispatcher`
     replaces the default one. `deterministic` makes the backward bit-reproducible.
+    fp8 (torch.float8_e4m3fn) q, k, v: inference only, with per-tensor dequantization scales
+    `scale_q/k/v` (one-element float32 tensors, default 1; q's values are q * scale_q); the
+    output is bf16. Masks and windows, soft-cap, sinks and GQA; no mask or bias tensor,
+    ALiBi, dropout or varlen.
     """
     from ...core.dispatcher import default_dispatcher
 
@@ -72,6 +77,9 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
         dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (q, k, v, bias, sinks))
+    if grad and isinstance(q, torch.Tensor) and q.dtype in FP8_TORCH:
+        raise UnsupportedError("[fp8-forward] fp8 attention is forward only (inference): no input may require "
+                               "grad (call it under torch.no_grad(), or train in bf16)")
     options = AttentionOptions(
         causal=parse_causal(causal), window=parse_window(window), scale=scale, softcap=softcap,
         dropout_p=float(dropout_p), dropout_seed=int(dropout_seed or 0), dropout_offset=int(dropout_offset),
@@ -79,7 +87,8 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     )
     dispatcher = dispatcher or default_dispatcher()
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
-               "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
+               "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+               "scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v}
     call = Call(options, kernel, backward_kernel, dispatcher, bound_forward(dispatcher, q, k, v, tensors, options,
                                                                             kernel))
     if grad:

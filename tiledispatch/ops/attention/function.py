@@ -15,7 +15,10 @@ import torch
 from ...core.errors import InvalidProblemError, UnsupportedError
 from . import fastpath
 from .operands import AttentionOperands, AttentionOptions, check_operands
-from .problem import Direction, MaskKind, Window
+from .problem import FP8_DTYPES, Direction, MaskKind, Window
+
+FP8_SCALES = ("scale_q", "scale_k", "scale_v")
+FP8_TORCH = tuple(d.torch for d in FP8_DTYPES)
 
 _CAUSAL = {False: MaskKind.NONE, None: MaskKind.NONE, True: MaskKind.CAUSAL_TOP_LEFT,
            "top_left": MaskKind.CAUSAL_TOP_LEFT, "bottom_right": MaskKind.CAUSAL_BOTTOM_RIGHT}
@@ -77,6 +80,8 @@ def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions,
     """The forward's bound call for this signature, or None (varlen, checked-only signatures)."""
     if tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
         return None  # cu_seqlens are read on the host: every call is checked
+    if any(tensors.get(name) is not None for name in FP8_SCALES) or getattr(q, "dtype", None) in FP8_TORCH:
+        return None  # fp8: checked on every call (its scales are not in the signature)
     key = fastpath.forward_key(q, k, v, (tensors["bias"], tensors["mask"], tensors["alibi_slopes"],
                                          tensors["sinks"]), options, kernel)
     if key is None:

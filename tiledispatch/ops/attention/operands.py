@@ -18,6 +18,7 @@ from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
 from .problem import (
     DTYPES,
+    FP8_DTYPES,
     HEAD_DIMS,
     AttentionProblem,
     AttentionVariant,
@@ -65,6 +66,11 @@ class AttentionOperands:
     out: torch.Tensor | None = None
     lse: torch.Tensor | None = None
     grad_out: torch.Tensor | None = None
+    # fp8 inputs only: per-tensor dequantization scales, one fp32 element each (q's true values
+    # are q * scale_q), read by the kernel so they may change between calls without a sync
+    scale_q: torch.Tensor | None = None
+    scale_k: torch.Tensor | None = None
+    scale_v: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -158,10 +164,44 @@ def _cu_seqlens(cu: Any, tokens: int, device, what: str) -> tuple[torch.Tensor, 
     return cu.to(device=device, dtype=torch.int32).contiguous(), lengths
 
 
+def _fp8_scales(q, dtype: DType | None, scales: dict) -> dict:
+    """The dequantization scales of fp8 inputs as one-element fp32 tensors on q's device (None: 1)."""
+    given = {name: t for name, t in scales.items() if t is not None}
+    if dtype not in FP8_DTYPES:
+        if given:
+            raise _fail("fp8-scales", f"{', '.join(given)} apply to fp8 inputs only; q is {q.dtype}")
+        return {name: None for name in scales}
+    out = {}
+    for name, t in scales.items():
+        if t is None:
+            t = torch.ones(1, dtype=torch.float32, device=q.device)
+        if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.dtype != torch.float32:
+            raise _fail("fp8-scales", f"{name} must be a one-element float32 tensor (a per-tensor scale), got "
+                        f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}"
+                        f"{' of shape ' + _shape(t) if isinstance(t, torch.Tensor) else ''}")
+        if t.device != q.device:
+            raise InvalidProblemError(f"{name} is on {t.device} but q is on {q.device}; put every tensor on one device")
+        out[name] = t.reshape(1)
+    return out
+
+
+def _check_fp8_features(options: AttentionOptions, mask, bias, alibi_slopes, varlen: bool,
+                        direction: Direction) -> None:
+    """fp8 runs in the tensor-descriptor forward: bands, soft-cap, sinks and GQA, no gradients."""
+    if direction is not Direction.FORWARD:
+        raise _fail("fp8-forward", "fp8 attention is forward only (inference); train in bf16")
+    extras = [what for what, on in (("a mask tensor", mask is not None), ("a bias", bias is not None),
+                                    ("ALiBi", alibi_slopes is not None), ("dropout", options.dropout_p > 0),
+                                    ("varlen", varlen)) if on]
+    if extras:
+        raise _fail("fp8-features", f"fp8 attention takes causal masks, windows, soft-cap, sinks and GQA, not "
+                    f"{', '.join(extras)}; use bf16 inputs for those")
+
+
 def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), mask=None, bias=None,
                    alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
                    direction: Direction = Direction.FORWARD, out=None, lse=None, grad_out=None,
-                   bias_grad: bool = False) -> AttentionOperands:
+                   bias_grad: bool = False, scale_q=None, scale_k=None, scale_v=None) -> AttentionOperands:
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise _fail("varlen", "give both cu_seqlens_q and cu_seqlens_k (the key offsets may equal the query ones)")
@@ -170,9 +210,12 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
         dtype = DType.from_torch(q.dtype)
     except UnsupportedError:
         dtype = None
-    if dtype not in DTYPES:
+    if dtype not in DTYPES + FP8_DTYPES:
         raise UnsupportedError(f"[dtype] q is {q.dtype}; attention takes "
-                               f"{', '.join('torch.' + str(d.torch).replace('torch.', '') for d in DTYPES)}")
+                               f"{', '.join(str(d.torch) for d in DTYPES + FP8_DTYPES)} (fp8: forward only)")
+    scales = _fp8_scales(q, dtype, {"scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v})
+    if dtype in FP8_DTYPES:
+        _check_fp8_features(options, mask, bias, alibi_slopes, varlen, direction)
     d_qk, d_v = q.shape[-1], v.shape[-1]
     if k.shape[-1] != d_qk:
         raise _fail("head-dim-match", f"q's head dim is {d_qk} but k's is {k.shape[-1]}; they must agree")
@@ -282,5 +325,5 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
         problem=problem, q=q, k=k, v=v, bias=bias_view, mask=mask_view, alibi_slopes=slopes, sinks=sinks32,
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, softcap=float(o.softcap or 0.0),
         dropout_p=float(o.dropout_p), dropout_seed=int(o.dropout_seed), dropout_offset=int(o.dropout_offset),
-        out=out, lse=lse, grad_out=grad_out,
+        out=out, lse=lse, grad_out=grad_out, **scales,
     )

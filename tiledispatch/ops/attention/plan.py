@@ -23,7 +23,7 @@ from ...core.runtime import Backend, current_backend
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from .kernels.scores import SOFTCAP_MUFU, SOFTCAP_PORTABLE, UNBOUNDED
 from .operands import AttentionOperands
-from .problem import AttentionVariant, Direction, MaskKind, UserMask
+from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionVariant, Direction, MaskKind, UserMask
 
 _FWD = "tiledispatch.ops.attention.kernels.forward"
 _FWD_TMA = "tiledispatch.ops.attention.kernels.forward_tma"
@@ -185,13 +185,15 @@ def _tma_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
     t = config.dtype.triton
     descriptors = [(name, f"tensordesc<{t}[{','.join(map(str, block))}]>")
                    for name, block in _descriptor_blocks(config).items()]
-    args = (descriptors + [("O", _ptr(config.dtype)), ("LSE", "*fp32"), ("SINKS", "*fp32")] + _strides("o")
+    fp8 = config.dtype in FP8_DTYPES
+    args = (descriptors + [("O", _ptr(FP8_OUTPUT if fp8 else config.dtype)), ("LSE", "*fp32"), ("SINKS", "*fp32"),
+                           ("SCALE_Q", "*fp32"), ("SCALE_K", "*fp32"), ("SCALE_V", "*fp32")] + _strides("o")
             + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
                                      ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
                                      ("window_left", "i32"), ("window_right", "i32")])
     constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "HEAD_QK": config.head_dim_qk,
                   "HEAD_V": config.head_dim_v, "HAS_BAND": variant.band, "HAS_SOFTCAP": softcap_code(variant.softcap),
-                  "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows}
+                  "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows, "FP8": fp8}
     return _unit("fwd", _FWD_TMA, "attention_fwd_tma", args, constexprs, config, variant)
 
 
@@ -214,8 +216,9 @@ def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
 
 def _positive_scale(ops: AttentionOperands) -> tuple[torch.Tensor, float]:
     """K and the scale with scale >= 0: the forwards take rowmax(qk) * c for rowmax(qk * c),
-    which holds for c >= 0 only, so a negative scale is moved into a negated copy of K."""
-    if ops.scale >= 0:
+    which holds for c >= 0 only, so a negative scale is moved into a negated copy of K.
+    fp8 inputs keep theirs: their kernel scales every score first (its scales are on the GPU)."""
+    if ops.scale >= 0 or ops.problem.dtype in FP8_DTYPES:
         return ops.k, ops.scale
     return -ops.k, -ops.scale
 
@@ -316,7 +319,7 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
         args = (config.family, ops.q, ops.k, ops.v, result, ops.scale, p.mask is not MaskKind.NONE, p.needs_lse)
         return Plan((Launch("vendor", (1, 1, 1), args),), result)
     varlen = p.variant.varlen
-    out = like_layout(ops.q, p.head_dim_v)
+    out = like_layout(ops.q, p.head_dim_v, dtype=FP8_OUTPUT.torch if p.dtype in FP8_DTYPES else None)
     lse = _lse_buffer(ops)
     unit = kernel_units(config, p.variant)[0]
     k, scale = _positive_scale(ops)
@@ -326,6 +329,8 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
         bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),
                  "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]), "O": out, "LSE": lse,
                  "SINKS": ops.sinks if ops.sinks is not None else lse, **_named("o", _bhs(out, False)),
+                 **{name: getattr(ops, name.lower()) if ops.scale_q is not None else lse
+                    for name in ("SCALE_Q", "SCALE_K", "SCALE_V")},
                  **_lse_strides(lse, False), **_runtime(ops), "sm_scale": scale}
         return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
     bound = {"Q": ops.q, "K": k, "V": ops.v, "O": out, "LSE": lse,

@@ -24,6 +24,9 @@ from ...core.op import OpKind
 
 HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 DTYPES = (DType.FP16, DType.BF16, DType.FP32)  # fp32: the interpreter's exact path, and tests
+# fp8 inputs, forward only (inference): per-tensor dequantization scales, a bf16 output.
+FP8_DTYPES = (DType.FP8E4M3,)
+FP8_OUTPUT = DType.BF16
 # FlashAttention's convention: the backward does 5 matmuls of the forward's 2 -> 2.5x its FLOPs.
 BACKWARD_FLOP_FACTOR = 2.5
 
@@ -138,10 +141,13 @@ class AttentionProblem:
             if getattr(self, name) not in HEAD_DIMS:
                 raise UnsupportedError(
                     f"[head-dim] {name}={getattr(self, name)} is not supported; use one of {HEAD_DIMS}")
-        if self.dtype not in DTYPES:
+        if self.dtype not in DTYPES + FP8_DTYPES:
             raise UnsupportedError(
                 f"[dtype] attention in {self.dtype.value} is not supported; use one of "
-                f"{', '.join(d.value for d in DTYPES)}")
+                f"{', '.join(d.value for d in DTYPES + FP8_DTYPES)}")
+        if self.dtype in FP8_DTYPES and self.direction is not Direction.FORWARD:
+            raise UnsupportedError(f"[fp8-forward] {self.dtype.value} attention is forward only (inference); "
+                                   "train in bf16")
         if self.mask is not MaskKind.SLIDING_WINDOW and self.window != Window():
             raise InvalidProblemError(f"a window {self.window} is given but the mask is {self.mask.value}")
         if self.variant.band != (self.mask is not MaskKind.NONE):
@@ -237,6 +243,8 @@ class AttentionProblem:
 
 __all__ = [
     "DTYPES",
+    "FP8_DTYPES",
+    "FP8_OUTPUT",
     "HEAD_DIMS",
     "AttentionProblem",
     "AttentionVariant",

@@ -19,14 +19,14 @@ from ...core.errors import InvalidConfigError
 from ...core.validation import Correction, Finding, Severity, ValidationResult
 from . import vendor
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .problem import HEAD_DIMS, AttentionProblem, Direction, UserMask
+from .problem import DTYPES, FP8_DTYPES, HEAD_DIMS, AttentionProblem, Direction, UserMask
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 6))
 REGISTER_RESERVE = 48
 FEATURE_BYTES = 4096  # bias, mask and row statistics staged beside the tiles (sm_90 compiles: +4 KiB)
-TMA_DTYPES = (DType.FP16, DType.BF16)
+TMA_DTYPES = (DType.FP16, DType.BF16, DType.FP8E4M3)  # fp8: Q K^T on fp8 tensor cores (kernels/forward_tma.py)
 
 
 class AttentionRule(enum.Enum):
@@ -105,6 +105,9 @@ def validate(config: AnyAttentionConfig, arch) -> ValidationResult:
         if not _power_of_two(value):
             error(AttentionRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
                   f"use one of {BLOCK_CHOICES}")
+    if config.dtype in FP8_DTYPES and config.family is not Family.FWD_TMA:
+        error(AttentionRule.FAMILY_DTYPE, f"{config.dtype.value} attention runs in the fwd-tma family only, not "
+              f"{config.family.value}", "use fwd-tma (sm_90+), or bf16 inputs")
     if min(config.block_m, config.block_n) < 16:
         error(AttentionRule.TENSOR_CORE_MINIMUM, f"tile {config.block_m}x{config.block_n} is below the "
               "tensor-core minimum 16x16", "block_m, block_n >= 16")
@@ -133,7 +136,7 @@ def validate(config: AnyAttentionConfig, arch) -> ValidationResult:
     if config.dtype is not DType.FP32 and not arch.supports_dtype(config.dtype):
         where = "the interpreter (no bf16 tl.dot)" if arch.is_interpreter else arch.name
         error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} attention cannot run on {where}", "use fp16")
-    if config.dtype not in (DType.FP16, DType.BF16, DType.FP32):
+    if config.dtype not in DTYPES + FP8_DTYPES:
         error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} is not an attention dtype", "use fp16 or bf16")
     if config.family.uses_tma:
         _tma_findings(config, arch, error)
@@ -147,7 +150,8 @@ def _tma_findings(config: AttentionConfig, arch, error) -> None:
         error(AttentionRule.FAMILY_ARCH, f"{name} needs the tensor memory accelerator (sm_90+); {arch.name} has "
               "none", "use the fwd family")
     if config.dtype not in TMA_DTYPES:
-        error(AttentionRule.FAMILY_DTYPE, f"{name} takes fp16 and bf16, not {config.dtype.value}",
+        error(AttentionRule.FAMILY_DTYPE,
+              f"{name} takes {', '.join(d.value for d in TMA_DTYPES)}, not {config.dtype.value}",
               "use the fwd family for fp32")
     for field in ("head_dim_qk", "head_dim_v"):
         d = getattr(config, field)

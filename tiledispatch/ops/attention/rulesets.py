@@ -73,8 +73,12 @@ TMA_DTYPES = (DType.FP16, DType.BF16)
 def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=()) -> Iterator[AnyAttentionConfig]:
     """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction.
 
-    The tensor-descriptor families are bound to half dtypes and power-of-two head dims only.
+    The tensor-descriptor families are bound to half dtypes and power-of-two head dims only;
+    fp8 inputs (forward only, no vendor backend takes them) to the tensor-descriptor forward.
     """
+    for (d_qk, d_v), tile in itertools.product([d for d in head_dims if d in TMA_HEAD_DIMS], tma_tiles):
+        yield AttentionConfig(Family.FWD_TMA, DType.FP8E4M3, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                              tile.num_stages)
     for dtype in dtypes:
         for direction in Direction:
             for family in VENDORS:

@@ -12,6 +12,12 @@ step is the short one: rowmax(qk) * c, then p = exp2(qk * c - m) as one FMA per 
 where c = scale * log2(e) >= 0 (the plan folds a negative scale into a negated K). O is
 stored with plain (vectorised) stores.
 
+fp8 inputs (FP8, e4m3, forward only): Q K^T runs on the fp8 tensor cores, its scale times
+the dequantization scales of Q and K (read from SCALE_Q and SCALE_K, so the step takes the
+general form: their product's sign is not known on the host); V is widened to fp16, exactly,
+and P V runs in fp16 (P in e4m3 would keep 3 bits of each probability); O is scaled by
+SCALE_V and stored in the output's dtype (bf16).
+
 A warp-specialised variant of the interior loop (Triton 3.6's `warp_specialize`, family
 `fwd-tma-ws`) was tried and deadlocked on the H200, so that family was removed.
 """
@@ -26,11 +32,11 @@ from .scores import LN2, LOG2E, key_range, soft_cap
 def _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, band_offset, len_kv,
               window_left, window_right, qk_scale, sm_scale, softcap,
               BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr, MASKED: tl.constexpr,
-              GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+              GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FP8: tl.constexpr):
     """One key block: scores, the online-softmax update, and P V into the accumulator."""
     k = k_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_QK)
     qk = tl.dot(q, k.T)
-    if HAS_SOFTCAP or MASKED:
+    if HAS_SOFTCAP or MASKED or FP8:
         if HAS_SOFTCAP:
             x = qk * sm_scale
             x, _ = soft_cap(x, softcap, HAS_SOFTCAP)
@@ -60,6 +66,8 @@ def _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, 
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     v = v_desc.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_V)
+    if FP8:
+        v = v.to(tl.float16)
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
@@ -68,20 +76,21 @@ def _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, 
 def _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start, end, rows, offs_n, band_offset, len_kv,
                window_left, window_right, qk_scale, sm_scale, softcap,
                BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr, MASKED: tl.constexpr,
-               GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+               GUARD_ROWS: tl.constexpr, HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr, FP8: tl.constexpr):
     for start_n in tl.range(start, end, BLOCK_N):
         acc, l_i, m_i = _tma_step(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, start_n, rows, offs_n, band_offset,
                                   len_kv, window_left, window_right, qk_scale, sm_scale, softcap, BLOCK_N, HEAD_QK,
-                                  HEAD_V, MASKED, GUARD_ROWS, HAS_BAND, HAS_SOFTCAP)
+                                  HEAD_V, MASKED, GUARD_ROWS, HAS_BAND, HAS_SOFTCAP, FP8)
     return acc, l_i, m_i
 
 
 @triton.jit
-def attention_fwd_tma(q_desc, k_desc, v_desc, O, LSE, SINKS, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+def attention_fwd_tma(q_desc, k_desc, v_desc, O, LSE, SINKS, SCALE_Q, SCALE_K, SCALE_V,
+                      stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
                       seqlen_q, seqlen_kv, group, sm_scale, softcap, bottom_right, window_left, window_right,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_QK: tl.constexpr, HEAD_V: tl.constexpr,
                       HAS_BAND: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-                      MASKS_ROWS: tl.constexpr):
+                      MASKS_ROWS: tl.constexpr, FP8: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -92,6 +101,8 @@ def attention_fwd_tma(q_desc, k_desc, v_desc, O, LSE, SINKS, stride_ob, stride_o
     rows = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     q = q_desc.load([b, h, m0, 0]).reshape(BLOCK_M, HEAD_QK)
+    if FP8:  # the scores are q.k times both dequantization scales
+        sm_scale = sm_scale * tl.load(SCALE_Q) * tl.load(SCALE_K)
     qk_scale = sm_scale * LOG2E
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -107,18 +118,20 @@ def attention_fwd_tma(q_desc, k_desc, v_desc, O, LSE, SINKS, stride_ob, stride_o
     # The interior first (every row sees every key there: no mask, no guard), then the edges.
     acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, full_lo, full_hi, rows, offs_n,
                                band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
-                               BLOCK_N, HEAD_QK, HEAD_V, False, False, HAS_BAND, HAS_SOFTCAP)
+                               BLOCK_N, HEAD_QK, HEAD_V, False, False, HAS_BAND, HAS_SOFTCAP, FP8)
     acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, lo, full_lo, rows, offs_n,
                                band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
-                               BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP)
+                               BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP, FP8)
     acc, l_i, m_i = _tma_steps(acc, l_i, m_i, q, k_desc, v_desc, b, h_kv, full_hi, hi, rows, offs_n,
                                band_offset, seqlen_kv, window_left, window_right, qk_scale, sm_scale, softcap,
-                               BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP)
+                               BLOCK_N, HEAD_QK, HEAD_V, True, MASKS_ROWS, HAS_BAND, HAS_SOFTCAP, FP8)
 
     empty = l_i == 0.0  # a row that saw no key: output 0, LSE -inf
     l_norm = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_norm)) * LN2)
     out = acc / l_norm[:, None]
+    if FP8:
+        out = out * tl.load(SCALE_V)
     b64 = b.to(tl.int64)
     offs_v = tl.arange(0, HEAD_V)
     o_ptrs = O + b64 * stride_ob + h.to(tl.int64) * stride_oh + rows[:, None] * stride_os + offs_v[None, :]
