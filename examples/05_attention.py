@@ -29,3 +29,17 @@ backward = check_operands(q.detach(), k.detach(), v.detach(), options=options, d
                           out=out.detach(), lse=lse, grad_out=out.detach()).problem
 print("forward kernel:", dispatcher.select(forward).name)
 print("backward kernel:", dispatcher.select(backward).name)
+
+# Inference in fp8 (e4m3): per-tensor dequantization scales, a bf16 output, no gradients.
+def quantize(x):
+    scale = (x.detach().float().abs().amax() / 448).reshape(1)
+    return (x.detach().float() / scale).to(torch.float8_e4m3fn), scale
+
+
+(q8, sq), (k8, sk), (v8, sv) = quantize(q), quantize(k), quantize(v)
+with torch.no_grad():
+    out8 = tiledispatch.attention(q8, k8, v8, scale_q=sq, scale_k=sk, scale_v=sv, causal=True, window=(16, 0),
+                                  softcap=30.0)
+reference = out.detach().float()
+print("fp8 out", out8.dtype, "relative difference to fp16 (the inputs' quantization):",
+      float((out8.float() - reference).norm() / reference.norm()))
