@@ -24,3 +24,5 @@ def on_gpu() -> bool:
 
 
 requires_gpu = pytest.mark.skipif(not on_gpu(), reason="needs a CUDA GPU (bf16 tl.dot is not in the interpreter)")
+# Tests of behaviour that exists in an interpreter process only (CPU tensors run, compiling is refused).
+interpreter_only = pytest.mark.skipif(on_gpu(), reason="runs kernels on CPU tensors: an interpreter process only")

@@ -18,6 +18,8 @@ from tiledispatch.core.op import OpKind, RuleSet
 from tiledispatch.core.registry import Registry
 from tiledispatch.ops.gemm import Alignment
 
+from ..conftest import interpreter_only
+
 SM90 = arch.load("sm_90")
 PLAIN = "gemm_fp16_rcr_tiled_32x32x32_w4_s2_g4_k1_none_sm90"
 SPLIT = "gemm_fp16_rcr_tiled_32x16x32_w2_s2_g2_k3_none_sm90"  # split-K: a main and a reduce stage
@@ -150,6 +152,7 @@ def test_in_process_build_is_a_hit_without_compiling(built, tiny90, monkeypatch)
     assert calls == ["main"]
 
 
+@interpreter_only
 def test_compiling_in_an_interpreter_process_is_refused(tiny90, tmp_path):
     unit = kernel.units(tiny90.get(PLAIN))[0]
     with pytest.raises(BuildError, match="TRITON_INTERPRET=1.*worker processes"):

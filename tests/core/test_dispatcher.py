@@ -22,6 +22,8 @@ from tiledispatch.ops.gemm import check_operands
 from tiledispatch.ops.gemm.problem import Activation, Epilogue, GemmLayout, GemmProblem, GemmTypes
 from tiledispatch.ops.gemm.rules import supports
 
+from ..conftest import interpreter_only
+
 INTERP, SM90 = arch.load("interpreter"), arch.load("sm_90")
 GEMM = get_op(OpKind.GEMM)
 
@@ -190,6 +192,7 @@ def test_unknown_strategy_raises(registry):
         Dispatcher(registry, INTERP, strategy="fastest")
 
 
+@interpreter_only
 def test_resolve_forced_kernel(dispatcher):
     selected = dispatcher.select(PROBLEM)
     other = next(c.spec for c in dispatcher.explain(PROBLEM).ranked if c.spec != selected)
@@ -207,6 +210,7 @@ def test_resolve_refuses_unsupporting_and_unknown_kernels(dispatcher):
         dispatcher.resolve("gemm_nope", PROBLEM)
 
 
+@interpreter_only
 def test_no_kernel_for_an_empty_registry():
     dispatcher = Dispatcher(Registry(), INTERP)
     with pytest.raises(NoKernelError, match="the registry is empty"):
@@ -224,6 +228,7 @@ def test_no_kernel_names_the_reasons(dispatcher):
 # --- running -------------------------------------------------------------------------
 
 
+@interpreter_only
 def test_run_computes_the_product(dispatcher):
     ops = operands(seed=1)
     assert_close(dispatcher.run(ops), ops)
@@ -239,6 +244,7 @@ def loads(monkeypatch):
     return seen
 
 
+@interpreter_only
 def test_run_caches_launchers(dispatcher, loads):
     ops = operands()
     dispatcher.run(ops)
@@ -246,6 +252,7 @@ def test_run_caches_launchers(dispatcher, loads):
     assert loads == [(dispatcher.select(PROBLEM).name, PROBLEM.alignment)]
 
 
+@interpreter_only
 def test_launchers_are_specialised_on_alignment(dispatcher, loads):
     aligned = operands()
     g = torch.Generator().manual_seed(3)
@@ -261,6 +268,7 @@ def test_launchers_are_specialised_on_alignment(dispatcher, loads):
     assert loads == [(spec.name, PROBLEM.alignment), (spec.name, unaligned.problem.alignment)]
 
 
+@interpreter_only
 def test_run_refuses_tensors_off_the_interpreter_device(dispatcher):
     a = torch.empty(40, 48, dtype=torch.float16, device="meta")
     b = torch.empty(24, 48, dtype=torch.float16, device="meta").t()
@@ -268,6 +276,7 @@ def test_run_refuses_tensors_off_the_interpreter_device(dispatcher):
         dispatcher.run(check_operands(a, b))
 
 
+@interpreter_only
 def test_build_error_falls_back_to_the_next_candidate(dispatcher, monkeypatch):
     ranked = [c.spec for c in dispatcher.explain(PROBLEM).ranked]
     broken, runner_up = ranked[0], ranked[1]
@@ -295,6 +304,7 @@ def test_build_error_falls_back_to_the_next_candidate(dispatcher, monkeypatch):
     assert Candidate(broken, "failed to build on this machine").to_dict() in explanation.to_dict()["refused"]
 
 
+@interpreter_only
 def test_build_error_of_a_forced_kernel_is_raised(dispatcher, monkeypatch):
     forced = dispatcher.select(PROBLEM)
 
@@ -306,6 +316,7 @@ def test_build_error_of_a_forced_kernel_is_raised(dispatcher, monkeypatch):
         dispatcher.run(operands(), kernel=forced.name)
 
 
+@interpreter_only
 def test_every_candidate_failing_to_build_ends_in_no_kernel(registry, monkeypatch):
     small = registry.filter(lambda s: s.config.types.name == "fp16" and s.config.layout.name == "rcr"
                             and s.config.epilogue.name == "none")
