@@ -109,8 +109,28 @@ def test_fp8_bad_inputs_say_what_to_do():
                             ({"scale_k": torch.ones(1, dtype=torch.float16, device=DEVICE)}, "fp8-scales")):
             with pytest.raises(InvalidProblemError, match=rf"\[{rule}\]"):
                 tiledispatch.attention(q, q, q, dispatcher=d, **extra)
+        d80, _ = quantized(1, 2, 16, 80)
+        with pytest.raises(InvalidProblemError, match=r"\[fp8-head-dim\]"):
+            tiledispatch.attention(d80, d80, d80, dispatcher=d)
         half = torch.randn(1, 2, 16, 32, device=DEVICE, dtype=torch.float16)
         with pytest.raises(InvalidProblemError, match=r"\[fp8-scales\]"):
             tiledispatch.attention(half, half, half, scale_q=s, dispatcher=d)
         with pytest.raises(InvalidProblemError, match=r"\[dtype\]"):
             tiledispatch.attention(q, half.to(FP8).to(torch.float16), q, dispatcher=d)
+
+
+def test_fp8_bshd_storage():
+    """Q, K, V stored (batch, seq, heads, d), as many inference engines keep them: the descriptors
+    take the strides; the output comes back in the same layout."""
+    q, sq = quantized(1, 37, 2, 32, seed=1)
+    k, sk = quantized(1, 45, 2, 32, seed=2)
+    v, sv = quantized(1, 45, 2, 32, seed=3)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    with torch.no_grad():
+        out = tiledispatch.attention(q, k, v, scale_q=sq, scale_k=sk, scale_v=sv, causal=True,
+                                     dispatcher=dispatcher("fwd-tma", rule_set="tests"))
+    assert out.stride(1) < out.stride(2)  # BSHD
+    ops = check_operands(q, k, v, options=AttentionOptions(causal=parse_causal(True)))
+    exact = [(t.to("cpu", torch.float64) * s.item()) for t, s in ((q, sq), (k, sk), (v, sv))]
+    ref, _ = reference_from(*exact, ops.problem, scale=ops.scale)
+    assert compare_tensors(out, ref, tolerance(DType.BF16)).passed

@@ -186,10 +186,14 @@ def _fp8_scales(q, dtype: DType | None, scales: dict) -> dict:
 
 
 def _check_fp8_features(options: AttentionOptions, mask, bias, alibi_slopes, varlen: bool,
-                        direction: Direction) -> None:
-    """fp8 runs in the tensor-descriptor forward: bands, soft-cap, sinks and GQA, no gradients."""
+                        direction: Direction, head_dims: tuple[int, int]) -> None:
+    """fp8 runs in the tensor-descriptor forward: bands, soft-cap, sinks and GQA, no gradients,
+    whole power-of-two head dims."""
     if direction is not Direction.FORWARD:
         raise _fail("fp8-forward", "fp8 attention is forward only (inference); train in bf16")
+    if any(d & (d - 1) for d in head_dims):
+        raise _fail("fp8-head-dim", f"fp8 attention takes head dims 32, 64, 128 and 256 (its kernel loads whole "
+                    f"head dims by tensor descriptors), not {head_dims[0]}/{head_dims[1]}; pad to the next one")
     extras = [what for what, on in (("a mask tensor", mask is not None), ("a bias", bias is not None),
                                     ("ALiBi", alibi_slopes is not None), ("dropout", options.dropout_p > 0),
                                     ("varlen", varlen)) if on]
@@ -215,7 +219,7 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
                                f"{', '.join(str(d.torch) for d in DTYPES + FP8_DTYPES)} (fp8: forward only)")
     scales = _fp8_scales(q, dtype, {"scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v})
     if dtype in FP8_DTYPES:
-        _check_fp8_features(options, mask, bias, alibi_slopes, varlen, direction)
+        _check_fp8_features(options, mask, bias, alibi_slopes, varlen, direction, (q.shape[-1], v.shape[-1]))
     d_qk, d_v = q.shape[-1], v.shape[-1]
     if k.shape[-1] != d_qk:
         raise _fail("head-dim-match", f"q's head dim is {d_qk} but k's is {k.shape[-1]}; they must agree")
