@@ -208,3 +208,24 @@ def test_keys_refuse_what_only_the_checked_path_takes():
     options_bwd = AttentionOptions(deterministic=True)
     assert fastpath.backward_key(q, q, q, q, q, q, (None,) * 4, options_bwd, None, False) != \
         fastpath.backward_key(q, q, q, q, q, q, (None,) * 4, AttentionOptions(), None, False)
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["scales", "unit-scales"])
+def test_fp8_replay_takes_each_calls_scales(given):
+    """fp8 binds its scale tensors as roles: a replay with fresh tensors and new scales equals the
+    checked path bit for bit; scales left out are ones on both paths."""
+    fp8 = torch.float8_e4m3fn
+    d = SpyDispatcher(("fwd-tma",))
+
+    def call():
+        q, k, v = (randn(1, 2, 24, 32, dtype=F32).to(fp8) for _ in range(3))
+        scales = {f"scale_{n}": torch.rand(1, device=DEVICE) + 0.5 for n in "qkv"} if given else {}
+        with torch.no_grad():
+            out, lse = tiledispatch.attention(q, k, v, causal=True, dispatcher=d, return_lse=True, **scales)
+        return (q, k, v), scales, out, lse
+
+    call()
+    (q, k, v), scales, out, lse = call()
+    assert len(d.prepared) == 1, "the second fp8 call of a signature must replay"
+    want = _checked_forward(d, q, k, v, causal=True, **scales)
+    assert torch.equal(out, want.out) and torch.equal(lse, want.lse)

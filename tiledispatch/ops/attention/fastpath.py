@@ -9,7 +9,8 @@ its own tensors (or a tensor descriptor of them), fresh output buffers laid out 
 and its dropout seed and offset, and launches. Everything the checks, the selection and the
 plan read is in the signature; what they do not read (the pointers, the seed) is filled in.
 
-Varlen calls stay on the checked path: their cu_seqlens are read on the host. `attention`
+Varlen calls stay on the checked path: their cu_seqlens are read on the host. fp8 calls bind
+their scale tensors too (a scale left out is a one kept by the bound call). `attention`
 takes no `out=`, so no aliasing needs re-checking. A plan that makes tensors from the inputs
 (the negated K of a negative scale on the TMA forward) is not replayed: its signature is
 remembered as checked-only.
@@ -34,7 +35,9 @@ from .problem import Direction, MaskKind
 
 # The per-call tensors, in the order `BoundAttention.__call__` takes them; each is the
 # AttentionOperands field of that name (bias, mask, alibi_slopes and sinks as derived there).
-ROLES = ("q", "k", "v", "bias", "mask", "alibi_slopes", "sinks", "out", "lse", "grad_out")
+ROLES = ("q", "k", "v", "bias", "mask", "alibi_slopes", "sinks", "out", "lse", "grad_out", "scale_q", "scale_k",
+         "scale_v")
+FP8_SCALES = ROLES[-3:]
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMBER_TYPES = (float, int, type(None))
 
@@ -103,15 +106,22 @@ def _scalars(options: AttentionOptions, kernel) -> tuple | None:
     return (options.causal, options.window, options.scale, options.softcap, options.dropout_p, kernel)
 
 
-def forward_key(q, k, v, optional: tuple, options: AttentionOptions, kernel) -> tuple | None:
+def forward_key(q, k, v, optional: tuple, options: AttentionOptions, kernel, scales: tuple = (None,) * 3
+                ) -> tuple | None:
     """The forward's signature, or None where only the checked path can take the call.
-    `optional` is (bias, mask, alibi_slopes, sinks); varlen calls never get here."""
+    `optional` is (bias, mask, alibi_slopes, sinks) and `scales` fp8's (scale_q, scale_k,
+    scale_v); varlen calls never get here."""
     scalars = _scalars(options, kernel)
     metas = _metas((q, k, v))
     extra = _optional_metas(optional)
     if scalars is None or metas is None or extra is None:
         return None
-    return (Direction.FORWARD, scalars, options.needs_lse, metas, extra, (q is k, q is v, k is v))
+    if scales[0] is None and scales[1] is None and scales[2] is None:
+        return (Direction.FORWARD, scalars, options.needs_lse, metas, extra, (q is k, q is v, k is v))
+    scale_metas = _optional_metas((*scales, None))
+    if scale_metas is None:
+        return None
+    return (Direction.FORWARD, scalars, options.needs_lse, metas, extra, (q is k, q is v, k is v), scale_metas)
 
 
 def backward_key(q, k, v, out, lse, grad_out, optional: tuple, options: AttentionOptions, kernel,
@@ -194,6 +204,9 @@ class BoundAttention:
         self._full = (p.batch, p.heads_q, p.seqlen_q, p.seqlen_kv)
         self._optional = any(getattr(operands, r) is not None for r in ("bias", "mask", "alibi_slopes", "sinks"))
         self._device = operands.device
+        # fp8: a scale the caller leaves out is 1, as the checks made it
+        self._unit_scale = torch.ones(1, dtype=torch.float32, device=self._device) if operands.scale_q is not None \
+            else None
         self._stream = stream_getter(self._device)
 
     def _buffer(self, t: torch.Tensor, zero: bool) -> int:
@@ -247,9 +260,12 @@ class BoundAttention:
                 None if sinks is None else sinks_fp32(sinks))
 
     def __call__(self, q, k, v, bias, mask, alibi_slopes, sinks, seed: int, offset: int, out=None, lse=None,
-                 grad_out=None):
+                 grad_out=None, scale_q=None, scale_k=None, scale_v=None):
         optional = self._views(bias, mask, alibi_slopes, sinks) if self._optional else (None, None, None, None)
         values = (q, k, v, *optional, out, lse, grad_out)
+        if self._unit_scale is not None:
+            one = self._unit_scale
+            values += tuple(one if s is None else s for s in (scale_q, scale_k, scale_v))  # the kernel reads s[0]
         device = self._device
         buffers = [b.make(device) for b in self._buffers]
         stream = self._stream()
@@ -278,7 +294,7 @@ class VendorForward:
         self._family = config.family
 
     def __call__(self, q, k, v, bias, mask, alibi_slopes, sinks, seed: int, offset: int, out=None, lse=None,
-                 grad_out=None) -> AttentionResult:
+                 grad_out=None, **fp8_scales) -> AttentionResult:
         result = AttentionResult(None, None)
         vendor.forward(self._family, q, k, v, result, *self._args)
         return result
@@ -292,7 +308,7 @@ class VendorBackward:
         self._family = config.family
 
     def __call__(self, q, k, v, bias, mask, alibi_slopes, sinks, seed: int, offset: int, out=None, lse=None,
-                 grad_out=None) -> AttentionGrads:
+                 grad_out=None, **fp8_scales) -> AttentionGrads:
         grads = AttentionGrads(None, None, None, None, None)
         vendor.backward(self._family, grads, grad_out, q, k, v, out, lse, *self._args)
         return grads

@@ -17,7 +17,7 @@ from . import fastpath
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .problem import FP8_DTYPES, Direction, MaskKind, Window
 
-FP8_SCALES = ("scale_q", "scale_k", "scale_v")
+FP8_SCALES = fastpath.FP8_SCALES
 FP8_TORCH = tuple(d.torch for d in FP8_DTYPES)
 
 _CAUSAL = {False: MaskKind.NONE, None: MaskKind.NONE, True: MaskKind.CAUSAL_TOP_LEFT,
@@ -71,7 +71,8 @@ def forward(call: Call, q, k, v, tensors: dict):
     if call.bound is not None:
         o = call.options
         return call.bound(q, k, v, tensors["bias"], tensors["mask"], tensors["alibi_slopes"], tensors["sinks"],
-                          o.dropout_seed, o.dropout_offset)
+                          o.dropout_seed, o.dropout_offset,
+                          **{name: tensors[name] for name in FP8_SCALES if tensors.get(name) is not None})
     operands = _checked(call.dispatcher, q, k, v, tensors, call.options)
     return call.dispatcher.run(operands, kernel=call.kernel)
 
@@ -80,10 +81,9 @@ def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions,
     """The forward's bound call for this signature, or None (varlen, checked-only signatures)."""
     if tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
         return None  # cu_seqlens are read on the host: every call is checked
-    if any(tensors.get(name) is not None for name in FP8_SCALES) or getattr(q, "dtype", None) in FP8_TORCH:
-        return None  # fp8: checked on every call (its scales are not in the signature)
     key = fastpath.forward_key(q, k, v, (tensors["bias"], tensors["mask"], tensors["alibi_slopes"],
-                                         tensors["sinks"]), options, kernel)
+                                         tensors["sinks"]), options, kernel,
+                               tuple(tensors.get(name) for name in FP8_SCALES))
     if key is None:
         return None
     return fastpath.lookup(dispatcher, key, lambda: _checked(dispatcher, q, k, v, tensors, options), kernel)
