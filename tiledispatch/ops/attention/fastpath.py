@@ -294,7 +294,7 @@ class VendorForward:
         self._family = config.family
 
     def __call__(self, q, k, v, bias, mask, alibi_slopes, sinks, seed: int, offset: int, out=None, lse=None,
-                 grad_out=None, **fp8_scales) -> AttentionResult:
+                 grad_out=None, scale_q=None, scale_k=None, scale_v=None) -> AttentionResult:
         result = AttentionResult(None, None)
         vendor.forward(self._family, q, k, v, result, *self._args)
         return result
@@ -308,7 +308,7 @@ class VendorBackward:
         self._family = config.family
 
     def __call__(self, q, k, v, bias, mask, alibi_slopes, sinks, seed: int, offset: int, out=None, lse=None,
-                 grad_out=None, **fp8_scales) -> AttentionGrads:
+                 grad_out=None, scale_q=None, scale_k=None, scale_v=None) -> AttentionGrads:
         grads = AttentionGrads(None, None, None, None, None)
         vendor.backward(self._family, grads, grad_out, q, k, v, out, lse, *self._args)
         return grads

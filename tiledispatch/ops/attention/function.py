@@ -71,8 +71,8 @@ def forward(call: Call, q, k, v, tensors: dict):
     if call.bound is not None:
         o = call.options
         return call.bound(q, k, v, tensors["bias"], tensors["mask"], tensors["alibi_slopes"], tensors["sinks"],
-                          o.dropout_seed, o.dropout_offset,
-                          **{name: tensors[name] for name in FP8_SCALES if tensors.get(name) is not None})
+                          o.dropout_seed, o.dropout_offset, scale_q=tensors.get("scale_q"),
+                          scale_k=tensors.get("scale_k"), scale_v=tensors.get("scale_v"))
     operands = _checked(call.dispatcher, q, k, v, tensors, call.options)
     return call.dispatcher.run(operands, kernel=call.kernel)
 
