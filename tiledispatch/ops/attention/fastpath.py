@@ -37,7 +37,6 @@ from .problem import Direction, MaskKind
 # AttentionOperands field of that name (bias, mask, alibi_slopes and sinks as derived there).
 ROLES = ("q", "k", "v", "bias", "mask", "alibi_slopes", "sinks", "out", "lse", "grad_out", "scale_q", "scale_k",
          "scale_v")
-FP8_SCALES = ROLES[-3:]
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMBER_TYPES = (float, int, type(None))
 

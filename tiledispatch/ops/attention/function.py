@@ -17,7 +17,6 @@ from . import fastpath
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .problem import FP8_DTYPES, Direction, MaskKind, Window
 
-FP8_SCALES = fastpath.FP8_SCALES
 FP8_TORCH = tuple(d.torch for d in FP8_DTYPES)
 
 _CAUSAL = {False: MaskKind.NONE, None: MaskKind.NONE, True: MaskKind.CAUSAL_TOP_LEFT,
@@ -83,7 +82,7 @@ def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions,
         return None  # cu_seqlens are read on the host: every call is checked
     key = fastpath.forward_key(q, k, v, (tensors["bias"], tensors["mask"], tensors["alibi_slopes"],
                                          tensors["sinks"]), options, kernel,
-                               tuple(tensors.get(name) for name in FP8_SCALES))
+                               (tensors["scale_q"], tensors["scale_k"], tensors["scale_v"]))
     if key is None:
         return None
     return fastpath.lookup(dispatcher, key, lambda: _checked(dispatcher, q, k, v, tensors, options), kernel)
