@@ -11,6 +11,7 @@ timed beside them, and every row holds the model's time and its rank among all c
 (the default registry and the space together).
 
     python benchmarks/gemm_sweep.py --out DIR [--cases a,b] [--dtypes bf16,fp8e4m3]
+    python benchmarks/gemm_sweep.py --space stream-k --out DIR   # stream-K tiles beside their persistent twins
     python benchmarks/gemm_sweep.py --dry-run        # no GPU: the candidates and the model's times
 
 Writes DIR/gemm_sweep.csv (one row per case, dtype and kernel, cuBLAS included).
@@ -63,6 +64,27 @@ def persistent_split_space(types: GemmTypes, problem: GemmProblem, sm_count: int
         yield GemmConfig(Family.TMA_PERSISTENT, types, RCR, Epilogue(), bm, bn, bk, 8, warps, stages, split)
 
 
+# (block_m, block_n, block_k, stages) of the stream-k sweep: accumulators of 64 registers per thread.
+STREAM_K_TILES = {
+    False: ((128, 128, 64, 3), (128, 128, 64, 4), (64, 256, 64, 3), (64, 256, 64, 4), (64, 128, 64, 4),
+            (64, 128, 64, 5), (128, 64, 64, 4), (64, 128, 128, 4), (128, 128, 128, 3)),
+    True: ((128, 128, 128, 3), (128, 128, 128, 4), (64, 256, 128, 3), (64, 256, 128, 4), (64, 128, 128, 4),
+           (64, 128, 128, 5), (128, 64, 128, 4)),  # fp8
+}
+
+
+def stream_k_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
+    """Stream-k tiles, each beside its tma-persistent twin (the same tile, whole tiles per
+    program): the pair shows what dealing the last wave's K iterations buys."""
+    for bm, bn, bk, stages in STREAM_K_TILES[types.a.is_fp8]:
+        warps = bm * bn // (32 * 64)
+        for family in (Family.STREAM_K, Family.TMA_PERSISTENT):
+            yield GemmConfig(family, types, RCR, Epilogue(), bm, bn, bk, 8, warps, stages)
+
+
+SPACES = {"split-k": persistent_split_space, "stream-k": stream_k_space}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("gemm_sweep_out"))
@@ -71,6 +93,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--budget-s", type=float, default=400.0, help="stop screening new candidates after this")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: list the candidates and the model's times")
+    parser.add_argument("--space", choices=sorted(SPACES), default="split-k")
     args = parser.parse_args()
     started = time.perf_counter()
     suite = {c["name"]: c for c in json.loads(SUITE.read_text())["cases"]}
@@ -83,8 +106,8 @@ def main() -> int:
     work = []
     for name, dtype in itertools.product(args.cases.split(","), args.dtypes.split(",")):
         p = problem_of(suite[name], dtype, device="cpu")  # host tensors: --dry-run has no GPU
-        space = Registry.from_configs("gemm", persistent_split_space(p.types, p, arch.sm_count), arch,
-                                      source="the persistent split-K space")
+        space = Registry.from_configs("gemm", SPACES[args.space](p.types, p, arch.sm_count), arch,
+                                      source=f"the {args.space} space")
         dispatcher = Dispatcher(default.merge(space), arch)
         ranked = [c for c in dispatcher.explain(p).ranked if c.spec.family != "vendor"]
         rules_pick = next(c.spec.name for c in Dispatcher(default, arch).explain(p).ranked

@@ -17,6 +17,9 @@ class Launch:
 class Plan:
     launches: tuple[Launch, ...]
     output: Any  # the tensor the caller gets back
+    # Scratch tensors the kernels expect as zeros (stream-K's flags): a replay of the plan
+    # on new operands must make these anew as zeros, not merely allocate them.
+    zeroed: tuple = ()
 
 
 def execute(plan: Plan, launchers: Mapping[str, Any], stream: int | None) -> Any:

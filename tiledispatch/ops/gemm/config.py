@@ -13,7 +13,13 @@ class Family(enum.Enum):
 
     TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
     TMA_PERSISTENT = "tma-persistent"  # Hopper tensor descriptors, one program per SM (sm_90+)
+    STREAM_K = "stream-k"  # tma-persistent with the last wave's K iterations dealt evenly over SMs
     VENDOR = "vendor"  # cuBLAS (cuBLASLt for fp8) through PyTorch, epilogue as separate steps
+
+    @property
+    def uses_tma(self) -> bool:
+        """Operands and output move through tensor descriptors: sm_90+, 16-byte aligned, unit-stride rows."""
+        return self in (Family.TMA_PERSISTENT, Family.STREAM_K)
 
 
 @dataclass(frozen=True)

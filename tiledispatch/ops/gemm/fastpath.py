@@ -99,6 +99,11 @@ class _Workspace:
     stride: tuple
     dtype: torch.dtype
     descriptor: TensorDescriptor | None = None
+    zeroed: bool = False  # made as zeros (the plan's `zeroed`: stream-K's flags)
+
+    def make(self, device) -> torch.Tensor:
+        tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+        return tensor.zero_() if self.zeroed else tensor
 
     def value(self, tensor: torch.Tensor):
         if self.descriptor is None:
@@ -128,7 +133,9 @@ class BoundGemm:
         by_id = {id(getattr(operands, role)): i for i, role in enumerate(ROLES) if getattr(operands, role) is not None}
         by_id[id(plan.output)] = ROLES.index("out")
         own: dict[int, int] = {}  # id of each tensor the plan made -> its workspace key
-        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, own) for launch in plan.launches)
+        zeroed = {id(t) for t in plan.zeroed}
+        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, own, zeroed)
+                             for launch in plan.launches)
         self._shape = (p.batch, p.m, p.n)
         self._dtype = p.types.c.torch
         self._device = operands.device
@@ -138,7 +145,7 @@ class BoundGemm:
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
 
     @staticmethod
-    def _stage(launch, launcher, by_id: dict, own: dict) -> _Stage:
+    def _stage(launch, launcher, by_id: dict, own: dict, zeroed: set) -> _Stage:
         python = isinstance(launcher, PythonLauncher)
         plain, slots, workspaces = [], [], []
         for j, value in enumerate(launch.args):
@@ -149,7 +156,8 @@ class BoundGemm:
             role = by_id.get(id(tensor))
             if role is None:  # made by the plan itself: a workspace
                 key = own.setdefault(id(tensor), len(own))
-                workspaces.append(_Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor))
+                workspaces.append(_Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor,
+                                             id(tensor) in zeroed))
             elif descriptor is not None:
                 slots.append(_Slot(j, role, _Fill.DESCRIPTOR, descriptor))
             elif python and tensor.dim() == 3:
@@ -183,8 +191,7 @@ class BoundGemm:
             for ws in stage.workspaces:
                 tensor = shared.get(ws.key)
                 if tensor is None:
-                    tensor = shared[ws.key] = torch.empty_strided(ws.shape, ws.stride, dtype=ws.dtype,
-                                                                  device=self._device)
+                    tensor = shared[ws.key] = ws.make(self._device)
                 args[ws.index] = ws.value(tensor)
             stage.launcher(stage.grid, args, stream)
         if out is not None:

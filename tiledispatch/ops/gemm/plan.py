@@ -27,6 +27,7 @@ ACTIVATION_CODES = {Activation.NONE: 0, Activation.RELU: 1, Activation.GELU: 2, 
 FAMILY_MODULES = {
     Family.TILED: "tiledispatch.ops.gemm.kernels.tiled",
     Family.TMA_PERSISTENT: "tiledispatch.ops.gemm.kernels.tma_persistent",
+    Family.STREAM_K: "tiledispatch.ops.gemm.kernels.stream_k",
 }
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 _TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
@@ -84,7 +85,7 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
         return (_VENDOR_UNIT,)
     if config.realign:  # the copies, then its twin's stages on aligned buffers
         return (*_realign_units(config, alignment), *kernel_units(replace(config, realign=False), alignment.realigned()))
-    main = _persistent_unit(config, alignment) if config.family is Family.TMA_PERSISTENT else _tiled_unit(config, alignment)
+    main = _persistent_unit(config, alignment) if config.family.uses_tma else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
 
 
@@ -193,30 +194,37 @@ def _descriptor_blocks(config: GemmConfig) -> dict[str, tuple[int, int, int]]:
 
 
 def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+    """The main stage of both TMA families; stream-K adds its workspace, flags and tile split."""
     t = config.types
     split = config.split_k > 1
+    stream_k = config.family is Family.STREAM_K
     dtypes = {"a_desc": t.a, "b_desc": t.b, "c_desc": DType.FP32 if split else t.c}
     descriptors = [(name, f"tensordesc<{dtypes[name].triton}[{','.join(map(str, block))}]>")
                    for name, block in _descriptor_blocks(config).items()]
-    args = descriptors + [
+    scratch = [("ws_ptr", "*fp32"), ("flags_ptr", "*i32")] if stream_k else []
+    args = descriptors + scratch + [
         ("bias_ptr", f"*{t.c.triton}"), ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"),
         ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("batch", "i32"),
-        ("a_batch_step", "i32"), ("b_batch_step", "i32"), *_EPILOGUE_STRIDES,
+        ("a_batch_step", "i32"), ("b_batch_step", "i32"), *([("sk_tiles", "i32")] if stream_k else []),
+        *_EPILOGUE_STRIDES,
     ]
+    schedule = {} if stream_k else {"EPILOGUE_SPLIT": config.epilogue_split, "FLATTEN": config.flatten,
+                                    "SPLIT_K": config.split_k}
     constexprs = {
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
         "GROUP_M": config.group_m, "A_K_MAJOR": config.layout.a is Layout.ROW,
-        "B_K_MAJOR": config.layout.b is Layout.COL, "EPILOGUE_SPLIT": config.epilogue_split,
-        "FLATTEN": config.flatten, "SPLIT_K": config.split_k, **_epilogue_constexprs(config),
+        "B_K_MAJOR": config.layout.b is Layout.COL, **schedule, **_epilogue_constexprs(config),
         "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
         "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
     }
     signature = tuple(args + [(name, "constexpr") for name in constexprs])
-    module = FAMILY_MODULES[Family.TMA_PERSISTENT]
+    module = FAMILY_MODULES[config.family]
+    divisibility = _divisibility(alignment, t, signature, False) + (
+        (("ws_ptr", VECTOR_BYTES), ("flags_ptr", VECTOR_BYTES)) if stream_k else ())
     return KernelUnit(
-        stage="main", module=module, function="gemm_tma_persistent", signature=signature,
+        stage="main", module=module, function=f"gemm_{config.family.value.replace('-', '_')}", signature=signature,
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE), divisibility=_divisibility(alignment, t, signature, False),
+        modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE), divisibility=divisibility,
     )
 
 
@@ -268,12 +276,34 @@ def _persistent_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor, e
         "c_desc": c_desc,
     }
     units = kernel_units(config, p.alignment)
-    work = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n) * p.batch * config.split_k
-    grid = (min(work, _programs(out.device)), 1, 1)
-    launches = [Launch("main", grid, _values(units[0], bound))]
+    tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n) * p.batch
+    zeroed = ()
+    if config.family is Family.STREAM_K:
+        programs, sk_tiles = stream_k_split(tiles, triton.cdiv(p.k, config.block_k), _programs(out.device))
+        bound.update(_stream_k_scratch(config, programs, sk_tiles, out.device))
+        zeroed = (bound["flags_ptr"],)
+    else:
+        programs = min(tiles * config.split_k, _programs(out.device))
+    launches = [Launch("main", (programs, 1, 1), _values(units[0], bound))]
     if workspace is not None:
         launches.append(_reduce_launch(config, units[1], workspace, out, epilogue_args))
-    return Plan(tuple(launches), out)
+    return Plan(tuple(launches), out, zeroed)
+
+
+def stream_k_split(tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
+    """(programs, stream-K tiles): the tiles of a last, partial wave have their K iterations
+    dealt over every program; the rest are whole tiles, an equal number per program. At
+    most one program per K iteration, so none is left without work."""
+    programs = min(sms, tiles * k_tiles)
+    return programs, tiles % programs
+
+
+def _stream_k_scratch(config: GemmConfig, programs: int, sk_tiles: int, device) -> dict:
+    """Stream-K's partial sums (a start and an end segment per program) and their ready flags.
+    Without stream-K tiles the kernel touches neither: one element each stands in."""
+    shape = (programs, 2, config.block_m, config.block_n) if sk_tiles else (1,)
+    return {"ws_ptr": torch.empty(shape, dtype=torch.float32, device=device),
+            "flags_ptr": torch.zeros(shape[:2], dtype=torch.int32, device=device), "sk_tiles": sk_tiles}
 
 
 def _workspace(config: GemmConfig, p, out: torch.Tensor) -> torch.Tensor | None:
@@ -341,10 +371,11 @@ def _realigned_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor) ->
             launches.append(_copy_launch(role, source, copies[role], layout))
     inner_out = aligned_empty(tuple(out.shape), Layout.ROW, out.dtype, out.device) if "c" in unaligned else out
     inner_ops = replace(ops, problem=replace(p, alignment=p.alignment.realigned()), out=inner_out, **copies)
-    launches += plan(replace(config, realign=False), inner_ops, inner_out).launches
+    inner = plan(replace(config, realign=False), inner_ops, inner_out)
+    launches += inner.launches
     if inner_out is not out:
         launches.append(_copy_launch("c", inner_out, out, Layout.ROW))
-    return Plan(tuple(launches), out)
+    return Plan(tuple(launches), out, inner.zeroed)
 
 
 def _dense_run(t: torch.Tensor) -> bool:
@@ -406,7 +437,7 @@ def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = No
         "stride_rn": res.stride(2) if res is not None else 0,
         "M": p.m, "N": p.n,
     }
-    if config.family is Family.TMA_PERSISTENT:
+    if config.family.uses_tma:
         return _persistent_plan(config, ops, out, epilogue_args)
     units = kernel_units(config, p.alignment)
     workspace = _workspace(config, p, out)

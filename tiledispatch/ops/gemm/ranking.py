@@ -126,6 +126,24 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
 
 
+# Stream-K's hand-offs: the flags' zeroing (one memset before the kernel), and each owner's
+# read of the other segments' fp32 partial tiles through its SM's port.
+STREAM_K_FLAGS_SECONDS = 2e-6
+
+
+def stream_k_load(p: GemmProblem, config: GemmConfig, sm_count: int) -> tuple[float, float, int]:
+    """(K iterations per program, K loops per program, partial tiles an owner adds) under
+    stream-K: every program gets the same iterations; the last wave's tiles are cut in
+    at most two segments per program, each one more pipeline fill."""
+    tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch
+    k_tiles = math.ceil(p.k / config.block_k)
+    programs = min(sm_count, tiles * k_tiles)
+    sk_tiles = tiles % programs
+    loops = tiles // programs + (min(2, programs / sk_tiles) if sk_tiles else 0)
+    partials = math.ceil(programs / sk_tiles) if sk_tiles else 0
+    return tiles * k_tiles / programs, loops, partials
+
+
 def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float) -> dict[str, float]:
     """Pipeline depth against load latency, and the per-tile overhead a flattened loop hides."""
     t = p.types
@@ -135,6 +153,9 @@ def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float) -> 
     depth = min(1.0, in_flight / (consumed_per_s * LOAD_LATENCY_S)) ** 0.5
     k_tiles = math.ceil(p.k / config.block_k)
     overhead = FLATTENED_OVERHEAD_ITERATIONS if config.flatten else TILE_OVERHEAD_ITERATIONS
+    if config.family is Family.STREAM_K:
+        iterations, loops, _ = stream_k_load(p, config, arch.sm_count)
+        return {"depth": depth, "overlap": iterations / (iterations + overhead * loops)}
     return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
 
 
@@ -149,7 +170,9 @@ def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: in
     k_span = math.ceil(p.k / config.split_k)
     rows, cols = min(p.m, config.block_m), min(p.n, config.block_n)
     per_tile = (rows * t.a.itemsize + cols * t.b.itemsize) * k_span
-    port = TMA_SM_PORT_BYTES_PER_S if config.family is Family.TMA_PERSISTENT else SM_PORT_BYTES_PER_S
+    port = TMA_SM_PORT_BYTES_PER_S if config.family.uses_tma else SM_PORT_BYTES_PER_S
+    if config.family is Family.STREAM_K:  # an even share of all tiles' K iterations
+        return tiles / min(sm_count, tiles * math.ceil(p.k / config.block_k)) * per_tile / port
     return math.ceil(tiles / sm_count) * per_tile / port
 
 
@@ -164,6 +187,9 @@ def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int
     k_iters = math.ceil(math.ceil(p.k / config.block_k) / config.split_k)
     per_iter = CHAIN_LATENCY_S / max(config.num_stages - 1, 1)
     programs = math.ceil(tiles / sm_count)
+    if config.family is Family.STREAM_K:
+        iterations, loops, _ = stream_k_load(p, config, sm_count)
+        return iterations * per_iter + CHAIN_LATENCY_S * loops
     if config.family is Family.TMA_PERSISTENT:
         fill = CHAIN_LATENCY_S * (1 if config.flatten else programs)
         return programs * k_iters * per_iter + fill
@@ -217,13 +243,15 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k
-    persistent = config.family is Family.TMA_PERSISTENT
+    persistent = config.family.uses_tma
     # Waves over SMs, for both families: the block scheduler spreads programs one per SM
     # before it doubles up, so tiles below 132 leave SMs idle, not slots. Programs sharing
     # an SM share its tensor cores; how many run at once (`concurrent`) decides whether
     # one can hide another's latency. (Counting resident slots instead rated 64x64 tiles
     # with 5 resident at 0.16 waves on square_512, where they ran fastest.)
     waves = wave_efficiency(tiles, arch.sm_count)
+    if config.family is Family.STREAM_K:  # every program the same K iterations; the extra loops cost in `overlap`
+        waves = min(1.0, tiles * math.ceil(p.k / config.block_k) / arch.sm_count)
     concurrent = 1 if persistent else min(resident, math.ceil(tiles / arch.sm_count))
     # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
@@ -253,11 +281,15 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
     # Fewer programs than multiprocessors leave some idle; one busy SM draws more than its
     # even share of the bandwidth, but not all of it.
-    in_flight *= min(1.0, tiles / arch.sm_count * SM_BANDWIDTH_SHARE) * row
+    busy = tiles * math.ceil(p.k / config.block_k) if config.family is Family.STREAM_K else tiles
+    in_flight *= min(1.0, busy / arch.sm_count * SM_BANDWIDTH_SHARE) * row
     memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count))
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
+    if config.family is Family.STREAM_K:
+        _, _, partials = stream_k_load(p, config, arch.sm_count)
+        reduce_s = STREAM_K_FLAGS_SECONDS + partials * config.block_m * config.block_n * 4 / TMA_SM_PORT_BYTES_PER_S
     compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
     memory_s /= TMA_BANDWIDTH_FRACTION if persistent else TILED_BANDWIDTH_FRACTION
     chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent)

@@ -26,6 +26,10 @@ MAX_SPLIT_K = 128
 MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond this the output is too large to need splits
 # Registers left for addresses, operands and loop state besides the accumulator.
 REGISTER_RESERVE = 64
+# A stream-K owner loads another program's fp32 partial tile beside its accumulator: on sm_90
+# (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-206 registers,
+# those of 128 (128x128 over 4 warps, 128x256 over 8) spilled 100-190 bytes.
+STREAM_K_MAX_ACCUMULATOR_REGISTERS = 64
 
 
 class GemmRule(enum.Enum):
@@ -54,7 +58,7 @@ def shared_memory_bytes(config: GemmConfig) -> int:
     t = config.types
     per_stage = config.block_m * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize
     staging = 0
-    if config.family is Family.TMA_PERSISTENT:  # split-K stages fp32 partial sums
+    if config.family.uses_tma:  # split-K stages fp32 partial sums
         c_bytes = 4 if config.split_k > 1 else t.c.itemsize
         staging = config.block_m * config.block_n // config.epilogue_split * c_bytes
     return max(config.num_stages, 1) * per_stage + staging
@@ -107,9 +111,12 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
     if not 1 <= config.split_k <= MAX_SPLIT_K:
         error(GemmRule.SPLIT_K, f"split_k={config.split_k} must be within 1..{MAX_SPLIT_K}")
 
-    if config.family is Family.TMA_PERSISTENT:
+    if config.family.uses_tma:
         out.extend(_persistent_findings(config, arch))
-    elif config.epilogue_split != 1 or config.flatten:
+    if config.family is Family.STREAM_K and (config.split_k != 1 or config.epilogue_split != 1 or config.flatten):
+        error(GemmRule.PERSISTENT_OPTIONS, "stream-k splits K by its own schedule and stores whole C tiles",
+              "leave split_k, epilogue_split and flatten at 1, 1 and False (or use tma-persistent)")
+    elif config.family is Family.TILED and (config.epilogue_split != 1 or config.flatten):
         error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split and flatten belong to the tma-persistent family",
               "leave them at 1 and False for the tiled family")
 
@@ -120,6 +127,11 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
               f"{config.block_n} tiles need {smem} B of shared memory; {arch.name} allows "
               f"{arch.shared_memory_per_block_optin} B per block", "fewer stages or a smaller block_k")
     regs = accumulator_registers(config)
+    if config.family is Family.STREAM_K and regs > STREAM_K_MAX_ACCUMULATOR_REGISTERS:
+        error(GemmRule.REGISTER_BUDGET,
+              f"stream-k adds fp32 partial tiles beside the accumulator: {regs} registers per thread for the "
+              f"{config.block_m}x{config.block_n} accumulator over {config.num_warps} warps would spill",
+              f"at most {STREAM_K_MAX_ACCUMULATOR_REGISTERS}: more warps or a smaller tile")
     budget = arch.registers_per_thread_max - REGISTER_RESERVE
     if regs > budget:
         error(GemmRule.REGISTER_BUDGET,
@@ -148,16 +160,16 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
 
 
 def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
-    """What the tma-persistent family needs: TMA, and descriptors with a unit-stride last dim."""
+    """What the TMA families need: TMA, and descriptors with a unit-stride last dim."""
     out = []
-    t, layout = config.types, config.layout
+    t, layout, family = config.types, config.layout, config.family.value
     if not arch.has(Feature.TMA):
         out.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
-                           f"tma-persistent needs the tensor memory accelerator (sm_90+); {arch.name} has none",
+                           f"{family} needs the tensor memory accelerator (sm_90+); {arch.name} has none",
                            "use the tiled family"))
     if Layout.STRIDED in (layout.a, layout.b) or layout.c is not Layout.ROW:
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
-                           f"tma-persistent reads A and B row- or column-major and writes C row-major, "
+                           f"{family} reads A and B row- or column-major and writes C row-major, "
                            f"not {layout.name}", "use the tiled family for other strides"))
     elif (t.a.is_fp8 or t.a is DType.FP32) and (layout.a, layout.b) != (Layout.ROW, Layout.COL):
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
@@ -243,10 +255,10 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
         return "every operand is 16-byte aligned: nothing to realign (its twin without realign takes it as it is)"
     if config.realign and Layout.STRIDED in (problem.layout.a, problem.layout.b, problem.layout.c):
         return f"realign copies row- or column-major operands, not layout {problem.layout.name}"
-    if config.family is Family.TMA_PERSISTENT and unaligned and not config.realign:
+    if config.family.uses_tma and unaligned and not config.realign:
         # TMA's rule, in bytes: a 16-byte aligned base and strides that are multiples of 16
         # bytes (Align.BYTES16 or better): rows of 1000 bf16 (2000 bytes) qualify.
-        return (f"tma-persistent needs 16-byte aligned base pointers and strides that are multiples of "
+        return (f"{config.family.value} needs 16-byte aligned base pointers and strides that are multiples of "
                 f"16 bytes; {', '.join(unaligned)} {'is' if len(unaligned) == 1 else 'are'} not "
                 "(its realign variant copies them into aligned buffers first)")
     return None

@@ -39,6 +39,10 @@ def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, grou
                 realign)
 
 
+def _stream_k(bm, bn, bk, warps, stages, group_m=8) -> Tile:
+    return Tile(bm, bn, bk, warps, stages, group_m, family=Family.STREAM_K)
+
+
 # Small tiles that the CPU interpreter runs quickly; split-K included.
 TINY_TILES = (
     Tile(32, 32, 32, 4, 2, 4),
@@ -56,6 +60,7 @@ TESTS_TILES = TINY_TILES + (
     Tile(16, 64, 64, 4, 3, 1, split_k=4),
     Tile(128, 64, 32, 4, 3, 8),
     Tile(32, 128, 32, 4, 2, 4, split_k=2),
+    _stream_k(32, 32, 32, 4, 2, group_m=2),
 )
 # Curated for sm_80+ tensor cores (the shapes Triton's own matmul tutorials and tuners
 # keep returning to); split-K tiles for small M x N with deep K.
@@ -114,6 +119,16 @@ DEFAULT_TILES = TESTS_TILES + (
     _persistent(128, 128, 64, 4, 4, split_k=32),
     _persistent(128, 128, 128, 4, 4, split_k=32),
     _persistent(64, 64, 128, 4, 5, split_k=128),
+    # Stream-K: output tiles that leave the last wave partial (llama3 projections at 128-2048
+    # tokens, 4096^2 outputs) have that wave's K iterations dealt evenly over every SM.
+    # Accumulators of at most 64 registers per thread (rules.STREAM_K_MAX_ACCUMULATOR_REGISTERS).
+    _stream_k(128, 128, 64, 8, 4),
+    _stream_k(64, 256, 64, 8, 4),
+    _stream_k(64, 128, 64, 4, 4),
+    _stream_k(128, 64, 64, 4, 4),
+    _stream_k(64, 128, 128, 4, 4),
+    _stream_k(128, 128, 128, 8, 3),
+    _stream_k(64, 256, 128, 8, 3),
     # Operands with rows that are not 16-byte multiples (odd_4095x4097x4093, odd_3000x5000x100),
     # copied into aligned buffers first: the large 16-bit and fp8 tiles above, a small one, a
     # flattened one for short K loops, and the two tiled tiles that led on those cases unaligned.
@@ -163,7 +178,7 @@ def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout) -> bool:
     realign copies row- or column-major operands (no `s` either)."""
     if tile.realign and "s" in layout.name:
         return False
-    if tile.family is not Family.TMA_PERSISTENT:
+    if not tile.family.uses_tma:
         return True
     if types.a.is_fp8 or types.a is DType.FP32:
         return layout == _K_MAJOR
