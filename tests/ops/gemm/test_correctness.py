@@ -21,7 +21,7 @@ from tiledispatch import Dispatcher, KernelSpec, OpKind, Registry
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.gemm import (
-    Activation, Align, Alignment, Epilogue, Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes, check_operands, supports,
+    Activation, Align, Alignment, Epilogue, GemmConfig, GemmLayout, GemmProblem, GemmTypes, check_operands, supports,
     validate,
 )
 from tiledispatch.ops.gemm.inputs import make_inputs

@@ -155,7 +155,7 @@ def test_every_full_tile_on_gpu(dtype, layout, m, n, k):
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp8e4m3"])
 def test_epilogue_on_gpu(tests_set, dtype):
-    problem = GemmProblem(200, 160, 1000, batch=3, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"),
+    problem = GemmProblem(200, 160, 1024, batch=3, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"),
                           epilogue=Epilogue(True, Activation.GELU, True))
     run(tests_set, problem)
 
