@@ -29,6 +29,7 @@ FAMILY_MODULES = {
     Family.TMA_PERSISTENT: "tiledispatch.ops.gemm.kernels.tma_persistent",
     Family.STREAM_K: "tiledispatch.ops.gemm.kernels.stream_k",
 }
+_TMA_FUNCTIONS = {Family.TMA_PERSISTENT: "gemm_tma_persistent", Family.STREAM_K: "gemm_stream_k"}
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 _TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
@@ -222,7 +223,7 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     divisibility = _divisibility(alignment, t, signature, False) + (
         (("ws_ptr", VECTOR_BYTES), ("flags_ptr", VECTOR_BYTES)) if stream_k else ())
     return KernelUnit(
-        stage="main", module=module, function=f"gemm_{config.family.value.replace('-', '_')}", signature=signature,
+        stage="main", module=module, function=_TMA_FUNCTIONS[config.family], signature=signature,
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
         modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE), divisibility=divisibility,
     )

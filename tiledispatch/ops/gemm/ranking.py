@@ -16,6 +16,7 @@ from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
+from .plan import stream_k_split
 from .problem import Activation, GemmProblem, Layout
 from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
 
@@ -137,9 +138,10 @@ def stream_k_load(p: GemmProblem, config: GemmConfig, sm_count: int) -> tuple[fl
     at most two segments per program, each one more pipeline fill."""
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch
     k_tiles = math.ceil(p.k / config.block_k)
-    programs = min(sm_count, tiles * k_tiles)
-    sk_tiles = tiles % programs
-    loops = tiles // programs + (min(2, programs / sk_tiles) if sk_tiles else 0)
+    programs, sk_tiles = stream_k_split(tiles, k_tiles, sm_count)
+    # Each program's range is one segment, plus one for each of the sk_tiles - 1 tile
+    # boundaries that fall inside a range.
+    loops = tiles // programs + ((1 + (sk_tiles - 1) / programs) if sk_tiles else 0)
     partials = math.ceil(programs / sk_tiles) if sk_tiles else 0
     return tiles * k_tiles / programs, loops, partials
 
