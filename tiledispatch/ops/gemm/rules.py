@@ -27,7 +27,7 @@ MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond th
 # Registers left for addresses, operands and loop state besides the accumulator.
 REGISTER_RESERVE = 64
 # A stream-K owner loads another program's fp32 partial tile beside its accumulator: on sm_90
-# (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-206 registers,
+# (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-222 registers,
 # those of 128 (128x128 over 4 warps, 128x256 over 8) spilled 100-190 bytes.
 STREAM_K_MAX_ACCUMULATOR_REGISTERS = 64
 
