@@ -32,6 +32,7 @@ FAMILY_MODULES = {
 _TMA_FUNCTIONS = {Family.TMA_PERSISTENT: "gemm_tma_persistent", Family.STREAM_K: "gemm_stream_k"}
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 _TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
+_TMA_MAINLOOP_MODULE = "tiledispatch.ops.gemm.kernels.tma_mainloop"  # the TMA families' K loop
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
 _REALIGN_MODULE = "tiledispatch.ops.gemm.kernels.realign"
 _COPY_STRIDES = ("src_batch", "src_row", "dst_batch", "dst_row")
@@ -225,7 +226,7 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     return KernelUnit(
         stage="main", module=module, function=_TMA_FUNCTIONS[config.family], signature=signature,
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE), divisibility=divisibility,
+        modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE, _TMA_MAINLOOP_MODULE), divisibility=divisibility,
     )
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import apply_epilogue
+from .tma_mainloop import dot_k_range
 from .tile_order import grouped_tile
 
 
@@ -89,17 +90,8 @@ def gemm_stream_k(a_desc, b_desc, c_desc, ws_ptr, flags_ptr, bias_ptr, res_ptr, 
         a_b = pid_b * a_batch_step
         b_b = pid_b * b_batch_step
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
-        for kt in range(k_lo, k_hi):
-            off_k = kt * BLOCK_K
-            if A_K_MAJOR:
-                a = a_desc.load([a_b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
-            else:
-                a = a_desc.load([a_b, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
-            if B_K_MAJOR:
-                b = b_desc.load([b_b, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
-            else:
-                b = b_desc.load([b_b, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        acc = dot_k_range(acc, a_desc, b_desc, a_b, b_b, off_m, off_n, k_lo, k_hi, BLOCK_M, BLOCK_N, BLOCK_K,
+                          A_K_MAJOR, B_K_MAJOR, DOT_PRECISION, ACC_DTYPE)
         acc = acc.to(tl.float32)
 
         if k_hi < k_tiles:  # not the tile's end: hand the partial sum to its owner

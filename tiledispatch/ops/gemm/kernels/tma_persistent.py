@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import apply_epilogue
+from .tma_mainloop import dot_k_range
 
 
 @triton.jit
@@ -52,17 +53,9 @@ def gemm_tma_persistent(a_desc, b_desc, c_desc, bias_ptr, res_ptr, scale_a_ptr, 
         b_b = pid_b * b_batch_step
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC_DTYPE)
         k_first = pid_k * k_tiles_per_split
-        for kt in range(k_first, min(k_first + k_tiles_per_split, k_tiles)):
-            off_k = kt * BLOCK_K
-            if A_K_MAJOR:
-                a = a_desc.load([a_b, off_m, off_k]).reshape(BLOCK_M, BLOCK_K)
-            else:
-                a = a_desc.load([a_b, off_k, off_m]).reshape(BLOCK_K, BLOCK_M).T
-            if B_K_MAJOR:
-                b = b_desc.load([b_b, off_n, off_k]).reshape(BLOCK_N, BLOCK_K).T
-            else:
-                b = b_desc.load([b_b, off_k, off_n]).reshape(BLOCK_K, BLOCK_N)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=ACC_DTYPE)
+        acc = dot_k_range(acc, a_desc, b_desc, a_b, b_b, off_m, off_n, k_first,
+                          min(k_first + k_tiles_per_split, k_tiles), BLOCK_M, BLOCK_N, BLOCK_K,
+                          A_K_MAJOR, B_K_MAJOR, DOT_PRECISION, ACC_DTYPE)
 
         acc = acc.to(tl.float32)
         slab = pid_b
