@@ -10,7 +10,7 @@ waiting a load latency over the stages in flight. Score = ideal time / modelled 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ...core.dtypes import DType
 from ...core.op import Score
@@ -132,10 +132,17 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
 STREAM_K_FLAGS_SECONDS = 2e-6
 
 
-def stream_k_load(p: GemmProblem, config: GemmConfig, sm_count: int) -> tuple[float, float, int]:
-    """(K iterations per program, K loops per program, partial tiles an owner adds) under
-    stream-K: every program gets the same iterations; the last wave's tiles are cut in
-    at most two segments per program, each one more pipeline fill."""
+@dataclass(frozen=True)
+class StreamKLoad:
+    """What each program of a stream-K grid does (every program the same K iterations)."""
+
+    programs: int
+    iterations: float  # K iterations per program
+    loops: float  # K loops per program: whole tiles, plus the dealt tiles' segments (one more pipeline fill each)
+    partials: int  # partial tiles an owner adds
+
+
+def stream_k_load(p: GemmProblem, config: GemmConfig, sm_count: int) -> StreamKLoad:
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch
     k_tiles = math.ceil(p.k / config.block_k)
     programs, sk_tiles = stream_k_split(tiles, k_tiles, sm_count)
@@ -143,10 +150,11 @@ def stream_k_load(p: GemmProblem, config: GemmConfig, sm_count: int) -> tuple[fl
     # boundaries that fall inside a range.
     loops = tiles // programs + ((1 + (sk_tiles - 1) / programs) if sk_tiles else 0)
     partials = math.ceil(programs / sk_tiles) if sk_tiles else 0
-    return tiles * k_tiles / programs, loops, partials
+    return StreamKLoad(programs, tiles * k_tiles / programs, loops, partials)
 
 
-def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float) -> dict[str, float]:
+def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float,
+                      stream: StreamKLoad | None) -> dict[str, float]:
     """Pipeline depth against load latency, and the per-tile overhead a flattened loop hides."""
     t = p.types
     operand_bytes_per_k = config.block_m * t.a.itemsize + config.block_n * t.b.itemsize
@@ -155,13 +163,13 @@ def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float) -> 
     depth = min(1.0, in_flight / (consumed_per_s * LOAD_LATENCY_S)) ** 0.5
     k_tiles = math.ceil(p.k / config.block_k)
     overhead = FLATTENED_OVERHEAD_ITERATIONS if config.flatten else TILE_OVERHEAD_ITERATIONS
-    if config.family is Family.STREAM_K:
-        iterations, loops, _ = stream_k_load(p, config, arch.sm_count)
-        return {"depth": depth, "overlap": iterations / (iterations + overhead * loops)}
+    if stream is not None:
+        return {"depth": depth, "overlap": stream.iterations / (stream.iterations + overhead * stream.loops)}
     return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
 
 
-def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int) -> float:
+def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int,
+                    stream: StreamKLoad | None) -> float:
     """The busiest SM's operand intake: every byte its tiles load, re-reads from L2 included.
 
     DRAM serves each operand byte once, but every M tile reads the whole of its B panel
@@ -173,12 +181,13 @@ def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: in
     rows, cols = min(p.m, config.block_m), min(p.n, config.block_n)
     per_tile = (rows * t.a.itemsize + cols * t.b.itemsize) * k_span
     port = TMA_SM_PORT_BYTES_PER_S if config.family.uses_tma else SM_PORT_BYTES_PER_S
-    if config.family is Family.STREAM_K:  # an even share of all tiles' K iterations
-        return tiles / min(sm_count, tiles * math.ceil(p.k / config.block_k)) * per_tile / port
+    if stream is not None:  # an even share of all tiles' K iterations
+        return tiles / stream.programs * per_tile / port
     return math.ceil(tiles / sm_count) * per_tile / port
 
 
-def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int, concurrent: int) -> float:
+def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int, concurrent: int,
+                   stream: StreamKLoad | None) -> float:
     """The latency chain of the busiest SM: a K loop cannot run ahead of its loads.
 
     A program keeps `num_stages - 1` K tiles in flight, so each iteration waits at least
@@ -189,9 +198,8 @@ def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int
     k_iters = math.ceil(math.ceil(p.k / config.block_k) / config.split_k)
     per_iter = CHAIN_LATENCY_S / max(config.num_stages - 1, 1)
     programs = math.ceil(tiles / sm_count)
-    if config.family is Family.STREAM_K:
-        iterations, loops, _ = stream_k_load(p, config, sm_count)
-        return iterations * per_iter + CHAIN_LATENCY_S * loops
+    if stream is not None:
+        return stream.iterations * per_iter + CHAIN_LATENCY_S * stream.loops
     if config.family is Family.TMA_PERSISTENT:
         fill = CHAIN_LATENCY_S * (1 if config.flatten else programs)
         return programs * k_iters * per_iter + fill
@@ -252,8 +260,9 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     # one can hide another's latency. (Counting resident slots instead rated 64x64 tiles
     # with 5 resident at 0.16 waves on square_512, where they ran fastest.)
     waves = wave_efficiency(tiles, arch.sm_count)
-    if config.family is Family.STREAM_K:  # every program the same K iterations; the extra loops cost in `overlap`
-        waves = min(1.0, tiles * math.ceil(p.k / config.block_k) / arch.sm_count)
+    stream = stream_k_load(p, config, arch.sm_count) if config.family is Family.STREAM_K else None
+    if stream is not None:  # every program the same K iterations; the extra loops cost in `overlap`
+        waves = stream.programs / arch.sm_count
     concurrent = 1 if persistent else min(resident, math.ceil(tiles / arch.sm_count))
     # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
@@ -269,7 +278,7 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         efficiency *= UNALIGNED_LOAD_FRACTION
     persistent_terms = {}
     if persistent:
-        persistent_terms = _persistent_terms(config, p, arch, peak)
+        persistent_terms = _persistent_terms(config, p, arch, peak, stream)
         efficiency *= persistent_terms["depth"] * persistent_terms["overlap"]
     # The more it spills, the slower: graded by how far the estimate overshoots.
     efficiency *= SPILL_PENALTY * (arch.registers_per_thread_max / registers) ** 2 if spills else 1.0
@@ -283,18 +292,18 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
     # Fewer programs than multiprocessors leave some idle; one busy SM draws more than its
     # even share of the bandwidth, but not all of it.
-    busy = tiles * math.ceil(p.k / config.block_k) if config.family is Family.STREAM_K else tiles
+    busy = tiles if stream is None else stream.programs
     in_flight *= min(1.0, busy / arch.sm_count * SM_BANDWIDTH_SHARE) * row
-    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count))
+    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count, stream))
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
-    if config.family is Family.STREAM_K:
-        _, _, partials = stream_k_load(p, config, arch.sm_count)
-        reduce_s = STREAM_K_FLAGS_SECONDS + partials * config.block_m * config.block_n * 4 / TMA_SM_PORT_BYTES_PER_S
+    if stream is not None:
+        reduce_s = (STREAM_K_FLAGS_SECONDS
+                    + stream.partials * config.block_m * config.block_n * 4 / TMA_SM_PORT_BYTES_PER_S)
     compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
     memory_s /= TMA_BANDWIDTH_FRACTION if persistent else TILED_BANDWIDTH_FRACTION
-    chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent)
+    chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent, stream)
     modelled = _soft_max(_soft_max(compute_s, memory_s), chain_s) + LAUNCH_SECONDS + reduce_s
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
