@@ -43,8 +43,8 @@ def _range_start(program, sk_iters, programs):
 
 @triton.jit
 def _slot_tile(ws_ptr, slot, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Pointers to the [BLOCK_M, BLOCK_N] partial sum in workspace slot `slot`. Made where used,
-    not kept across the K loop: a tile of offsets would hold as many registers as the accumulator."""
+    """Pointers to the [BLOCK_M, BLOCK_N] partial sum in workspace slot `slot`: where its
+    program stores it and its owner reads it."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     return ws_ptr + slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + offs
 
