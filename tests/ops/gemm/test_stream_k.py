@@ -125,6 +125,15 @@ def test_plan_asks_for_zeroed_flags(tests_set, sms):
     assert any(arg is flags for arg in plan.launches[0].args)
 
 
+def test_plan_with_whole_tiles_only_zeroes_nothing(tests_set, sms):
+    """With no tile dealt out the kernel never reads the flags: no memset on each replay."""
+    sms(4)
+    inputs = make_inputs(GemmProblem(64, 64, 96, types=GemmTypes.parse("fp16")), device=DEVICE)
+    ops = check_operands(inputs.a, inputs.b, out=inputs.out)
+    spec = tests_set.select(ops.problem)
+    assert spec.definition.plan(spec.config, ops).zeroed == ()
+
+
 def test_refuses_split_k_and_epilogue_slices():
     from tiledispatch.ops.gemm.rules import GemmRule, validate
 

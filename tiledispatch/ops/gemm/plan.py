@@ -283,7 +283,7 @@ def _persistent_plan(config: GemmConfig, ops: GemmOperands, out: torch.Tensor, e
     if config.family is Family.STREAM_K:
         programs, sk_tiles = stream_k_split(tiles, triton.cdiv(p.k, config.block_k), _programs(out.device))
         bound.update(_stream_k_scratch(config, programs, sk_tiles, out.device))
-        zeroed = (bound["flags_ptr"],)
+        zeroed = (bound["flags_ptr"],) if sk_tiles else ()
     else:
         programs = min(tiles * config.split_k, _programs(out.device))
     launches = [Launch("main", (programs, 1, 1), _values(units[0], bound))]
@@ -301,11 +301,14 @@ def stream_k_split(tiles: int, k_tiles: int, sms: int) -> tuple[int, int]:
 
 
 def _stream_k_scratch(config: GemmConfig, programs: int, sk_tiles: int, device) -> dict:
-    """Stream-K's partial sums (a start and an end segment per program) and their ready flags.
-    Without stream-K tiles the kernel touches neither: one element each stands in."""
-    shape = (programs, 2, config.block_m, config.block_n) if sk_tiles else (1,)
-    return {"ws_ptr": torch.empty(shape, dtype=torch.float32, device=device),
-            "flags_ptr": torch.zeros(shape[:2], dtype=torch.int32, device=device), "sk_tiles": sk_tiles}
+    """Stream-K's partial sums (a start and an end segment per program) and their ready flags,
+    which start as zeros. Without stream-K tiles the kernel touches neither: one element each
+    stands in, and nothing needs zeroing (on a replay either: the plan leaves it out of `zeroed`)."""
+    if not sk_tiles:
+        return {"ws_ptr": torch.empty(1, dtype=torch.float32, device=device),
+                "flags_ptr": torch.empty(1, dtype=torch.int32, device=device), "sk_tiles": 0}
+    return {"ws_ptr": torch.empty((programs, 2, config.block_m, config.block_n), dtype=torch.float32, device=device),
+            "flags_ptr": torch.zeros((programs, 2), dtype=torch.int32, device=device), "sk_tiles": sk_tiles}
 
 
 def _workspace(config: GemmConfig, p, out: torch.Tensor) -> torch.Tensor | None:
