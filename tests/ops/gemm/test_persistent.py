@@ -10,22 +10,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiledispatch import Dispatcher, Registry
+from tiledispatch import Dispatcher
 from tiledispatch.core.errors import NoKernelError
-from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.gemm import Activation, Epilogue, Family, GemmLayout, GemmProblem, GemmTypes, check_operands
 from tiledispatch.ops.gemm.inputs import make_inputs
-from tiledispatch.ops.gemm.reference import compare
 
-from ...conftest import on_gpu, requires_gpu
+from ...conftest import requires_gpu
+from .tma_checks import ARCH, DEVICE, family_dispatcher, run_checked
 
-ARCH = current_arch()
-DEVICE = "cuda" if on_gpu() else "cpu"
 
 
 def persistent_dispatcher(rule_set: str) -> Dispatcher:
-    registry = Registry.from_rule_set("gemm", rule_set, ARCH).filter(lambda s: s.family == "tma-persistent")
-    return Dispatcher(registry, ARCH)
+    return family_dispatcher(Family.TMA_PERSISTENT, rule_set)
 
 
 @pytest.fixture(scope="module")
@@ -34,19 +30,7 @@ def tests_set() -> Dispatcher:
 
 
 def check(dispatcher: Dispatcher, problem: GemmProblem, *, kernel=None, broadcast_b=False, seed=0):
-    """Runs `problem` into a NaN-poisoned out; asserts a persistent kernel ran and the result is right."""
-    inputs = make_inputs(problem, device=DEVICE, seed=seed)
-    b = inputs.b[:1] if broadcast_b else inputs.b
-    ops = check_operands(inputs.a, b, activation=problem.epilogue.activation, allow_tf32=problem.types.allow_tf32,
-                         **inputs.kwargs())
-    assert all((ops.problem.alignment.a, ops.problem.alignment.b, ops.problem.alignment.c))
-    spec = dispatcher.resolve(kernel, ops.problem) if kernel else dispatcher.select(ops.problem)
-    assert spec.config.family is Family.TMA_PERSISTENT
-    dispatcher.run(ops, kernel=spec.name)
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    result = compare(inputs.out, ops)
-    assert result.passed, (spec.name, result.to_dict())
+    run_checked(dispatcher, Family.TMA_PERSISTENT, problem, kernel=kernel, broadcast_b=broadcast_b, seed=seed)
 
 
 @pytest.mark.parametrize("layout", ["rrr", "rcr", "crr", "ccr"])

@@ -14,22 +14,18 @@ import importlib
 import pytest
 import torch
 
-from tiledispatch import Dispatcher, Registry
-from tiledispatch.core.runtime import current_arch
+from tiledispatch import Dispatcher
 from tiledispatch.ops.gemm import Activation, Epilogue, Family, GemmLayout, GemmProblem, GemmTypes, check_operands
 from tiledispatch.ops.gemm.inputs import make_inputs
-from tiledispatch.ops.gemm.reference import compare
 
-from ...conftest import on_gpu, requires_gpu
+from ...conftest import requires_gpu
+from .tma_checks import ARCH, DEVICE, family_dispatcher, run_checked
 
 gemm_plan = importlib.import_module("tiledispatch.ops.gemm.plan")  # the package exports a function `plan`
-ARCH = current_arch()
-DEVICE = "cuda" if on_gpu() else "cpu"
 
 
 def stream_k_dispatcher(rule_set: str) -> Dispatcher:
-    registry = Registry.from_rule_set("gemm", rule_set, ARCH).filter(lambda s: s.family == "stream-k")
-    return Dispatcher(registry, ARCH)
+    return family_dispatcher(Family.STREAM_K, rule_set)
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +42,7 @@ def sms(monkeypatch):
 
 
 def run(dispatcher: Dispatcher, problem: GemmProblem, *, kernel=None, broadcast_b=False, seed=0):
-    """Runs `problem` into a NaN-poisoned out and returns the result, checked against float64."""
-    inputs = make_inputs(problem, device=DEVICE, seed=seed)
-    b = inputs.b[:1] if broadcast_b else inputs.b
-    ops = check_operands(inputs.a, b, activation=problem.epilogue.activation, allow_tf32=problem.types.allow_tf32,
-                         **inputs.kwargs())
-    spec = dispatcher.resolve(kernel, ops.problem) if kernel else dispatcher.select(ops.problem)
-    assert spec.config.family is Family.STREAM_K
-    dispatcher.run(ops, kernel=spec.name)
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    result = compare(inputs.out, ops)
-    assert result.passed, (spec.name, result.to_dict())
-    return inputs.out
+    return run_checked(dispatcher, Family.STREAM_K, problem, kernel=kernel, broadcast_b=broadcast_b, seed=seed)
 
 
 @pytest.mark.parametrize("tiles, k_tiles, sms, want", [
