@@ -67,7 +67,8 @@ VENDORS = (Family.SDPA_CUDNN, Family.SDPA_FLASH)
 
 
 TMA_HEAD_DIMS = tuple((d_qk, d_v) for d_qk, d_v in HEAD_DIM_PAIRS if d_qk & (d_qk - 1) == 0 == d_v & (d_v - 1))
-TMA_DTYPES = (DType.FP16, DType.BF16)
+# The half dtypes take every family; fp8 is bound to the tensor-descriptor forward alone.
+HALF_DTYPES = (DType.FP16, DType.BF16)
 
 
 def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=()) -> Iterator[AnyAttentionConfig]:
@@ -76,9 +77,14 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=()) -> Itera
     The tensor-descriptor families are bound to half dtypes and power-of-two head dims only;
     fp8 inputs (forward only, no vendor backend takes them) to the tensor-descriptor forward.
     """
-    for (d_qk, d_v), tile in itertools.product([d for d in head_dims if d in TMA_HEAD_DIMS], tma_tiles):
-        yield AttentionConfig(Family.FWD_TMA, DType.FP8E4M3, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                              tile.num_stages)
+    tma_head_dims = [d for d in head_dims if d in TMA_HEAD_DIMS]
+
+    def tma_forwards(dtype: DType) -> Iterator[AttentionConfig]:
+        for (d_qk, d_v), tile in itertools.product(tma_head_dims, tma_tiles):
+            yield AttentionConfig(Family.FWD_TMA, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                                  tile.num_stages)
+
+    yield from tma_forwards(DType.FP8E4M3)
     for dtype in dtypes:
         for direction in Direction:
             for family in VENDORS:
@@ -86,10 +92,8 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=()) -> Itera
         for (d_qk, d_v), tile in itertools.product(head_dims, fwd_tiles):
             yield AttentionConfig(Family.FWD, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
-        if dtype in TMA_DTYPES:
-            for (d_qk, d_v), tile in itertools.product([d for d in head_dims if d in TMA_HEAD_DIMS], tma_tiles):
-                yield AttentionConfig(Family.FWD_TMA, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                                      tile.num_stages)
+        if dtype in HALF_DTYPES:
+            yield from tma_forwards(dtype)
         for family, (d_qk, d_v), tile in itertools.product((Family.BWD, Family.BWD_ATOMIC), head_dims, bwd_tiles):
             yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
