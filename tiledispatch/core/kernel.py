@@ -81,7 +81,16 @@ def _source(unit: KernelUnit):
     fn = _function(unit)
     divisors = {**{name: 16 for name in unit.divisible_by_16}, **dict(unit.divisibility)}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", d]] for name, d in divisors.items() if d > 1}
+    if unit.kind is UnitKind.GLUON:
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
+
+
+def _options(unit: KernelUnit) -> dict[str, Any]:
+    options = {"num_warps": unit.num_warps, "num_stages": unit.num_stages}
+    if unit.max_registers is not None:
+        options["maxnreg"] = unit.max_registers
+    return options
 
 
 def check_shared_memory(unit: KernelUnit, shared_bytes: int, arch_facts) -> None:
@@ -113,9 +122,7 @@ def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, A
         )
     target = arch.load(arch_name).triton_target()
     try:
-        compiled = triton.compile(
-            _source(unit), target=target, options={"num_warps": unit.num_warps, "num_stages": unit.num_stages}
-        )
+        compiled = triton.compile(_source(unit), target=target, options=_options(unit))
     except Exception as e:
         raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} failed: {e}") from e
     check_shared_memory(unit, compiled.metadata.shared, arch.load(arch_name))
@@ -138,7 +145,7 @@ def build(spec: KernelSpec, cache: KernelCache, specialization: Any | None = Non
     """Every unit of `spec` from the cache, compiling (once, under the key's lock) what is missing."""
     entries = {}
     for unit in units(spec, specialization):
-        if unit.kind is UnitKind.PYTHON:
+        if not unit.kind.compiled:
             continue  # nothing to compile
         entries[unit.stage] = cache.get_or_build(
             unit_key(spec, unit, specialization), functools.partial(compile_unit, unit, spec.arch)
@@ -193,6 +200,8 @@ class InterpretedLauncher:
     """The same kernel source, run on the CPU by Triton's interpreter."""
 
     def __init__(self, unit: KernelUnit) -> None:
+        if unit.kind is UnitKind.GLUON:  # validation keeps Gluon families off the interpreter arch
+            raise BuildError(f"{unit.function} is a Gluon kernel: Triton's interpreter cannot run it")
         self._fn = _function(unit)
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int | None) -> None:
@@ -202,13 +211,13 @@ class InterpretedLauncher:
 def load(spec: KernelSpec, cache: KernelCache | None, specialization: Any | None = None) -> dict[str, Any]:
     """Launchers by stage for `spec` (specialised so) on this process's backend."""
     todo = units(spec, specialization)
-    launchers = {unit.stage: PythonLauncher(unit) for unit in todo if unit.kind is UnitKind.PYTHON}
-    triton = [unit for unit in todo if unit.kind is UnitKind.TRITON]
+    launchers = {unit.stage: PythonLauncher(unit) for unit in todo if not unit.kind.compiled}
+    compiled = [unit for unit in todo if unit.kind.compiled]
     if current_backend() is Backend.INTERPRETER:
-        return {**launchers, **{unit.stage: InterpretedLauncher(unit) for unit in triton}}
-    if triton:
+        return {**launchers, **{unit.stage: InterpretedLauncher(unit) for unit in compiled}}
+    if compiled:
         entries = build(spec, cache if cache is not None else KernelCache(), specialization)
-        launchers.update({unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in triton})
+        launchers.update({unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled})
     return launchers
 
 

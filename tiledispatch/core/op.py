@@ -32,7 +32,12 @@ class RuleSet(Choice):
 
 class UnitKind(enum.Enum):
     TRITON = "triton"  # a @triton.jit function: compiled, cached, launched on a grid
+    GLUON = "gluon"  # a @gluon.jit function (Triton's layout-explicit front end): the same, GPU only
     PYTHON = "python"  # a plain function (the vendor library through PyTorch): called with the args
+
+    @property
+    def compiled(self) -> bool:
+        return self is not UnitKind.PYTHON
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,9 @@ class KernelUnit:
     # bytes; an integer: its value). For facts other than 16, e.g. 16-byte strides of 2-byte elements: 8.
     divisibility: tuple[tuple[str, int], ...] = ()
     kind: UnitKind = UnitKind.TRITON
+    # ptxas's register cap per thread. A warp-specialised kernel needs one: its partitions trade
+    # registers at run time (setmaxnreg), and without a cap the compiler assumes 255 for all.
+    max_registers: int | None = None
 
 
 @dataclass(frozen=True)

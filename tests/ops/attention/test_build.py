@@ -116,3 +116,30 @@ def test_shared_memory_rule_covers_the_hopper_kernels(built_hopper):
         for stage, entry in _entries(cache, spec.name).items():
             if stage in ("fwd", "dkdv", "dq"):
                 assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config), (spec.name, stage)
+
+
+WS = "attention_fwd_bf16_d128x128_fwd-ws_128x128_w8_s3_sm90"
+
+
+@pytest.fixture(scope="module")
+def built_ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attention-ws")
+    os.chmod(root, 0o700)
+    cache = KernelCache(root / "cache")
+    spec = Registry.from_rule_set("attention", "default", SM90).get(WS)
+    results = kernel.build_all([spec], cache, jobs=2, specializations=(AttentionVariant(), AttentionVariant(band=True)))
+    return cache, spec, results
+
+
+def test_the_gluon_forward_compiles_warp_specialised(built_ws):
+    """fwd-ws through the Gluon front end: the loader and MMA warps trade registers (setmaxnreg),
+    operands arrive by TMA, scores and P V run on warpgroup MMA, within the shared-memory rule."""
+    cache, spec, results = built_ws
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    entries = list(cache.entries())
+    assert len(entries) == 2  # plain and band
+    for entry in entries:
+        ptx = entry.files[kernel.PTX_FILE].read_text()
+        assert ".target sm_90a" in ptx and "setmaxnreg" in ptx, entry.key
+        assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx, entry.key
+        assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin

@@ -14,6 +14,7 @@ class Family(Choice):
 
     FWD = "fwd"  # online-softmax forward, pointer loads: every arch, every stride
     FWD_TMA = "fwd-tma"  # sm_90+: Q/K/V by tensor descriptors; bands, soft-cap, sinks, GQA (kernels/forward_tma.py)
+    FWD_WS = "fwd-ws"  # sm_90, Gluon: a TMA loader warp and MMA warpgroups; bands, GQA (kernels/forward_ws.py)
     BWD = "bwd"  # dK/dV per key block and dQ per query block: no atomics, deterministic
     BWD_ATOMIC = "bwd-atomic"  # dK/dV per key block, dQ by fp32 atomics and a conversion stage
     SDPA_FLASH = "sdpa-flash"  # PyTorch SDPA's FlashAttention-2 backend
@@ -22,12 +23,12 @@ class Family(Choice):
     @property
     def direction(self) -> Direction | None:
         """The direction a Triton family computes; None for the vendor ones (they do both)."""
-        return {Family.FWD: Direction.FORWARD, Family.FWD_TMA: Direction.FORWARD, Family.BWD: Direction.BACKWARD,
-                Family.BWD_ATOMIC: Direction.BACKWARD}.get(self)
+        return {Family.FWD: Direction.FORWARD, Family.FWD_TMA: Direction.FORWARD, Family.FWD_WS: Direction.FORWARD,
+                Family.BWD: Direction.BACKWARD, Family.BWD_ATOMIC: Direction.BACKWARD}.get(self)
 
     @property
     def uses_tma(self) -> bool:
-        return self is Family.FWD_TMA
+        return self in (Family.FWD_TMA, Family.FWD_WS)
 
     @property
     def is_vendor(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -27,6 +27,7 @@ from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionVariant, Direction, MaskKi
 
 _FWD = "tiledispatch.ops.attention.kernels.forward"
 _FWD_TMA = "tiledispatch.ops.attention.kernels.forward_tma"
+_FWD_WS = "tiledispatch.ops.attention.kernels.forward_ws"
 _BWD = "tiledispatch.ops.attention.kernels.backward"
 _SCORES = "tiledispatch.ops.attention.kernels.scores"
 _VENDOR = "tiledispatch.ops.attention.vendor"
@@ -36,6 +37,7 @@ USER_MASK_CODES = {UserMask.NONE: 0, UserMask.BOOLEAN: 1, UserMask.ADDITIVE: 2}
 ZEROED_ARGS = frozenset({"DQ_ACC", "DBIAS"})
 PREPROCESS_BLOCK_M = 64  # memory-bound row sums: 64 rows of dO and O per program
 MAX_GRID_YZ = 65535
+REGISTERS_PER_SM = 65536  # sm_90, the one arch fwd-ws compiles for
 
 
 @dataclass
@@ -131,6 +133,8 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
     features = [("BIAS", bias_t), ("MASK", mask_t), ("SLOPES", "*fp32")]
     cu = [("CU_Q", "*i32"), ("CU_K", "*i32")]
     base = _feature_constexprs(config, variant)
+    if config.family is Family.FWD_WS:
+        return (_ws_unit(config, variant),)
     if config.family.uses_tma:
         return (_tma_unit(config, variant),)
     if config.family is Family.FWD:
@@ -195,6 +199,26 @@ def _tma_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
                   "HEAD_V": config.head_dim_v, "HAS_BAND": variant.band, "HAS_SOFTCAP": softcap_code(variant.softcap),
                   "HAS_SINKS": variant.sinks, "MASKS_ROWS": variant.masks_rows, "FP8": fp8}
     return _unit("fwd", _FWD_TMA, "attention_fwd_tma", args, constexprs, config, variant)
+
+
+def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+    """The Gluon forward: its descriptors' types carry their shared-memory layouts, and its
+    register cap leaves the loader warp (a warpgroup's worth, as registers are allotted) its share."""
+    from triton.experimental.gluon import language as gl
+
+    dtype = gl.dtype(config.dtype.triton)
+    blocks = {**_descriptor_blocks(config), "o_desc": (1, 1, config.block_m, config.head_dim_v)}
+    descriptors = [(name, f"tensordesc<{config.dtype.triton}[{', '.join(map(str, block))}],"
+                          f"{gl.NVMMASharedLayout.get_default_for(list(block), dtype)!r}>")
+                   for name, block in blocks.items()]
+    args = descriptors + [("LSE", "*fp32")] + _strides("l", "bh") + [
+        ("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"), ("bottom_right", "i32"),
+        ("window_left", "i32"), ("window_right", "i32")]
+    constexprs = {"HAS_BAND": variant.band, "MASKS_ROWS": variant.masks_rows, "STAGES": config.num_stages,
+                  "num_warps": config.num_warps}
+    threads = (config.num_warps + 4) * 32
+    unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=min(256, REGISTERS_PER_SM // threads // 8 * 8))
 
 
 def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
@@ -324,6 +348,13 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
     unit = kernel_units(config, p.variant)[0]
     k, scale = _positive_scale(ops)
     grid = (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch)
+    if config.family is Family.FWD_WS:
+        blocks = _descriptor_blocks(config)
+        bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),
+                 "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]),
+                 "o_desc": tensor_descriptor(out, (1, 1, config.block_m, config.head_dim_v)), "LSE": lse,
+                 **_lse_strides(lse, False), **_runtime(ops), "sm_scale": scale}
+        return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
     if config.family.uses_tma:
         blocks = _descriptor_blocks(config)
         bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),

@@ -27,6 +27,10 @@ STAGE_CHOICES = tuple(range(1, 6))
 REGISTER_RESERVE = 48
 FEATURE_BYTES = 4096  # bias, mask and row statistics staged beside the tiles (sm_90 compiles: +4 KiB)
 TMA_DTYPES = (DType.FP16, DType.BF16, DType.FP8E4M3)  # fp8: Q K^T on fp8 tensor cores (kernels/forward_tma.py)
+# fwd-ws (kernels/forward_ws.py): one warpgroup per 64 query rows, and O staged in Q's buffer.
+WS_DTYPES = (DType.FP16, DType.BF16)
+WS_HEAD_DIMS = (64, 128)  # 256: O and two score blocks outgrow a warpgroup's registers
+WS_BARRIER_BYTES = 1024  # its mbarriers; it stages no bias or mask (sm_90 compiles: tiles + 364 B)
 
 
 class AttentionRule(enum.Enum):
@@ -43,6 +47,7 @@ class AttentionRule(enum.Enum):
     FAMILY_DIRECTION = "family-direction"
     FAMILY_DTYPE = "family-dtype"
     FAMILY_HEAD_DIM = "family-head-dim"
+    WARPGROUP_ROWS = "warpgroup-rows"
 
 
 def padded(d: int) -> int:
@@ -62,7 +67,8 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     qk, dv = padded(config.head_dim_qk), padded(config.head_dim_v)
     stages = max(config.num_stages, 1)
     if config.direction is Direction.FORWARD:
-        return size * (config.block_m * qk + stages * config.block_n * (qk + dv)) + FEATURE_BYTES
+        extra = WS_BARRIER_BYTES if config.family is Family.FWD_WS else FEATURE_BYTES
+        return size * (config.block_m * qk + stages * config.block_n * (qk + dv)) + extra
     # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
     # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
     # read them transposed.
@@ -140,7 +146,25 @@ def validate(config: AnyAttentionConfig, arch) -> ValidationResult:
         error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} is not an attention dtype", "use fp16 or bf16")
     if config.family.uses_tma:
         _tma_findings(config, arch, error)
+    if config.family is Family.FWD_WS:
+        _ws_findings(config, arch, error)
     return ValidationResult(tuple(out))
+
+
+def _ws_findings(config: AttentionConfig, arch, error) -> None:
+    """What the warp-specialised forward needs: Hopper's warpgroup MMA, and a warpgroup per 64 rows."""
+    if not arch.has(Feature.WGMMA):
+        error(AttentionRule.FAMILY_ARCH, f"fwd-ws is written for Hopper's warpgroup MMA (sm_90); {arch.name} has "
+              "none", "use fwd-tma or fwd")
+    if config.dtype not in WS_DTYPES:
+        error(AttentionRule.FAMILY_DTYPE, f"fwd-ws takes fp16 and bf16, not {config.dtype.value}",
+              "use fwd-tma for fp8")
+    if config.head_dim_qk != config.head_dim_v or config.head_dim_qk not in WS_HEAD_DIMS:
+        error(AttentionRule.FAMILY_HEAD_DIM, f"fwd-ws takes equal head dims of {WS_HEAD_DIMS}, not "
+              f"{config.head_dim_qk}/{config.head_dim_v}", "use fwd-tma")
+    if config.num_warps not in (4, 8) or config.block_m != 16 * config.num_warps:
+        error(AttentionRule.WARPGROUP_ROWS, f"fwd-ws gives each warpgroup (4 warps) 64 query rows: block_m="
+              f"{config.block_m} over {config.num_warps} warps", "block_m=64 with 4 warps or 128 with 8")
 
 
 def _tma_findings(config: AttentionConfig, arch, error) -> None:
@@ -221,6 +245,10 @@ def _tma_supports(config: AttentionConfig, problem: AttentionProblem) -> str | N
     name = config.family.value
     extras = [what for what, on in (("a mask tensor", v.user_mask is not UserMask.NONE), ("a bias", v.bias),
                                     ("ALiBi", v.alibi), ("dropout", v.dropout), ("varlen", v.varlen)) if on]
+    if config.family is Family.FWD_WS:
+        extras += [what for what, on in (("soft-cap", v.softcap), ("sinks", v.sinks)) if on]
+        if extras:
+            return f"fwd-ws takes bands and GQA only, not {', '.join(extras)} (fwd-tma takes soft-cap and sinks)"
     if extras:
         return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the fwd family does)"
     if not v.aligned:
