@@ -68,6 +68,8 @@ def units(spec: KernelSpec, specialization: Any | None = None) -> tuple[KernelUn
 def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None) -> str:
     """Kernel name, specialisation and stage, plus the hash of the sources and the toolchain."""
     name = f"{spec.name}.{_specialization(spec, specialization).tag}.{unit.stage}"
+    if unit.max_registers is not None:  # a compile option the name does not spell
+        name += f".r{unit.max_registers}"
     return KernelCache.make_key(name, source_hash(unit.modules), toolchain())
 
 

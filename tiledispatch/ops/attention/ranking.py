@@ -26,10 +26,9 @@ FRACTION = {
     # (64x64 w4 s3); the rules pick that one.
     (Family.FWD, Direction.FORWARD): 0.46,
     (Family.FWD_TMA, Direction.FORWARD): 0.50,
-    # fwd-ws on the H100 (its probe, non-causal d=128, timed in turns with the rules' fwd/fwd-tma
-    # pick and cuDNN): 128x128 w8 s3 ran 501 TFLOP/s at S4096 and 537 at S8192 GQA, 1.13x and
-    # 1.21x the Triton pick there; 0.52 with its terms below rates it 1.14x fwd-tma's best.
-    (Family.FWD_WS, Direction.FORWARD): 0.52,
+    # fwd-ws, timed in turns with fwd-tma's 64x64 w4 s3 on the H100 at d=128 (benchmarks/results/
+    # h100/attention_ws_ab.txt): its 128x128 w8 s2 ran 0.90-0.99x of it; 0.43 rates it 0.94x.
+    (Family.FWD_WS, Direction.FORWARD): 0.43,
     # bwd: 352 TFLOP/s (backward FLOPs, 2.5x the forward's) at d=128 S4096, 64x128 w8 s3; the
     # atomic dQ variant's best ran 301 there (benchmarks/results/h200/attention_sweep.csv).
     (Family.BWD, Direction.BACKWARD): 0.36,
@@ -79,11 +78,11 @@ EIGHT_WARPS = 0.83
 # multiplies a score, so wide key steps amortise it.
 RESCALE_COST = 0.1
 # fwd-ws gives its MMA warps the registers the loader does not use, and its 8 warps are two
-# 64-row warpgroups, so the pressure and eight-warp terms above do not apply. Its own: 2
-# stages ran 0.94x of 3 (128x128 w8, d=128 S4096, H100), and at d=64 it ran 0.92x the
-# Triton pick where the model without a factor said 1.09x (mha_S2048_D64).
-WS_TWO_STAGES = 0.94
-WS_HEAD_DIM_FACTOR = {64: 0.85, 128: 1.0}
+# 64-row warpgroups, so the pressure and eight-warp terms above do not apply. Its own (same
+# A/B): 3 stages ran 0.96-0.97x of 2, and at d=64 it ran 0.78-0.83x fwd-tma's best, where the
+# model without a factor said 0.90x.
+WS_THREE_STAGES = 0.965
+WS_HEAD_DIM_FACTOR = {64: 0.89, 128: 1.0}
 
 
 def _peak_flops(problem: AttentionProblem, arch) -> float:
@@ -176,7 +175,7 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     warps = EIGHT_WARPS if forward and config.num_warps >= 8 else 1.0
     softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n) if forward else 1.0
     if config.family is Family.FWD_WS:
-        latency = WS_TWO_STAGES if config.num_stages < 3 else 1.0
+        latency = WS_THREE_STAGES if config.num_stages >= 3 else 1.0
         pressure, warps = 1.0, 1.0
         softmax *= WS_HEAD_DIM_FACTOR.get(p.head_dim_qk, 1.0)
     efficiency = dims * band * waves * feed * shape * latency * pressure * warps * softmax

@@ -48,11 +48,9 @@ DEFAULT_TMA = TESTS_TMA + (
     Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(128, 64, 4, 3),
     Tile(128, 128, 4, 2), Tile(64, 64, 4, 3),
 )
-# The warp-specialised forward (fwd-ws): a warpgroup per 64 query rows. On the H100 (probe of
-# this family's kernel, non-causal d=128): 128 x 128 over 8 warps with 3 stages ran fastest,
-# 1.13-1.21x the best fwd/fwd-tma tile at S4096-8192; 2 stages 0.94x of 3, block_n 64 slower.
-TESTS_WS = (Tile(128, 128, 8, 2), Tile(64, 64, 4, 2))
-DEFAULT_WS = TESTS_WS + (Tile(128, 128, 8, 3), Tile(128, 64, 8, 3))
+# The warp-specialised forward (fwd-ws) is in `full` only: timed in turns with fwd-tma's best
+# tile (64x64 w4 s3) on the H100, its best (128x128 w8 s2) ran 0.90-0.99x of it at d=128 and
+# 0.78-0.83x at d=64 (benchmarks/results/h100/attention_ws_ab.txt).
 # Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
 # tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
 DEFAULT_BWD = TESTS_BWD + (
@@ -115,11 +113,11 @@ def tiny() -> Iterator[AnyAttentionConfig]:
 
 
 def tests() -> Iterator[AnyAttentionConfig]:
-    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS, tma_tiles=TESTS_TMA, ws_tiles=TESTS_WS)
+    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS, tma_tiles=TESTS_TMA)
 
 
 def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, ws_tiles=DEFAULT_WS)
+    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA)
 
 
 def full() -> Iterator[AnyAttentionConfig]:
