@@ -284,7 +284,8 @@ def test_the_warp_specialised_unit_is_a_gluon_kernel_with_a_register_cap():
     assert unit.kind is UnitKind.GLUON and unit.function == "attention_fwd_ws"
     assert unit.max_registers == 168  # 12 warps (8 MMA, the loader's warpgroup) share 64 K registers
     kinds = dict(unit.signature)
-    assert kinds["q_desc"].startswith("tensordesc<bf16[1, 1, 128, 128],NVMMASharedLayout(")
+    assert kinds["q_desc"].startswith("tensordesc<bf16[1, 1, 64, 128],NVMMASharedLayout(")  # a warpgroup's rows
+    assert unit.num_warps == 4  # the first MMA warpgroup; warp_specialize adds the others
     assert dict(unit.constexprs)["HAS_BAND"] is True and dict(unit.constexprs)["STAGES"] == 2
 
 

@@ -201,24 +201,30 @@ def _tma_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
     return _unit("fwd", _FWD_TMA, "attention_fwd_tma", args, constexprs, config, variant)
 
 
+def _ws_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
+    """fwd-ws's descriptor blocks: Q and O by warpgroup (64 rows each), K and V by key block."""
+    rows = config.block_m // 2
+    return {"q_desc": (1, 1, rows, config.head_dim_qk), "k_desc": (1, 1, config.block_n, config.head_dim_qk),
+            "v_desc": (1, 1, config.block_n, config.head_dim_v), "o_desc": (1, 1, rows, config.head_dim_v)}
+
+
 def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
-    """The Gluon forward: its descriptors' types carry their shared-memory layouts, and its
-    register cap leaves the loader warp (a warpgroup's worth, as registers are allotted) its share."""
+    """The Gluon forward: its descriptors' types carry their shared-memory layouts. It launches as
+    one warpgroup (the first MMA partition); the second and the loader's are added by
+    `warp_specialize`, and the register cap is what 64 K registers give those 12 warps."""
     from triton.experimental.gluon import language as gl
 
     dtype = gl.dtype(config.dtype.triton)
-    blocks = {**_descriptor_blocks(config), "o_desc": (1, 1, config.block_m, config.head_dim_v)}
     descriptors = [(name, f"tensordesc<{config.dtype.triton}[{', '.join(map(str, block))}],"
                           f"{gl.NVMMASharedLayout.get_default_for(list(block), dtype)!r}>")
-                   for name, block in blocks.items()]
+                   for name, block in _ws_blocks(config).items()]
     args = descriptors + [("LSE", "*fp32")] + _strides("l", "bh") + [
         ("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"), ("bottom_right", "i32"),
         ("window_left", "i32"), ("window_right", "i32")]
-    constexprs = {"HAS_BAND": variant.band, "MASKS_ROWS": variant.masks_rows, "STAGES": config.num_stages,
-                  "num_warps": config.num_warps}
-    threads = (config.num_warps + 4) * 32
-    unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant)
-    return replace(unit, kind=UnitKind.GLUON, max_registers=min(256, REGISTERS_PER_SM // threads // 8 * 8))
+    constexprs = {"HAS_BAND": variant.band, "STAGES": config.num_stages}
+    unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant, num_warps=4)
+    warps = config.num_warps + 4  # the MMA warpgroups, and the loader's (registers go by warpgroup)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=REGISTERS_PER_SM // (warps * 32) // 8 * 8)
 
 
 def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
@@ -349,11 +355,10 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
     k, scale = _positive_scale(ops)
     grid = (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch)
     if config.family is Family.FWD_WS:
-        blocks = _descriptor_blocks(config)
+        blocks = _ws_blocks(config)
         bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),
-                 "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]),
-                 "o_desc": tensor_descriptor(out, (1, 1, config.block_m, config.head_dim_v)), "LSE": lse,
-                 **_lse_strides(lse, False), **_runtime(ops), "sm_scale": scale}
+                 "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]), "o_desc": tensor_descriptor(out, blocks["o_desc"]),
+                 "LSE": lse, **_lse_strides(lse, False), **_runtime(ops), "sm_scale": scale}
         return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
     if config.family.uses_tma:
         blocks = _descriptor_blocks(config)

@@ -35,7 +35,7 @@ _key_range = gluon.jit(key_range.fn)  # the same bounds as every other forward, 
 
 @gluon.jit
 def _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv, start, end, count):
-    """K and V blocks [start, end) into the rings, each once its buffer's last reader is done."""
+    """K and V blocks [start, end) into the rings, each once both warpgroups are done with its buffer."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     n = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
@@ -52,40 +52,27 @@ def _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_em
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-            b, h, h_kv, m0, lo, hi, full_lo, full_hi):
-    """The loader warp: Q, then the key blocks in the order the MMA warps take them."""
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_smem)
-    count = _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv,
-                         full_lo, full_hi, 0)
-    count = _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv,
-                         lo, full_lo, count)
-    _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv, full_hi, hi, count)
-
-
-@gluon.jit
 def _softmax(qk, m_i, l_i, cols, rows, band_offset, len_kv, window_left, window_right, qk_scale,
-             dtype: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr, HAS_BAND: gl.constexpr,
-             GUARD_ROWS: gl.constexpr):
+             dtype: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr):
     """The online-softmax step of one block (its keys at `cols`): P (in P V's operand layout), the
-    rescale, m and l."""
+    rescale, m and l.
+
+    A masked block applies the sequence end and the band whatever the problem (an unbounded
+    window admits every key), and guards rows that have seen no key yet: the feature flags
+    cannot reach the partitions as constants (`warp_specialize` passes its workers values).
+    Only the band's edge blocks and the last block are masked."""
     if MASKED:
-        visible = cols[None, :] < len_kv
-        if HAS_BAND:
-            diagonal = rows[:, None] + band_offset
-            visible = visible & (cols[None, :] >= diagonal - window_left) & (cols[None, :] <= diagonal + window_right)
+        diagonal = rows[:, None] + band_offset
+        visible = ((cols[None, :] < len_kv) & (cols[None, :] >= diagonal - window_left)
+                   & (cols[None, :] <= diagonal + window_right))
         s = gl.where(visible, qk * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_shift = m_new
-        if GUARD_ROWS:  # a row that has seen no key yet keeps m = -inf: shift by 0, not by -inf
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # shift a row with no key yet by 0, not -inf
         p = gl.exp2(s - m_shift[:, None])
-    else:  # qk_scale >= 0 (the plan sees to it): rowmax(qk) * c is rowmax(qk * c), and qk * c - m one FMA
+    else:  # qk_scale >= 0 (the plan sees to it): rowmax(qk) * c is rowmax(qk * c), and qk * c - m one FMA.
+        # The interior runs first and every row sees all its keys: m is finite from its first block on.
         m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
         m_shift = m_new
-        if GUARD_ROWS:
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(qk * qk_scale - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
@@ -95,9 +82,12 @@ def _softmax(qk, m_i, l_i, cols, rows, band_offset, len_kv, window_left, window_
 @gluon.jit
 def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, start, end, count, rows,
             band_offset, len_kv, window_left, window_right, qk_scale, s_layout: gl.constexpr,
-            p_layout: gl.constexpr, MASKED: gl.constexpr, HAS_BAND: gl.constexpr, GUARD_ROWS: gl.constexpr):
-    """Key blocks [start, end), software-pipelined: block j's softmax runs while block j+1's Q K^T
-    and block j-1's P V are on the tensor cores. `count` numbers the ring's buffers."""
+            p_layout: gl.constexpr, MASKED: gl.constexpr):
+    """Key blocks [start, end) of one warpgroup. Each step issues block j's Q K^T and then block
+    j-1's P V, and runs block j's softmax while that P V is on the tensor cores. Nothing is in
+    flight across steps: ptxas serialises every wgmma of a kernel that reads an accumulator while
+    an MMA from an earlier iteration may still write one (its warning C7514). `count` numbers the
+    rings' buffers."""
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
     HEAD: gl.constexpr = k_bufs.type.shape[4]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -113,99 +103,127 @@ def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i
                            is_async=True)
         qk = warpgroup_mma_wait(0, deps=[qk])
         mbarrier.arrive(k_empty.index(st))
-        pv = warpgroup_mma_init(acc)
-        for j in range(n - 1):
-            st = (count + j) % STAGES
-            nx = (count + j + 1) % STAGES
-            mbarrier.wait(k_ready.index(nx), ((count + j + 1) // STAGES) & 1)
-            s_next = warpgroup_mma(q, k_bufs.index(nx).reshape([BLOCK_N, HEAD]).permute((1, 0)), s_zero,
-                                   use_acc=False, is_async=True)
-            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + j * BLOCK_N + offs_n, rows, band_offset, len_kv, window_left,
-                                          window_right, qk_scale, q.dtype, p_layout, MASKED, HAS_BAND, GUARD_ROWS)
-            acc = warpgroup_mma_wait(1, deps=[pv])  # block j-1's P V (issued before s_next) is done
-            mbarrier.arrive(v_empty.index((count + j + STAGES - 1) % STAGES), pred=j > 0)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            mbarrier.wait(v_ready.index(st), ((count + j) // STAGES) & 1)
-            pv = warpgroup_mma(p, v_bufs.index(st).reshape([BLOCK_N, HEAD]), acc, is_async=True)
-            qk = warpgroup_mma_wait(1, deps=[s_next])  # s_next (issued before this P V) is done
-            mbarrier.arrive(k_empty.index(nx))
-        last = count + n - 1
-        st = last % STAGES
-        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + (n - 1) * BLOCK_N + offs_n, rows, band_offset, len_kv,
-                                      window_left, window_right, qk_scale, q.dtype, p_layout, MASKED, HAS_BAND,
-                                      GUARD_ROWS)
-        acc = warpgroup_mma_wait(0, deps=[pv])
-        mbarrier.arrive(v_empty.index((last + STAGES - 1) % STAGES), pred=n > 1)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + offs_n, rows, band_offset, len_kv, window_left,
+                                      window_right, qk_scale, q.dtype, p_layout, MASKED)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        mbarrier.wait(v_ready.index(st), (last // STAGES) & 1)
-        acc = warpgroup_mma(p, v_bufs.index(st).reshape([BLOCK_N, HEAD]), acc)
-        mbarrier.arrive(v_empty.index(st))
+        for j in range(1, n):
+            st = (count + j) % STAGES
+            prev = (count + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), ((count + j) // STAGES) & 1)
+            qk = warpgroup_mma(q, k_bufs.index(st).reshape([BLOCK_N, HEAD]).permute((1, 0)), s_zero,
+                               use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((count + j - 1) // STAGES) & 1)
+            pv = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD]), acc, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=[qk])  # issued first, so done first
+            mbarrier.arrive(k_empty.index(st))
+            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + j * BLOCK_N + offs_n, rows, band_offset, len_kv,
+                                          window_left, window_right, qk_scale, q.dtype, p_layout, MASKED)
+            acc = warpgroup_mma_wait(0, deps=[pv])
+            mbarrier.arrive(v_empty.index(prev))
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        last = (count + n - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((count + n - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD]), acc)
+        mbarrier.arrive(v_empty.index(last))
     return acc, m_i, l_i, count + n
 
 
 @gluon.jit
-def _compute(o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base,
-             b, h, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left, window_right, qk_scale,
-             HAS_BAND: gl.constexpr, MASKS_ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """The MMA warps: the interior blocks, then the masked ones at the band's edges; O and the LSE."""
-    BLOCK_M: gl.constexpr = q_smem.type.shape[2]
-    HEAD_QK: gl.constexpr = q_smem.type.shape[3]
+def _warpgroup(which: gl.constexpr, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE,
+               lse_base, b, h, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
+               window_right, qk_scale):
+    """One MMA warpgroup's 64 query rows: the interior key blocks, then the masked ones at the band's
+    edges; O and the LSE."""
+    ROWS: gl.constexpr = q_bufs.type.shape[3]
+    HEAD_QK: gl.constexpr = q_bufs.type.shape[4]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
     HEAD_V: gl.constexpr = v_bufs.type.shape[4]
-    k_width: gl.constexpr = 32 // q_smem.dtype.primitive_bitwidth
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    k_width: gl.constexpr = 32 // q_bufs.dtype.primitive_bitwidth
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_V, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=k_width)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows = m0 + gl.arange(0, BLOCK_M, row_s)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_V], gl.float32, o_layout)
-    q = q_smem.reshape([BLOCK_M, HEAD_QK])
+    first = m0 + which * ROWS
+    rows = first + gl.arange(0, ROWS, row_s)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([ROWS], gl.float32, row_s)
+    acc = gl.zeros([ROWS, HEAD_V], gl.float32, o_layout)
+    q_smem = q_bufs.index(which)
+    q = q_smem.reshape([ROWS, HEAD_QK])
     mbarrier.wait(q_bar, 0)
     acc, m_i, l_i, count = _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
                                    full_lo, full_hi, 0, rows, band_offset, len_kv, window_left, window_right,
-                                   qk_scale, s_layout, p_layout, False, HAS_BAND, False)
+                                   qk_scale, s_layout, p_layout, False)
     acc, m_i, l_i, count = _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
                                    lo, full_lo, count, rows, band_offset, len_kv, window_left, window_right,
-                                   qk_scale, s_layout, p_layout, True, HAS_BAND, MASKS_ROWS)
+                                   qk_scale, s_layout, p_layout, True)
     acc, m_i, l_i, count = _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
                                    full_hi, hi, count, rows, band_offset, len_kv, window_left, window_right,
-                                   qk_scale, s_layout, p_layout, True, HAS_BAND, MASKS_ROWS)
+                                   qk_scale, s_layout, p_layout, True)
     empty = l_i == 0.0  # a row that saw no key: output 0, LSE -inf
     l_norm = gl.where(empty, 1.0, l_i)
     gl.store(LSE + lse_base + rows, gl.where(empty, float("-inf"), (m_i + gl.log2(l_norm)) * LN2),
              mask=rows < seqlen_q)
     out = acc / gl.convert_layout(l_norm, gl.SliceLayout(1, o_layout))[:, None]
-    o_smem = q_smem  # Q is read no more: its buffer stages O for the TMA store (HEAD_QK == HEAD_V)
-    o_smem.reshape([BLOCK_M, HEAD_V]).store(out.to(o_smem.dtype))
+    q.store(out.to(q_bufs.dtype))  # Q is read no more: its buffer stages O for the TMA store (HEAD_QK == HEAD_V)
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, m0, 0], o_smem)
+    tma.async_copy_shared_to_global(o_desc, [b, h, first, 0], q_smem)
     tma.store_wait(0)
+
+
+# Every partition takes the same arguments (Gluon asks it of the workers); each uses its share.
+@gluon.jit
+def _first_rows(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                LSE, lse_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
+                window_right, qk_scale):
+    _warpgroup(0, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base, b, h, m0,
+               lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left, window_right, qk_scale)
+
+
+@gluon.jit
+def _second_rows(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                 LSE, lse_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
+                 window_right, qk_scale):
+    _warpgroup(1, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base, b, h, m0,
+               lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left, window_right, qk_scale)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+            LSE, lse_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
+            window_right, qk_scale):
+    """The loader warp: both warpgroups' Q, then the key blocks in the order they take them."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, m0, 0], q_bar, q_bufs.index(0))
+    tma.async_copy_global_to_shared(q_desc, [b, h, m0 + ROWS, 0], q_bar, q_bufs.index(1))
+    count = _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv,
+                         full_lo, full_hi, 0)
+    count = _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv,
+                         lo, full_lo, count)
+    _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, b, h_kv, full_hi, hi, count)
 
 
 @gluon.jit
 def attention_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_kv, group,
                      sm_scale, bottom_right, window_left, window_right,
-                     HAS_BAND: gl.constexpr, MASKS_ROWS: gl.constexpr, STAGES: gl.constexpr,
-                     num_warps: gl.constexpr):
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+                     HAS_BAND: gl.constexpr, STAGES: gl.constexpr):
+    BLOCK_M: gl.constexpr = 2 * q_desc.block_type.shape[2]  # two warpgroups' rows
     pid_m = gl.program_id(0)
     h = gl.program_id(1)
     b = gl.program_id(2)
     if HAS_BAND:  # the longest rows of a causal band first: the last wave is then the short ones
         pid_m = gl.cdiv(seqlen_q, BLOCK_M) - 1 - pid_m
     m0 = pid_m * BLOCK_M
-    h_kv = h // group
     band_offset = bottom_right * (seqlen_kv - seqlen_q)
     last_row = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
     lo, hi, full_lo, full_hi = _key_range(m0, last_row, band_offset, window_left, window_right, seqlen_kv,
                                           k_desc.block_type.shape[2])
     lse_base = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -216,13 +234,11 @@ def attention_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, 
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival from each warpgroup
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
-    gl.warp_specialize([
-        (_compute, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base,
-                    b, h, m0, lo, hi, full_lo, full_hi, seqlen_q, seqlen_kv, band_offset, window_left, window_right,
-                    sm_scale * LOG2E, HAS_BAND, MASKS_ROWS, num_warps)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                   b, h, h_kv, m0, lo, hi, full_lo, full_hi)),
-    ], [1], [24])
+        mbarrier.init(v_empty.index(i), count=2)
+    args = (q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE,
+            lse_base, b, h, h // group, m0, lo, hi, full_lo, full_hi, seqlen_q, seqlen_kv, band_offset, window_left,
+            window_right, sm_scale * LOG2E)
+    # The warpgroups are partitions of their own, so neither waits on the other's barriers.
+    gl.warp_specialize([(_first_rows, args), (_second_rows, args), (_loader, args)], [4, 1], [240, 24])
