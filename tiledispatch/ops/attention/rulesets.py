@@ -48,9 +48,11 @@ DEFAULT_TMA = TESTS_TMA + (
     Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2), Tile(128, 64, 4, 3),
     Tile(128, 128, 4, 2), Tile(64, 64, 4, 3),
 )
-# The warp-specialised forward (fwd-ws) is in `full` only: timed in turns with fwd-tma's best
-# tile (64x64 w4 s3) on the H100, its best (128x128 w8 s2) ran 0.90-0.99x of it at d=128 and
-# 0.78-0.83x at d=64 (benchmarks/results/h100/attention_ws_ab.txt).
+# The warp-specialised forward (fwd-ws): two MMA warpgroups of 64 rows. Timed in turns on the
+# H100 at d=128 (benchmarks/attention_forward_ab.py): 128x128 ran 1.26-1.36x fwd-tma's best
+# tile and 0.86-1.06x cuDNN, with 2 and 3 stages within 4 % of each other; 128x64 0.86-0.97x
+# of 128x128.
+DEFAULT_WS = (Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3))
 # Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
 # tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
 DEFAULT_BWD = TESTS_BWD + (
@@ -117,7 +119,7 @@ def tests() -> Iterator[AnyAttentionConfig]:
 
 
 def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA)
+    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, ws_tiles=DEFAULT_WS)
 
 
 def full() -> Iterator[AnyAttentionConfig]:
