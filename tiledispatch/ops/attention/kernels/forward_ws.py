@@ -1,22 +1,31 @@
 """Family `fwd-ws`: the Hopper forward, warp-specialised, written in Gluon.
 
 Triton's compiler does not specialise warps on Hopper (3.6: `warp_specialize` deadlocked or
-was a no-op; see forward_tma.py), and it will not let the tensor cores work through the
-softmax. Gluon states both by hand, as FlashAttention-3 does:
-  - one loader warp brings Q once, then K and V blocks through TMA into two rings of
-    STAGES buffers, each buffer with a `ready` barrier (TMA done) and an `empty` one (its
-    MMAs done);
-  - the MMA warps (one warpgroup per 64 query rows) issue block j+1's Q K^T before block
-    j's softmax, and block j's P V after it, so the softmax runs while both are on the
-    tensor cores (`_blocks`). P stays in registers as the A operand of P V.
+was a no-op; see forward_tma.py), nor let the tensor cores work through the softmax. Gluon
+states both by hand, as FlashAttention-3 does. A program owns 128 query rows of one head:
+  - a loader warp brings Q, then K and V blocks through TMA into two rings of STAGES buffers,
+    each with a `ready` barrier (its copy landed) and an `empty` one (both warpgroups are done);
+  - two MMA warpgroups, 64 rows each, are partitions of their own. In one partition of 8 warps,
+    every barrier arrival (one thread's) first synchronised all 8 warps, so the two ran in
+    lockstep; as two partitions each synchronises its own 4;
+  - each step issues block j's Q K^T, then block j-1's P V, and runs block j's softmax while
+    that P V is on the tensor cores (`_blocks`); P stays in registers as P V's A operand.
+    No MMA is in flight across steps: with one (block j+1's Q K^T issued before block j's
+    softmax) ptxas serialised every wgmma of the kernel (its warning C7514), and the family
+    ran 0.90-0.99x fwd-tma instead of 1.26-1.36x.
+Timed in turns on the H100 (benchmarks/attention_forward_ab.py) at d=128 it runs 1.0-1.14x
+cuDNN on S >= 4096 and 0.84x at S1024, where a program's first and last blocks (no overlap)
+weigh more; at d=64 about fwd-tma's speed. A persistent grid (a program taking tiles in turn,
+the next tile's keys loaded under this one's epilogue) gained 1-10 % on S1024 and d=64 and
+lost 3-5 % on causal bands, whose uneven tiles the hardware's dynamic block order balances
+better; it was not kept.
+
 The common case only: causal or window bands and GQA, half inputs, head dims 64 and 128; no
 soft-cap, sinks, bias, mask tensor, ALiBi, dropout, varlen or fp8 (fwd-tma takes those).
-
 Descriptors are 4-D (batch, heads, seq, d) as in fwd-tma, so BHSD and BSHD both fit, and the
 copy engine clips each head's sequence: rows past it read as zeros and are never stored. The
 key range and its unmasked interior come from `scores.key_range`; the interior runs first.
 """
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -24,7 +33,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
