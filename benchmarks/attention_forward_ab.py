@@ -32,7 +32,7 @@ SAMPLE_MS = 30.0  # back-to-back calls per sample: about this long
 
 def cases(names: list[str] | None) -> list[dict]:
     chosen = [c for c in json.loads(SUITE.read_text())["cases"]
-              if c["mode"] == "prefill" and c["D"] in (64, 128) and "softcap" not in c]
+              if c["mode"] == "prefill" and c["D"] in (64, 128, 256) and "softcap" not in c]
     return [c for c in chosen if names is None or c["name"] in names]
 
 

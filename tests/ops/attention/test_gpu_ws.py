@@ -8,8 +8,11 @@ Skipped without a GPU, and without Hopper's warpgroup MMA (the family is sm_90 o
 import pytest
 import torch
 
+import tiledispatch
+from tiledispatch.ops.attention import AttentionOptions, check_operands, fastpath, parse_causal
+
 from ...conftest import requires_gpu
-from .helpers import ARCH, check, randn
+from .helpers import ARCH, check, dispatcher, randn
 
 pytestmark = requires_gpu
 
@@ -61,3 +64,27 @@ def test_fp16_and_a_negative_scale(causal):
     check(q, k, v, families=("fwd-ws", "bwd"), rule_set="full", kernel=name("fp16", 128, "128x128_w8_s2"),
           grad=False, causal=causal, scale=-0.05)
 
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256(causal):
+    """d = 256 fits as 128 x 64 over two stages: O is 128 registers a thread, the scores 32."""
+    q, k, v = inputs(1, 4, 2, 700, 900, 256, dtype=torch.bfloat16)
+    check(q, k, v, families=("fwd-ws", "bwd"), rule_set="full", kernel=name("bf16", 256, "128x64_w8_s2"),
+          causal=causal)
+
+
+def test_a_call_seen_before_replays_its_plan():
+    """The fast path binds fwd-ws's plan, O's descriptor included (it describes a buffer the plan
+    makes), and a replay on fresh tensors matches the checked path bit for bit."""
+    d = dispatcher("fwd-ws", rule_set="full")
+    kernel = name("bf16", 128, "128x128_w8_s2")
+    tiledispatch.attention(*inputs(1, 4, 2, 1000, 1000, 128, dtype=torch.bfloat16), causal=True, return_lse=True,
+                           dispatcher=d, kernel=kernel)
+    q, k, v = inputs(1, 4, 2, 1000, 1000, 128, dtype=torch.bfloat16)
+    out, lse = tiledispatch.attention(q, k, v, causal=True, return_lse=True, dispatcher=d, kernel=kernel)
+    options = AttentionOptions(causal=parse_causal(True), needs_lse=True)
+    key = fastpath.forward_key(q, k, v, (None,) * 4, options, kernel)
+    assert isinstance(d.memo(("attention", key), lambda: pytest.fail("never bound")), fastpath.BoundAttention)
+    checked = d.run(check_operands(q, k, v, options=options), kernel=kernel)
+    assert torch.equal(out, checked.out) and torch.equal(lse, checked.lse)

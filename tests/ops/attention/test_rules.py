@@ -252,7 +252,8 @@ def test_the_warp_specialised_forward_is_hopper_only_and_names_its_rules():
         (WS, arch.load("sm_100")): AttentionRule.FAMILY_ARCH,  # tcgen05, not warpgroup MMA
         (WS, INTERP): AttentionRule.FAMILY_ARCH,  # Triton's interpreter cannot run Gluon
         (replace(WS, dtype=DType.FP8E4M3), SM90): AttentionRule.FAMILY_DTYPE,
-        (replace(WS, head_dim_qk=256, head_dim_v=256, num_stages=1), SM90): AttentionRule.FAMILY_HEAD_DIM,
+        (replace(WS, head_dim_qk=96, head_dim_v=96), SM90): AttentionRule.FAMILY_HEAD_DIM,
+        (replace(WS, head_dim_qk=256, head_dim_v=256), SM90): AttentionRule.SHARED_MEMORY,  # 128 x 64 fits
         (replace(WS, head_dim_v=64), SM90): AttentionRule.FAMILY_HEAD_DIM,
         (replace(WS, num_warps=4), SM90): AttentionRule.WARPGROUP_ROWS,  # 128 rows over one warpgroup
         (replace(WS, block_m=64, num_warps=4), SM90): AttentionRule.WARPGROUP_ROWS,  # correct, but slow
@@ -304,5 +305,9 @@ def test_the_rules_follow_the_forward_a_b_on_the_h100():
     for p in (s4096, s1024, gqa, replace(s4096, **causal)):
         assert triton.select(p).family == "fwd-ws", p.describe()
     assert triton.select(d64).family == "fwd-tma"
+    d256 = problem(batch=4, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_kv=2048, head_dim_qk=256, head_dim_v=256,
+                   dtype=DType.BF16)
+    assert triton.select(d256).name.startswith("attention_fwd_bf16_d256x256_fwd-ws_128x64_w8_s2")  # 1.26x fwd-tma
+    assert everything.select(d256).family == "sdpa-cudnn"  # fwd-ws ran 0.89x cuDNN there
     assert everything.select(s1024).family == "sdpa-cudnn"
     assert everything.select(gqa).family == "fwd-ws"

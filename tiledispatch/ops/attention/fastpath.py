@@ -168,6 +168,7 @@ class _Stage:
     tensors: tuple[tuple[int, int], ...]  # (argument, role)
     buffers: tuple[tuple[int, int], ...]  # (argument, buffer)
     descriptors: tuple[tuple[int, int, dict], ...]  # (argument, role of its base, its other fields)
+    buffer_descriptors: tuple[tuple[int, int, dict], ...]  # (argument, buffer, fields): fwd-ws stores O by TMA
     seed: int | None  # the argument that takes the dropout seed, if any
     offset: int | None
 
@@ -226,14 +227,18 @@ class BoundAttention:
 
     def _stage(self, launch, launcher, unit, roles: dict) -> _Stage:
         names = [name for name, _ in unit.signature]
-        tensors, buffers, descriptors, seed, offset = [], [], [], None, None
+        tensors, buffers, descriptors, buffer_descriptors, seed, offset = [], [], [], [], None, None
         template = list(launch.args)
         for j, (name, value) in enumerate(zip(names, launch.args, strict=True)):
             if isinstance(value, TensorDescriptor):
+                fields = {f: v for f, v in vars(value).items() if f != "base"}
                 role = roles.get(id(value.base))
-                if role is None:
-                    raise _NotReplayable(f"{name} describes a tensor the plan made")
-                descriptors.append((j, role, {f: v for f, v in vars(value).items() if f != "base"}))
+                if role is not None:
+                    descriptors.append((j, role, fields))
+                elif id(value.base) in self._buffer_ids:
+                    buffer_descriptors.append((j, self._buffer_ids[id(value.base)], fields))
+                else:
+                    raise _NotReplayable(f"{name} describes a tensor the plan made from the inputs")
             elif isinstance(value, torch.Tensor):
                 role = roles.get(id(value))
                 if role is not None:
@@ -250,7 +255,7 @@ class BoundAttention:
                 continue
             template[j] = None  # a planning tensor kept here would pin its memory
         return _Stage(launcher, launch.grid, template, tuple(tensors), tuple(buffers), tuple(descriptors),
-                      seed, offset)
+                      tuple(buffer_descriptors), seed, offset)
 
     def _views(self, bias, mask, alibi_slopes, sinks) -> tuple:
         full = self._full
@@ -276,6 +281,8 @@ class BoundAttention:
                 args[j] = buffers[index]
             for j, role, fields in stage.descriptors:
                 args[j] = _descriptor(values[role], fields)
+            for j, index, fields in stage.buffer_descriptors:
+                args[j] = _descriptor(buffers[index], fields)
             if stage.seed is not None:
                 args[stage.seed] = seed
             if stage.offset is not None:

@@ -29,7 +29,7 @@ FEATURE_BYTES = 4096  # bias, mask and row statistics staged beside the tiles (s
 TMA_DTYPES = (DType.FP16, DType.BF16, DType.FP8E4M3)  # fp8: Q K^T on fp8 tensor cores (kernels/forward_tma.py)
 # fwd-ws (kernels/forward_ws.py): one warpgroup per 64 query rows, and O staged in Q's buffer.
 WS_DTYPES = (DType.FP16, DType.BF16)
-WS_HEAD_DIMS = (64, 128)  # 256: O and two score blocks outgrow a warpgroup's registers
+WS_HEAD_DIMS = (64, 128, 256)  # 256: 128 x 64 tiles over 2 stages only (shared memory)
 WS_BARRIER_BYTES = 1024  # its mbarriers; it stages no bias or mask (sm_90 compiles: tiles + 364 B)
 
 

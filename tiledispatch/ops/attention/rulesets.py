@@ -51,8 +51,8 @@ DEFAULT_TMA = TESTS_TMA + (
 # The warp-specialised forward (fwd-ws): two MMA warpgroups of 64 rows. Timed in turns on the
 # H100 at d=128 (benchmarks/attention_forward_ab.py): 128x128 ran 1.26-1.36x fwd-tma's best
 # tile and 0.86-1.06x cuDNN, with 2 and 3 stages within 4 % of each other; 128x64 0.86-0.97x
-# of 128x128.
-DEFAULT_WS = (Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3))
+# of 128x128. At d=256 only 128x64 over 2 stages fits (192 KiB): 1.26x fwd-tma's 128x64 w8 s2.
+DEFAULT_WS = (Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2))
 # Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
 # tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
 DEFAULT_BWD = TESTS_BWD + (
@@ -82,7 +82,7 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), ws_tiles
 
     The tensor-descriptor families are bound to half dtypes and power-of-two head dims only;
     fp8 inputs (forward only, no vendor backend takes them) to the tensor-descriptor forward;
-    the warp-specialised forward to the head dims it takes (64 and 128).
+    the warp-specialised forward to the head dims it takes (64, 128 and 256).
     """
     tma_head_dims = [d for d in head_dims if d in TMA_HEAD_DIMS]
     ws_head_dims = [(d_qk, d_v) for d_qk, d_v in head_dims if d_qk == d_v and d_qk in WS_HEAD_DIMS]

@@ -15,12 +15,12 @@ states both by hand, as FlashAttention-3 does. A program owns 128 query rows of 
     ran 0.90-0.99x fwd-tma instead of 1.26-1.36x.
 Timed in turns on the H100 (benchmarks/attention_forward_ab.py) at d=128 it runs 1.0-1.14x
 cuDNN on S >= 4096 and 0.84x at S1024, where a program's first and last blocks (no overlap)
-weigh more; at d=64 about fwd-tma's speed. A persistent grid (a program taking tiles in turn,
-the next tile's keys loaded under this one's epilogue) gained 1-10 % on S1024 and d=64 and
-lost 3-5 % on causal bands, whose uneven tiles the hardware's dynamic block order balances
-better; it was not kept.
+weigh more; at d=64 about fwd-tma's speed; at d=256 1.26x fwd-tma (0.89x cuDNN). A
+persistent grid (a program taking tiles in turn, the next tile's keys loaded under this
+one's epilogue) gained 1-10 % on S1024 and d=64 and lost 3-5 % on causal bands, whose
+uneven tiles the hardware's dynamic block order balances better; it was not kept.
 
-The common case only: causal or window bands and GQA, half inputs, head dims 64 and 128; no
+The common case only: causal or window bands and GQA, half inputs, head dims 64, 128, 256; no
 soft-cap, sinks, bias, mask tensor, ALiBi, dropout, varlen or fp8 (fwd-tma takes those).
 Descriptors are 4-D (batch, heads, seq, d) as in fwd-tma, so BHSD and BSHD both fit, and the
 copy engine clips each head's sequence: rows past it read as zeros and are never stored. The
