@@ -44,6 +44,8 @@ CASES = {
     "causal-br-q>kv-d128": ((1, 2, 2, 1500, 700, 128), {"causal": "bottom_right"}),
     "window-gqa-bshd-d128": ((1, 8, 2, 1536, 1536, 128), {"window": (256, 0), "causal": True, "bshd": True}),
     "short-d64": ((3, 2, 2, 77, 130, 64), {}),
+    "softcap-sinks-causal-d128": ((2, 4, 2, 1100, 1100, 128), {"softcap": 30.0, "sinks": "per-head", "causal": True}),
+    "softcap-bshd-d64": ((1, 4, 4, 1000, 1000, 64), {"softcap": 20.0, "bshd": True}),
 }
 
 
@@ -53,6 +55,8 @@ def test_forward_and_backward(case, tile):
     shape, features = CASES[case]
     features = dict(features)
     bshd = features.pop("bshd", False)
+    if features.get("sinks") == "per-head":
+        features["sinks"] = torch.randn(shape[1], device="cuda")
     q, k, v = inputs(*shape, dtype=torch.bfloat16, bshd=bshd)
     check(q, k, v, families=("fwd-ws", "bwd"), rule_set="full", kernel=name("bf16", shape[-1], tile), **features)
 

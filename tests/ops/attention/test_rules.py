@@ -19,6 +19,7 @@ from tiledispatch.ops.attention import (
     Direction,
     Family,
     MaskKind,
+    UserMask,
     VendorConfig,
     Window,
     auto_correct,
@@ -268,13 +269,15 @@ def test_the_warp_specialised_forward_is_hopper_only_and_names_its_rules():
         assert "fwd-ws" not in {s.family for s in Registry.from_rule_set("attention", "full", other)}
 
 
-def test_the_warp_specialised_forward_takes_bands_and_gqa_only():
+def test_the_warp_specialised_forward_takes_bands_soft_cap_sinks_and_gqa():
     plain = problem(seqlen_q=1000, seqlen_kv=1100, heads_q=8, heads_kv=2, dtype=DType.BF16)
     assert supports(WS, plain) is None
-    assert supports(WS, replace(plain, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True))) is None
-    for feature in ("softcap", "sinks", "bias", "dropout", "alibi"):
+    causal = replace(plain, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True, softcap=True, sinks=True))
+    assert supports(WS, causal) is None
+    for feature in ("bias", "dropout", "alibi"):
         reason = supports(WS, replace(plain, variant=AttentionVariant(**{feature: True})))
         assert reason is not None and "fwd-ws" in reason, feature
+    assert "fwd-ws" in supports(WS, replace(plain, variant=AttentionVariant(user_mask=UserMask.BOOLEAN)))
     assert "aligned" in supports(WS, replace(plain, variant=AttentionVariant(aligned=False)))
 
 
@@ -308,6 +311,5 @@ def test_the_rules_follow_the_forward_a_b_on_the_h100():
     d256 = problem(batch=4, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_kv=2048, head_dim_qk=256, head_dim_v=256,
                    dtype=DType.BF16)
     assert triton.select(d256).name.startswith("attention_fwd_bf16_d256x256_fwd-ws_128x64_w8_s2")  # 1.26x fwd-tma
-    assert everything.select(d256).family == "sdpa-cudnn"  # fwd-ws ran 0.89x cuDNN there
     assert everything.select(s1024).family == "sdpa-cudnn"
     assert everything.select(gqa).family == "fwd-ws"

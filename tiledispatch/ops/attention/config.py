@@ -14,7 +14,7 @@ class Family(Choice):
 
     FWD = "fwd"  # online-softmax forward, pointer loads: every arch, every stride
     FWD_TMA = "fwd-tma"  # sm_90+: Q/K/V by tensor descriptors; bands, soft-cap, sinks, GQA (kernels/forward_tma.py)
-    FWD_WS = "fwd-ws"  # sm_90, Gluon: a TMA loader warp and MMA warpgroups; bands, GQA (kernels/forward_ws.py)
+    FWD_WS = "fwd-ws"  # sm_90, Gluon: a TMA loader warp and two MMA warpgroups (kernels/forward_ws.py)
     BWD = "bwd"  # dK/dV per key block and dQ per query block: no atomics, deterministic
     BWD_ATOMIC = "bwd-atomic"  # dK/dV per key block, dQ by fp32 atomics and a conversion stage
     SDPA_FLASH = "sdpa-flash"  # PyTorch SDPA's FlashAttention-2 backend

@@ -218,10 +218,11 @@ def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
     descriptors = [(name, f"tensordesc<{config.dtype.triton}[{', '.join(map(str, block))}],"
                           f"{gl.NVMMASharedLayout.get_default_for(list(block), dtype)!r}>")
                    for name, block in _ws_blocks(config).items()]
-    args = descriptors + [("LSE", "*fp32")] + _strides("l", "bh") + [
-        ("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"), ("bottom_right", "i32"),
-        ("window_left", "i32"), ("window_right", "i32")]
-    constexprs = {"HAS_BAND": variant.band, "STAGES": config.num_stages}
+    args = descriptors + [("LSE", "*fp32"), ("SINKS", "*fp32")] + _strides("l", "bh") + [
+        ("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"), ("softcap", "fp32"),
+        ("bottom_right", "i32"), ("window_left", "i32"), ("window_right", "i32")]
+    constexprs = {"HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap, "HAS_SINKS": variant.sinks,
+                  "STAGES": config.num_stages}
     unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant, num_warps=4)
     warps = config.num_warps + 4  # the MMA warpgroups, and the loader's (registers go by warpgroup)
     return replace(unit, kind=UnitKind.GLUON, max_registers=REGISTERS_PER_SM // (warps * 32) // 8 * 8)
@@ -358,7 +359,8 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
         blocks = _ws_blocks(config)
         bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),
                  "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]), "o_desc": tensor_descriptor(out, blocks["o_desc"]),
-                 "LSE": lse, **_lse_strides(lse, False), **_runtime(ops), "sm_scale": scale}
+                 "LSE": lse, "SINKS": ops.sinks if ops.sinks is not None else lse, **_lse_strides(lse, False),
+                 **_runtime(ops), "sm_scale": scale}
         return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
     if config.family.uses_tma:
         blocks = _descriptor_blocks(config)

@@ -250,10 +250,6 @@ def _tma_supports(config: AttentionConfig, problem: AttentionProblem) -> str | N
     name = config.family.value
     extras = [what for what, on in (("a mask tensor", v.user_mask is not UserMask.NONE), ("a bias", v.bias),
                                     ("ALiBi", v.alibi), ("dropout", v.dropout), ("varlen", v.varlen)) if on]
-    if config.family is Family.FWD_WS:
-        extras += [what for what, on in (("soft-cap", v.softcap), ("sinks", v.sinks)) if on]
-        if extras:
-            return f"fwd-ws takes bands and GQA only, not {', '.join(extras)} (fwd-tma takes soft-cap and sinks)"
     if extras:
         return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the fwd family does)"
     if not v.aligned:

@@ -20,8 +20,8 @@ persistent grid (a program taking tiles in turn, the next tile's keys loaded und
 one's epilogue) gained 1-10 % on S1024 and d=64 and lost 3-5 % on causal bands, whose
 uneven tiles the hardware's dynamic block order balances better; it was not kept.
 
-The common case only: causal or window bands and GQA, half inputs, head dims 64, 128, 256; no
-soft-cap, sinks, bias, mask tensor, ALiBi, dropout, varlen or fp8 (fwd-tma takes those).
+Causal or window bands, soft-cap, sinks and GQA, half inputs, head dims 64, 128 and 256; no
+bias, mask tensor, ALiBi, dropout, varlen (the fwd family takes those) or fp8 (fwd-tma).
 Descriptors are 4-D (batch, heads, seq, d) as in fwd-tma, so BHSD and BSHD both fit, and the
 copy engine clips each head's sequence: rows past it read as zeros and are never stored. The
 key range and its unmasked interior come from `scores.key_range`; the interior runs first.
@@ -60,37 +60,54 @@ def _load_blocks(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_em
 
 
 @gluon.jit
-def _softmax(qk, m_i, l_i, cols, rows, band_offset, len_kv, window_left, window_right, qk_scale,
-             dtype: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr):
+def _capped(qk, cap_scale, cap_log2):
+    """Soft-capped scores in log2 units: cap * tanh(qk * scale / cap) * log2(e), by the hardware's
+    tanh (tanh.approx.f32, as scores.soft_cap compiles it)."""
+    t = gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [qk * cap_scale], dtype=gl.float32,
+                                  is_pure=True, pack=1)
+    return t * cap_log2
+
+
+@gluon.jit
+def _softmax(qk, m_i, l_i, cols, rows, scoring, dtype: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr):
     """The online-softmax step of one block (its keys at `cols`): P (in P V's operand layout), the
     rescale, m and l.
 
-    A masked block applies the sequence end and the band whatever the problem (an unbounded
-    window admits every key), and guards rows that have seen no key yet: the feature flags
-    cannot reach the partitions as constants (`warp_specialize` passes its workers values).
-    Only the band's edge blocks and the last block are masked."""
+    The feature flags cannot reach the partitions as constants (`warp_specialize` passes its
+    workers values), so the soft-cap is a branch a block, and a masked block applies the
+    sequence end and the band whatever the problem (an unbounded window admits every key) and
+    guards rows that have seen no key yet. Only the band's edge blocks and the last block are
+    masked."""
+    band_offset, len_kv, window_left, window_right, qk_scale, cap_scale, cap_log2, capped = scoring
     if MASKED:
+        if capped != 0:
+            s = _capped(qk, cap_scale, cap_log2)
+        else:
+            s = qk * qk_scale
         diagonal = rows[:, None] + band_offset
         visible = ((cols[None, :] < len_kv) & (cols[None, :] >= diagonal - window_left)
                    & (cols[None, :] <= diagonal + window_right))
-        s = gl.where(visible, qk * qk_scale, float("-inf"))
+        s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # shift a row with no key yet by 0, not -inf
         p = gl.exp2(s - m_shift[:, None])
-    else:  # qk_scale >= 0 (the plan sees to it): rowmax(qk) * c is rowmax(qk * c), and qk * c - m one FMA.
-        # The interior runs first and every row sees all its keys: m is finite from its first block on.
-        m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+    else:  # the interior runs first and every row sees all its keys: m is finite from its first block on
+        if capped != 0:
+            s = _capped(qk, cap_scale, cap_log2)
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            p = gl.exp2(s - m_new[:, None])
+        else:  # qk_scale >= 0 (the plan sees to it): rowmax(qk) * c is rowmax(qk * c), and qk * c - m one FMA
+            m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+            p = gl.exp2(qk * qk_scale - m_new[:, None])
         m_shift = m_new
-        p = gl.exp2(qk * qk_scale - m_shift[:, None])
     alpha = gl.exp2(m_i - m_shift)
     l_i = l_i * alpha + gl.sum(p, 1)
     return gl.convert_layout(p.to(dtype), p_layout), alpha, m_new, l_i
 
 
 @gluon.jit
-def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, start, end, count, rows,
-            band_offset, len_kv, window_left, window_right, qk_scale, s_layout: gl.constexpr,
-            p_layout: gl.constexpr, MASKED: gl.constexpr):
+def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, start, end, count, rows, scoring,
+            s_layout: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr):
     """Key blocks [start, end) of one warpgroup. Each step issues block j's Q K^T and then block
     j-1's P V, and runs block j's softmax while that P V is on the tensor cores. Nothing is in
     flight across steps: ptxas serialises every wgmma of a kernel that reads an accumulator while
@@ -111,8 +128,7 @@ def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i
                            is_async=True)
         qk = warpgroup_mma_wait(0, deps=[qk])
         mbarrier.arrive(k_empty.index(st))
-        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + offs_n, rows, band_offset, len_kv, window_left,
-                                      window_right, qk_scale, q.dtype, p_layout, MASKED)
+        p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + offs_n, rows, scoring, q.dtype, p_layout, MASKED)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         for j in range(1, n):
             st = (count + j) % STAGES
@@ -124,8 +140,8 @@ def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i
             pv = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD]), acc, is_async=True)
             qk = warpgroup_mma_wait(1, deps=[qk])  # issued first, so done first
             mbarrier.arrive(k_empty.index(st))
-            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + j * BLOCK_N + offs_n, rows, band_offset, len_kv,
-                                          window_left, window_right, qk_scale, q.dtype, p_layout, MASKED)
+            p, alpha, m_i, l_i = _softmax(qk, m_i, l_i, start + j * BLOCK_N + offs_n, rows, scoring, q.dtype,
+                                          p_layout, MASKED)
             acc = warpgroup_mma_wait(0, deps=[pv])
             mbarrier.arrive(v_empty.index(prev))
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -138,8 +154,7 @@ def _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i
 
 @gluon.jit
 def _warpgroup(which: gl.constexpr, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE,
-               lse_base, b, h, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
-               window_right, qk_scale):
+               lse_base, SINKS, h, b, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, has_sinks):
     """One MMA warpgroup's 64 query rows: the interior key blocks, then the masked ones at the band's
     edges; O and the LSE."""
     ROWS: gl.constexpr = q_bufs.type.shape[3]
@@ -157,19 +172,19 @@ def _warpgroup(which: gl.constexpr, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_rea
     rows = first + gl.arange(0, ROWS, row_s)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([ROWS], gl.float32, row_s)
+    if has_sinks != 0:  # the sink is one more logit in every row: start the running max and sum with it
+        m_i = gl.full([ROWS], 1.0, gl.float32, row_s) * (gl.load(SINKS + h).to(gl.float32) * LOG2E)
+        l_i = gl.full([ROWS], 1.0, gl.float32, row_s)
     acc = gl.zeros([ROWS, HEAD_V], gl.float32, o_layout)
     q_smem = q_bufs.index(which)
     q = q_smem.reshape([ROWS, HEAD_QK])
     mbarrier.wait(q_bar, 0)
     acc, m_i, l_i, count = _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
-                                   full_lo, full_hi, 0, rows, band_offset, len_kv, window_left, window_right,
-                                   qk_scale, s_layout, p_layout, False)
+                                   full_lo, full_hi, 0, rows, scoring, s_layout, p_layout, False)
     acc, m_i, l_i, count = _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
-                                   lo, full_lo, count, rows, band_offset, len_kv, window_left, window_right,
-                                   qk_scale, s_layout, p_layout, True)
+                                   lo, full_lo, count, rows, scoring, s_layout, p_layout, True)
     acc, m_i, l_i, count = _blocks(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
-                                   full_hi, hi, count, rows, band_offset, len_kv, window_left, window_right,
-                                   qk_scale, s_layout, p_layout, True)
+                                   full_hi, hi, count, rows, scoring, s_layout, p_layout, True)
     empty = l_i == 0.0  # a row that saw no key: output 0, LSE -inf
     l_norm = gl.where(empty, 1.0, l_i)
     gl.store(LSE + lse_base + rows, gl.where(empty, float("-inf"), (m_i + gl.log2(l_norm)) * LN2),
@@ -184,24 +199,21 @@ def _warpgroup(which: gl.constexpr, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_rea
 # Every partition takes the same arguments (Gluon asks it of the workers); each uses its share.
 @gluon.jit
 def _first_rows(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                LSE, lse_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
-                window_right, qk_scale):
-    _warpgroup(0, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base, b, h, m0,
-               lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left, window_right, qk_scale)
+                LSE, lse_base, SINKS, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, has_sinks):
+    _warpgroup(0, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base, SINKS, h,
+               b, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, has_sinks)
 
 
 @gluon.jit
 def _second_rows(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                 LSE, lse_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
-                 window_right, qk_scale):
-    _warpgroup(1, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base, b, h, m0,
-               lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left, window_right, qk_scale)
+                 LSE, lse_base, SINKS, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, has_sinks):
+    _warpgroup(1, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, lse_base, SINKS, h,
+               b, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, has_sinks)
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-            LSE, lse_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, len_kv, band_offset, window_left,
-            window_right, qk_scale):
+            LSE, lse_base, SINKS, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, has_sinks):
     """The loader warp: both warpgroups' Q, then the key blocks in the order they take them."""
     ROWS: gl.constexpr = q_desc.block_type.shape[2]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
@@ -215,9 +227,10 @@ def _loader(q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_rea
 
 
 @gluon.jit
-def attention_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, seqlen_q, seqlen_kv, group,
-                     sm_scale, bottom_right, window_left, window_right,
-                     HAS_BAND: gl.constexpr, STAGES: gl.constexpr):
+def attention_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINKS, stride_lb, stride_lh, seqlen_q, seqlen_kv, group,
+                     sm_scale, softcap, bottom_right, window_left, window_right,
+                     HAS_BAND: gl.constexpr, HAS_SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
+                     STAGES: gl.constexpr):
     BLOCK_M: gl.constexpr = 2 * q_desc.block_type.shape[2]  # two warpgroups' rows
     pid_m = gl.program_id(0)
     h = gl.program_id(1)
@@ -245,8 +258,11 @@ def attention_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, stride_lb, stride_lh, 
         mbarrier.init(k_empty.index(i), count=2)  # one arrival from each warpgroup
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(v_empty.index(i), count=2)
+    # (band offset, keys, window, log2 scale, soft-cap's scale and log2 cap, capped?): the flags go
+    # as values, which is all warp_specialize can pass its workers.
+    scoring = (band_offset, seqlen_kv, window_left, window_right, sm_scale * LOG2E, sm_scale / softcap,
+               softcap * LOG2E, 1 if HAS_SOFTCAP else 0)
     args = (q_desc, k_desc, v_desc, o_desc, q_bufs, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE,
-            lse_base, b, h, h // group, m0, lo, hi, full_lo, full_hi, seqlen_q, seqlen_kv, band_offset, window_left,
-            window_right, sm_scale * LOG2E)
+            lse_base, SINKS, b, h, h // group, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, 1 if HAS_SINKS else 0)
     # The warpgroups are partitions of their own, so neither waits on the other's barriers.
     gl.warp_specialize([(_first_rows, args), (_second_rows, args), (_loader, args)], [4, 1], [240, 24])
