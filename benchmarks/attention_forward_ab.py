@@ -1,7 +1,7 @@
 """Forward kernels side by side on the GPU: named tiles of the `full` rule set and cuDNN, timed in turns.
 
-For the D = 64/128 prefill cases of the suite (bf16), each kernel's output is checked against
-the first one's, then every provider is timed as CUDA-event medians of back-to-back calls,
+For the prefill cases of the suite at d = 64, 128 and 256 (bf16), each kernel's output is checked
+against the first one's, then every provider is timed as CUDA-event medians of back-to-back calls,
 sampled in turns (bench.timing.interleaved_medians), so the ratios compare the same moments of
 the GPU's clock. It calibrates the ranking between families (ops/attention/ranking.py): the
 suite benchmark (attention.py) times only the rules' top few, which come from one family.
@@ -25,7 +25,8 @@ from tiledispatch.bench.timing import event_sampler, interleaved_medians
 from tiledispatch.core.runtime import current_arch
 
 SUITE = Path(__file__).parent / "suites" / "attention.json"
-KERNELS = "fwd-tma_64x64_w4_s3,fwd-ws_128x128_w8_s2,fwd-ws_128x128_w8_s3,fwd-ws_128x64_w8_s3"
+KERNELS = ("fwd-tma_64x64_w4_s3,fwd-tma_128x64_w8_s2,fwd-ws_128x128_w8_s2,fwd-ws_128x128_w8_s3,fwd-ws_128x64_w8_s3,"
+           "fwd-ws_128x64_w8_s2")
 ROUNDS = 9
 SAMPLE_MS = 30.0  # back-to-back calls per sample: about this long
 
@@ -38,13 +39,14 @@ def cases(names: list[str] | None) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kernels", default=KERNELS, help="tiles as FAMILY_BMxBN_wW_sS, the first the baseline")
-    parser.add_argument("--cases", default=None, help="comma-separated case names (default: D 64/128 prefill)")
+    parser.add_argument("--kernels", default=KERNELS,
+                        help="tiles as FAMILY_BMxBN_wW_sS; the first of them a head dim has is the baseline")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case names (default: the prefill cases at d = 64, 128, 256)")
     parser.add_argument("--out", type=Path, default=None, help="also write the medians here as JSON lines")
     args = parser.parse_args()
     arch = current_arch()
     dispatcher = Dispatcher(Registry.from_rule_set("attention", "full", arch), arch)
-    tiles = args.kernels.split(",")
     out = args.out.open("w") if args.out else None
     for case in cases(args.cases.split(",") if args.cases else None):
         b, hq, hkv, s, d = case["B"], case["Hq"], case["Hkv"], case["Sq"], case["D"]
@@ -52,6 +54,8 @@ def main() -> int:
         q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16)
+        names = {tile: f"attention_fwd_bf16_d{d}x{d}_{tile}_{arch.tag}" for tile in args.kernels.split(",")}
+        tiles = [tile for tile, name in names.items() if name in dispatcher.registry]  # d=256 has fewer
         runs = {}
         if window is None and softcap is None:  # SDPA has neither a sliding window nor a soft-cap
             def cudnn():
@@ -60,8 +64,7 @@ def main() -> int:
                                                                             enable_gqa=hq != hkv)
             runs["cudnn"] = cudnn
         for tile in tiles:
-            name = f"attention_fwd_bf16_d{d}x{d}_{tile}_{arch.tag}"
-            runs[tile] = lambda name=name: tiledispatch.attention(q, k, v, causal=causal, window=window,
+            runs[tile] = lambda name=names[tile]: tiledispatch.attention(q, k, v, causal=causal, window=window,
                                                                   softcap=softcap, kernel=name, dispatcher=dispatcher)
         reference = runs[tiles[0]]().float()
         for label, run in runs.items():
