@@ -81,11 +81,11 @@ EIGHT_WARPS = 0.83
 RESCALE_COST = 0.1
 # fwd-ws gives its MMA warps the registers the loader does not use, and its 8 warps are two
 # 64-row warpgroups, so the pressure and eight-warp terms above do not apply, nor the stage
-# count (2 and 3 stages ran within 4 % of each other, either way). Its own terms (same A/B):
-# at d=64 it ran 0.89-0.94x fwd-tma's 64x64 w4 s3, where the model without a factor said
-# 1.38x; and one program per SM runs its first and last key blocks without overlap, which
+# count (2 and 3 stages ran within 4-9 % of each other, either way). Its own terms (same A/B):
+# at d=64 it ran 0.88-0.95x fwd-tma's 64x64 w4 s3, which the model without a factor rated
+# above 1.3x; and one program per SM runs its first and last key blocks without overlap, which
 # cost S1024 (1024 keys a program) 16 % against S4096: about 280 keys' time. At d=256 (128x64,
-# 2 stages) it ran 1.26x fwd-tma and 0.89x cuDNN, which the model orders right unscaled.
+# 2 stages) it ran 1.26-1.49x fwd-tma and 0.89-1.09x cuDNN; the model rates it 0.76x cuDNN.
 WS_HEAD_DIM_FACTOR = {64: 0.65, 128: 1.0, 256: 1.0}
 WS_PROGRAM_OVERHEAD_KEYS = 280
 

@@ -162,8 +162,8 @@ def _ws_findings(config: AttentionConfig, arch, error) -> None:
     if config.head_dim_qk != config.head_dim_v or config.head_dim_qk not in WS_HEAD_DIMS:
         error(AttentionRule.FAMILY_HEAD_DIM, f"fwd-ws takes equal head dims of {WS_HEAD_DIMS}, not "
               f"{config.head_dim_qk}/{config.head_dim_v}", "use fwd-tma")
-    # One MMA warpgroup (64 rows over 4 warps) is correct but ran 0.79-0.83x of two on the H100
-    # (benchmarks/results/h100/attention_ws_ab.txt), so the rule asks for two.
+    # One MMA warpgroup (64 rows over 4 warps) is correct, but in the family's first version on
+    # the H100 it ran 0.79-0.83x of two (an A/B during bring-up, not kept), so the rule asks for two.
     if (config.num_warps, config.block_m) != (8, 128):
         error(AttentionRule.WARPGROUP_ROWS, f"fwd-ws runs two MMA warpgroups of 64 query rows: block_m="
               f"{config.block_m} over {config.num_warps} warps", "block_m=128 over 8 warps")
