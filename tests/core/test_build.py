@@ -264,3 +264,29 @@ def test_shared_memory_check_names_the_unit_and_the_limit():
     kernel.check_shared_memory(unit, SM90.shared_memory_per_block_optin, SM90)  # at the limit: fine
     with pytest.raises(BuildError, match=rf"{unit.function} \(main\) .* 232449 B .* allows 232448 B"):
         kernel.check_shared_memory(unit, SM90.shared_memory_per_block_optin + 1, SM90)
+
+
+def test_a_register_cap_is_a_compile_option_and_part_of_the_key(tiny90):
+    """A unit's cap reaches ptxas (maxnreg) and its cache key: two caps never share an artifact."""
+    from dataclasses import replace
+
+    spec = tiny90.get(PLAIN)
+    unit = kernel.units(spec)[0]
+    capped = replace(unit, max_registers=168)
+    assert "maxnreg" not in kernel._options(unit) and kernel._options(capped)["maxnreg"] == 168
+    keys = {kernel.unit_key(spec, unit), kernel.unit_key(spec, capped),
+            kernel.unit_key(spec, replace(unit, max_registers=128))}
+    assert len(keys) == 3
+
+
+@interpreter_only
+def test_a_gluon_unit_is_refused_by_the_interpreter(tiny90):
+    """Triton's interpreter cannot run Gluon: loading one there fails with that reason, not later."""
+    from dataclasses import replace
+
+    from tiledispatch.core.op import UnitKind
+
+    unit = replace(kernel.units(tiny90.get(PLAIN))[0], kind=UnitKind.GLUON)
+    with pytest.raises(BuildError, match="Gluon kernel: Triton's interpreter cannot run it"):
+        kernel.InterpretedLauncher(unit)
+    assert UnitKind.GLUON.compiled and UnitKind.TRITON.compiled and not UnitKind.PYTHON.compiled
