@@ -92,3 +92,38 @@ def test_a_call_seen_before_replays_its_plan():
     assert isinstance(d.memo(("attention", key), lambda: pytest.fail("never bound")), fastpath.BoundAttention)
     checked = d.run(check_operands(q, k, v, options=options), kernel=kernel)
     assert torch.equal(out, checked.out) and torch.equal(lse, checked.lse)
+
+
+def bwd_name(dtype: str, d: int, tile: str) -> str:
+    return f"attention_bwd_{dtype}_d{d}x{d}_bwd-ws_{tile}_{ARCH.tag}"
+
+
+BWD_CASES = {k: v for k, v in CASES.items() if "softcap" not in k}
+
+
+@pytest.mark.parametrize("tile", ["32x128_w8_s3", "32x128_w8_s2", "64x128_w8_s2"])
+@pytest.mark.parametrize("case", list(BWD_CASES))
+def test_warp_specialised_backward(case, tile):
+    """bwd-ws's dK/dV (Gluon) in the bwd plan, against the float64 reference's gradients."""
+    shape, features = BWD_CASES[case]
+    if tile.startswith("64") and shape[-1] == 128:
+        pytest.skip("64 query rows spill at d=128: the rules refuse the tile there")
+    features = dict(features)
+    bshd = features.pop("bshd", False)
+    q, k, v = inputs(*shape, dtype=torch.bfloat16, bshd=bshd)
+    check(q, k, v, families=("fwd-ws", "bwd-ws"), rule_set="default", kernel=name("bf16", shape[-1], "128x128_w8_s2"),
+          backward_kernel=bwd_name("bf16", shape[-1], tile), **features)
+
+
+def test_warp_specialised_backward_fp16_and_an_expanded_grad():
+    """fp16, and dO broadcast from a loss's sum (zero strides, made dense before the plan)."""
+    q, k, v = inputs(1, 4, 4, 512, 512, 64, dtype=torch.float16)
+    check(q, k, v, families=("fwd-ws", "bwd-ws"), rule_set="default", kernel=name("fp16", 64, "128x128_w8_s2"),
+          backward_kernel=bwd_name("fp16", 64, "64x128_w8_s2"), causal=True)
+    q, k, v = (t.detach().requires_grad_(True) for t in inputs(1, 2, 2, 256, 256, 64, dtype=torch.float16))
+    d = dispatcher("fwd-ws", "bwd-ws", rule_set="default")
+    tiledispatch.attention(q, k, v, dispatcher=d, backward_kernel=bwd_name("fp16", 64, "64x128_w8_s2")).sum().backward()
+    want = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*[t.float() for t in want]).sum().backward()
+    for got, ref in zip((q, k, v), want):
+        assert torch.allclose(got.grad.float(), ref.grad.float(), atol=2e-2, rtol=2e-2)

@@ -65,7 +65,7 @@ def test_registries_per_arch():
     assert not any(s.family.startswith("sdpa") for s in interp)
     assert {"bf16", "fp16"} <= {s.dtype for s in sm90}
     families = {s.family for s in sm90}
-    assert families == {"fwd", "fwd-tma", "fwd-ws", "bwd", "bwd-atomic", "sdpa-flash", "sdpa-cudnn"}
+    assert families == {"fwd", "fwd-tma", "fwd-ws", "bwd", "bwd-atomic", "bwd-ws", "sdpa-flash", "sdpa-cudnn"}
     assert not any(s.family.startswith("fwd-tma") for s in Registry.from_rule_set("attention", "default", SM80))
     assert any(s.family == "sdpa-cudnn" and s.name.startswith("attention_bwd") for s in sm90)  # cuDNN's backward
     assert len(Registry.from_rule_set("attention", "default", SM80)) > 0

@@ -17,6 +17,7 @@ class Family(Choice):
     FWD_WS = "fwd-ws"  # sm_90, Gluon: a TMA loader warp and two MMA warpgroups (kernels/forward_ws.py)
     BWD = "bwd"  # dK/dV per key block and dQ per query block: no atomics, deterministic
     BWD_ATOMIC = "bwd-atomic"  # dK/dV per key block, dQ by fp32 atomics and a conversion stage
+    BWD_WS = "bwd-ws"  # bwd's plan with a Gluon dK/dV stage, warp-specialised as fwd-ws (kernels/backward_ws.py)
     SDPA_FLASH = "sdpa-flash"  # PyTorch SDPA's FlashAttention-2 backend
     SDPA_CUDNN = "sdpa-cudnn"  # PyTorch SDPA's cuDNN backend
 
@@ -24,11 +25,17 @@ class Family(Choice):
     def direction(self) -> Direction | None:
         """The direction a Triton family computes; None for the vendor ones (they do both)."""
         return {Family.FWD: Direction.FORWARD, Family.FWD_TMA: Direction.FORWARD, Family.FWD_WS: Direction.FORWARD,
-                Family.BWD: Direction.BACKWARD, Family.BWD_ATOMIC: Direction.BACKWARD}.get(self)
+                Family.BWD: Direction.BACKWARD, Family.BWD_ATOMIC: Direction.BACKWARD,
+                Family.BWD_WS: Direction.BACKWARD}.get(self)
 
     @property
     def uses_tma(self) -> bool:
-        return self in (Family.FWD_TMA, Family.FWD_WS)
+        return self in (Family.FWD_TMA, Family.FWD_WS, Family.BWD_WS)
+
+    @property
+    def warp_specialised(self) -> bool:
+        """Written in Gluon for Hopper's warpgroup MMA: a loader warp and two MMA warpgroups."""
+        return self in (Family.FWD_WS, Family.BWD_WS)
 
     @property
     def is_vendor(self) -> bool:

@@ -28,6 +28,7 @@ from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionVariant, Direction, MaskKi
 _FWD = "tiledispatch.ops.attention.kernels.forward"
 _FWD_TMA = "tiledispatch.ops.attention.kernels.forward_tma"
 _FWD_WS = "tiledispatch.ops.attention.kernels.forward_ws"
+_BWD_WS = "tiledispatch.ops.attention.kernels.backward_ws"
 _BWD = "tiledispatch.ops.attention.kernels.backward"
 _SCORES = "tiledispatch.ops.attention.kernels.scores"
 _VENDOR = "tiledispatch.ops.attention.vendor"
@@ -135,7 +136,7 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
     base = _feature_constexprs(config, variant)
     if config.family is Family.FWD_WS:
         return (_ws_unit(config, variant),)
-    if config.family.uses_tma:
+    if config.family is Family.FWD_TMA:
         return (_tma_unit(config, variant),)
     if config.family is Family.FWD:
         args = ([("Q", t), ("K", t), ("V", t), ("O", t), ("LSE", "*fp32"), *features, ("SINKS", "*fp32"), *cu]
@@ -162,6 +163,8 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
     dkdv = _unit("dkdv", _BWD, "attention_bwd_dkdv", dkdv_args,
                  {**base, "ATOMIC_DQ": atomic, "HAS_DBIAS": variant.bias_grad,
                   "DOT_PRECISION": _dot_precision(config)}, config, variant)
+    if config.family is Family.BWD_WS:
+        dkdv = _ws_dkdv_unit(config, variant)
     if atomic:
         convert_args = ([("DQ_ACC", "*fp32"), ("DQ", t)] + _strides("a") + _strides("dq") + cu
                         + [("seqlen_q", "i32"), ("seqlen_kv", "i32")])
@@ -209,23 +212,46 @@ def _ws_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
 
 
 def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
-    """The Gluon forward: its descriptors' types carry their shared-memory layouts. It launches as
-    one warpgroup (the first MMA partition); the second and the loader's are added by
-    `warp_specialize`, and the register cap is what 64 K registers give those 12 warps."""
-    from triton.experimental.gluon import language as gl
-
-    dtype = gl.dtype(config.dtype.triton)
-    descriptors = [(name, f"tensordesc<{config.dtype.triton}[{', '.join(map(str, block))}],"
-                          f"{gl.NVMMASharedLayout.get_default_for(list(block), dtype)!r}>")
-                   for name, block in _ws_blocks(config).items()]
-    args = descriptors + [("LSE", "*fp32"), ("SINKS", "*fp32")] + _strides("l", "bh") + [
+    """The Gluon forward. It launches as one warpgroup (the first MMA partition); the second and
+    the loader's are added by `warp_specialize`."""
+    args = _ws_descriptor_types(config, _ws_blocks(config)) + [("LSE", "*fp32"), ("SINKS", "*fp32")] + _strides("l", "bh") + [
         ("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"), ("softcap", "fp32"),
         ("bottom_right", "i32"), ("window_left", "i32"), ("window_right", "i32")]
     constexprs = {"HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap, "HAS_SINKS": variant.sinks,
                   "STAGES": config.num_stages}
     unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant, num_warps=4)
-    warps = config.num_warps + 4  # the MMA warpgroups, and the loader's (registers go by warpgroup)
-    return replace(unit, kind=UnitKind.GLUON, max_registers=REGISTERS_PER_SM // (warps * 32) // 8 * 8)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
+
+
+def _ws_descriptor_types(config: AttentionConfig, blocks: dict) -> list[tuple[str, str]]:
+    """Gluon descriptor types: the block and the shared-memory layout it lands in."""
+    from triton.experimental.gluon import language as gl
+
+    dtype = gl.dtype(config.dtype.triton)
+    return [(name, f"tensordesc<{config.dtype.triton}[{', '.join(map(str, block))}],"
+                   f"{gl.NVMMASharedLayout.get_default_for(list(block), dtype)!r}>") for name, block in blocks.items()]
+
+
+def _ws_cap(config: AttentionConfig) -> int:
+    """The register cap: what 64 K registers give the MMA warpgroups and the loader's (by warpgroup)."""
+    return REGISTERS_PER_SM // ((config.num_warps + 4) * 32) // 8 * 8
+
+
+def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
+    """bwd-ws's descriptor blocks: K, V, dK and dV by warpgroup (64 keys), Q and dO by query block."""
+    rows = config.block_n // 2
+    return {"q_desc": (1, 1, config.block_m, config.head_dim_qk), "k_desc": (1, 1, rows, config.head_dim_qk),
+            "v_desc": (1, 1, rows, config.head_dim_v), "do_desc": (1, 1, config.block_m, config.head_dim_v),
+            "dk_desc": (1, 1, rows, config.head_dim_qk), "dv_desc": (1, 1, rows, config.head_dim_v)}
+
+
+def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+    args = _ws_descriptor_types(config, _ws_dkdv_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")] \
+        + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"),
+                                 ("bottom_right", "i32"), ("window_left", "i32"), ("window_right", "i32")]
+    unit = _unit("dkdv", _BWD_WS, "attention_bwd_dkdv_ws", args, {"STAGES": config.num_stages}, config, variant,
+                 num_warps=4)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
 
 
 def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
@@ -415,6 +441,15 @@ def _backward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
               **_runtime(ops)}
     q_blocks = triton.cdiv(p.seqlen_q, PREPROCESS_BLOCK_M)
     launches = [Launch("preprocess", (q_blocks, p.heads_q, p.batch), _values(units["preprocess"], common))]
+    if config.family is Family.BWD_WS:
+        # TMA takes no zero stride: an expanded dO (a loss's sum broadcast) is made dense first
+        grad_out = ops.grad_out
+        if any(s == 0 and n > 1 for s, n in zip(grad_out.stride(), grad_out.shape)):
+            grad_out = grad_out.contiguous()
+        blocks = _ws_dkdv_blocks(config)
+        common = {**common, **{name: tensor_descriptor(t, blocks[name]) for name, t in (
+            ("q_desc", ops.q), ("k_desc", ops.k), ("v_desc", ops.v), ("do_desc", grad_out), ("dk_desc", dk),
+            ("dv_desc", dv))}}
     launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
                            _values(units["dkdv"], common)))
     if atomic:

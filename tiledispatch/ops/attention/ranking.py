@@ -35,6 +35,8 @@ FRACTION = {
     # atomic dQ variant's best ran 301 there (benchmarks/results/h200/attention_sweep.csv).
     (Family.BWD, Direction.BACKWARD): 0.36,
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.31,
+    # bwd-ws: not yet timed against bwd; rated as bwd until it is.
+    (Family.BWD_WS, Direction.BACKWARD): 0.36,
 }
 # The backward's dK/dV step streams Q and dO: with two stages in flight it ran 0.83-0.93x
 # of three (32x128 and 64x128 w8 at d=128, same sweep).

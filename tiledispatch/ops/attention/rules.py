@@ -31,6 +31,11 @@ TMA_DTYPES = (DType.FP16, DType.BF16, DType.FP8E4M3)  # fp8: Q K^T on fp8 tensor
 WS_DTYPES = (DType.FP16, DType.BF16)
 WS_HEAD_DIMS = (64, 128, 256)  # 256: 128 x 64 tiles over 2 stages only (shared memory)
 WS_BARRIER_BYTES = 1024  # its mbarriers; it stages no bias or mask (sm_90 compiles: tiles + 364 B)
+# bwd-ws (kernels/backward_ws.py): dK and dV of 64 keys a warpgroup stay in registers, with the
+# score blocks of block_m query rows: at d=128 and 64 rows ptxas spilled 500 B, at 32 none
+# (sm_90 compiles); 64 rows at d=64 do not spill.
+BWD_WS_HEAD_DIMS = (64, 128)
+BWD_WS_QUERY_BLOCKS = (32, 64)
 
 
 class AttentionRule(enum.Enum):
@@ -72,6 +77,8 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
     # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
     # read them transposed.
+    if config.family is Family.BWD_WS:  # K and V, and a Q and a dO block per stage; P and dS stay in registers
+        return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)) + WS_BARRIER_BYTES
     dq_staging = 4 * config.block_m * qk if config.family is Family.BWD_ATOMIC else 0
     return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)
                    + 2 * config.block_m * config.block_n) + dq_staging + FEATURE_BYTES
@@ -146,29 +153,38 @@ def validate(config: AnyAttentionConfig, arch) -> ValidationResult:
         error(AttentionRule.DTYPE_ARCH, f"{config.dtype.value} is not an attention dtype", "use fp16 or bf16")
     if config.family.uses_tma:
         _tma_findings(config, arch, error)
-    if config.family is Family.FWD_WS:
+    if config.family.warp_specialised:
         _ws_findings(config, arch, error)
     return ValidationResult(tuple(out))
 
 
 def _ws_findings(config: AttentionConfig, arch, error) -> None:
-    """What the warp-specialised forward needs: Hopper's warpgroup MMA, and a warpgroup per 64 rows."""
+    """What the warp-specialised families need: Hopper's warpgroup MMA, and a warpgroup per 64 rows
+    of the side a program owns (queries forward, keys backward)."""
+    name = config.family.value
+    forward = config.direction is Direction.FORWARD
     if not arch.has(Feature.WGMMA):
-        error(AttentionRule.FAMILY_ARCH, f"fwd-ws is written for Hopper's warpgroup MMA (sm_90); {arch.name} has "
-              "none", "use fwd-tma or fwd")
+        error(AttentionRule.FAMILY_ARCH, f"{name} is written for Hopper's warpgroup MMA (sm_90); {arch.name} has "
+              "none", "use fwd-tma or fwd" if forward else "use bwd")
     if config.dtype not in WS_DTYPES:
-        error(AttentionRule.FAMILY_DTYPE, f"fwd-ws takes fp16 and bf16, not {config.dtype.value}",
+        error(AttentionRule.FAMILY_DTYPE, f"{name} takes fp16 and bf16, not {config.dtype.value}",
               "use fwd-tma for fp8")
-    if config.head_dim_qk != config.head_dim_v or config.head_dim_qk not in WS_HEAD_DIMS:
-        error(AttentionRule.FAMILY_HEAD_DIM, f"fwd-ws takes equal head dims of {WS_HEAD_DIMS}, not "
-              f"{config.head_dim_qk}/{config.head_dim_v}", "use fwd-tma")
-    # One MMA warpgroup (64 rows over 4 warps) is correct, but in the family's first version on
-    # the H100 it ran 0.79-0.83x of two (an A/B during bring-up, not kept), so the rule asks for two.
-    if (config.num_warps, config.block_m) != (8, 128):
-        error(AttentionRule.WARPGROUP_ROWS, f"fwd-ws runs two MMA warpgroups of 64 query rows: block_m="
-              f"{config.block_m} over {config.num_warps} warps", "block_m=128 over 8 warps")
+    head_dims = WS_HEAD_DIMS if forward else BWD_WS_HEAD_DIMS
+    if config.head_dim_qk != config.head_dim_v or config.head_dim_qk not in head_dims:
+        error(AttentionRule.FAMILY_HEAD_DIM, f"{name} takes equal head dims of {head_dims}, not "
+              f"{config.head_dim_qk}/{config.head_dim_v}", "use fwd-tma" if forward else "use bwd")
+    # One MMA warpgroup (64 rows over 4 warps) is correct, but in fwd-ws's first version on the
+    # H100 it ran 0.79-0.83x of two (an A/B during bring-up, not kept), so the rule asks for two.
+    owned, field = (config.block_m, "block_m") if forward else (config.block_n, "block_n")
+    if (config.num_warps, owned) != (8, 128):
+        error(AttentionRule.WARPGROUP_ROWS, f"{name} runs two MMA warpgroups of 64 rows: {field}={owned} over "
+              f"{config.num_warps} warps", f"{field}=128 over 8 warps")
+    if not forward and (config.block_m not in BWD_WS_QUERY_BLOCKS or config.block_m * config.head_dim_qk > 4096):
+        error(AttentionRule.WARPGROUP_ROWS, f"bwd-ws steps 32 query rows, or 64 up to d=64, not {config.block_m} at "
+              f"d={config.head_dim_qk}: the score blocks and dK, dV outgrow a warpgroup's registers",
+              "block_m=32")
     if config.num_stages < 2:
-        error(AttentionRule.STAGES, "fwd-ws's loader runs num_stages - 1 key blocks ahead of the MMA warps: "
+        error(AttentionRule.STAGES, f"{name}'s loader runs num_stages - 1 blocks ahead of the MMA warps: "
               f"num_stages={config.num_stages} leaves it none", "num_stages=2")
 
 
@@ -250,6 +266,10 @@ def _tma_supports(config: AttentionConfig, problem: AttentionProblem) -> str | N
     name = config.family.value
     extras = [what for what, on in (("a mask tensor", v.user_mask is not UserMask.NONE), ("a bias", v.bias),
                                     ("ALiBi", v.alibi), ("dropout", v.dropout), ("varlen", v.varlen)) if on]
+    if config.family is Family.BWD_WS:
+        extras += [what for what, on in (("soft-cap", v.softcap), ("sinks", v.sinks)) if on]
+        if extras:
+            return f"bwd-ws takes bands and GQA only, not {', '.join(extras)} (the bwd family does)"
     if extras:
         return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the fwd family does)"
     if not v.aligned:

@@ -16,7 +16,7 @@ from ...core.dtypes import DType
 from ...core.op import RuleSet
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from .problem import HEAD_DIMS, Direction
-from .rules import WS_HEAD_DIMS
+from .rules import BWD_WS_HEAD_DIMS, WS_HEAD_DIMS
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ DEFAULT_TMA = TESTS_TMA + (
 # 128x64 0.79-0.97x of 128x128. At d=256 only 128x64 over 2 stages fits (192 KiB): 1.26-1.49x
 # fwd-tma's 128x64 w8 s2.
 DEFAULT_WS = (Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2))
+# bwd-ws: two warpgroups own 128 keys and step 32 query rows, or 64 at d=64 (the rules refuse it at 128).
+DEFAULT_BWD_WS = (Tile(32, 128, 8, 3), Tile(32, 128, 8, 2), Tile(64, 128, 8, 2))
 # Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
 # tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
 DEFAULT_BWD = TESTS_BWD + (
@@ -78,7 +80,8 @@ TMA_HEAD_DIMS = tuple((d_qk, d_v) for d_qk, d_v in HEAD_DIM_PAIRS if d_qk & (d_q
 HALF_DTYPES = (DType.FP16, DType.BF16)
 
 
-def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), ws_tiles=()) -> Iterator[AnyAttentionConfig]:
+def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), ws_tiles=(),
+          bwd_ws_tiles=()) -> Iterator[AnyAttentionConfig]:
     """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction.
 
     The tensor-descriptor families are bound to half dtypes and power-of-two head dims only;
@@ -87,6 +90,7 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), ws_tiles
     """
     tma_head_dims = [d for d in head_dims if d in TMA_HEAD_DIMS]
     ws_head_dims = [(d_qk, d_v) for d_qk, d_v in head_dims if d_qk == d_v and d_qk in WS_HEAD_DIMS]
+    bwd_ws_head_dims = [(d_qk, d_v) for d_qk, d_v in head_dims if d_qk == d_v and d_qk in BWD_WS_HEAD_DIMS]
 
     def tma_forwards(dtype: DType) -> Iterator[AttentionConfig]:
         for (d_qk, d_v), tile in itertools.product(tma_head_dims, tma_tiles):
@@ -109,6 +113,10 @@ def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), ws_tiles
         for family, (d_qk, d_v), tile in itertools.product((Family.BWD, Family.BWD_ATOMIC), head_dims, bwd_tiles):
             yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                   tile.num_stages)
+        if dtype in HALF_DTYPES:
+            for (d_qk, d_v), tile in itertools.product(bwd_ws_head_dims, bwd_ws_tiles):
+                yield AttentionConfig(Family.BWD_WS, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+                                      tile.num_stages)
 
 
 def tiny() -> Iterator[AnyAttentionConfig]:
@@ -120,13 +128,15 @@ def tests() -> Iterator[AnyAttentionConfig]:
 
 
 def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, ws_tiles=DEFAULT_WS)
+    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, ws_tiles=DEFAULT_WS,
+                 bwd_ws_tiles=DEFAULT_BWD_WS)
 
 
 def full() -> Iterator[AnyAttentionConfig]:
     """Every default config, plus the whole tile space for every signature."""
     seen = set()
-    everything = _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS, tma_tiles=FULL_TILES, ws_tiles=FULL_TILES)
+    everything = _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS, tma_tiles=FULL_TILES, ws_tiles=FULL_TILES,
+                       bwd_ws_tiles=FULL_TILES)
     for config in itertools.chain(default(), everything):
         if config not in seen:
             seen.add(config)
