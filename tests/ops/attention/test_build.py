@@ -143,3 +143,16 @@ def test_the_gluon_forward_compiles_warp_specialised(built_ws):
         assert ".target sm_90a" in ptx and "setmaxnreg" in ptx, entry.key
         assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx, entry.key
         assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin
+
+
+def test_the_gluon_backward_stage_compiles_warp_specialised(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attention-bwd-ws")
+    os.chmod(root, 0o700)
+    cache = KernelCache(root / "cache")
+    spec = Registry.from_rule_set("attention", "default", SM90).get("attention_bwd_bf16_d128x128_bwd-ws_32x128_w8_s3_sm90")
+    results = kernel.build_all([spec], cache, jobs=1, specializations=(AttentionVariant(band=True),))
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    dkdv = next(e for e in cache.entries() if e.metadata["stage"] == "dkdv")
+    ptx = dkdv.files[kernel.PTX_FILE].read_text()
+    assert "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+    assert dkdv.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin
