@@ -35,9 +35,10 @@ FRACTION = {
     # atomic dQ variant's best ran 301 there (benchmarks/results/h200/attention_sweep.csv).
     (Family.BWD, Direction.BACKWARD): 0.36,
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.31,
-    # bwd-ws, timed in turns with bwd on the H100 (backward alone, fwd-ws forward): 32x128 w8 s3
-    # ran 1.09-1.27x bwd's 64x128 w8 s3 at d=128 and 1.25x at d=64 (about bwd's 64x64 w4 s2);
-    # 0.38 models 1.19x and 1.10x. cuDNN's backward stays ahead (its fwd+bwd: 1.33-1.40x ours).
+    # bwd-ws, timed in turns with bwd on the H100 (benchmarks/attention_backward_ab.py, two runs):
+    # 32x128 w8 s3 ran 1.05-1.27x bwd's 64x128 w8 s3 at d=128 and 1.22-1.25x at d=64 (bwd's
+    # 64x64 w4 s2: 0.98-1.15x and 1.26-1.28x); 0.38 models 1.19x and 1.10x. cuDNN's backward stays
+    # ahead (its forward+backward ran 1.2-1.4x ours).
     (Family.BWD_WS, Direction.BACKWARD): 0.38,
 }
 # The backward's dK/dV step streams Q and dO: with two stages in flight it ran 0.83-0.93x
