@@ -149,7 +149,8 @@ def test_the_gluon_backward_stage_compiles_warp_specialised(tmp_path_factory):
     root = tmp_path_factory.mktemp("attention-bwd-ws")
     os.chmod(root, 0o700)
     cache = KernelCache(root / "cache")
-    spec = Registry.from_rule_set("attention", "default", SM90).get("attention_bwd_bf16_d128x128_bwd-ws_32x128_w8_s3_sm90")
+    registry = Registry.from_rule_set("attention", "default", SM90)
+    spec = registry.get("attention_bwd_bf16_d128x128_bwd-ws_32x128_w8_s3_sm90")
     results = kernel.build_all([spec], cache, jobs=1, specializations=(AttentionVariant(band=True),))
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     dkdv = next(e for e in cache.entries() if e.metadata["stage"] == "dkdv")

@@ -272,7 +272,8 @@ def test_the_warp_specialised_forward_is_hopper_only_and_names_its_rules():
 def test_the_warp_specialised_forward_takes_bands_soft_cap_sinks_and_gqa():
     plain = problem(seqlen_q=1000, seqlen_kv=1100, heads_q=8, heads_kv=2, dtype=DType.BF16)
     assert supports(WS, plain) is None
-    causal = replace(plain, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True, softcap=True, sinks=True))
+    causal = replace(plain, mask=MaskKind.CAUSAL_TOP_LEFT,
+                     variant=AttentionVariant(band=True, softcap=True, sinks=True))
     assert supports(WS, causal) is None
     for feature in ("bias", "dropout", "alibi"):
         reason = supports(WS, replace(plain, variant=AttentionVariant(**{feature: True})))
@@ -330,7 +331,8 @@ def test_the_warp_specialised_backward_names_its_rules_and_takes_the_common_case
     }
     for (config, arch_info), rule in cases.items():
         assert rule in validate(config, arch_info).broken_rules(), (config.name, arch_info.name)
-    plain = problem(seqlen_q=1000, seqlen_kv=1100, heads_q=8, heads_kv=2, dtype=DType.BF16, direction=Direction.BACKWARD)
+    plain = problem(seqlen_q=1000, seqlen_kv=1100, heads_q=8, heads_kv=2, dtype=DType.BF16,
+                    direction=Direction.BACKWARD)
     assert supports(BWD_WS, plain) is None
     assert supports(BWD_WS, replace(plain, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True))) is None
     for feature in ("softcap", "sinks", "bias", "dropout"):

@@ -214,9 +214,10 @@ def _ws_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
 def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
     """The Gluon forward. It launches as one warpgroup (the first MMA partition); the second and
     the loader's are added by `warp_specialize`."""
-    args = _ws_descriptor_types(config, _ws_blocks(config)) + [("LSE", "*fp32"), ("SINKS", "*fp32")] + _strides("l", "bh") + [
-        ("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"), ("softcap", "fp32"),
-        ("bottom_right", "i32"), ("window_left", "i32"), ("window_right", "i32")]
+    args = (_ws_descriptor_types(config, _ws_blocks(config)) + [("LSE", "*fp32"), ("SINKS", "*fp32")]
+            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
+                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
+                                     ("window_left", "i32"), ("window_right", "i32")])
     constexprs = {"HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap, "HAS_SINKS": variant.sinks,
                   "STAGES": config.num_stages}
     unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant, num_warps=4)
@@ -246,9 +247,11 @@ def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, i
 
 
 def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
-    args = _ws_descriptor_types(config, _ws_dkdv_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")] \
-        + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"), ("sm_scale", "fp32"),
-                                 ("bottom_right", "i32"), ("window_left", "i32"), ("window_right", "i32")]
+    """bwd-ws's dK/dV stage (the bwd plan's other stages are bwd's)."""
+    args = (_ws_descriptor_types(config, _ws_dkdv_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")]
+            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
+                                     ("sm_scale", "fp32"), ("bottom_right", "i32"), ("window_left", "i32"),
+                                     ("window_right", "i32")])
     unit = _unit("dkdv", _BWD_WS, "attention_bwd_dkdv_ws", args, {"STAGES": config.num_stages}, config, variant,
                  num_warps=4)
     return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
@@ -383,8 +386,8 @@ def _forward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
     grid = (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch)
     if config.family is Family.FWD_WS:
         blocks = _ws_blocks(config)
-        bound = {"q_desc": tensor_descriptor(ops.q, blocks["q_desc"]), "k_desc": tensor_descriptor(k, blocks["k_desc"]),
-                 "v_desc": tensor_descriptor(ops.v, blocks["v_desc"]), "o_desc": tensor_descriptor(out, blocks["o_desc"]),
+        bound = {**{name: tensor_descriptor(t, blocks[name])
+                    for name, t in (("q_desc", ops.q), ("k_desc", k), ("v_desc", ops.v), ("o_desc", out))},
                  "LSE": lse, "SINKS": ops.sinks if ops.sinks is not None else lse, **_lse_strides(lse, False),
                  **_runtime(ops), "sm_scale": scale}
         return Plan((Launch("fwd", grid, _values(unit, bound)),), AttentionResult(out, lse))
