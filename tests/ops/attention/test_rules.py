@@ -352,3 +352,44 @@ def test_the_rules_take_the_warp_specialised_backward_among_triton_kernels():
         p = problem(batch=8, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_kv=4096, head_dim_qk=d, head_dim_v=d,
                     dtype=DType.BF16, direction=Direction.BACKWARD)
         assert triton.select(p).name == f"attention_bwd_bf16_d{d}x{d}_bwd-ws_32x128_w8_s3_sm90"
+
+
+def _launch_args(plan, stage, config, variant):
+    """A plan stage's arguments by name (the unit's signature order)."""
+    unit = next(u for u in kernel_units(config, variant) if u.stage == stage)
+    launch = next(launch for launch in plan.launches if launch.stage == stage)
+    return dict(zip((name for name, _ in unit.signature), launch.args))
+
+
+def test_the_warp_specialised_plans_bind_their_descriptors():
+    """The Gluon stages cannot run here; their plans can: each descriptor describes the tensor and
+    the block its kernel was compiled for, O's and dK/dV's the plan's own outputs, and an
+    expanded dO (zero strides, which TMA cannot step) a dense copy of it."""
+    import torch
+
+    from tiledispatch.ops.attention import AttentionOptions, check_operands
+    from tiledispatch.ops.attention.plan import plan
+
+    q = torch.randn(1, 4, 200, 128, dtype=torch.bfloat16)
+    k, v = torch.randn(1, 2, 300, 128, dtype=torch.bfloat16), torch.randn(1, 2, 300, 128, dtype=torch.bfloat16)
+    options = AttentionOptions(causal=MaskKind.CAUSAL_BOTTOM_RIGHT, needs_lse=True)
+    ops = check_operands(q, k, v, options=options)
+    forward = plan(WS, ops)
+    args = _launch_args(forward, "fwd", WS, ops.problem.variant)
+    assert forward.launches[0].grid == (2, 4, 1)
+    assert args["q_desc"].base is q and list(args["q_desc"].block_shape) == [1, 1, 64, 128]
+    assert args["k_desc"].base is k and list(args["k_desc"].block_shape) == [1, 1, 128, 128]
+    assert args["o_desc"].base is forward.output.out and args["LSE"] is forward.output.lse
+    assert (args["HAS_BAND"], args["seqlen_q"], args["seqlen_kv"], args["group"]) == (True, 200, 300, 2)
+
+    out, lse = torch.randn(1, 4, 200, 128, dtype=torch.bfloat16), torch.randn(1, 4, 200)
+    grad_out = torch.randn(128, dtype=torch.bfloat16).expand(1, 4, 200, 128)  # strides (0, 0, 0, 1)
+    ops = check_operands(q, k, v, options=options, direction=Direction.BACKWARD, out=out, lse=lse, grad_out=grad_out)
+    backward = plan(BWD_WS, ops)
+    assert [launch.stage for launch in backward.launches] == ["preprocess", "dkdv", "dq"]
+    args = _launch_args(backward, "dkdv", BWD_WS, ops.problem.variant)
+    assert backward.launches[1].grid == (3, 2, 1)  # 128 keys a program, one program per K/V head
+    assert list(args["k_desc"].block_shape) == [1, 1, 64, 128] and list(args["q_desc"].block_shape) == [1, 1, 32, 128]
+    assert args["dk_desc"].base is backward.output.dk and args["dv_desc"].base is backward.output.dv
+    dense = args["do_desc"].base
+    assert dense is not grad_out and dense.is_contiguous() and torch.equal(dense, grad_out)
