@@ -22,7 +22,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tiledispatch import Dispatcher, Registry
-from tiledispatch.bench.timing import event_sampler, interleaved_medians
+from tiledispatch.bench.timing import calls_lasting, event_sampler, interleaved_medians
 from tiledispatch.core.runtime import current_arch
 
 SUITE = Path(__file__).parent / "suites" / "attention.json"
@@ -81,16 +81,8 @@ def main() -> int:
             if not error < 3e-2:
                 print(f"{case['name']}: {tile}'s gradients differ from {tiles[0]}'s by {error}", file=sys.stderr)
                 return 1
-        samplers = {}
-        for label, run in runs.items():
-            run()
-            torch.cuda.synchronize()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            run()
-            end.record()
-            end.synchronize()
-            samplers[label] = event_sampler(run, max(3, min(50, round(SAMPLE_MS / begin.elapsed_time(end)))))
+        samplers = {label: event_sampler(run, calls_lasting(run, SAMPLE_MS, least=3, most=50))
+                    for label, run in runs.items()}
         times = interleaved_medians(samplers, ROUNDS)
         fwd = times["forward"]
         print(f"== {case['name']} ({torch.cuda.get_device_name()}): forward {fwd * 1e3:.0f} us, cuDNN forward+backward "

@@ -21,7 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tiledispatch import Dispatcher, Registry
-from tiledispatch.bench.timing import event_sampler, interleaved_medians
+from tiledispatch.bench.timing import calls_lasting, event_sampler, interleaved_medians
 from tiledispatch.core.runtime import current_arch
 
 SUITE = Path(__file__).parent / "suites" / "attention.json"
@@ -72,16 +72,8 @@ def main() -> int:
             if not error < 2e-2:
                 print(f"{case['name']}: {label} differs from {tiles[0]} by {error}", file=sys.stderr)
                 return 1
-        samplers = {}
-        for label, run in runs.items():
-            run()
-            torch.cuda.synchronize()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            run()
-            end.record()
-            end.synchronize()
-            samplers[label] = event_sampler(run, max(3, min(100, round(SAMPLE_MS / begin.elapsed_time(end)))))
+        samplers = {label: event_sampler(run, calls_lasting(run, SAMPLE_MS, least=3, most=100))
+                    for label, run in runs.items()}
         times = interleaved_medians(samplers, ROUNDS)
         print(f"== {case['name']} ({torch.cuda.get_device_name()})", flush=True)
         for label, ms in sorted(times.items(), key=lambda kv: kv[1]):

@@ -38,6 +38,13 @@ def time_call(fn: Callable[[], object], *, on_gpu: bool, repeats: int = 50, warm
     return Timing(statistics.median(times), repeats, "cuda-events")
 
 
+def calls_lasting(fn: Callable[[], object], sample_ms: float, *, least: int, most: int, repeats: int = 1) -> int:
+    """How many back-to-back calls of `fn` take about `sample_ms` on the GPU (its median over
+    `repeats` calls, after one warm-up), within [least, most]: the size of one timing sample."""
+    once_ms = time_call(fn, on_gpu=True, repeats=repeats, warmup=1).median_ms
+    return max(least, min(most, round(sample_ms / max(once_ms, 1e-4))))
+
+
 def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 200) -> float:
     """Host time of a call, in microseconds: wall clock over back-to-back calls whose GPU work
     is tiny, so the host is what paces them (a final synchronize is left out of the count)."""

@@ -85,14 +85,13 @@ def measure(runs: Mapping[str, Callable[[], object]], on_gpu: bool) -> dict[str,
     a persistent kernel picked at 202 TFLOP/s over cuBLAS's 257). Taken in turns, every
     median comes from the same moments of a drifting clock (bench.timing.interleaved_medians).
     """
-    from ..bench.timing import graph_sampler, interleaved_medians, time_call
+    from ..bench.timing import calls_lasting, graph_sampler, interleaved_medians, time_call
 
     if not on_gpu:  # the interpreter: one wall-clock run each, enough to exercise the strategy
         return {name: time_call(fn, on_gpu=False).median_ms for name, fn in runs.items()}
     samplers = {}
     for name, fn in runs.items():
-        once_ms = time_call(fn, on_gpu=True, repeats=3, warmup=1).median_ms
-        calls = max(1, min(MAX_CALLS, round(SAMPLE_SECONDS * 1e3 / max(once_ms, 1e-4))))
+        calls = calls_lasting(fn, SAMPLE_SECONDS * 1e3, least=1, most=MAX_CALLS, repeats=3)
         samplers[name] = graph_sampler(lambda _, fn=fn: fn(), [None], calls)
     times = interleaved_medians(samplers, ROUNDS)
     first, second = (sorted(times, key=times.get) + [None])[:2]
