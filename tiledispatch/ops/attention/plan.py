@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
+from ... import arch as arch_facts
 from ...core.dtypes import DType
 from ...core.errors import BuildError, InvalidProblemError
 from ...core.launch import Launch, Plan
@@ -38,7 +39,6 @@ USER_MASK_CODES = {UserMask.NONE: 0, UserMask.BOOLEAN: 1, UserMask.ADDITIVE: 2}
 ZEROED_ARGS = frozenset({"DQ_ACC", "DBIAS"})
 PREPROCESS_BLOCK_M = 64  # memory-bound row sums: 64 rows of dO and O per program
 MAX_GRID_YZ = 65535
-REGISTERS_PER_SM = 65536  # sm_90, the one arch fwd-ws compiles for
 
 
 @dataclass
@@ -234,8 +234,9 @@ def _ws_descriptor_types(config: AttentionConfig, blocks: dict) -> list[tuple[st
 
 
 def _ws_cap(config: AttentionConfig) -> int:
-    """The register cap: what 64 K registers give the MMA warpgroups and the loader's (by warpgroup)."""
-    return REGISTERS_PER_SM // ((config.num_warps + 4) * 32) // 8 * 8
+    """The register cap: what an sm_90 multiprocessor's registers (the one arch the Gluon families
+    compile for) give the MMA warpgroups and the loader's (registers go by warpgroup)."""
+    return arch_facts.load("sm_90").registers_per_sm // ((config.num_warps + 4) * 32) // 8 * 8
 
 
 def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
