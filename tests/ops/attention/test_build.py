@@ -145,7 +145,7 @@ def test_the_gluon_forward_compiles_warp_specialised(built_ws):
         assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin
 
 
-def test_the_gluon_backward_stage_compiles_warp_specialised(tmp_path_factory):
+def test_the_gluon_backward_stages_compile_warp_specialised(tmp_path_factory):
     root = tmp_path_factory.mktemp("attention-bwd-ws")
     os.chmod(root, 0o700)
     cache = KernelCache(root / "cache")
@@ -153,7 +153,8 @@ def test_the_gluon_backward_stage_compiles_warp_specialised(tmp_path_factory):
     spec = registry.get("attention_bwd_bf16_d128x128_bwd-ws_32x128_w8_s3_sm90")
     results = kernel.build_all([spec], cache, jobs=1, specializations=(AttentionVariant(band=True),))
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-    dkdv = next(e for e in cache.entries() if e.metadata["stage"] == "dkdv")
-    ptx = dkdv.files[kernel.PTX_FILE].read_text()
-    assert "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
-    assert dkdv.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin
+    for stage in ("dkdv", "dq"):
+        entry = next(e for e in cache.entries() if e.metadata["stage"] == stage)
+        ptx = entry.files[kernel.PTX_FILE].read_text()
+        assert "setmaxnreg" in ptx and "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx, stage
+        assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin

@@ -25,6 +25,7 @@ from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from .kernels.scores import SOFTCAP_MUFU, SOFTCAP_PORTABLE, UNBOUNDED
 from .operands import AttentionOperands
 from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionVariant, Direction, MaskKind, UserMask
+from .rules import BWD_WS_DQ_KEYS
 
 _FWD = "tiledispatch.ops.attention.kernels.forward"
 _FWD_TMA = "tiledispatch.ops.attention.kernels.forward_tma"
@@ -164,7 +165,7 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
                  {**base, "ATOMIC_DQ": atomic, "HAS_DBIAS": variant.bias_grad,
                   "DOT_PRECISION": _dot_precision(config)}, config, variant)
     if config.family is Family.BWD_WS:
-        dkdv = _ws_dkdv_unit(config, variant)
+        return preprocess, _ws_dkdv_unit(config, variant), _ws_dq_unit(config, variant)
     if atomic:
         convert_args = ([("DQ_ACC", "*fp32"), ("DQ", t)] + _strides("a") + _strides("dq") + cu
                         + [("seqlen_q", "i32"), ("seqlen_kv", "i32")])
@@ -254,6 +255,25 @@ def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelU
                                      ("sm_scale", "fp32"), ("bottom_right", "i32"), ("window_left", "i32"),
                                      ("window_right", "i32")])
     unit = _unit("dkdv", _BWD_WS, "attention_bwd_dkdv_ws", args, {"STAGES": config.num_stages}, config, variant,
+                 num_warps=4)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
+
+
+def _ws_dq_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
+    """bwd-ws's dQ blocks: Q, dO and dQ by warpgroup (64 rows of block_n), K and V by key block."""
+    rows, keys = config.block_n // 2, BWD_WS_DQ_KEYS
+    return {"q_desc": (1, 1, rows, config.head_dim_qk), "k_desc": (1, 1, keys, config.head_dim_qk),
+            "v_desc": (1, 1, keys, config.head_dim_v), "do_desc": (1, 1, rows, config.head_dim_v),
+            "dq_desc": (1, 1, rows, config.head_dim_qk)}
+
+
+def _ws_dq_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+    """bwd-ws's dQ stage."""
+    args = (_ws_descriptor_types(config, _ws_dq_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")]
+            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
+                                     ("sm_scale", "fp32"), ("bottom_right", "i32"), ("window_left", "i32"),
+                                     ("window_right", "i32")])
+    unit = _unit("dq", _BWD_WS, "attention_bwd_dq_ws", args, {"STAGES": config.num_stages}, config, variant,
                  num_warps=4)
     return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
 
@@ -450,10 +470,17 @@ def _backward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
         grad_out = ops.grad_out
         if any(s == 0 and n > 1 for s, n in zip(grad_out.stride(), grad_out.shape)):
             grad_out = grad_out.contiguous()
-        blocks = _ws_dkdv_blocks(config)
-        common = {**common, **{name: tensor_descriptor(t, blocks[name]) for name, t in (
-            ("q_desc", ops.q), ("k_desc", ops.k), ("v_desc", ops.v), ("do_desc", grad_out), ("dk_desc", dk),
-            ("dv_desc", dv))}}
+        tensors = {"q_desc": ops.q, "k_desc": ops.k, "v_desc": ops.v, "do_desc": grad_out, "dk_desc": dk,
+                   "dv_desc": dv, "dq_desc": dq}
+        dkdv = {**common, **{name: tensor_descriptor(tensors[name], block)
+                             for name, block in _ws_dkdv_blocks(config).items()}}
+        dq_stage = {**common, **{name: tensor_descriptor(tensors[name], block)
+                                 for name, block in _ws_dq_blocks(config).items()}}
+        launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
+                               _values(units["dkdv"], dkdv)))
+        launches.append(Launch("dq", (triton.cdiv(p.seqlen_q, config.block_n), p.heads_q, p.batch),
+                               _values(units["dq"], dq_stage)))
+        return Plan(tuple(launches), AttentionGrads(dq, dk, dv, delta, dbias))
     launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
                            _values(units["dkdv"], common)))
     if atomic:

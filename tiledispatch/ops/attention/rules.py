@@ -36,6 +36,9 @@ WS_BARRIER_BYTES = 1024  # its mbarriers; it stages no bias or mask (sm_90 compi
 # (sm_90 compiles); 64 rows at d=64 do not spill.
 BWD_WS_HEAD_DIMS = (64, 128)
 BWD_WS_QUERY_BLOCKS = (32, 64)
+# Its dQ stage owns block_n query rows (64 a warpgroup, with S, dP and dQ in registers) and
+# steps this many keys: at d=128, 128 keys would hold 192 accumulator registers a thread.
+BWD_WS_DQ_KEYS = 64
 
 
 class AttentionRule(enum.Enum):
@@ -77,8 +80,9 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
     # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
     # read them transposed.
-    if config.family is Family.BWD_WS:  # K and V, and a Q and a dO block per stage; P and dS stay in registers
-        return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)) + WS_BARRIER_BYTES
+    if config.family is Family.BWD_WS:  # block_n rows of one side stay, blocks of the other stream; P, dS in registers
+        streamed = max(config.block_m, BWD_WS_DQ_KEYS)  # dK/dV streams query blocks, dQ key blocks
+        return size * (config.block_n + stages * streamed) * (qk + dv) + WS_BARRIER_BYTES
     dq_staging = 4 * config.block_m * qk if config.family is Family.BWD_ATOMIC else 0
     return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)
                    + 2 * config.block_m * config.block_n) + dq_staging + FEATURE_BYTES

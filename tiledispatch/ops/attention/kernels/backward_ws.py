@@ -1,13 +1,18 @@
-"""Family `bwd-ws`'s dK/dV stage: the Hopper backward, warp-specialised, written in Gluon.
+"""Family `bwd-ws`: the Hopper backward, warp-specialised, written in Gluon.
 
-The plan is the `bwd` family's (preprocess, dK/dV, dQ; kernels/backward.py) with this kernel
-for dK/dV, laid out as fwd-ws is (kernels/forward_ws.py): a program owns 128 keys of one K/V
-head; a loader warp brings them once, then streams Q and dO blocks (of every query head of
-the group) through TMA into a ring; two MMA warpgroups, 64 keys each and partitions of their
-own, take every block: S^T = K Q^T and dP^T = V dO^T are issued together, P^T is formed while
-dP^T runs, then dV += P^T dO and dK += dS^T Q. Nothing is in flight across blocks (ptxas
-serialises the kernel's wgmma otherwise; see forward_ws.py). dK and dV leave through TMA from
-the buffers K and V came in.
+The plan is the `bwd` family's (preprocess, dK/dV, dQ; kernels/backward.py) with both of its
+big stages here, laid out as fwd-ws is (kernels/forward_ws.py): a loader warp and two MMA
+warpgroups of 64 rows, each a partition of its own, and nothing in flight across blocks
+(ptxas serialises the kernel's wgmma otherwise; see forward_ws.py).
+  - dK/dV: a program owns 128 keys of one K/V head; the loader brings them once, then streams
+    Q and dO blocks (of every query head of the group) through a ring. S^T = K Q^T and
+    dP^T = V dO^T are issued together, P^T is formed while dP^T runs, then dV += P^T dO and
+    dK += dS^T Q. dK and dV leave through TMA from the buffers K and V came in.
+  - dQ: a program owns 128 query rows of one head; the loader brings Q and dO once, then
+    streams K and V blocks. S = Q K^T and dP = dO V^T go together, then dQ += dS K; dQ leaves
+    from Q's buffer.
+Timed in turns on the H100 (benchmarks/attention_backward_ab.py), 32x128 w8 s3 ran 1.24-1.47x
+bwd's 64x128 w8 s3 at d=128 with both stages here, against 1.05-1.27x with bwd's dQ stage.
 
 Bands and GQA, half inputs, head dims 64 and 128; no soft-cap, sinks, bias, mask tensor,
 ALiBi, dropout or varlen (the `bwd` family takes those).
@@ -23,9 +28,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .scores import LOG2E, query_range
+from .scores import LOG2E, key_range, query_range
 
 _query_range = gluon.jit(query_range.fn)  # the same bounds as the `bwd` family's, compiled by Gluon
+_key_range = gluon.jit(key_range.fn)
 
 
 @gluon.jit
@@ -193,3 +199,153 @@ def attention_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty,
             LSE, DELTA, stride_lb, stride_lh, b, h_kv, n0, group, lo, hi, full_lo, full_hi, scoring)
     gl.warp_specialize([(_first_keys, args), (_second_keys, args), (_loader, args)], [4, 1], [240, 24])
+
+
+# The dQ stage. Its rows are fixed, so LSE and delta are read once, not per block.
+
+@gluon.jit
+def _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, start, end, count):
+    """K and V blocks [start, end) into the ring, each once both warpgroups are done with its buffer."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    n = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    for j in range(n):
+        s = (count + j) % STAGES
+        mbarrier.wait(empty.index(s), (((count + j) // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
+        mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, h_kv, start + j * BLOCK_N, 0], ready.index(s), k_bufs.index(s))
+        tma.async_copy_global_to_shared(v_desc, [b, h_kv, start + j * BLOCK_N, 0], ready.index(s), v_bufs.index(s))
+    return count + n
+
+
+@gluon.jit
+def _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, start, end, count, scoring,
+                s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr):
+    """dQ of one warpgroup's rows over key blocks [start, end)."""
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
+    HEAD_QK: gl.constexpr = k_bufs.type.shape[4]
+    HEAD_V: gl.constexpr = v_bufs.type.shape[4]
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    ROWS: gl.constexpr = q.type.shape[0]
+    band_offset, len_kv, window_left, window_right, qk_scale = scoring
+    offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    n = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
+    for j in range(n):
+        s = (count + j) % STAGES
+        mbarrier.wait(ready.index(s), ((count + j) // STAGES) & 1)
+        k = k_bufs.index(s).reshape([BLOCK_N, HEAD_QK])
+        qk = warpgroup_mma(q, k.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do, v_bufs.index(s).reshape([BLOCK_N, HEAD_V]).permute((1, 0)), zero, use_acc=False,
+                           is_async=True)
+        qk = warpgroup_mma_wait(1, deps=[qk])  # issued first, so done first
+        p = gl.exp2(qk * qk_scale - lse2[:, None])
+        if MASKED:
+            cols = start + j * BLOCK_N + offs_n
+            diagonal = rows[:, None] + band_offset
+            visible = ((cols[None, :] < len_kv) & (cols[None, :] >= diagonal - window_left)
+                       & (cols[None, :] <= diagonal + window_right))
+            p = gl.where(visible, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=[dp])
+        ds = p * (dp - delta[:, None])
+        dq = warpgroup_mma(gl.convert_layout(ds.to(q.dtype), ds_layout), k, dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq])
+        mbarrier.arrive(empty.index(s))
+    return dq, count + n
+
+
+@gluon.jit
+def _dq_warpgroup(which: gl.constexpr, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE, DELTA,
+                  l_base, b, h, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, sm_scale):
+    """One MMA warpgroup's 64 query rows: the interior key blocks, then the masked ones at the band's edges; dQ."""
+    ROWS: gl.constexpr = q_bufs.type.shape[3]
+    HEAD_QK: gl.constexpr = q_bufs.type.shape[4]
+    HEAD_V: gl.constexpr = do_bufs.type.shape[4]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
+    k_width: gl.constexpr = 32 // q_bufs.dtype.primitive_bitwidth
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_QK, 16])
+    ds_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=k_width)
+    first = m0 + which * ROWS
+    rows = first + gl.arange(0, ROWS, gl.SliceLayout(1, s_layout))
+    # rows past the sequence, or that saw no key, get LSE +inf: their P is 0
+    lse = gl.load(LSE + l_base + rows, mask=rows < seqlen_q, other=float("inf"))
+    lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+    delta = gl.load(DELTA + l_base + rows, mask=rows < seqlen_q, other=0.0)
+    q_smem = q_bufs.index(which)
+    q = q_smem.reshape([ROWS, HEAD_QK])
+    do = do_bufs.index(which).reshape([ROWS, HEAD_V])
+    dq = gl.zeros([ROWS, HEAD_QK], gl.float32, dq_layout)
+    mbarrier.wait(q_bar, 0)
+    dq, count = _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, full_lo, full_hi, 0,
+                            scoring, s_layout, ds_layout, False)
+    dq, count = _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, lo, full_lo, count,
+                            scoring, s_layout, ds_layout, True)
+    dq, count = _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, full_hi, hi, count,
+                            scoring, s_layout, ds_layout, True)
+    q.store((dq * sm_scale).to(q_bufs.dtype))  # Q is read no more: its buffer stages dQ for the TMA store
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dq_desc, [b, h, first, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _first_rows(q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE,
+                DELTA, l_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, sm_scale):
+    _dq_warpgroup(0, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE, DELTA, l_base, b, h, m0, lo,
+                  hi, full_lo, full_hi, seqlen_q, scoring, sm_scale)
+
+
+@gluon.jit
+def _second_rows(q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE,
+                 DELTA, l_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, sm_scale):
+    _dq_warpgroup(1, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE, DELTA, l_base, b, h, m0, lo,
+                  hi, full_lo, full_hi, seqlen_q, scoring, sm_scale)
+
+
+@gluon.jit
+def _dq_loader(q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE,
+               DELTA, l_base, b, h, h_kv, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, sm_scale):
+    """The loader warp: both warpgroups' Q and dO, then the key blocks in the order they take them."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]
+    mbarrier.expect(q_bar, 2 * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+    for w in gl.static_range(2):
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * ROWS, 0], q_bar, q_bufs.index(w))
+        tma.async_copy_global_to_shared(do_desc, [b, h, m0 + w * ROWS, 0], q_bar, do_bufs.index(w))
+    count = _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, full_lo, full_hi, 0)
+    count = _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, lo, full_lo, count)
+    _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, full_hi, hi, count)
+
+
+@gluon.jit
+def attention_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh, seqlen_q,
+                        seqlen_kv, group, sm_scale, bottom_right, window_left, window_right, STAGES: gl.constexpr):
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]  # a warpgroup's rows
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    pid_m = gl.program_id(0)
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    pid_m = gl.cdiv(seqlen_q, 2 * ROWS) - 1 - pid_m  # under a causal band, the longest rows first
+    m0 = pid_m * 2 * ROWS
+    band_offset = bottom_right * (seqlen_kv - seqlen_q)
+    last_row = gl.minimum(m0 + 2 * ROWS, seqlen_q) - 1
+    lo, hi, full_lo, full_hi = _key_range(m0, last_row, band_offset, window_left, window_right, seqlen_kv, BLOCK_N)
+    l_base = b.to(gl.int64) * stride_lb + h.to(gl.int64) * stride_lh
+
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
+    scoring = (band_offset, seqlen_kv, window_left, window_right, sm_scale * LOG2E)
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE,
+            DELTA, l_base, b, h, h // group, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, sm_scale)
+    gl.warp_specialize([(_first_rows, args), (_second_rows, args), (_dq_loader, args)], [4, 1], [240, 24])
