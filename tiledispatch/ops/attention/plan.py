@@ -252,10 +252,10 @@ def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelU
     """bwd-ws's dK/dV stage (the bwd plan's other stages are bwd's)."""
     args = (_ws_descriptor_types(config, _ws_dkdv_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")]
             + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
-                                     ("sm_scale", "fp32"), ("bottom_right", "i32"), ("window_left", "i32"),
-                                     ("window_right", "i32")])
-    unit = _unit("dkdv", _BWD_WS, "attention_bwd_dkdv_ws", args, {"STAGES": config.num_stages}, config, variant,
-                 num_warps=4)
+                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
+                                     ("window_left", "i32"), ("window_right", "i32")])
+    unit = _unit("dkdv", _BWD_WS, "attention_bwd_dkdv_ws", args, {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages},
+                 config, variant, num_warps=4)
     return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
 
 
@@ -271,10 +271,10 @@ def _ws_dq_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUni
     """bwd-ws's dQ stage."""
     args = (_ws_descriptor_types(config, _ws_dq_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")]
             + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
-                                     ("sm_scale", "fp32"), ("bottom_right", "i32"), ("window_left", "i32"),
-                                     ("window_right", "i32")])
-    unit = _unit("dq", _BWD_WS, "attention_bwd_dq_ws", args, {"STAGES": config.num_stages}, config, variant,
-                 num_warps=4)
+                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
+                                     ("window_left", "i32"), ("window_right", "i32")])
+    unit = _unit("dq", _BWD_WS, "attention_bwd_dq_ws", args, {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages},
+                 config, variant, num_warps=4)
     return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
 
 

@@ -270,12 +270,9 @@ def _tma_supports(config: AttentionConfig, problem: AttentionProblem) -> str | N
     name = config.family.value
     extras = [what for what, on in (("a mask tensor", v.user_mask is not UserMask.NONE), ("a bias", v.bias),
                                     ("ALiBi", v.alibi), ("dropout", v.dropout), ("varlen", v.varlen)) if on]
-    if config.family is Family.BWD_WS:
-        extras += [what for what, on in (("soft-cap", v.softcap), ("sinks", v.sinks)) if on]
-        if extras:
-            return f"bwd-ws takes bands and GQA only, not {', '.join(extras)} (the bwd family does)"
     if extras:
-        return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the fwd family does)"
+        fallback = "bwd" if config.direction is Direction.BACKWARD else "fwd"
+        return f"{name} takes bands, soft-cap, sinks and GQA only, not {', '.join(extras)} (the {fallback} family does)"
     if not v.aligned:
         return f"{name} needs 16-byte aligned base pointers and strides (tensor descriptors); the operands are not"
     return None

@@ -14,8 +14,10 @@ warpgroups of 64 rows, each a partition of its own, and nothing in flight across
 Timed in turns on the H100 (benchmarks/attention_backward_ab.py), 32x128 w8 s3 ran 1.24-1.47x
 bwd's 64x128 w8 s3 at d=128 with both stages here, against 1.05-1.27x with bwd's dQ stage.
 
-Bands and GQA, half inputs, head dims 64 and 128; no soft-cap, sinks, bias, mask tensor,
-ALiBi, dropout or varlen (the `bwd` family takes those).
+Bands, soft-cap (the hardware tanh, a branch a block as in fwd-ws), sinks (their gradient
+comes from the LSE, outside the kernels) and GQA, half inputs, head dims 64 and 128; no bias,
+mask tensor, ALiBi, dropout or varlen (the `bwd` family takes those). At d=128 a soft-capped
+dK/dV spills 12 bytes (sm_90 compile); the plain one none.
 """
 
 from triton.experimental import gluon
@@ -28,10 +30,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .scores import LOG2E, key_range, query_range
+from .scores import LOG2E, SOFTCAP_MUFU, key_range, query_range, soft_cap
 
-_query_range = gluon.jit(query_range.fn)  # the same bounds as the `bwd` family's, compiled by Gluon
+# The same bounds and soft-cap as the `bwd` family's, compiled by Gluon
+_query_range = gluon.jit(query_range.fn)
 _key_range = gluon.jit(key_range.fn)
+_soft_cap = gluon.jit(soft_cap.fn)
+
+
+@gluon.jit
+def _probabilities(qk, lse2, scoring):
+    """P = exp(score - LSE), and P times the slope dS takes back through the soft-cap (1 - tanh^2;
+    P itself without one). The cap is a branch a block: flags reach the partitions as values."""
+    qk_scale, sm_scale, softcap, capped = scoring[5], scoring[6], scoring[7], scoring[8]
+    if capped != 0:
+        x, t = _soft_cap(qk * sm_scale, softcap, SOFTCAP_MUFU)
+        p = gl.exp2(x * LOG2E - lse2)
+        slope_p = p * (1.0 - t * t)
+    else:
+        p = gl.exp2(qk * qk_scale - lse2)
+        slope_p = p
+    return p, slope_p
 
 
 @gluon.jit
@@ -58,7 +77,7 @@ def _query_blocks(k, v, q_bufs, do_bufs, ready, empty, dk, dv, LSE, DELTA, l_bas
     HEAD_V: gl.constexpr = do_bufs.type.shape[4]
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     ROWS: gl.constexpr = k.type.shape[0]
-    band_offset, len_q, len_kv, window_left, window_right, qk_scale, sm_scale = scoring
+    band_offset, len_q, len_kv, window_left, window_right = scoring[0], scoring[1], scoring[2], scoring[3], scoring[4]
     offs_m = gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
     zero = gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout)
     n = gl.maximum(gl.cdiv(end - start, BLOCK_M), 0)
@@ -78,15 +97,16 @@ def _query_blocks(k, v, q_bufs, do_bufs, ready, empty, dk, dv, LSE, DELTA, l_bas
             lse = gl.load(LSE + l_base + rows)
             delta = gl.load(DELTA + l_base + rows)
         s_t = warpgroup_mma_wait(1, deps=[s_t])  # issued first, so done first
-        p_t = gl.exp2(s_t * qk_scale - (lse * LOG2E)[None, :])
+        p_t, slope_p_t = _probabilities(s_t, (lse * LOG2E)[None, :], scoring)
         if MASKED:
             diagonal = rows[None, :] + band_offset
             visible = ((cols[:, None] < len_kv) & (cols[:, None] >= diagonal - window_left)
                        & (cols[:, None] <= diagonal + window_right))
             p_t = gl.where(visible, p_t, 0.0)
+            slope_p_t = gl.where(visible, slope_p_t, 0.0)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(q.dtype), p_layout), do, dv, is_async=True)
         dp_t = warpgroup_mma_wait(1, deps=[dp_t])  # issued before dV's
-        ds_t = p_t * (dp_t - delta[None, :])
+        ds_t = slope_p_t * (dp_t - delta[None, :])
         dk = warpgroup_mma(gl.convert_layout(ds_t.to(q.dtype), p_layout), q, dk, is_async=True)
         dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
         mbarrier.arrive(empty.index(s))
@@ -172,8 +192,8 @@ def _loader(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, k_bufs, v_bufs, q
 
 @gluon.jit
 def attention_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, stride_lb, stride_lh,
-                          seqlen_q, seqlen_kv, group, sm_scale, bottom_right, window_left, window_right,
-                          STAGES: gl.constexpr):
+                          seqlen_q, seqlen_kv, group, sm_scale, softcap, bottom_right, window_left, window_right,
+                          HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr):
     ROWS: gl.constexpr = k_desc.block_type.shape[2]  # a warpgroup's keys
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     pid_n = gl.program_id(0)
@@ -195,7 +215,8 @@ def attention_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
-    scoring = (band_offset, seqlen_q, seqlen_kv, window_left, window_right, sm_scale * LOG2E, sm_scale)
+    scoring = (band_offset, seqlen_q, seqlen_kv, window_left, window_right, sm_scale * LOG2E, sm_scale, softcap,
+               1 if HAS_SOFTCAP else 0)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_bar, ready, empty,
             LSE, DELTA, stride_lb, stride_lh, b, h_kv, n0, group, lo, hi, full_lo, full_hi, scoring)
     gl.warp_specialize([(_first_keys, args), (_second_keys, args), (_loader, args)], [4, 1], [240, 24])
@@ -227,7 +248,7 @@ def _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, star
     HEAD_V: gl.constexpr = v_bufs.type.shape[4]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     ROWS: gl.constexpr = q.type.shape[0]
-    band_offset, len_kv, window_left, window_right, qk_scale = scoring
+    band_offset, len_kv, window_left, window_right = scoring[0], scoring[2], scoring[3], scoring[4]
     offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
     zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     n = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
@@ -239,15 +260,15 @@ def _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, star
         dp = warpgroup_mma(do, v_bufs.index(s).reshape([BLOCK_N, HEAD_V]).permute((1, 0)), zero, use_acc=False,
                            is_async=True)
         qk = warpgroup_mma_wait(1, deps=[qk])  # issued first, so done first
-        p = gl.exp2(qk * qk_scale - lse2[:, None])
+        p, slope_p = _probabilities(qk, lse2[:, None], scoring)
         if MASKED:
             cols = start + j * BLOCK_N + offs_n
             diagonal = rows[:, None] + band_offset
             visible = ((cols[None, :] < len_kv) & (cols[None, :] >= diagonal - window_left)
                        & (cols[None, :] <= diagonal + window_right))
-            p = gl.where(visible, p, 0.0)
+            slope_p = gl.where(visible, slope_p, 0.0)
         dp = warpgroup_mma_wait(0, deps=[dp])
-        ds = p * (dp - delta[:, None])
+        ds = slope_p * (dp - delta[:, None])
         dq = warpgroup_mma(gl.convert_layout(ds.to(q.dtype), ds_layout), k, dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=[dq])
         mbarrier.arrive(empty.index(s))
@@ -321,7 +342,8 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs
 
 @gluon.jit
 def attention_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, stride_lb, stride_lh, seqlen_q,
-                        seqlen_kv, group, sm_scale, bottom_right, window_left, window_right, STAGES: gl.constexpr):
+                        seqlen_kv, group, sm_scale, softcap, bottom_right, window_left, window_right,
+                        HAS_SOFTCAP: gl.constexpr, STAGES: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[2]  # a warpgroup's rows
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
     pid_m = gl.program_id(0)
@@ -345,7 +367,8 @@ def attention_bwd_dq_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, st
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
-    scoring = (band_offset, seqlen_kv, window_left, window_right, sm_scale * LOG2E)
+    scoring = (band_offset, seqlen_q, seqlen_kv, window_left, window_right, sm_scale * LOG2E, sm_scale, softcap,
+               1 if HAS_SOFTCAP else 0)
     args = (q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs, v_bufs, q_bar, ready, empty, LSE,
             DELTA, l_base, b, h, h // group, m0, lo, hi, full_lo, full_hi, seqlen_q, scoring, sm_scale)
     gl.warp_specialize([(_first_rows, args), (_second_rows, args), (_dq_loader, args)], [4, 1], [240, 24])
