@@ -37,7 +37,8 @@ WS_BARRIER_BYTES = 1024  # its mbarriers; it stages no bias or mask (sm_90 compi
 BWD_WS_HEAD_DIMS = (64, 128)
 BWD_WS_QUERY_BLOCKS = (32, 64)
 # Its dQ stage owns block_n query rows (64 a warpgroup, with S, dP and dQ in registers) and
-# steps this many keys: at d=128, 128 keys would hold 192 accumulator registers a thread.
+# steps this many keys: at d=128, 128 keys would hold 192 accumulator registers a thread. At d=64,
+# where 128 fit, they ran within 1 % of 64 (timed in turns on the H100), and 32 at d=128 0.6 % slower.
 BWD_WS_DQ_KEYS = 64
 
 
