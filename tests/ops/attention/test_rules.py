@@ -346,13 +346,15 @@ def test_the_warp_specialised_backward_names_its_rules_and_takes_the_common_case
 
 def test_the_rules_take_the_warp_specialised_backward_among_triton_kernels():
     """Timed in turns on the H100: bwd-ws 32x128 w8 s3 ran 1.24-1.47x bwd's 64x128 w8 s3 at d=128
-    and 1.32x at d=64; cuDNN's backward ran faster still, so the dispatcher keeps it."""
+    and bwd-ws 64x128 w8 s2 1.45-1.47x at d=64; cuDNN's backward ran faster still, so the
+    dispatcher keeps it."""
     registry = Registry.from_rule_set("attention", "default", SM90)
     triton = Dispatcher(registry.filter(lambda s: not s.family.startswith("sdpa")), SM90)
     for d in (64, 128):
         p = problem(batch=8, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_kv=4096, head_dim_qk=d, head_dim_v=d,
                     dtype=DType.BF16, direction=Direction.BACKWARD)
-        assert triton.select(p).name == f"attention_bwd_bf16_d{d}x{d}_bwd-ws_32x128_w8_s3_sm90"
+        tile = "64x128_w8_s2" if d == 64 else "32x128_w8_s3"  # 64-row steps spill at d=128
+        assert triton.select(p).name == f"attention_bwd_bf16_d{d}x{d}_bwd-ws_{tile}_sm90"
         for causal in (False, True):
             band = replace(p, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True)) if causal else p
             assert Dispatcher(registry, SM90).select(band).family == "sdpa-cudnn", (d, causal)

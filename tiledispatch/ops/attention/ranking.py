@@ -37,15 +37,21 @@ FRACTION = {
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.31,
     # bwd-ws, timed in turns with bwd on the H100 (benchmarks/attention_backward_ab.py; results/
     # h100/attention_backward_ab.txt), with both its stages in Gluon: 32x128 w8 s3 ran 1.24-1.47x
-    # bwd's 64x128 w8 s3 at d=128, where 0.44 models 1.07-1.38x. cuDNN stays ahead (its
+    # bwd's 64x128 w8 s3 at d=128, where 0.49 models 1.07-1.38x. cuDNN stays ahead (its
     # forward+backward ran 1.06-1.16x fwd-ws's with bwd-ws at d=128, 1.28x at d=64; its backward
     # alone more), and the model keeps it so.
-    (Family.BWD_WS, Direction.BACKWARD): 0.44,
+    (Family.BWD_WS, Direction.BACKWARD): 0.49,
 }
 # The Triton backwards at d=64 against the same model at d=128: bwd-ws ran 1.14-1.48x slower
 # than modelled, bwd's 64x128 tiles 1.52x (same A/B): their elementwise work per MMA FLOP
 # doubles. cuDNN's backward loses less there (VENDOR_HEAD_DIM_FACTOR).
 BACKWARD_HEAD_DIM_FACTOR = {64: 0.65}
+# bwd-ws's query step: with 32 rows, S^T = K Q^T and dP^T = V dO^T are wgmma 32 wide, which read
+# their K and V operand from shared memory faster than the tensor cores use it. At d=64 (where
+# 64 rows fit) 32x128 w8 s3 ran 0.89-0.94x 64x128 w8 s2 (same A/B, three runs), and two stages
+# ran 0.95-1.0x three (1.0x at 32x128 on long_S16384, 0.98x at 64x128 and d=64).
+BWD_WS_STEP_EXPONENT = 0.15
+BWD_WS_TWO_STAGES = 0.98
 # The backward's dK/dV step streams Q and dO: with two stages in flight it ran 0.83-0.93x
 # of three (32x128 and 64x128 w8 at d=128, same sweep).
 BACKWARD_TWO_STAGES = 0.9
@@ -198,8 +204,9 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
         # One program per SM runs its first and last blocks without overlap: short key ranges pay.
         keys = computed * p.heads_q / (programs * config.block_m)  # keys a program steps over
         latency *= keys / (keys + WS_PROGRAM_OVERHEAD_KEYS)
-    if config.family is Family.BWD_WS:  # its MMAs are 64 keys tall a warpgroup: a 32-row step ran as fast
-        shape = 1.0
+    if config.family is Family.BWD_WS:  # its loader warp keeps two stages nearly as busy as three
+        shape = min(1.0, config.block_m / 64) ** BWD_WS_STEP_EXPONENT
+        latency = BWD_WS_TWO_STAGES if config.num_stages < 3 else 1.0
     efficiency = dims * band * waves * feed * shape * latency * pressure * warps * softmax
     fraction = FRACTION[(config.family, config.direction)]
     stages = 1 if forward else 3
