@@ -1,7 +1,7 @@
 """Backward kernels side by side on the GPU: named tiles of the `full` rule set and cuDNN, timed in turns.
 
-For the prefill cases of the suite at d = 64 and 128 without a window or soft-cap (bf16), each
-backward tile runs behind the same forward (fwd-ws 128x128 w8 s2, which keeps the LSE):
+For the prefill cases of the suite at d = 64, 128 and 256 without a window or soft-cap (bf16), each
+backward tile runs behind the same forward (fwd-ws 128x128 w8 s2, 128x64 at d = 256; it keeps the LSE):
 its gradients are checked against the first tile's, then forward+backward is timed as
 CUDA-event medians of back-to-back calls, in turns with the forward alone and with cuDNN's
 forward+backward (bench.timing.interleaved_medians); a tile's backward is the difference.
@@ -26,9 +26,9 @@ from tiledispatch.bench.timing import calls_lasting, event_sampler, interleaved_
 from tiledispatch.core.runtime import current_arch
 
 SUITE = Path(__file__).parent / "suites" / "attention.json"
-KERNELS = ("bwd_64x128_w8_s3,bwd_64x128_w8_s2,bwd_64x64_w4_s2,"
-           "bwd-ws_32x128_w8_s3,bwd-ws_32x128_w8_s2,bwd-ws_64x128_w8_s2")
-FORWARD = "fwd-ws_128x128_w8_s2"
+KERNELS = ("bwd_64x128_w8_s3,bwd_64x128_w8_s2,bwd_64x64_w4_s2,bwd_64x64_w8_s2,"
+           "bwd-ws_32x128_w8_s3,bwd-ws_32x128_w8_s2,bwd-ws_64x128_w8_s2,bwd-ws_32x64_w8_s2")
+FORWARD = {64: "fwd-ws_128x128_w8_s2", 128: "fwd-ws_128x128_w8_s2", 256: "fwd-ws_128x64_w8_s2"}  # by head dim
 ROUNDS = 7
 SAMPLE_MS = 40.0
 
@@ -37,12 +37,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernels", default=KERNELS,
                         help="tiles as FAMILY_BMxBN_wW_sS; the first of them a head dim has is the baseline")
-    parser.add_argument("--cases", default=None, help="comma-separated case names (default: d = 64, 128, no window)")
+    parser.add_argument("--cases", default=None, help="comma-separated case names (default: d = 64, 128, 256, no window or soft-cap)")
     parser.add_argument("--out", type=Path, default=None, help="also write the medians here as JSON lines")
     args = parser.parse_args()
     arch = current_arch()
     dispatcher = Dispatcher(Registry.from_rule_set("attention", "full", arch), arch)
-    chosen = [c for c in json.loads(SUITE.read_text())["cases"] if c["mode"] == "prefill" and c["D"] in (64, 128)
+    chosen = [c for c in json.loads(SUITE.read_text())["cases"] if c["mode"] == "prefill" and c["D"] in FORWARD
               and "window" not in c and "softcap" not in c]
     if args.cases:
         chosen = [c for c in chosen if c["name"] in args.cases.split(",")]
@@ -52,7 +52,7 @@ def main() -> int:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for h in (hq, hkv, hkv))
         grad = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
-        forward = f"attention_fwd_bf16_d{d}x{d}_{FORWARD}_{arch.tag}"
+        forward = f"attention_fwd_bf16_d{d}x{d}_{FORWARD[d]}_{arch.tag}"
         names = {tile: f"attention_bwd_bf16_d{d}x{d}_{tile}_{arch.tag}" for tile in args.kernels.split(",")}
         tiles = [tile for tile, name in names.items() if name in dispatcher.registry]
 

@@ -115,6 +115,28 @@ def test_warp_specialised_backward(case, tile):
           backward_kernel=bwd_name("bf16", shape[-1], tile), **features)
 
 
+# d = 256: the two warpgroups split the dK/dV stage by role (kernels/backward_ws_wide.py).
+WIDE_CASES = {
+    "ragged-gqa-d256": ((1, 4, 2, 700, 900, 256), {}),
+    "causal-br-q<kv-d256": ((1, 2, 2, 1000, 1100, 256), {"causal": "bottom_right"}),
+    "softcap-sinks-window-bshd-d256": ((1, 4, 4, 768, 768, 256),
+                                       {"softcap": 30.0, "sinks": "per-head", "causal": True, "window": (200, 0),
+                                        "bshd": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_warp_specialised_backward_wide_heads(case):
+    shape, features = WIDE_CASES[case]
+    features = dict(features)
+    bshd = features.pop("bshd", False)
+    if features.get("sinks") == "per-head":
+        features["sinks"] = torch.randn(shape[1], device="cuda")
+    q, k, v = inputs(*shape, dtype=torch.bfloat16, bshd=bshd)
+    check(q, k, v, families=("fwd-ws", "bwd-ws"), rule_set="default", kernel=name("bf16", 256, "128x64_w8_s2"),
+          backward_kernel=bwd_name("bf16", 256, "32x64_w8_s2"), **features)
+
+
 def test_warp_specialised_backward_fp16_and_an_expanded_grad():
     """fp16, and dO broadcast from a loss's sum (zero strides, made dense before the plan)."""
     q, k, v = inputs(1, 4, 4, 512, 512, 64, dtype=torch.float16)

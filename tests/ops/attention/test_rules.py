@@ -322,11 +322,16 @@ BWD_WS = AttentionConfig(Family.BWD_WS, DType.BF16, 128, 128, 32, 128, 8, 3)
 
 def test_the_warp_specialised_backward_names_its_rules_and_takes_the_common_case():
     assert validate(BWD_WS, SM90).ok and validate(replace(BWD_WS, head_dim_qk=64, head_dim_v=64, block_m=64), SM90).ok
+    wide = replace(BWD_WS, head_dim_qk=256, head_dim_v=256, block_n=64, num_stages=2)
+    assert validate(wide, SM90).ok and [u.function for u in kernel_units(wide)][1:] == [
+        "attention_bwd_dkdv_ws_wide", "attention_bwd_dq_ws"]
     cases = {
         (BWD_WS, SM80): AttentionRule.FAMILY_ARCH,
         (replace(BWD_WS, block_m=64), SM90): AttentionRule.WARPGROUP_ROWS,  # spills at d=128 (sm_90 compile)
         (replace(BWD_WS, block_n=64, num_warps=4), SM90): AttentionRule.WARPGROUP_ROWS,
-        (replace(BWD_WS, head_dim_qk=256, head_dim_v=256), SM90): AttentionRule.FAMILY_HEAD_DIM,
+        (replace(BWD_WS, head_dim_qk=192, head_dim_v=192), SM90): AttentionRule.FAMILY_HEAD_DIM,
+        (replace(BWD_WS, head_dim_qk=256, head_dim_v=256), SM90): AttentionRule.WARPGROUP_ROWS,  # 64 keys there
+        (replace(BWD_WS, head_dim_qk=256, head_dim_v=256, block_m=64, block_n=64), SM90): AttentionRule.WARPGROUP_ROWS,
         (replace(BWD_WS, num_stages=1), SM90): AttentionRule.STAGES,
     }
     for (config, arch_info), rule in cases.items():
@@ -346,7 +351,7 @@ def test_the_warp_specialised_backward_names_its_rules_and_takes_the_common_case
 
 def test_the_rules_take_the_warp_specialised_backward_among_triton_kernels():
     """Timed in turns on the H100: bwd-ws 32x128 w8 s3 ran 1.24-1.47x bwd's 64x128 w8 s3 at d=128
-    and bwd-ws 64x128 w8 s2 1.45-1.47x at d=64; cuDNN's backward ran faster still, so the
+    and bwd-ws 64x128 w8 s2 1.45-1.47x at d=64; cuDNN's backward ran faster still there, so the
     dispatcher keeps it."""
     registry = Registry.from_rule_set("attention", "default", SM90)
     triton = Dispatcher(registry.filter(lambda s: not s.family.startswith("sdpa")), SM90)
@@ -358,6 +363,11 @@ def test_the_rules_take_the_warp_specialised_backward_among_triton_kernels():
         for causal in (False, True):
             band = replace(p, mask=MaskKind.CAUSAL_TOP_LEFT, variant=AttentionVariant(band=True)) if causal else p
             assert Dispatcher(registry, SM90).select(band).family == "sdpa-cudnn", (d, causal)
+    # At d=256 the role-split bwd-ws ran 2.07x bwd's best tile, and fwd-ws with it 1.05x cuDNN's
+    # forward+backward (d256_S2048): the dispatcher takes it over cuDNN's backward.
+    wide = problem(batch=4, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_kv=2048, head_dim_qk=256, head_dim_v=256,
+                   dtype=DType.BF16, direction=Direction.BACKWARD)
+    assert Dispatcher(registry, SM90).select(wide).name == "attention_bwd_bf16_d256x256_bwd-ws_32x64_w8_s2_sm90"
 
 
 def _launch_args(plan, stage, config, variant):

@@ -25,12 +25,13 @@ from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from .kernels.scores import SOFTCAP_MUFU, SOFTCAP_PORTABLE, UNBOUNDED
 from .operands import AttentionOperands
 from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionVariant, Direction, MaskKind, UserMask
-from .rules import BWD_WS_DQ_KEYS
+from .rules import BWD_WS_DQ_ROWS, BWD_WS_WIDE_HEAD_DIMS, bwd_ws_dq_keys, bwd_ws_keys
 
 _FWD = "tiledispatch.ops.attention.kernels.forward"
 _FWD_TMA = "tiledispatch.ops.attention.kernels.forward_tma"
 _FWD_WS = "tiledispatch.ops.attention.kernels.forward_ws"
 _BWD_WS = "tiledispatch.ops.attention.kernels.backward_ws"
+_BWD_WS_WIDE = "tiledispatch.ops.attention.kernels.backward_ws_wide"
 _BWD = "tiledispatch.ops.attention.kernels.backward"
 _SCORES = "tiledispatch.ops.attention.kernels.scores"
 _VENDOR = "tiledispatch.ops.attention.vendor"
@@ -241,8 +242,9 @@ def _ws_cap(config: AttentionConfig) -> int:
 
 
 def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
-    """bwd-ws's descriptor blocks: K, V, dK and dV by warpgroup (64 keys), Q and dO by query block."""
-    rows = config.block_n // 2
+    """bwd-ws's descriptor blocks: K, V, dK and dV by warpgroup (64 keys; at wide heads the
+    program's 64, shared), Q and dO by query block."""
+    rows = 64
     return {"q_desc": (1, 1, config.block_m, config.head_dim_qk), "k_desc": (1, 1, rows, config.head_dim_qk),
             "v_desc": (1, 1, rows, config.head_dim_v), "do_desc": (1, 1, config.block_m, config.head_dim_v),
             "dk_desc": (1, 1, rows, config.head_dim_qk), "dv_desc": (1, 1, rows, config.head_dim_v)}
@@ -254,14 +256,17 @@ def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelU
             + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
                                      ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
                                      ("window_left", "i32"), ("window_right", "i32")])
-    unit = _unit("dkdv", _BWD_WS, "attention_bwd_dkdv_ws", args, {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages},
+    wide = config.head_dim_qk in BWD_WS_WIDE_HEAD_DIMS
+    module, function = (_BWD_WS_WIDE, "attention_bwd_dkdv_ws_wide") if wide else (_BWD_WS, "attention_bwd_dkdv_ws")
+    unit = _unit("dkdv", module, function, args, {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages},
                  config, variant, num_warps=4)
-    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
+    modules = unit.modules + ((_BWD_WS,) if wide else ())  # the wide kernel shares the narrow one's helpers
+    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config), modules=modules)
 
 
 def _ws_dq_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
-    """bwd-ws's dQ blocks: Q, dO and dQ by warpgroup (64 rows of block_n), K and V by key block."""
-    rows, keys = config.block_n // 2, BWD_WS_DQ_KEYS
+    """bwd-ws's dQ blocks: Q, dO and dQ by warpgroup (64 rows), K and V by key block."""
+    rows, keys = BWD_WS_DQ_ROWS // 2, bwd_ws_dq_keys(config)
     return {"q_desc": (1, 1, rows, config.head_dim_qk), "k_desc": (1, 1, keys, config.head_dim_qk),
             "v_desc": (1, 1, keys, config.head_dim_v), "do_desc": (1, 1, rows, config.head_dim_v),
             "dq_desc": (1, 1, rows, config.head_dim_qk)}
@@ -273,8 +278,8 @@ def _ws_dq_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUni
             + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
                                      ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
                                      ("window_left", "i32"), ("window_right", "i32")])
-    unit = _unit("dq", _BWD_WS, "attention_bwd_dq_ws", args, {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages},
-                 config, variant, num_warps=4)
+    unit = _unit("dq", _BWD_WS, "attention_bwd_dq_ws", args,
+                 {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant, num_warps=4)
     return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
 
 
@@ -476,9 +481,9 @@ def _backward(config: AnyAttentionConfig, ops: AttentionOperands) -> Plan:
                              for name, block in _ws_dkdv_blocks(config).items()}}
         dq_stage = {**common, **{name: tensor_descriptor(tensors[name], block)
                                  for name, block in _ws_dq_blocks(config).items()}}
-        launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
+        launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, bwd_ws_keys(config)), p.heads_kv, p.batch),
                                _values(units["dkdv"], dkdv)))
-        launches.append(Launch("dq", (triton.cdiv(p.seqlen_q, config.block_n), p.heads_q, p.batch),
+        launches.append(Launch("dq", (triton.cdiv(p.seqlen_q, BWD_WS_DQ_ROWS), p.heads_q, p.batch),
                                _values(units["dq"], dq_stage)))
         return Plan(tuple(launches), AttentionGrads(dq, dk, dv, delta, dbias))
     launches.append(Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),

@@ -33,13 +33,26 @@ WS_HEAD_DIMS = (64, 128, 256)  # 256: 128 x 64 tiles over 2 stages only (shared 
 WS_BARRIER_BYTES = 1024  # its mbarriers; it stages no bias or mask (sm_90 compiles: tiles + 364 B)
 # bwd-ws (kernels/backward_ws.py): dK and dV of 64 keys a warpgroup stay in registers, with the
 # score blocks of block_m query rows: at d=128 and 64 rows ptxas spilled 500 B, at 32 none
-# (sm_90 compiles); 64 rows at d=64 do not spill.
-BWD_WS_HEAD_DIMS = (64, 128)
+# (sm_90 compiles); 64 rows at d=64 do not spill. At d=256 one warpgroup cannot hold both: the
+# two split by role over 64 keys (kernels/backward_ws_wide.py), one holding dV, the other dK.
+BWD_WS_HEAD_DIMS = (64, 128, 256)
+BWD_WS_WIDE_HEAD_DIMS = (256,)
 BWD_WS_QUERY_BLOCKS = (32, 64)
-# Its dQ stage owns block_n query rows (64 a warpgroup, with S, dP and dQ in registers) and
-# steps this many keys: at d=128, 128 keys would hold 192 accumulator registers a thread. At d=64,
-# where 128 fit, they ran within 1 % of 64 (timed in turns on the H100), and 32 at d=128 0.6 % slower.
-BWD_WS_DQ_KEYS = 64
+# Its dQ stage owns 128 query rows (64 a warpgroup, with S, dP and dQ in registers) and steps
+# keys by head dim: at d=128, 128 keys would hold 192 accumulator registers a thread. At d=64,
+# where 128 fit, they ran within 1 % of 64 (timed in turns on the H100), and 32 at d=128 0.6 %
+# slower. At d=256, 32: dQ is 128 registers, and Q and dO take 128 KiB of shared memory.
+BWD_WS_DQ_ROWS = 128
+
+
+def bwd_ws_keys(config: AttentionConfig) -> int:
+    """Keys a bwd-ws dK/dV program owns: two warpgroups' 64, or at wide heads 64 shared by both."""
+    return 64 if config.head_dim_qk in BWD_WS_WIDE_HEAD_DIMS else 128
+
+
+def bwd_ws_dq_keys(config: AttentionConfig) -> int:
+    """Keys a bwd-ws dQ program steps (see BWD_WS_DQ_ROWS)."""
+    return 32 if config.head_dim_qk > 128 else 64
 
 
 class AttentionRule(enum.Enum):
@@ -81,9 +94,12 @@ def shared_memory_bytes(config: AttentionConfig) -> int:
     # The backward (both its kernels: dK/dV owns K and V and streams Q and dO, dQ owns Q and
     # dO and streams K and V) also stages P and dS (block_m x block_n) for the dots that
     # read them transposed.
-    if config.family is Family.BWD_WS:  # block_n rows of one side stay, blocks of the other stream; P, dS in registers
-        streamed = max(config.block_m, BWD_WS_DQ_KEYS)  # dK/dV streams query blocks, dQ key blocks
-        return size * (config.block_n + stages * streamed) * (qk + dv) + WS_BARRIER_BYTES
+    if config.family is Family.BWD_WS:  # rows of one side stay, blocks of the other stream; P, dS in registers
+        dkdv = size * (config.block_n + stages * config.block_m) * (qk + dv)
+        if config.head_dim_qk in BWD_WS_WIDE_HEAD_DIMS:  # P^T handed between the warpgroups, fp32 a stage
+            dkdv += stages * config.block_n * config.block_m * 4
+        dq = size * (BWD_WS_DQ_ROWS + stages * bwd_ws_dq_keys(config)) * (qk + dv)
+        return max(dkdv, dq) + WS_BARRIER_BYTES
     dq_staging = 4 * config.block_m * qk if config.family is Family.BWD_ATOMIC else 0
     return size * (config.block_n * (qk + dv) + stages * config.block_m * (qk + dv)
                    + 2 * config.block_m * config.block_n) + dq_staging + FEATURE_BYTES
@@ -181,11 +197,13 @@ def _ws_findings(config: AttentionConfig, arch, error) -> None:
     # One MMA warpgroup (64 rows over 4 warps) is correct, but in fwd-ws's first version on the
     # H100 it ran 0.79-0.83x of two (an A/B during bring-up, not kept), so the rule asks for two.
     owned, field = (config.block_m, "block_m") if forward else (config.block_n, "block_n")
-    if (config.num_warps, owned) != (8, 128):
-        error(AttentionRule.WARPGROUP_ROWS, f"{name} runs two MMA warpgroups of 64 rows: {field}={owned} over "
-              f"{config.num_warps} warps", f"{field}=128 over 8 warps")
-    if not forward and (config.block_m not in BWD_WS_QUERY_BLOCKS or config.block_m * config.head_dim_qk > 4096):
-        error(AttentionRule.WARPGROUP_ROWS, f"bwd-ws steps 32 query rows, or 64 up to d=64, not {config.block_m} at "
+    rows = 128 if forward else bwd_ws_keys(config)
+    if (config.num_warps, owned) != (8, rows):
+        error(AttentionRule.WARPGROUP_ROWS, f"{name} runs two MMA warpgroups owning {rows} rows at "
+              f"d={config.head_dim_qk}: {field}={owned} over {config.num_warps} warps", f"{field}={rows} over 8 warps")
+    most_rows = 64 if config.head_dim_qk <= 64 else 32
+    if not forward and (config.block_m not in BWD_WS_QUERY_BLOCKS or config.block_m > most_rows):
+        error(AttentionRule.WARPGROUP_ROWS, f"bwd-ws steps 32 query rows, or 64 at d=64, not {config.block_m} at "
               f"d={config.head_dim_qk}: the score blocks and dK, dV outgrow a warpgroup's registers",
               "block_m=32")
     if config.num_stages < 2:

@@ -54,8 +54,9 @@ DEFAULT_TMA = TESTS_TMA + (
 # 128x64 0.79-0.97x of 128x128. At d=256 only 128x64 over 2 stages fits (192 KiB): 1.26-1.49x
 # fwd-tma's 128x64 w8 s2.
 DEFAULT_WS = (Tile(128, 128, 8, 2), Tile(128, 128, 8, 3), Tile(128, 64, 8, 3), Tile(128, 64, 8, 2))
-# bwd-ws: two warpgroups own 128 keys and step 32 query rows, or 64 at d=64 (the rules refuse it at 128).
-DEFAULT_BWD_WS = (Tile(32, 128, 8, 3), Tile(32, 128, 8, 2), Tile(64, 128, 8, 2))
+# bwd-ws: two warpgroups own 128 keys and step 32 query rows, or 64 at d=64 (the rules refuse it at
+# 128); at d=256 they share 64 keys (the rules keep each tile to the head dims it fits).
+DEFAULT_BWD_WS = (Tile(32, 128, 8, 3), Tile(32, 128, 8, 2), Tile(64, 128, 8, 2), Tile(32, 64, 8, 2))
 # Backward: (block_m, block_n) = (rows stepped, rows owned). FlashAttention-2 and the Triton
 # tutorial own 128 keys (dK/dV) or 128 queries (dQ) and step 32..64 rows of the other side.
 DEFAULT_BWD = TESTS_BWD + (
