@@ -54,18 +54,36 @@ def _probabilities(qk, lse2, scoring):
 
 
 @gluon.jit
-def _load_blocks(q_desc, do_desc, q_bufs, do_bufs, ready, empty, b, h, start, end, count):
-    """Q and dO blocks [start, end) of head h into the ring, each once both warpgroups are done with its buffer."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
-    STAGES: gl.constexpr = q_bufs.type.shape[0]
-    n = gl.maximum(gl.cdiv(end - start, BLOCK_M), 0)
+def _load_blocks(first_desc, second_desc, first_bufs, second_bufs, ready, empty, b, h, start, end, count):
+    """Blocks [start, end) of rows of head h, of two operands (Q and dO, or K and V), into the ring,
+    each once both warpgroups are done with its buffer."""
+    BLOCK: gl.constexpr = first_desc.block_type.shape[2]
+    STAGES: gl.constexpr = first_bufs.type.shape[0]
+    n = gl.maximum(gl.cdiv(end - start, BLOCK), 0)
     for j in range(n):
         s = (count + j) % STAGES
         mbarrier.wait(empty.index(s), (((count + j) // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
-        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start + j * BLOCK_M, 0], ready.index(s), q_bufs.index(s))
-        tma.async_copy_global_to_shared(do_desc, [b, h, start + j * BLOCK_M, 0], ready.index(s), do_bufs.index(s))
+        mbarrier.expect(ready.index(s), first_desc.block_type.nbytes + second_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(first_desc, [b, h, start + j * BLOCK, 0], ready.index(s),
+                                        first_bufs.index(s))
+        tma.async_copy_global_to_shared(second_desc, [b, h, start + j * BLOCK, 0], ready.index(s),
+                                        second_bufs.index(s))
     return count + n
+
+
+@gluon.jit
+def _transposed_probabilities(s_t, lse, rows, cols, scoring, MASKED: gl.constexpr):
+    """P^T and P^T times the soft-cap's slope (see _probabilities) of a block of keys `cols` x
+    queries `rows`; in a masked block, zero outside the sequence and the band."""
+    p_t, slope_p_t = _probabilities(s_t, (lse * LOG2E)[None, :], scoring)
+    if MASKED:
+        band_offset, len_kv, window_left, window_right = scoring[0], scoring[2], scoring[3], scoring[4]
+        diagonal = rows[None, :] + band_offset
+        visible = ((cols[:, None] < len_kv) & (cols[:, None] >= diagonal - window_left)
+                   & (cols[:, None] <= diagonal + window_right))
+        p_t = gl.where(visible, p_t, 0.0)
+        slope_p_t = gl.where(visible, slope_p_t, 0.0)
+    return p_t, slope_p_t
 
 
 @gluon.jit
@@ -77,7 +95,7 @@ def _query_blocks(k, v, q_bufs, do_bufs, ready, empty, dk, dv, LSE, DELTA, l_bas
     HEAD_V: gl.constexpr = do_bufs.type.shape[4]
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     ROWS: gl.constexpr = k.type.shape[0]
-    band_offset, len_q, len_kv, window_left, window_right = scoring[0], scoring[1], scoring[2], scoring[3], scoring[4]
+    len_q = scoring[1]
     offs_m = gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
     zero = gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout)
     n = gl.maximum(gl.cdiv(end - start, BLOCK_M), 0)
@@ -97,13 +115,7 @@ def _query_blocks(k, v, q_bufs, do_bufs, ready, empty, dk, dv, LSE, DELTA, l_bas
             lse = gl.load(LSE + l_base + rows)
             delta = gl.load(DELTA + l_base + rows)
         s_t = warpgroup_mma_wait(1, deps=[s_t])  # issued first, so done first
-        p_t, slope_p_t = _probabilities(s_t, (lse * LOG2E)[None, :], scoring)
-        if MASKED:
-            diagonal = rows[None, :] + band_offset
-            visible = ((cols[:, None] < len_kv) & (cols[:, None] >= diagonal - window_left)
-                       & (cols[:, None] <= diagonal + window_right))
-            p_t = gl.where(visible, p_t, 0.0)
-            slope_p_t = gl.where(visible, slope_p_t, 0.0)
+        p_t, slope_p_t = _transposed_probabilities(s_t, lse, rows, cols, scoring, MASKED)
         dv = warpgroup_mma(gl.convert_layout(p_t.to(q.dtype), p_layout), do, dv, is_async=True)
         dp_t = warpgroup_mma_wait(1, deps=[dp_t])  # issued before dV's
         ds_t = slope_p_t * (dp_t - delta[None, :])
@@ -225,21 +237,6 @@ def attention_bwd_dkdv_ws(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE
 # The dQ stage. Its rows are fixed, so LSE and delta are read once, not per block.
 
 @gluon.jit
-def _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, start, end, count):
-    """K and V blocks [start, end) into the ring, each once both warpgroups are done with its buffer."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
-    STAGES: gl.constexpr = k_bufs.type.shape[0]
-    n = gl.maximum(gl.cdiv(end - start, BLOCK_N), 0)
-    for j in range(n):
-        s = (count + j) % STAGES
-        mbarrier.wait(empty.index(s), (((count + j) // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
-        mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, h_kv, start + j * BLOCK_N, 0], ready.index(s), k_bufs.index(s))
-        tma.async_copy_global_to_shared(v_desc, [b, h_kv, start + j * BLOCK_N, 0], ready.index(s), v_bufs.index(s))
-    return count + n
-
-
-@gluon.jit
 def _key_blocks(q, do, k_bufs, v_bufs, ready, empty, dq, lse2, delta, rows, start, end, count, scoring,
                 s_layout: gl.constexpr, ds_layout: gl.constexpr, MASKED: gl.constexpr):
     """dQ of one warpgroup's rows over key blocks [start, end)."""
@@ -335,9 +332,9 @@ def _dq_loader(q_desc, k_desc, v_desc, do_desc, dq_desc, q_bufs, do_bufs, k_bufs
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * ROWS, 0], q_bar, q_bufs.index(w))
         tma.async_copy_global_to_shared(do_desc, [b, h, m0 + w * ROWS, 0], q_bar, do_bufs.index(w))
-    count = _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, full_lo, full_hi, 0)
-    count = _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, lo, full_lo, count)
-    _load_key_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, full_hi, hi, count)
+    count = _load_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, full_lo, full_hi, 0)
+    count = _load_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, lo, full_lo, count)
+    _load_blocks(k_desc, v_desc, k_bufs, v_bufs, ready, empty, b, h_kv, full_hi, hi, count)
 
 
 @gluon.jit

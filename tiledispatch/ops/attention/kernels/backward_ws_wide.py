@@ -23,7 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .backward_ws import _load_blocks, _probabilities, _query_range
+from .backward_ws import _load_blocks, _query_range, _transposed_probabilities
 from .scores import LOG2E
 
 
@@ -36,7 +36,7 @@ def _p_blocks(k, q_bufs, do_bufs, p_bufs, ready, empty, p_ready, dv, LSE, l_base
     HEAD_V: gl.constexpr = do_bufs.type.shape[4]
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     ROWS: gl.constexpr = k.type.shape[0]
-    band_offset, len_q, len_kv, window_left, window_right = scoring[0], scoring[1], scoring[2], scoring[3], scoring[4]
+    len_q = scoring[1]
     offs_m = gl.arange(0, BLOCK_M, gl.SliceLayout(0, st_layout))
     zero = gl.zeros([ROWS, BLOCK_M], gl.float32, st_layout)
     n = gl.maximum(gl.cdiv(end - start, BLOCK_M), 0)
@@ -50,13 +50,7 @@ def _p_blocks(k, q_bufs, do_bufs, p_bufs, ready, empty, p_ready, dv, LSE, l_base
         lse = gl.load(LSE + l_base + rows, mask=rows < len_q, other=float("inf"))
         lse = gl.where(lse == float("-inf"), float("inf"), lse)
         s_t = warpgroup_mma_wait(0, deps=[s_t])
-        p_t, slope_p_t = _probabilities(s_t, (lse * LOG2E)[None, :], scoring)
-        if MASKED:
-            diagonal = rows[None, :] + band_offset
-            visible = ((cols[:, None] < len_kv) & (cols[:, None] >= diagonal - window_left)
-                       & (cols[:, None] <= diagonal + window_right))
-            p_t = gl.where(visible, p_t, 0.0)
-            slope_p_t = gl.where(visible, slope_p_t, 0.0)
+        p_t, slope_p_t = _transposed_probabilities(s_t, lse, rows, cols, scoring, MASKED)
         p_bufs.index(s).store(slope_p_t)
         mbarrier.arrive(p_ready.index(s))
         do = do_bufs.index(s).reshape([BLOCK_M, HEAD_V])
