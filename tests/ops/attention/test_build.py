@@ -145,12 +145,15 @@ def test_the_gluon_forward_compiles_warp_specialised(built_ws):
         assert entry.metadata["shared_bytes"] <= shared_memory_bytes(spec.config) <= SM90.shared_memory_per_block_optin
 
 
-def test_the_gluon_backward_stages_compile_warp_specialised(tmp_path_factory):
+@pytest.mark.parametrize("tile", ["d128x128_bwd-ws_32x128_w8_s3", "d256x256_bwd-ws_32x64_w8_s2"])
+def test_the_gluon_backward_stages_compile_warp_specialised(tmp_path_factory, tile):
+    """Both stages of bwd-ws, the d=256 one with its warpgroups split by role (the largest of
+    the family's shared-memory footprints)."""
     root = tmp_path_factory.mktemp("attention-bwd-ws")
     os.chmod(root, 0o700)
     cache = KernelCache(root / "cache")
     registry = Registry.from_rule_set("attention", "default", SM90)
-    spec = registry.get("attention_bwd_bf16_d128x128_bwd-ws_32x128_w8_s3_sm90")
+    spec = registry.get(f"attention_bwd_bf16_{tile}_sm90")
     results = kernel.build_all([spec], cache, jobs=1, specializations=(AttentionVariant(band=True),))
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     for stage in ("dkdv", "dq"):

@@ -415,3 +415,19 @@ def test_the_warp_specialised_plans_bind_their_descriptors():
     assert args["q_desc"].base is q and args["k_desc"].base is k and args["v_desc"].base is v
     assert args["dq_desc"].base is backward.output.dq and args["do_desc"].base is dense
     assert args["LSE"] is lse and args["DELTA"] is backward.output.delta
+
+    # d = 256: 64 keys a dK/dV program, shared by the two warpgroups; dQ steps 32 keys
+    wide = replace(BWD_WS, head_dim_qk=256, head_dim_v=256, block_n=64, num_stages=2)
+    q, k, v = (torch.randn(1, h, n, 256, dtype=torch.bfloat16) for h, n in ((4, 200), (2, 300), (2, 300)))
+    out = torch.randn(1, 4, 200, 256, dtype=torch.bfloat16)
+    ops = check_operands(q, k, v, options=options, direction=Direction.BACKWARD, out=out, lse=lse,
+                         grad_out=torch.randn_like(out))
+    backward = plan(wide, ops)
+    assert [(launch.stage, launch.grid) for launch in backward.launches] == [
+        ("preprocess", backward.launches[0].grid), ("dkdv", (5, 2, 1)), ("dq", (2, 4, 1))]
+    args = _launch_args(backward, "dkdv", wide, ops.problem.variant)
+    assert list(args["k_desc"].block_shape) == [1, 1, 64, 256] and list(args["q_desc"].block_shape) == [1, 1, 32, 256]
+    assert args["dk_desc"].base is backward.output.dk and args["dv_desc"].base is backward.output.dv
+    args = _launch_args(backward, "dq", wide, ops.problem.variant)
+    assert list(args["k_desc"].block_shape) == [1, 1, 32, 256] and list(args["q_desc"].block_shape) == [1, 1, 64, 256]
+    assert args["dq_desc"].base is backward.output.dq
