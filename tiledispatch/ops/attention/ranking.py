@@ -37,7 +37,7 @@ FRACTION = {
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.31,
     # bwd-ws, timed in turns with bwd on the H100 (benchmarks/attention_backward_ab.py; results/
     # h100/attention_backward_ab.txt), with both its stages in Gluon: 32x128 w8 s3 ran 1.24-1.47x
-    # bwd's 64x128 w8 s3 at d=128, where 0.49 models 1.07-1.38x. cuDNN stays ahead (its
+    # bwd's 64x128 w8 s3 at d=128, where 0.49 models 1.38-1.39x. cuDNN stays ahead (its
     # forward+backward ran 1.06-1.16x fwd-ws's with bwd-ws at d=128, 1.28x at d=64; its backward
     # alone more), and the model keeps it so. At d=256 (the warpgroups split by role) bwd-ws ran
     # 2.07x bwd's 64x64 w8 s2 and its forward+backward 1.05x cuDNN's (d256_S2048); the model

@@ -14,10 +14,12 @@ warpgroups of 64 rows, each a partition of its own, and nothing in flight across
 Timed in turns on the H100 (benchmarks/attention_backward_ab.py), 32x128 w8 s3 ran 1.24-1.47x
 bwd's 64x128 w8 s3 at d=128 with both stages here, against 1.05-1.27x with bwd's dQ stage.
 
-Bands, soft-cap (the hardware tanh, a branch a block as in fwd-ws), sinks (their gradient
-comes from the LSE, outside the kernels) and GQA, half inputs, head dims 64 and 128; no bias,
-mask tensor, ALiBi, dropout or varlen (the `bwd` family takes those). At d=128 a soft-capped
-dK/dV spills 12 bytes (sm_90 compile); the plain one none.
+At d=256 the dK/dV stage is kernels/backward_ws_wide.py's (its warpgroups split by role) and
+the dQ stage this one, stepping 32 keys. Bands, soft-cap (the hardware tanh, a branch a block
+as in fwd-ws), sinks (their gradient comes from the LSE, outside the kernels) and GQA, half
+inputs, head dims 64, 128 and 256; no bias, mask tensor, ALiBi, dropout or varlen (the `bwd`
+family takes those). At d=128 a soft-capped dK/dV spills 12 bytes and at d=256 a soft-capped
+dQ 20 (sm_90 compiles); the plain ones none.
 """
 
 from triton.experimental import gluon
