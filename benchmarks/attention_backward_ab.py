@@ -37,7 +37,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernels", default=KERNELS,
                         help="tiles as FAMILY_BMxBN_wW_sS; the first of them a head dim has is the baseline")
-    parser.add_argument("--cases", default=None, help="comma-separated case names (default: d = 64, 128, 256, no window or soft-cap)")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case names (default: d = 64, 128, 256, no window or soft-cap)")
     parser.add_argument("--out", type=Path, default=None, help="also write the medians here as JSON lines")
     args = parser.parse_args()
     arch = current_arch()
