@@ -214,16 +214,26 @@ def _ws_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
 
 
 def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
-    """The Gluon forward. It launches as one warpgroup (the first MMA partition); the second and
-    the loader's are added by `warp_specialize`."""
-    args = (_ws_descriptor_types(config, _ws_blocks(config)) + [("LSE", "*fp32"), ("SINKS", "*fp32")]
-            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
-                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
-                                     ("window_left", "i32"), ("window_right", "i32")])
+    """The Gluon forward."""
     constexprs = {"HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap, "HAS_SINKS": variant.sinks,
                   "STAGES": config.num_stages}
-    unit = _unit("fwd", _FWD_WS, "attention_fwd_ws", args, constexprs, config, variant, num_warps=4)
-    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
+    return _gluon_unit("fwd", _FWD_WS, "attention_fwd_ws", _ws_blocks(config), [("LSE", "*fp32"), ("SINKS", "*fp32")],
+                       constexprs, config, variant)
+
+
+# What every Gluon stage takes after its descriptors and pointers: the LSE's strides and the problem's scalars.
+_GLUON_SCALARS = _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
+                                        ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
+                                        ("window_left", "i32"), ("window_right", "i32")]
+
+
+def _gluon_unit(stage: str, module: str, function: str, blocks: dict, pointers: list, constexprs: dict,
+                config: AttentionConfig, variant: AttentionVariant, helpers: tuple[str, ...] = ()) -> KernelUnit:
+    """A Gluon stage. It launches as one warpgroup (the first MMA partition); the second and the
+    loader's are added by `warp_specialize`. `helpers`: other modules its source imports from."""
+    args = _ws_descriptor_types(config, blocks) + pointers + _GLUON_SCALARS
+    unit = _unit(stage, module, function, args, constexprs, config, variant, num_warps=4)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config), modules=unit.modules + helpers)
 
 
 def _ws_descriptor_types(config: AttentionConfig, blocks: dict) -> list[tuple[str, str]]:
@@ -241,6 +251,9 @@ def _ws_cap(config: AttentionConfig) -> int:
     return arch_facts.load("sm_90").registers_per_sm // ((config.num_warps + 4) * 32) // 8 * 8
 
 
+_WS_BACKWARD_POINTERS = [("LSE", "*fp32"), ("DELTA", "*fp32")]
+
+
 def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
     """bwd-ws's descriptor blocks: K, V, dK and dV by warpgroup (64 keys; at wide heads the
     program's 64, shared), Q and dO by query block."""
@@ -251,17 +264,12 @@ def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, i
 
 
 def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
-    """bwd-ws's dK/dV stage (the bwd plan's other stages are bwd's)."""
-    args = (_ws_descriptor_types(config, _ws_dkdv_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")]
-            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
-                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
-                                     ("window_left", "i32"), ("window_right", "i32")])
+    """bwd-ws's dK/dV stage; at wide heads the role-split kernel, which shares the narrow one's helpers."""
     wide = config.head_dim_qk in BWD_WS_WIDE_HEAD_DIMS
     module, function = (_BWD_WS_WIDE, "attention_bwd_dkdv_ws_wide") if wide else (_BWD_WS, "attention_bwd_dkdv_ws")
-    unit = _unit("dkdv", module, function, args, {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages},
-                 config, variant, num_warps=4)
-    modules = unit.modules + ((_BWD_WS,) if wide else ())  # the wide kernel shares the narrow one's helpers
-    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config), modules=modules)
+    return _gluon_unit("dkdv", module, function, _ws_dkdv_blocks(config), _WS_BACKWARD_POINTERS,
+                       {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant,
+                       helpers=(_BWD_WS,) if wide else ())
 
 
 def _ws_dq_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
@@ -274,13 +282,8 @@ def _ws_dq_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int
 
 def _ws_dq_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
     """bwd-ws's dQ stage."""
-    args = (_ws_descriptor_types(config, _ws_dq_blocks(config)) + [("LSE", "*fp32"), ("DELTA", "*fp32")]
-            + _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"), ("group", "i32"),
-                                     ("sm_scale", "fp32"), ("softcap", "fp32"), ("bottom_right", "i32"),
-                                     ("window_left", "i32"), ("window_right", "i32")])
-    unit = _unit("dq", _BWD_WS, "attention_bwd_dq_ws", args,
-                 {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant, num_warps=4)
-    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config))
+    return _gluon_unit("dq", _BWD_WS, "attention_bwd_dq_ws", _ws_dq_blocks(config), _WS_BACKWARD_POINTERS,
+                       {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant)
 
 
 def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
