@@ -17,7 +17,7 @@ class Family(Choice):
     FWD_WS = "fwd-ws"  # sm_90, Gluon: a TMA loader warp and two MMA warpgroups (kernels/forward_ws.py)
     BWD = "bwd"  # dK/dV per key block and dQ per query block: no atomics, deterministic
     BWD_ATOMIC = "bwd-atomic"  # dK/dV per key block, dQ by fp32 atomics and a conversion stage
-    BWD_WS = "bwd-ws"  # bwd's plan with a Gluon dK/dV stage, warp-specialised as fwd-ws (kernels/backward_ws.py)
+    BWD_WS = "bwd-ws"  # bwd's plan with Gluon dK/dV and dQ stages, warp-specialised as fwd-ws (kernels/backward_ws.py)
     SDPA_FLASH = "sdpa-flash"  # PyTorch SDPA's FlashAttention-2 backend
     SDPA_CUDNN = "sdpa-cudnn"  # PyTorch SDPA's cuDNN backend
 

@@ -168,7 +168,7 @@ class _Stage:
     tensors: tuple[tuple[int, int], ...]  # (argument, role)
     buffers: tuple[tuple[int, int], ...]  # (argument, buffer)
     descriptors: tuple[tuple[int, int, dict], ...]  # (argument, role of its base, its other fields)
-    buffer_descriptors: tuple[tuple[int, int, dict], ...]  # (argument, buffer, fields): fwd-ws stores O by TMA
+    buffer_descriptors: tuple[tuple[int, int, dict], ...]  # (argument, buffer, fields): Gluon stages store by TMA
     seed: int | None  # the argument that takes the dropout seed, if any
     offset: int | None
 
