@@ -28,6 +28,16 @@ def inputs(b, hq, hkv, sq, skv, d, dtype, bshd=False):
     return randn(b, hq, sq, d, dtype=dtype), randn(b, hkv, skv, d, dtype=dtype), randn(b, hkv, skv, d, dtype=dtype)
 
 
+def case_inputs(shape, features):
+    """bf16 Q, K, V of a case (BSHD storage where it says so) and its attention() keywords, with a
+    per-head sink tensor where it asks for one."""
+    features = dict(features)
+    bshd = features.pop("bshd", False)
+    if features.get("sinks") == "per-head":
+        features["sinks"] = torch.randn(shape[1], device="cuda")
+    return (*inputs(*shape, dtype=torch.bfloat16, bshd=bshd), features)
+
+
 @pytest.fixture(autouse=True)
 def needs_wgmma():
     if not ARCH.has("wgmma"):
@@ -53,11 +63,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_and_backward(case, tile):
     shape, features = CASES[case]
-    features = dict(features)
-    bshd = features.pop("bshd", False)
-    if features.get("sinks") == "per-head":
-        features["sinks"] = torch.randn(shape[1], device="cuda")
-    q, k, v = inputs(*shape, dtype=torch.bfloat16, bshd=bshd)
+    q, k, v, features = case_inputs(shape, features)
     check(q, k, v, families=("fwd-ws", "bwd"), rule_set="full", kernel=name("bf16", shape[-1], tile), **features)
 
 
@@ -106,11 +112,7 @@ def test_warp_specialised_backward(case, tile):
     shape, features = CASES[case]
     if tile.startswith("64") and shape[-1] == 128:
         pytest.skip("64 query rows spill at d=128: the rules refuse the tile there")
-    features = dict(features)
-    bshd = features.pop("bshd", False)
-    if features.get("sinks") == "per-head":
-        features["sinks"] = torch.randn(shape[1], device="cuda")
-    q, k, v = inputs(*shape, dtype=torch.bfloat16, bshd=bshd)
+    q, k, v, features = case_inputs(shape, features)
     check(q, k, v, families=("fwd-ws", "bwd-ws"), rule_set="default", kernel=name("bf16", shape[-1], "128x128_w8_s2"),
           backward_kernel=bwd_name("bf16", shape[-1], tile), **features)
 
@@ -128,11 +130,7 @@ WIDE_CASES = {
 @pytest.mark.parametrize("case", list(WIDE_CASES))
 def test_warp_specialised_backward_wide_heads(case):
     shape, features = WIDE_CASES[case]
-    features = dict(features)
-    bshd = features.pop("bshd", False)
-    if features.get("sinks") == "per-head":
-        features["sinks"] = torch.randn(shape[1], device="cuda")
-    q, k, v = inputs(*shape, dtype=torch.bfloat16, bshd=bshd)
+    q, k, v, features = case_inputs(shape, features)
     check(q, k, v, families=("fwd-ws", "bwd-ws"), rule_set="default", kernel=name("bf16", 256, "128x64_w8_s2"),
           backward_kernel=bwd_name("bf16", 256, "32x64_w8_s2"), **features)
 
