@@ -4,6 +4,7 @@ and the statistics the benchmark summaries share."""
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -116,18 +117,28 @@ def event_sampler(fn: Callable[[], object], calls: int) -> Callable[[], float]:
     return sample
 
 
-def interleaved_medians(samplers: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """The median per-call time of each sampler, sampled round-robin: one sample of each per round.
+def interleaved_medians(samplers: dict[str, Callable[[], float]], rounds: int, seed: int = 0) -> dict[str, float]:
+    """The median per-call time of each sampler, sampled in rounds: one sample of each per round,
+    in an order shuffled afresh each round (seeded, so a run can be repeated).
 
-    Why: the H200's clock drifts with its power state by more than 10 % over seconds (1.63
-    against 1.84 ms for the same attention kernel, timed one after the other). Providers timed
-    one after another compare their moments as much as their kernels; taken in turns, each
-    median is drawn from the same moments as the others.
+    Why rounds: the H200's clock drifts with its power state by more than 10 % over seconds
+    (1.63 against 1.84 ms for the same attention kernel, timed one after the other). Providers
+    timed one after another compare their moments as much as their kernels; taken in turns,
+    each median is drawn from the same moments as the others.
+
+    Why shuffled: under the power cap a sample also inherits the clock its predecessor left.
+    On the long causal attention case (H100, 30 ms calls) a forward+backward sampled right after
+    SDPA flash's ran 3-5 % slower than after any other provider (the dispatcher 30.40 ms after
+    it, 28.79 after cuDNN), and the suite's fixed order put the dispatcher after flash in every
+    round: it read 0.960-0.968x cuDNN there in two suite runs, 1.008x shuffled
+    (benchmarks/sampling_order.py; benchmarks/results/h100/sampling_order.txt).
     """
+    order, shuffle = list(samplers), random.Random(seed)
     samples: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(rounds):
-        for name, sample in samplers.items():
-            samples[name].append(sample())
+        shuffle.shuffle(order)
+        for name in order:
+            samples[name].append(samplers[name]())
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -1,0 +1,95 @@
+"""Does the order in which providers are sampled move their medians? One attention case, fwd+bwd.
+
+The suite's providers of one prefill case (the dispatcher, the Triton rules pick, SDPA cuDNN and
+flash) are sampled in rounds, in blocks of `--rounds` rounds that alternate between a fixed order
+(the order the suite benchmark used before bench.timing shuffled it) and an order shuffled each
+round (what bench.timing.interleaved_medians does now). Under the power cap a sample inherits the
+clock its predecessor left, so in a fixed order a provider is judged after the same neighbour
+every time. Prints each mode's medians and the dispatcher's ratio to cuDNN, and per provider the
+shuffled mode's median by predecessor.
+
+    python benchmarks/sampling_order.py [--case long_S16384_D128_causal] [--rounds 10] [--blocks 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import tiledispatch
+from tiledispatch import Dispatcher, Registry
+from tiledispatch.bench.timing import event_sampler
+from tiledispatch.core.runtime import current_arch
+
+SUITE = Path(__file__).parent / "suites" / "attention.json"
+CALLS_PER_SAMPLE = 4  # as benchmarks/attention.py
+
+
+def providers(spec: dict) -> dict:
+    torch.manual_seed(0)
+    b, hq, hkv, s, d = (spec[k] for k in ("B", "Hq", "Hkv", "Sq", "D"))
+    q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    grad = torch.randn_like(q)
+    causal = spec.get("causal", False)
+    arch = current_arch()
+    triton_only = Dispatcher(Registry.from_rule_set("attention", "default", arch).filter(
+        lambda c: not c.family.startswith("sdpa")), arch)
+
+    def ours(dispatcher):
+        return lambda: torch.autograd.grad(tiledispatch.attention(q, k, v, causal=causal, dispatcher=dispatcher),
+                                           (q, k, v), grad)
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+            return torch.autograd.grad(out, (q, k, v), grad)
+        return run
+
+    return {"tiledispatch": ours(None), "triton-rules": ours(triton_only),
+            "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", default="long_S16384_D128_causal")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds a block")
+    parser.add_argument("--blocks", type=int, default=2, help="blocks of each mode, alternating")
+    args = parser.parse_args()
+    spec = next(c for c in json.loads(SUITE.read_text())["cases"] if c["name"] == args.case)
+    samplers = {name: event_sampler(fn, CALLS_PER_SAMPLE) for name, fn in providers(spec).items()}
+    shuffle = random.Random(0)
+    log = []  # (mode, provider, predecessor, ms)
+    for _ in range(args.blocks):
+        for mode in ("fixed", "shuffled"):
+            for _ in range(args.rounds):
+                order = list(samplers)
+                if mode == "shuffled":
+                    shuffle.shuffle(order)
+                for i, name in enumerate(order):
+                    log.append((mode, name, order[i - 1] if i else None, samplers[name]()))
+    print(f"{args.case} on {torch.cuda.get_device_name()}: medians (ms) of {args.blocks * args.rounds} samples a mode")
+    for mode in ("fixed", "shuffled"):
+        med = {n: statistics.median(ms for m, p, _, ms in log if m == mode and p == n) for n in samplers}
+        line = "  ".join(f"{n} {t:.3f}" for n, t in med.items())
+        print(f"  {mode:<8} {line}  dispatcher vs cuDNN x{med['sdpa-cudnn'] / med['tiledispatch']:.3f}")
+    print("  shuffled, by predecessor:")
+    for name in samplers:
+        by = {}
+        for m, p, before, ms in log:
+            if m == "shuffled" and p == name:
+                by.setdefault(before or "(first)", []).append(ms)
+        print(f"    {name:<13} " + "  ".join(f"after {b} {statistics.median(v):.3f} ({len(v)})" for b, v in by.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
