@@ -26,7 +26,7 @@ from ..ops.attention.inputs import make_inputs
 from ..ops.attention.reference import compare_tensors, reference_from, tolerance
 from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
 
-CAUSAL = {"none": False, "top-left": "top_left", "bottom-right": "bottom_right"}
+ALIGN = {"top-left": "top_left", "bottom-right": "bottom_right"}  # --align: the API's causal= values
 
 
 def _window(text: Optional[str]) -> Window | None:
@@ -39,16 +39,27 @@ def _window(text: Optional[str]) -> Window | None:
     return Window(left, right)
 
 
-def _options(causal: str, window: Optional[str], softcap: Optional[float], needs_lse: bool) -> AttentionOptions:
-    if causal not in CAUSAL:
-        raise InvalidProblemError(f"--causal {causal!r}: use one of {', '.join(CAUSAL)}")
-    return AttentionOptions(causal=parse_causal(CAUSAL[causal]), window=_window(window), softcap=softcap,
+def _causal(causal: bool, align: Optional[str]):
+    """The API's causal= for the flags: --causal alone is top-left, as causal=True and torch SDPA."""
+    if align is not None and align not in ALIGN:
+        raise InvalidProblemError(f"--align {align!r}: use one of {', '.join(ALIGN)}")
+    if not causal:
+        if align is not None:
+            raise InvalidProblemError(f"--align {align} aligns the causal mask: add --causal")
+        return False
+    return ALIGN[align or "top-left"]
+
+
+def _options(causal: bool, align: Optional[str], window: Optional[str], softcap: Optional[float],
+             needs_lse: bool) -> AttentionOptions:
+    return AttentionOptions(causal=parse_causal(_causal(causal, align)), window=_window(window), softcap=softcap,
                             needs_lse=needs_lse)
 
 
-def _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward) -> AttentionProblem:
+def _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap,
+             backward) -> AttentionProblem:
     """The problem the command's random inputs will have (for explain, without any tensor)."""
-    options = _options(causal, window, softcap, backward)
+    options = _options(causal, align, window, softcap, backward)
     mask, win = options.causal, Window()
     if options.window is not None:
         mask, win = MaskKind.SLIDING_WINDOW, Window(options.window.left, 0 if options.causal is not MaskKind.NONE
@@ -71,7 +82,9 @@ D = typer.Argument(..., help="head dim of Q and K (32, 64, 80, 96, 128, 192, 256
 DV = typer.Option(None, "--dv", help="head dim of V (default: D)")
 DTYPE = typer.Option("fp16", help="fp16, bf16 (GPU), fp32, fp8e4m3 (forward only, unit scales, bf16 out)")
 LAYOUT = typer.Option("bhsd", help="bhsd or bshd (the memory order of the random inputs)")
-CAUSAL_OPT = typer.Option("none", "--causal", help="none, top-left, bottom-right")
+CAUSAL_OPT = typer.Option(False, "--causal", help="causal mask, top-left aligned unless --align says otherwise")
+ALIGN_OPT = typer.Option(None, "--align", help="with --causal, where its diagonal starts when Sq != Skv: "
+                         "top-left (torch SDPA) or bottom-right (FlashAttention)")
 WINDOW = typer.Option(None, "--window", help="sliding window LEFT,RIGHT (bottom-right aligned; -1 unbounded)")
 SOFTCAP = typer.Option(None, "--softcap", help="soft-cap the scores: cap * tanh(s / cap)")
 BACKWARD = typer.Option(False, "--backward", help="forward and backward (the backward plan), gradients validated")
@@ -79,8 +92,9 @@ BACKWARD = typer.Option(False, "--backward", help="forward and backward (the bac
 
 @json_errors
 def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, skv: int = SKV, d: int = D,
-                      dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT, causal: str = CAUSAL_OPT,
-                      window: Optional[str] = WINDOW, softcap: Optional[float] = SOFTCAP, backward: bool = BACKWARD,
+                      dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT, causal: bool = CAUSAL_OPT,
+                      align: Optional[str] = ALIGN_OPT, window: Optional[str] = WINDOW,
+                      softcap: Optional[float] = SOFTCAP, backward: bool = BACKWARD,
                       validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
                       kernel: Optional[str] = typer.Option(None, help="force the forward kernel by name"),
                       rule_set: str = RULE_SET, strategy: str = STRATEGY,
@@ -89,13 +103,14 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
     """Run one attention on random inputs; print the problem, kernels, time and validation as JSON."""
     import tiledispatch
 
-    problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward)
+    problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
     backend = current_backend()
     dispatcher = dispatcher_for(OpKind.ATTENTION, rule_set, strategy)
     inputs = make_inputs(problem, device=backend.device, seed=seed)
     q, k, v = (t.requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
-    options = _options(causal, window, softcap, True)
-    kwargs = {"causal": CAUSAL[causal], "window": None if window is None else tuple(map(int, window.split(","))),
+    options = _options(causal, align, window, softcap, True)
+    kwargs = {"causal": _causal(causal, align),
+              "window": None if window is None else tuple(map(int, window.split(","))),
               "softcap": softcap, "dispatcher": dispatcher, "kernel": kernel}
     operands = check_operands(q.detach(), k.detach(), v.detach(), options=options)
     fwd_spec = dispatcher.resolve(kernel, operands.problem) if kernel else dispatcher.select(operands.problem)
@@ -149,11 +164,12 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
 @json_errors
 def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, skv: int = SKV, d: int = D,
                               dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT,
-                              causal: str = CAUSAL_OPT, window: Optional[str] = WINDOW,
+                              causal: bool = CAUSAL_OPT, align: Optional[str] = ALIGN_OPT,
+                              window: Optional[str] = WINDOW,
                               softcap: Optional[float] = SOFTCAP,
                               backward: bool = typer.Option(False, "--backward", help="explain the backward's pick"),
                               rule_set: str = RULE_SET, strategy: str = STRATEGY,
                               limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
     """Show every candidate for an attention: the ranking with its terms, and why each refused one refused."""
-    problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, window, softcap, backward)
+    problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
     emit(dispatcher_for(OpKind.ATTENTION, rule_set, strategy).explain(problem).to_dict(limit=limit or None))

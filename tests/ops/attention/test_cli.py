@@ -15,7 +15,7 @@ def invoke(*args, code=0):
 
 
 def test_attention_forward_and_backward_validated():
-    doc = invoke("attention", "1", "4", "2", "19", "27", "32", "--causal", "bottom-right", "--backward",
+    doc = invoke("attention", "1", "4", "2", "19", "27", "32", "--causal", "--align", "bottom-right", "--backward",
                  "--validate", "--rule-set", "tiny")
     assert doc["status"] == "ok" and doc["validation"]["passed"]
     assert set(doc["validation"]) == {"out", "lse", "dq", "dk", "dv", "passed"}
@@ -31,8 +31,9 @@ def test_attention_window_softcap_bshd():
 
 
 def test_explain_attention():
-    doc = invoke("explain", "attention", "2", "8", "2", "512", "512", "128", "--causal", "top-left",
+    doc = invoke("explain", "attention", "2", "8", "2", "512", "512", "128", "--causal",
                  "--rule-set", "tests", "--limit", "3")
+    assert doc["problem"]["mask"] == "causal"  # top-left
     # a Triton d128 kernel, or on a GPU with cuDNN the sdpa-cudnn candidate
     assert doc["problem"]["op"] == "attention" and doc["selected"].startswith(
         ("attention_fwd_fp16_d128x128", "attention_fwd_fp16_sdpa-cudnn"))
@@ -44,7 +45,9 @@ def test_explain_attention():
 def test_bad_input_is_a_json_error():
     doc = invoke("attention", "1", "3", "2", "8", "8", "32", "--rule-set", "tiny", code=2)
     assert doc["status"] == "error" and "heads-group" in doc["error"]["message"]
-    doc = invoke("attention", "1", "2", "2", "8", "8", "32", "--causal", "sideways", code=2)
+    doc = invoke("attention", "1", "2", "2", "8", "8", "32", "--causal", "--align", "sideways", code=2)
     assert "top-left" in doc["error"]["message"]
+    doc = invoke("explain", "attention", "1", "2", "2", "8", "8", "32", "--align", "bottom-right", code=2)
+    assert "add --causal" in doc["error"]["message"]
     doc = invoke("explain", "attention", "1", "2", "2", "8", "8", "48", code=2)
     assert "head-dim" in doc["error"]["message"]
