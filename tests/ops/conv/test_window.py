@@ -160,6 +160,33 @@ def test_window_rules():
     assert DirectConfig(FWD, 16, 64, 4).name.endswith("_k1_none")  # the per-tap kernels keep their names
 
 
+def test_window_kernels_compile_under_a_register_cap_where_they_fit_it():
+    """Forward and backward-data window kernels the register fit puts at <= 200 compile capped at
+    168 (more warps an SM: 1.0-1.34x on the H100); larger ones and backward-weight windows, which
+    would spill, keep ptxas's own allocation. The cap is part of the kernel's cache key."""
+    from tiledispatch.core.kernel import unit_key
+    from tiledispatch.ops.conv.plan import kernel_units
+    from tiledispatch.ops.conv.problem import ConvSpecialization
+    from tiledispatch.ops.conv.rules import WINDOW_REGISTER_CAP, window_registers
+
+    aligned = ConvSpecialization()
+    bf16 = dataclasses.replace(FWD, types=ConvTypes.parse("bf16"))
+    small = DirectConfig(bf16, 8, 32, 2, window=7, run=14)  # convnext 7x7's pick: 61 -> 51 us capped
+    large = DirectConfig(bf16, 16, 64, 4, window=7, run=14)  # fit 307: 60 -> 68 us capped
+    assert window_registers(small, 8) <= 200 < window_registers(large, 8)
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        signature = dataclasses.replace(bf16, direction=direction)
+        [main] = kernel_units(dataclasses.replace(small, signature=signature), aligned)
+        assert main.max_registers == WINDOW_REGISTER_CAP
+        [main] = kernel_units(dataclasses.replace(large, signature=signature), aligned)
+        assert main.max_registers is None
+    weight = DirectConfig(dataclasses.replace(bf16, direction=Direction.BWD_WEIGHT), 4, 64, 4, window=3, run=7, rows=3)
+    assert all(u.max_registers is None for u in kernel_units(weight, aligned))
+    assert validate(small, SM90).ok
+    spec = next(s for s in Registry.from_rule_set("conv", "default", SM90) if s.config == small)
+    assert ".r168" in unit_key(spec, kernel_units(small, aligned)[0], aligned)
+
+
 SUITE_DEPTHWISE = {  # benchmarks' conv.json: N, C, spatial, filter, padding
     "depthwise_mbv2_3x3": (32, 384, (28, 28), (3, 3), 1),
     "depthwise_5x5": (32, 672, (14, 14), (5, 5), 2),

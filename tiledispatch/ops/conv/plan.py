@@ -30,6 +30,7 @@ from .config import (
 )
 from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
+from .rules import window_register_cap
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
@@ -107,7 +108,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
         modules=(module, *_FAMILY_IMPORTS.get(config.family, ()), *_SHARED_MODULES),
-        divisible_by_16=aligned_pointers,
+        divisible_by_16=aligned_pointers, max_registers=window_register_cap(config, vec) if windowed else None,
     )
 
 

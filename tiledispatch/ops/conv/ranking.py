@@ -32,7 +32,14 @@ from .config import (
     VendorConfig,
 )
 from .problem import ConvProblem, Direction
-from .rules import REGISTER_RESERVE, accumulator_registers, register_a_operand, shared_memory_bytes
+from .rules import (
+    REGISTER_RESERVE,
+    accumulator_registers,
+    register_a_operand,
+    shared_memory_bytes,
+    window_register_cap,
+    window_registers,
+)
 
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
@@ -118,19 +125,17 @@ DIRECT_FMA_FRACTION = {
 # builds (the loop over filter rows; 45 builds: windows 3/5/7, runs 4/8/14, 2-8 channels a
 # thread, compiled offline): besides its run x window x channels FMAs, a thread spends per
 # filter row ~6.2 instructions a loaded source vector, ~2.0 a source element (widening, zero
-# fill), ~2.25 a weight element and ~44 fixed. Registers: ~1.7 an accumulator, ~1.4 a weight
-# element, ~39 more; ptxas holds builds the fit puts up to ~300 within 255 with a few bytes of
-# stack (16x64 w4 window 7 run 14: 16 bytes), and such builds were among the fastest on the
-# H200, so only a fit past WINDOW_SPILL_REGISTERS is taken to spill.
+# fill), ~2.25 a weight element and ~44 fixed. Registers: rules.window_registers; ptxas holds
+# builds the fit puts up to ~300 within 255 with a few bytes of stack (16x64 w4 window 7 run 14:
+# 16 bytes), and such builds were among the fastest on the H200, so only a fit past
+# WINDOW_SPILL_REGISTERS is taken to spill. Those it puts at <= 200 compile capped
+# (rules.window_register_cap), so their blocks an SM follow the cap.
 WINDOW_LOAD_INSTRUCTIONS = 6.2  # a source vector, besides its elements
 WINDOW_SOURCE_ELEMENT_INSTRUCTIONS = 2.0  # a 16-bit source element (1.0 an fp32 one: no widening)
 WINDOW_WEIGHT_INSTRUCTIONS = 2.25  # a weight element of the filter row
 WINDOW_ROW_INSTRUCTIONS = 44  # a filter row's fixed cost a thread
 WINDOW_STORE_INSTRUCTIONS = 8  # an output vector: narrowing, address, mask, store
 WINDOW_ISSUE_EFFICIENCY = 0.6  # of the SM's issue rate: convnext 7x7 on the H200 (modelled 60 us, ran 56)
-WINDOW_REGISTERS_PER_ACCUMULATOR = 1.7
-WINDOW_REGISTERS_PER_WEIGHT = 1.4
-WINDOW_REGISTER_BASE = 39
 WINDOW_SPILL_REGISTERS = 320
 # This model's error on the H200 sweep of these kernels (conv_depthwise.csv: 4 cases x 2
 # directions, ~58 tiles each): the picks' modelled / measured time 0.95-1.2, against the 0.8-1.9
@@ -434,7 +439,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
 
 
 def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[float, int]:
-    """Instructions a thread issues for the sliding-window kernel, and its registers.
+    """Instructions a thread issues for the sliding-window kernel, and its registers (its cap if capped).
 
     A thread holds `elements` = block_p x block_c / threads channel values of each run
     position, in vectors of up to `vector`. Per filter row (FZ x FY of them) it loads the
@@ -452,9 +457,8 @@ def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[fl
                + config.run * config.window * elements)
     filter_rows = math.prod(p.filter_size[:-1])
     per_thread = filter_rows * per_row + loads * config.run * WINDOW_STORE_INSTRUCTIONS
-    registers = int(WINDOW_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config)
-                    + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels + WINDOW_REGISTER_BASE)
-    return per_thread, registers
+    registers, cap = window_registers(config, vector), window_register_cap(config, vector)
+    return per_thread, registers if cap is None else min(registers, cap)
 
 
 def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:

@@ -113,6 +113,37 @@ def accumulator_registers(config: ImplicitGemmConfig | TmaConfig | DirectConfig)
     return math.ceil(elements / (config.num_warps * 32))
 
 
+# The sliding-window kernels' registers a thread, fitted to sm_90 SASS of 45 bf16 forward builds
+# (windows 3/5/7, runs 4/8/14, 2-8 channels a thread; ranking.py has the instruction side):
+# ~1.7 an accumulator, ~1.4 a weight element, ~39 more.
+WINDOW_REGISTERS_PER_ACCUMULATOR = 1.7
+WINDOW_REGISTERS_PER_WEIGHT = 1.4
+WINDOW_REGISTER_BASE = 39
+# Left to itself ptxas gives a window kernel far more registers than the fit: it holds a filter
+# row's source loads at once (ncu, convnext 7x7 forward 8x32 w2 run 14 on the H100: 197 registers,
+# fit 173), so an SM runs 8 warps and issues 0.58 of its cycles. Capped at 168 the forward and
+# backward-data kernels the fit puts at <= 200 ran 1.0-1.34x faster (8x32 run 14 at 7x7: 61.3 ->
+# 51.0 us; 16x64 run 7 at 3x3: 28.4 -> 21.2; 32x32 and 16x64 run 7 at 5x5: 1.16-1.17x; 8x64 run 14
+# at 5x5, already 12 warps an SM: 1.0x), and those it puts at 260-310 0.80-0.86x (they spill).
+WINDOW_REGISTER_CAP = 168
+WINDOW_CAPPED_UP_TO = 200
+
+
+def window_registers(config: DirectConfig, vector: int) -> int:
+    """The fit's registers a thread for a sliding-window tile; `vector`: channels a 16-byte load holds."""
+    elements = max(1.0, config.block_p * config.block_c / (config.num_warps * 32))
+    channels = min(elements, vector, config.block_c)  # the distinct channels a thread holds: its weights
+    return int(WINDOW_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config)
+               + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels + WINDOW_REGISTER_BASE)
+
+
+def window_register_cap(config: DirectConfig, vector: int) -> int | None:
+    """The register cap a forward or backward-data window kernel compiles with (None: ptxas's own)."""
+    if not config.window or config.signature.direction is Direction.BWD_WEIGHT:
+        return None
+    return WINDOW_REGISTER_CAP if window_registers(config, vector) <= WINDOW_CAPPED_UP_TO else None
+
+
 def _power_of_two(x: int) -> bool:
     return x >= 1 and x & (x - 1) == 0
 
