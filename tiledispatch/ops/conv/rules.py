@@ -119,12 +119,13 @@ def accumulator_registers(config: ImplicitGemmConfig | TmaConfig | DirectConfig)
 WINDOW_REGISTERS_PER_ACCUMULATOR = 1.7
 WINDOW_REGISTERS_PER_WEIGHT = 1.4
 WINDOW_REGISTER_BASE = 39
-# Left to itself ptxas gives a window kernel far more registers than the fit: it holds a filter
-# row's source loads at once (ncu, convnext 7x7 forward 8x32 w2 run 14 on the H100: 197 registers,
-# fit 173), so an SM runs 8 warps and issues 0.58 of its cycles. Capped at 168 the forward and
-# backward-data kernels the fit puts at <= 200 ran 1.0-1.34x faster (8x32 run 14 at 7x7: 61.3 ->
-# 51.0 us; 16x64 run 7 at 3x3: 28.4 -> 21.2; 32x32 and 16x64 run 7 at 5x5: 1.16-1.17x; 8x64 run 14
-# at 5x5, already 12 warps an SM: 1.0x), and those it puts at 260-310 0.80-0.86x (they spill).
+# Left to itself ptxas gives a window kernel more registers than occupancy can afford (ncu,
+# convnext 7x7 forward 8x32 w2 run 14 on the H100: 197 registers against the fit's 173, so an SM
+# runs 8 warps and issues on 0.58 of its cycles). Capped at 168, the forward and backward-data
+# kernels the fit puts at <= 200 ran 1.0-1.34x faster, timed in turns on the H100 (8x32 run 14 at
+# 7x7: 61.3 -> 51.0 us; 16x64 run 7 at 3x3: 28.4 -> 21.2; 32x32 and 16x64 run 7 at 5x5: 1.16-1.17x;
+# 8x64 run 14 at 5x5, already at 12 warps an SM: 1.0x), and those it puts at 260-310, 90-140 over
+# the cap, 0.80-0.86x (at a cap of 128: 0.22-0.30x).
 WINDOW_REGISTER_CAP = 168
 WINDOW_CAPPED_UP_TO = 200
 
