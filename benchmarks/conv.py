@@ -175,7 +175,9 @@ def estimate_ms(fn, s, calls: int = 3) -> float:
     estimate that sizes the repeats. The fastest, so that one stalled call does not switch a fast
     kernel to single-call timing, where the host's time is measured. A suite run at 18d9611 read
     1.54 ms for the dispatcher and 0.078 for cuDNN on resnet50_3x3 bwd_data fp16, where a rerun
-    read 0.026 and 0.043: what that switch would give; the run did not record the mode."""
+    read 0.026 and 0.043: what that switch would give; the run did not record the mode. A later row
+    read 0.436 ms against its own screening's 0.184 with this estimate in place (mamba k4 bwd_data
+    fp16 at 6e3ff9d), so the switch is not the only way a final time goes wrong."""
     times = []
     for _ in range(calls):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
