@@ -127,7 +127,9 @@ def reference(p: ConvProblem, s: dict) -> torch.Tensor:
     torch.backends.cudnn.allow_tf32 = False
     try:
         i = s["inputs"]
-        as32 = lambda t: None if t is None else t.float()
+        def as32(t):
+            return None if t is None else t.float()
+
         fp32 = {"inputs": type(i)(as32(i.x), as32(i.w), as32(i.dy), None, None, i.out)}
         return cudnn_fn(p)(fp32).float()
     finally:
@@ -278,7 +280,10 @@ def run_case(dispatcher, entry, writer_rows) -> dict:
     for row in writer_rows:
         if row["ms"] and row["provider"] != "cudnn":
             row["ratio_vs_vendor"] = round(vendor_ms / row["ms"], 4)
-    tf = lambda ms: flops / ms / 1e9 if ms else float("nan")
+
+    def tf(ms):
+        return flops / ms / 1e9 if ms else float("nan")
+
     print(f"{case['name']:<26} {p.direction.value:<10} {dtype:<5} cudnn {tf(vendor_ms):7.1f}  selected "
           f"{tf(result['selected_ms']):7.1f}  oracle {tf(result['oracle_ms']):7.1f}  dispatcher "
           f"{tf(dispatch_ms):7.1f} TFLOP/s  ({moved / (dispatch_ms or math.nan) / 1e9:.2f} TB/s)", flush=True)

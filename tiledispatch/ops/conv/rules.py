@@ -234,7 +234,8 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
         error(ConvRule.GROUP_MERGE, "igemm-flat does not merge groups: its flat (tap, channel) index is one "
               "group's", "use groups_per_tile=1")
     if config.pad_channels and config.family is not Family.IMPLICIT_GEMM_FLAT:
-        error(ConvRule.PAD_CHANNELS, f"pad_channels is igemm-flat's (few channels a group), not {config.family.value}'s",
+        error(ConvRule.PAD_CHANNELS,
+              f"pad_channels is igemm-flat's (few channels a group), not {config.family.value}'s",
               "use family igemm-flat, or pad_channels=False")
     if config.family is Family.IMPLICIT_GEMM_FLAT and sig.direction is Direction.BWD_DATA:
         error(ConvRule.FAMILY_DIRECTION, "igemm-flat computes forward and backward-weight; backward-data reduces "
