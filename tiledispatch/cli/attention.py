@@ -97,12 +97,16 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
                       softcap: Optional[float] = SOFTCAP, backward: bool = BACKWARD,
                       validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
                       kernel: Optional[str] = typer.Option(None, help="force the forward kernel by name"),
+                      backward_kernel: Optional[str] = typer.Option(
+                          None, help="force the backward kernel by name (with --backward)"),
                       rule_set: str = RULE_SET, strategy: str = STRATEGY,
                       repeats: int = typer.Option(20, help="timed runs on the GPU (median)"),
                       seed: int = typer.Option(0, help="seed of the random inputs")) -> None:
     """Run one attention on random inputs; print the problem, kernels, time and validation as JSON."""
     import tiledispatch
 
+    if backward_kernel is not None and not backward:
+        raise InvalidProblemError(f"--backward-kernel {backward_kernel} forces the backward: add --backward")
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
     backend = current_backend()
     dispatcher = dispatcher_for(OpKind.ATTENTION, rule_set, strategy)
@@ -111,7 +115,7 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
     options = _options(causal, align, window, softcap, True)
     kwargs = {"causal": _causal(causal, align),
               "window": None if window is None else tuple(map(int, window.split(","))),
-              "softcap": softcap, "dispatcher": dispatcher, "kernel": kernel}
+              "softcap": softcap, "dispatcher": dispatcher, "kernel": kernel, "backward_kernel": backward_kernel}
     operands = check_operands(q.detach(), k.detach(), v.detach(), options=options)
     fwd_spec = dispatcher.resolve(kernel, operands.problem) if kernel else dispatcher.select(operands.problem)
     grad_out = torch.randn(*q.shape[:-1], problem.head_dim_v, generator=torch.Generator().manual_seed(seed + 1))
@@ -134,8 +138,9 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
         bwd_problem = check_operands(q.detach(), k.detach(), v.detach(), options=options,
                                      direction=Direction.BACKWARD, out=out.detach(), lse=lse,
                                      grad_out=grad_out).problem
-        bwd_spec = dispatcher.select(bwd_problem)
-        kernels["backward"] = {"name": bwd_spec.name, "family": bwd_spec.family}
+        bwd_spec = (dispatcher.resolve(backward_kernel, bwd_problem) if backward_kernel
+                    else dispatcher.select(bwd_problem))
+        kernels["backward"] = {"name": bwd_spec.name, "family": bwd_spec.family, "forced": backward_kernel is not None}
     document = {
         "status": "ok", "device": backend.value, "arch": dispatcher.arch.name,
         "problem": operands.problem.describe(), "kernel": kernels,

@@ -42,6 +42,17 @@ def test_explain_attention():
     assert back["selected"].startswith("attention_bwd")
 
 
+def test_attention_forces_the_backward_kernel():
+    shape = ("1", "2", "2", "16", "16", "32", "--rule-set", "tiny", "--dtype", "fp32")
+    ranked = [c["kernel"] for c in invoke("explain", "attention", *shape, "--backward", "--limit", "0")["ranking"]]
+    assert len(ranked) > 1
+    doc = invoke("attention", *shape, "--backward", "--backward-kernel", ranked[1], "--validate")
+    assert doc["validation"]["passed"]
+    assert doc["kernel"]["backward"]["name"] == ranked[1] and doc["kernel"]["backward"]["forced"] is True
+    doc = invoke("attention", *shape, "--backward-kernel", ranked[1], code=2)
+    assert "add --backward" in doc["error"]["message"]
+
+
 def test_bad_input_is_a_json_error():
     doc = invoke("attention", "1", "3", "2", "8", "8", "32", "--rule-set", "tiny", code=2)
     assert doc["status"] == "error" and "heads-group" in doc["error"]["message"]
