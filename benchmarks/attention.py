@@ -106,6 +106,12 @@ def sdpa(backend, case: Case):
         return lambda q, k, v: run(q, expand(k), expand(v), False), "expanded K/V"
 
 
+def triton_dispatcher(arch) -> Dispatcher:
+    """The default rule set's Triton families alone: what "Triton alone" means in the summary."""
+    return Dispatcher(Registry.from_rule_set("attention", "default", arch).filter(
+        lambda s: not s.family.startswith("sdpa")), arch)
+
+
 def ours(dispatcher: Dispatcher | None, case: Case, kernel=None, backward_kernel=None):
     return lambda q, k, v: tiledispatch.attention(q, k, v, dispatcher=dispatcher, kernel=kernel,
                                                   backward_kernel=backward_kernel, **case.kwargs)
@@ -211,9 +217,7 @@ def main() -> int:
     specs = [c for c in suite["cases"] if c["mode"] == "prefill" and (wanted is None or c["name"] in wanted)]
     cases = [Case(c, d) for d in args.dtypes.split(",") for c in specs]
     arch = current_arch()
-    dispatchers = {"default": default_dispatcher(),
-                   "triton": Dispatcher(Registry.from_rule_set("attention", "default", arch).filter(
-                       lambda s: not s.family.startswith("sdpa")), arch)}
+    dispatchers = {"default": default_dispatcher(), "triton": triton_dispatcher(arch)}
     candidates, picks = precompile(cases, dispatchers, args.top, args.jobs)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     gpu = torch.cuda.get_device_name()

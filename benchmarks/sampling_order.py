@@ -17,45 +17,25 @@ import argparse
 import json
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import tiledispatch
-from tiledispatch import Dispatcher, Registry
-from tiledispatch.bench.timing import event_sampler
-from tiledispatch.core.runtime import current_arch
+sys.path.insert(0, str(Path(__file__).parent))
+import attention as suite  # noqa: E402  (benchmarks/attention.py: its case inputs, providers and samplers)
 
-SUITE = Path(__file__).parent / "suites" / "attention.json"
-CALLS_PER_SAMPLE = 4  # as benchmarks/attention.py
+from tiledispatch.core.runtime import current_arch  # noqa: E402
 
 
-def providers(spec: dict) -> dict:
-    torch.manual_seed(0)
-    b, hq, hkv, s, d = (spec[k] for k in ("B", "Hq", "Hkv", "Sq", "D"))
-    q = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    grad = torch.randn_like(q)
-    causal = spec.get("causal", False)
-    arch = current_arch()
-    triton_only = Dispatcher(Registry.from_rule_set("attention", "default", arch).filter(
-        lambda c: not c.family.startswith("sdpa")), arch)
-
-    def ours(dispatcher):
-        return lambda: torch.autograd.grad(tiledispatch.attention(q, k, v, causal=causal, dispatcher=dispatcher),
-                                           (q, k, v), grad)
-
-    def sdpa(backend):
-        def run():
-            with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
-            return torch.autograd.grad(out, (q, k, v), grad)
-        return run
-
-    return {"tiledispatch": ours(None), "triton-rules": ours(triton_only),
-            "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+def case_samplers(spec: dict) -> dict:
+    """The suite's forward+backward samplers of one case, as benchmarks/attention.py builds them."""
+    case = suite.Case(spec, "bf16")
+    triton = suite.triton_dispatcher(current_arch())
+    fns = {"tiledispatch": suite.ours(None, case), "triton-rules": suite.ours(triton, case)}
+    for backend in ("sdpa-cudnn", "sdpa-flash"):
+        fns[backend], _ = suite.sdpa(backend, case)
+    return {name: suite.sampler(fn, case, backward=True) for name, fn in fns.items()}
 
 
 def main() -> int:
@@ -64,8 +44,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10, help="rounds a block")
     parser.add_argument("--blocks", type=int, default=2, help="blocks of each mode, alternating")
     args = parser.parse_args()
-    spec = next(c for c in json.loads(SUITE.read_text())["cases"] if c["name"] == args.case)
-    samplers = {name: event_sampler(fn, CALLS_PER_SAMPLE) for name, fn in providers(spec).items()}
+    spec = next(c for c in json.loads(suite.SUITE.read_text())["cases"] if c["name"] == args.case)
+    samplers = case_samplers(spec)
     shuffle = random.Random(0)
     log = []  # (mode, provider, predecessor, ms)
     for _ in range(args.blocks):
