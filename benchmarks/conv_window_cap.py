@@ -4,9 +4,10 @@ The window kernels' cap (ops/conv/rules.py, window_register_cap) was chosen from
 forward and backward-data of ConvNeXt's 7x7, the 5x5 case and MobileNet's 3x3 (bf16), the
 default dispatcher's pick and the `full` set's best-ranked window tiles are each compiled with
 no cap (ptxas's own allocation), 168 and 128 registers, checked against fp32 cuDNN, and timed
-as CUDA-graph replays in turns (benchmarks/conv.py's samplers).
+as CUDA-graph replays in turns (benchmarks/conv.py's samplers). `--cases` times other
+case:direction pairs, e.g. the backward-weight windows, which the cap does not yet cover.
 
-    python benchmarks/conv_window_cap.py [--top 2] [--caps 0,168,128]
+    python benchmarks/conv_window_cap.py [--top 2] [--caps 0,168,128] [--cases convnext_dw7x7:bwd_weight,...]
 """
 
 from __future__ import annotations
@@ -45,13 +46,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--top", type=int, default=2, help="window tiles of the full set beside the default pick")
     parser.add_argument("--caps", default="0,168,128", help="register caps; 0: none")
+    parser.add_argument("--cases", default=",".join(f"{name}:{d.value}" for name, d in CASES),
+                        help="comma-separated case:direction pairs of the suite")
     args = parser.parse_args()
     arch = current_arch()
     default = Dispatcher(Registry.from_rule_set("conv", "default", arch), arch)
     full = Dispatcher(Registry.from_rule_set("conv", "full", arch), arch)
     cases = {c["name"]: c for c in json.loads(bench.SUITE.read_text())["cases"]}
     original = plan._main_unit
-    for name, direction in CASES:
+    for name, direction in (pair.split(":") for pair in args.cases.split(",")):
+        direction = Direction(direction)
         p = bench.problem_of(cases[name], direction, "bf16")
         p = replace(p, specialization=p.dense_specialization())
         sets = bench.make_sets(p)

@@ -149,6 +149,23 @@ def test_fast_path_replays_on_new_tensors(shape):
     assert len(dispatcher._bound) == 2  # one bound call per signature
 
 
+def test_fast_path_keys_out_by_its_layout():
+    """`out=` alone is keyed inline: a column-major out, or one with a bias beside it, binds anew."""
+    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", current_arch()), current_arch())
+    a = torch.randn(96, 72, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(72, 80, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(80, device="cuda", dtype=torch.bfloat16)
+    rows = torch.full((96, 80), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cols = torch.full((80, 96), float("nan"), device="cuda", dtype=torch.bfloat16).t()
+    for out in (rows, cols, rows):
+        out.fill_(float("nan"))
+        assert _rel(tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher), _ref(a, b)) < 1.6e-2
+        assert _rel(out, _ref(a, b)) < 1.6e-2
+    out = tiledispatch.gemm(a, b, bias=bias, out=rows, dispatcher=dispatcher)
+    assert _rel(out, _ref(a, b, bias)) < 1.6e-2
+    assert len(dispatcher._bound) == 3
+
+
 def test_fast_path_fp8_scales_and_aliasing():
     a = torch.randn(128, 256, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(256, 64, device="cuda").to(torch.float8_e4m3fn)

@@ -54,10 +54,14 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
     if kernel is not None and type(kernel) is not str:
         return None
     optional = None
-    if bias is not None or residual is not None or out is not None or scale_a is not None or scale_b is not None:
+    if bias is not None or residual is not None or scale_a is not None or scale_b is not None:
         optional = (_optional(bias), _optional(residual), _optional(out), _optional(scale_a), _optional(scale_b))
         if _NOT_A_TENSOR in optional:
             return None
+    elif out is not None:  # the common keyword, keyed inline: a tuple of its own, unlike any 5-tuple above
+        if type(out) is not torch.Tensor:
+            return None
+        optional = (out.shape, out.stride(), out.dtype, out.get_device(), not out.data_ptr() & 15)
     return ("gemm", a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,  # "gemm": memos are per dispatcher
             b.shape, b.stride(), b.dtype, b.get_device(), not b.data_ptr() & 15,
             activation, out_dtype, allow_tf32, kernel, optional)

@@ -1,10 +1,12 @@
 """The `rules` score of a GEMM config for a problem: a small time model, no timing.
 
-time = max(compute, memory, latency chain) + split-K reduction, where compute is stretched
+device time = max(compute, memory, latency chain) + split-K reduction, where compute is stretched
 by the padding of edge tiles (M, N, K), the idle SMs of the last wave, and the operand
 traffic of small tiles; memory is the slower of DRAM (bytes in flight) and the busiest SM's
 intake (L2 re-reads included); the latency chain is the busiest SM's K loops, each step
-waiting a load latency over the stages in flight. Score = ideal time / modelled time, in (0, 1].
+waiting a load latency over the stages in flight. A call costs the longer of its device time
+and its host time (the launches), since a host that cannot launch faster than the kernels run
+leaves the GPU idle between calls. Score = ideal time / call time, in (0, 1].
 """
 
 from __future__ import annotations
@@ -93,6 +95,29 @@ UNALIGNED_LOAD_FRACTION = 0.5
 SPILL_MARGIN = 8
 
 
+# Host time of a dispatched call on a problem seen before, on an H200 (benchmarks/results/h200/
+# gemm_host_profile.txt, 16x16 bf16): the call's signature and memo lookup, 1.7-2.4 us; a bound
+# Triton launch, 4.8 us; torch.mm, 7.3-7.6 us. Each further stage (split-K's reduction, a realign
+# copy, stream-K's zeroed flags, an epilogue step of the vendor path) is one more launch or
+# PyTorch op. Only problems whose kernels run shorter than this are ranked by it: there a
+# Triton call returns 3 us sooner than torch.mm's (7.2 against 10.5 us a call).
+HOST_SIGNATURE_SECONDS = 2.4e-6
+HOST_LAUNCH_SECONDS = 4.8e-6
+HOST_VENDOR_SECONDS = 7.4e-6
+HOST_EXPONENT = 8  # a kernel twice as long as the launches costs 0.4 % more than alone
+
+
+def host_seconds(config: AnyGemmConfig, problem: GemmProblem) -> float:
+    """The host time of a call bound to `config`: the signature, then each launch or PyTorch op."""
+    if isinstance(config, VendorConfig):
+        steps = vendor_steps(problem)
+        return HOST_SIGNATURE_SECONDS + HOST_VENDOR_SECONDS + steps * HOST_LAUNCH_SECONDS
+    launches = 1 + int(config.split_k > 1) + int(config.family is Family.STREAM_K)
+    if config.realign:
+        launches += len(problem.alignment.unaligned_operands)
+    return HOST_SIGNATURE_SECONDS + launches * HOST_LAUNCH_SECONDS
+
+
 def _peak_flops(problem: GemmProblem, arch) -> float:
     t = problem.types
     if t.a is DType.FP32 and not t.allow_tf32:
@@ -110,13 +135,19 @@ def _soft_max(compute_s: float, memory_s: float) -> float:
     return (compute_s**3 + memory_s**3) ** (1 / 3)
 
 
+def vendor_steps(p: GemmProblem) -> int:
+    """The passes over C after the vendor's matmul: one per epilogue step, one for a wider output."""
+    steps = int(p.epilogue.bias) + int(p.epilogue.activation is not Activation.NONE) + int(p.epilogue.residual)
+    if p.types.c is not p.types.a and not p.types.scaled:
+        steps += 1  # fp32 output from half inputs: computed in fp32, then copied
+    return steps
+
+
 def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     """cuBLAS picks its own tile, so no waste terms; but each epilogue step is one more pass."""
     p = problem
     ideal = _ideal_seconds(p, arch)
-    steps = int(p.epilogue.bias) + int(p.epilogue.activation is not Activation.NONE) + int(p.epilogue.residual)
-    if p.types.c is not p.types.a and not p.types.scaled:
-        steps += 1  # fp32 output from half inputs: computed in fp32, then copied
+    steps = vendor_steps(p)
     step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / (arch.memory_bandwidth_gbs * 1e9) + LAUNCH_SECONDS
     fraction = VENDOR_FP8_FRACTION if p.types.scaled else VENDOR_FRACTION
     if p.alignment.unaligned_operands:
@@ -219,10 +250,23 @@ def _realign_seconds(p: GemmProblem, arch) -> float:
 
 
 def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
+    """The device time's score, lowered where the host's launches take longer than the kernels."""
+    device = device_score(config, problem, arch)
+    device_s = device.terms["modelled_us"] * 1e-6
+    host_s = host_seconds(config, problem)
+    # The longer of the two, smoothed so that it still rises with the device time: among
+    # launch-bound candidates of one host cost, the faster kernel keeps its lead (a graph
+    # replay, which has no host time, runs it).
+    call_s = (device_s**HOST_EXPONENT + host_s**HOST_EXPONENT) ** (1 / HOST_EXPONENT)
+    return Score(device.value * device_s / call_s, {**device.terms, "host_us": host_s * 1e6, "call_us": call_s * 1e6})
+
+
+def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
+    """ideal / modelled device time: what a CUDA graph replay of the call would take."""
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
     if config.realign:  # its twin on the aligned copies, plus the copies
-        inner = rule_score(replace(config, realign=False), replace(problem, alignment=problem.alignment.realigned()),
+        inner = device_score(replace(config, realign=False), replace(problem, alignment=problem.alignment.realigned()),
                            arch)
         copies_s = _realign_seconds(problem, arch)
         modelled = inner.terms["modelled_us"] * 1e-6 + copies_s

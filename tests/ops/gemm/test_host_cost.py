@@ -1,0 +1,70 @@
+"""The host term of the GEMM ranking: a call costs the longer of its launches and its kernels."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tiledispatch import Dispatcher, Registry, arch
+from tiledispatch.ops.gemm import check_operands
+from tiledispatch.ops.gemm.config import Family, GemmConfig, VendorConfig
+from tiledispatch.ops.gemm.problem import Epilogue, GemmLayout, GemmTypes
+from tiledispatch.ops.gemm.ranking import (HOST_LAUNCH_SECONDS, device_score, host_seconds, rule_score)
+
+SM90 = arch.load("sm_90")
+
+
+def problem(m: int, n: int, k: int, dtype=torch.bfloat16):
+    a = torch.empty(m, k, device="meta", dtype=dtype)
+    b = torch.empty(k, n, device="meta", dtype=dtype)
+    return check_operands(a, b).problem
+
+
+def ranked(p):
+    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", SM90), SM90)
+    return dispatcher.explain(p).ranked
+
+
+def test_a_launch_bound_problem_goes_to_the_cheapest_launch():
+    """16x16: every kernel ends before any launch returns; torch.mm takes 3 us more host time
+    than a bound Triton launch, so the rules take a one-launch Triton kernel."""
+    candidates = ranked(problem(16, 16, 16))
+    first = candidates[0]
+    assert first.spec.family != "vendor", first.spec.name
+    assert first.spec.config.split_k == 1
+    vendor = next(c for c in candidates if c.spec.family == "vendor")
+    assert vendor.score.terms["modelled_us"] < first.score.terms["modelled_us"]  # faster on the device alone
+    assert vendor.score.terms["call_us"] > first.score.terms["call_us"]
+
+
+def test_launch_bound_kernels_of_one_host_cost_keep_their_device_order():
+    p = problem(256, 256, 256)
+    single = [c for c in ranked(p) if c.spec.family != "vendor" and c.spec.config.layout == p.layout
+              and host_seconds(c.spec.config, p) == host_seconds(replace(c.spec.config, split_k=1), p)]
+    assert len(single) > 3
+    devices = [device_score(c.spec.config, p, SM90).value for c in single]
+    assert devices == sorted(devices, reverse=True)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (256, 8192, 8192)])
+def test_kernels_longer_than_their_launches_are_ranked_by_device_time(shape):
+    p = problem(*shape)
+    for candidate in ranked(p)[:5]:
+        config = candidate.spec.config
+        device = device_score(config, p, SM90)
+        assert device.terms["modelled_us"] > 2 * candidate.score.terms["host_us"]
+        assert rule_score(config, p, SM90).value == pytest.approx(device.value, rel=5e-3)
+
+
+def test_each_stage_is_one_more_launch():
+    bf16 = GemmTypes.parse("bf16")
+    p = problem(64, 64, 65536)
+    base = GemmConfig(Family.TILED, bf16, GemmLayout.parse("rrr"), Epilogue(), 64, 64, 64, group_m=8,
+                      num_warps=4, num_stages=3)
+    split = replace(base, split_k=8)
+    assert host_seconds(split, p) == pytest.approx(host_seconds(base, p) + HOST_LAUNCH_SECONDS)
+    vendor = VendorConfig(bf16, GemmLayout.parse("sss"), Epilogue())
+    with_bias = replace(p, epilogue=Epilogue(bias=True))
+    assert host_seconds(vendor, with_bias) == pytest.approx(host_seconds(vendor, p) + HOST_LAUNCH_SECONDS)
