@@ -32,9 +32,10 @@ def main() -> None:
     call()
     key = fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel)
     bound = dispatcher.memo(key, lambda: None)
+    eager = bound.eager if isinstance(bound, fastpath.ByCapture) else bound  # a graph capture runs .replayed
     stream = torch.cuda.current_stream().cuda_stream
     print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel,
-          f"({type(bound).__name__})")
+          f"({type(bound).__name__}{', eager ' + type(eager).__name__ if eager is not bound else ''})")
     rows = {
         "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
         "tiledispatch.gemm(out=)": call,
@@ -43,8 +44,8 @@ def main() -> None:
         "  bound call": lambda: bound(a, b, None, None, out, None, None),
         "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
     }
-    if isinstance(bound, fastpath.BoundGemm):
-        stage = bound._stages[0]
+    if isinstance(eager, fastpath.BoundGemm):
+        stage = eager._stages[0]
         values = {"a": a, "b": b, "out": out.unsqueeze(0)}
         stage_args = stage.template.copy()
         for index, role in stage.plain:

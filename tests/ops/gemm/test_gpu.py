@@ -63,6 +63,32 @@ def test_bf16_layouts(shape, layout):
     _check(GemmProblem(m, n, k, types=GemmTypes.parse("bf16"), layout=GemmLayout.parse(layout)))
 
 
+def test_launch_bound_call_runs_triton_eagerly_and_the_replay_pick_in_a_graph():
+    """16x16: eager calls launch a Triton tile (cheapest host path), a captured graph the kernel
+    fastest on the device; both kernels are bound before the capture, and both compute."""
+    from tiledispatch.ops.gemm import fastpath
+
+    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", current_arch()), current_arch())
+    a = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((16, 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)
+    assert _rel(out, _ref(a, b)) < 1.6e-2
+    (bound,) = dispatcher._bound.values()
+    assert isinstance(bound, fastpath.ByCapture)
+    assert isinstance(bound.eager, fastpath.BoundGemm) and isinstance(bound.replayed, fastpath.DirectMatmul)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)
+    a.copy_(torch.randn_like(a))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, _ref(a, b)) < 1.6e-2
+    assert len(dispatcher._bound) == 1
+
+
 @pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.name)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "tf32", "fp8e4m3", "fp8e4m3xfp8e5m2"])
 def test_dtypes_and_epilogues(dtype, epilogue):

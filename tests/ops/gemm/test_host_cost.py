@@ -11,7 +11,8 @@ from tiledispatch import Dispatcher, Registry, arch
 from tiledispatch.ops.gemm import check_operands
 from tiledispatch.ops.gemm.config import Family, GemmConfig, VendorConfig
 from tiledispatch.ops.gemm.problem import Epilogue, GemmLayout, GemmTypes
-from tiledispatch.ops.gemm.ranking import (HOST_LAUNCH_SECONDS, device_score, host_seconds, rule_score)
+from tiledispatch.ops.gemm.ranking import (HOST_LAUNCH_SECONDS, device_score, host_seconds, replay_pick,
+                                           rule_score)
 
 SM90 = arch.load("sm_90")
 
@@ -22,9 +23,12 @@ def problem(m: int, n: int, k: int, dtype=torch.bfloat16):
     return check_operands(a, b).problem
 
 
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("gemm", "default", SM90), SM90)
+
+
 def ranked(p):
-    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", SM90), SM90)
-    return dispatcher.explain(p).ranked
+    return dispatcher().explain(p).ranked
 
 
 def test_a_launch_bound_problem_goes_to_the_cheapest_launch():
@@ -68,3 +72,17 @@ def test_each_stage_is_one_more_launch():
     vendor = VendorConfig(bf16, GemmLayout.parse("sss"), Epilogue())
     with_bias = replace(p, epilogue=Epilogue(bias=True))
     assert host_seconds(vendor, with_bias) == pytest.approx(host_seconds(vendor, p) + HOST_LAUNCH_SECONDS)
+
+
+def test_graph_replays_of_a_launch_bound_call_take_the_fastest_kernel_on_the_device():
+    """A replay has no host time: 16x16 replays cuBLAS (the model's shortest kernel) while eager
+    calls launch Triton; a problem whose kernels outlast the launches replays the selection."""
+    d = dispatcher()
+    tiny = problem(16, 16, 16)
+    assert d.select(tiny).family != "vendor"
+    replayed = replay_pick(d, tiny)
+    best = max(ranked(tiny), key=lambda c: device_score(c.spec.config, tiny, SM90).value)
+    assert replayed.name == best.spec.name and replayed.family == "vendor"
+    for shape in ((4096, 4096, 4096), (128, 4096, 4096)):
+        p = problem(*shape)
+        assert replay_pick(d, p).name == d.select(p).name

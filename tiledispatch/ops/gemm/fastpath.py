@@ -11,6 +11,7 @@ the pointers differ from the last call's.
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,11 +20,15 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.dispatcher import stream_getter
+from ...core.errors import BuildError
 from ...core.kernel import PythonLauncher
 from ...core.launch import Plan
 from . import vendor
 from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
+from .ranking import replay_pick
+
+log = logging.getLogger("tiledispatch.gemm")
 
 ROLES = ("a", "b", "bias", "residual", "out", "scale_a", "scale_b")  # the order of `BoundGemm.__call__`
 
@@ -223,10 +228,40 @@ class DirectMatmul:
         return self._matmul(a, b, out=out)
 
 
-def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> BoundGemm | DirectMatmul:
-    """Selects (or resolves), loads and plans once: a `BoundGemm` to replay, or a
-    `DirectMatmul` for a plain call bound to the vendor."""
+class ByCapture:
+    """A launch-bound signature's two bound calls: eager code takes the one cheapest to launch,
+    a CUDA graph capture the one fastest on the device (its replays have no host time).
+
+    Both are loaded when the signature is first seen, so a capture never loads a kernel.
+    """
+
+    def __init__(self, eager, replayed) -> None:
+        self.eager, self.replayed = eager, replayed
+        # torch's raw query: its Python wrapper is one more frame on every call
+        self._capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
+    def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
+        call = self.replayed if self._capturing() else self.eager
+        return call(a, b, bias, residual, out, scale_a, scale_b)
+
+
+def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> BoundGemm | DirectMatmul | ByCapture:
+    """Selects (or resolves), loads and plans once: a `BoundGemm` to replay, a `DirectMatmul`
+    for a plain call bound to the vendor, or both kinds in a `ByCapture` where graph replays
+    run another kernel than eager calls."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
+    eager = _bound(spec, launchers, operands, result_2d)
+    replayed = spec if kernel is not None else replay_pick(dispatcher, operands.problem)
+    if replayed.name == spec.name:
+        return eager
+    try:
+        return ByCapture(eager, _bound(*dispatcher.prepare(operands, kernel=replayed), operands, result_2d))
+    except BuildError:
+        log.warning("kernel %s failed to build; graph captures run %s too", replayed.name, spec.name, exc_info=True)
+        return eager
+
+
+def _bound(spec, launchers: dict, operands: GemmOperands, result_2d: bool) -> BoundGemm | DirectMatmul:
     if isinstance(spec.config, VendorConfig) and vendor.is_plain(operands):
         return DirectMatmul(result_2d)
     return BoundGemm(operands, spec.definition.plan(spec.config, operands), launchers, result_2d)

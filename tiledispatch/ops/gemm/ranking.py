@@ -100,11 +100,15 @@ SPILL_MARGIN = 8
 # Triton launch, 4.8 us; torch.mm, 7.3-7.6 us. Each further stage (split-K's reduction, a realign
 # copy, stream-K's zeroed flags, an epilogue step of the vendor path) is one more launch or
 # PyTorch op. Only problems whose kernels run shorter than this are ranked by it: there a
-# Triton call returns 3 us sooner than torch.mm's (7.2 against 10.5 us a call).
+# Triton call returns 3 us sooner than torch.mm's (7.2 against 10.5 us a call). A CUDA graph's
+# replays have no host time: they take `replay_pick`, the fastest kernel on the device.
 HOST_SIGNATURE_SECONDS = 2.4e-6
 HOST_LAUNCH_SECONDS = 4.8e-6
 HOST_VENDOR_SECONDS = 7.4e-6
-HOST_EXPONENT = 8  # a kernel twice as long as the launches costs 0.4 % more than alone
+HOST_EXPONENT = 8  # a kernel twice as long as its launches costs 0.05 % more than alone; one as long, 9 %
+# Above this call / device time the host term may have chosen the pick, and a graph's replays
+# are ranked again by device time alone (a Triton pick under ~10 us on the device).
+HOST_RANKED = 1.01
 
 
 def host_seconds(config: AnyGemmConfig, problem: GemmProblem) -> float:
@@ -259,6 +263,24 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     # replay, which has no host time, runs it).
     call_s = (device_s**HOST_EXPONENT + host_s**HOST_EXPONENT) ** (1 / HOST_EXPONENT)
     return Score(device.value * device_s / call_s, {**device.terms, "host_us": host_s * 1e6, "call_us": call_s * 1e6})
+
+
+def replay_pick(dispatcher, problem: GemmProblem):
+    """The kernel a CUDA graph's replays of this call run: a replay has no host time, so for a
+    launch-bound problem the fastest kernel on the device; elsewhere the dispatcher's selection.
+
+    Only the `rules` strategy ranks by host time: `autotune` keeps the fastest on the device.
+    """
+    from ...core.dispatcher import Strategy
+
+    selected = dispatcher.select(problem)
+    if dispatcher.strategy is not Strategy.RULES:
+        return selected
+    terms = rule_score(selected.config, problem, dispatcher.arch).terms
+    if terms["call_us"] < HOST_RANKED * terms["modelled_us"]:  # its kernel outlasts the launches
+        return selected
+    ranked = dispatcher.explain(problem).ranked
+    return max(ranked, key=lambda c: device_score(c.spec.config, problem, dispatcher.arch).value).spec
 
 
 def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
