@@ -232,7 +232,8 @@ class ByCapture:
     """A launch-bound signature's two bound calls: eager code takes the one cheapest to launch,
     a CUDA graph capture the one fastest on the device (its replays have no host time).
 
-    Both are loaded when the signature is first seen, so a capture never loads a kernel.
+    Both are loaded when the signature is first seen, and the vendor's handle made, so a capture
+    never loads a kernel nor creates a handle.
     """
 
     def __init__(self, eager, replayed) -> None:
@@ -255,7 +256,10 @@ def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> Bo
     if replayed.name == spec.name:
         return eager
     try:
-        return ByCapture(eager, _bound(*dispatcher.prepare(operands, kernel=replayed), operands, result_2d))
+        graphed = _bound(*dispatcher.prepare(operands, kernel=replayed), operands, result_2d)
+        if isinstance(replayed.config, VendorConfig):
+            vendor.warm_up(operands.problem.types, operands.device)
+        return ByCapture(eager, graphed)
     except BuildError:
         log.warning("kernel %s failed to build; graph captures run %s too", replayed.name, spec.name, exc_info=True)
         return eager

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ...core.validation import Finding, Severity, ValidationResult
 from .config import VendorConfig
-from .problem import Activation, GemmProblem, Layout
+from .problem import Activation, GemmProblem, GemmTypes, Layout
 
 ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
 
@@ -53,6 +53,18 @@ def run(a, b, out, bias, residual, scale_a, scale_b, activation: Activation) -> 
     if residual is not None:
         result += residual
     out.copy_(result.expand_as(out))
+
+
+def warm_up(types: GemmTypes, device) -> None:
+    """Creates this thread's cuBLAS(Lt) handle by one tiny matmul: a CUDA graph capture cannot
+    (CUBLAS_STATUS_NOT_INITIALIZED), and a capture may be the first to run the vendor path."""
+    if types.scaled:
+        x = torch.ones(16, 16, device=device).to(types.a.torch)
+        one = torch.ones((), device=device)
+        torch._scaled_mm(x, x.t(), one, one, out_dtype=types.c.torch)
+    else:
+        x = torch.ones(16, 16, device=device, dtype=types.a.torch)
+        torch.mm(x, x)
 
 
 def validate(config: VendorConfig, arch) -> ValidationResult:
