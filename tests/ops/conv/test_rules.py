@@ -238,3 +238,14 @@ def test_direct_weight_gradient_is_not_taken_for_gathered_channels(sm90_dispatch
     p = problem("bwd_weight", 32, 256, 256, 32, (28, 28), (3, 3), 1, 1, 1, "bf16")
     triton = [s for s in ranked(sm90_dispatcher, p) if s.family != "vendor"]
     assert triton[0].family == "igemm-flat"
+
+
+def test_backward_data_prefers_the_tile_that_rereads_less(sm90_dispatcher):
+    """conv.csv on the H200: 128x256 ran dilated_3x3_d2's backward-data 1.7x faster than 128x128, and
+    256x128 unet_3x3's 1.24x, where waves and waste tie them: each tile's operands come through its
+    SM's L2 port, and the larger tile reads fewer bytes per FLOP (ranking._intake_seconds)."""
+    cases = ((problem("bwd_data", 16, 256, 256, 1, (32, 32), (3, 3), 1, 2, 2, "bf16"), 128 * 256),
+             (problem("bwd_data", 8, 128, 128, 1, (128, 128), (3, 3), 1, 1, 1, "bf16"), 256 * 128))
+    for p, area in cases:
+        best = next(s for s in ranked(sm90_dispatcher, p) if s.family == "igemm")
+        assert best.config.block_m * best.config.block_n == area, best.name

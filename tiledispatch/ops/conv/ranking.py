@@ -164,6 +164,11 @@ WEIGHT_INSTRUCTIONS_PER_LOAD = 29
 # and checks the borders in three dims (a guess, to be fitted to conv.csv's stem rows).
 FLAT_GATHER_INSTRUCTIONS = 6
 ISSUE_PER_SM_CYCLE = 4  # warp-instructions an SM issues a cycle (four schedulers)
+# The operand bytes one SM's L2 port takes a second, before TILED_FRACTION (so ~100 GB/s in
+# the kernel's own time, GEMM's TMA intake). On conv.csv (H200) 160-300e9 rank alike: the
+# Triton-only selection 0.948 -> 0.962 mean, 0.844 -> 0.889 P10, and with cuDNN 0.966 -> 0.979;
+# at 140e9 and below the last falls back to 0.971 and under (benchmarks/evaluate_conv_rules.py).
+SM_PORT_BYTES_PER_S = 200e9
 CLOCK_HZ = 1.75e9
 # igemm-tma (kernels/implicit_gemm_tma.py). Fraction of the tensor-core peak at its best, after
 # its own terms, per direction: fitted to the H200 (benchmarks/results/h200/conv_tma.csv, 5 dense
@@ -265,6 +270,29 @@ def _stride_hit_rate(p: ConvProblem) -> float:
     return 1.0 / math.prod(p.stride) if p.direction is Direction.BWD_DATA else 1.0
 
 
+def _steps(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView) -> int:
+    """Reduction steps of one tile: each loads a block_m x block_k and a block_k x block_n operand tile."""
+    if p.direction is Direction.BWD_WEIGHT:
+        return math.ceil(math.ceil(v.depth / config.block_k) / config.split_k)
+    if config.family is Family.IMPLICIT_GEMM_FLAT:
+        return math.ceil(v.taps * v.depth / config.block_k)
+    # backward-data visits its stride phase's taps only
+    taps = (math.prod(-(-f // s) for f, s in zip(p.filter_size, p.stride))
+            if p.direction is Direction.BWD_DATA else v.taps)
+    return taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
+
+
+def _intake_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tiles: int, arch) -> float:
+    """The busiest SM's operand intake: every step's A and B tiles, through its own L2 port.
+
+    DRAM serves each byte once, but each tile re-reads its operands from L2: a larger tile
+    reads fewer bytes per FLOP. On conv.csv (H200) backward-data's 128x256 tile ran 1.7x the
+    128x128 one on dilated_3x3_d2, 256x128 1.24x on unet_3x3, where the other terms tie them.
+    """
+    per_tile = (config.block_m + config.block_n) * config.block_k * _steps(config, p, v) * p.types.dtype.itemsize
+    return math.ceil(tiles / arch.sm_count) * per_tile / SM_PORT_BYTES_PER_S
+
+
 def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tiles: int, arch) -> float:
     """Time the SMs spend issuing the loop's instructions besides the MMAs: steps x warps x a step's cost.
 
@@ -280,14 +308,7 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
     y_side = vector if p.specialization.outputs_aligned else 1  # dy: the backward directions' A tile
     a_vector = x_side if p.direction is Direction.FORWARD else y_side
     loads = (config.block_m * config.block_k / a_vector + config.block_k * config.block_n / x_side) / threads
-    if p.direction is Direction.BWD_WEIGHT:
-        steps = math.ceil(math.ceil(v.depth / config.block_k) / config.split_k)
-    elif flat:
-        steps = math.ceil(v.taps * v.depth / config.block_k)
-    else:  # backward-data visits its stride phase's taps only
-        taps = (math.prod(-(-f // s) for f, s in zip(p.filter_size, p.stride))
-                if p.direction is Direction.BWD_DATA else v.taps)
-        steps = taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
+    steps = _steps(config, p, v)
     if flat:  # the pixel walk is per row of the tile; each element adds its own border checks
         per_load = INSTRUCTIONS_PER_LOAD + FLAT_GATHER_INSTRUCTIONS
     else:
@@ -373,7 +394,8 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
         weights = p.k * p.c_per_group * math.prod(p.filter_size)
         reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
     issue_s = _issue_seconds(config, p, v, tiles, arch)
-    bound_s = (compute_s**3 + memory_s**3 + issue_s**3) ** (1 / 3)
+    intake_s = _intake_seconds(config, p, v, tiles, arch)
+    bound_s = (compute_s**3 + memory_s**3 + issue_s**3 + intake_s**3) ** (1 / 3)
     modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     value = ideal / modelled
@@ -381,7 +403,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
         value *= NONDETERMINISTIC_PENALTY
     terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "sectors": sectors,
              "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
-             "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
+             "issue_us": issue_s * 1e6, "intake_us": intake_s * 1e6, "modelled_us": modelled * 1e6}
     return Score(value, terms)
 
 
