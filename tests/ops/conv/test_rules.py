@@ -249,3 +249,11 @@ def test_backward_data_prefers_the_tile_that_rereads_less(sm90_dispatcher):
     for p, area in cases:
         best = next(s for s in ranked(sm90_dispatcher, p) if s.family == "igemm")
         assert best.config.block_m * best.config.block_n == area, best.name
+
+
+def test_forward_boxes_of_fewer_pixels_than_a_wgmma_pay_for_its_rows(sm90_dispatcher):
+    """conv3d_g4 forward on the H200: the 2x16-pixel TMA box, modelled fastest, ran 59 us against
+    the 128x32 implicit GEMM's 32: a warpgroup's wgmma computes 64 rows whatever the box holds."""
+    p = problem("forward", 4, 128, 128, 4, (8, 28, 28), (3, 3, 3), 1, 1, 1, "bf16")
+    best = next(s for s in ranked(sm90_dispatcher, p) if s.family != "vendor")
+    assert not (best.family == "igemm-tma" and best.config.pixels < 64), best.name

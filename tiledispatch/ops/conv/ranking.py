@@ -185,10 +185,11 @@ TMA_STEP_INSTRUCTIONS = 40
 TMA_REGISTER_A_INSTRUCTIONS = 24
 TMA_REGISTER_A_EFFICIENCY = 0.85
 TMA_BANDWIDTH_FRACTION = 0.80  # gemm's tma-persistent streamed 3.8-4.0 of 4.8 TB/s
-# wgmma computes 64 rows a warpgroup: a tile of fewer rows (a 2x16-pixel forward box, a 16- or
-# 32-channel backward-weight block) pays for 64. conv3d_g4's forward took the 2x16x32x32 box,
-# modelled 30 us, and ran 59 on the H200 (128x32x32 igemm: 32); with this term the Triton-only
-# selection on conv.csv rose 0.962 -> 0.970 mean, its minimum 0.536 -> 0.757.
+# wgmma computes 64 rows a warpgroup: a forward box of fewer pixels pays for 64. conv3d_g4's
+# forward took the 2x16x32x32 box, modelled 30 us, and ran 59 on the H200 (128x32x32 igemm: 32);
+# with this term the Triton-only selection on conv.csv rose 0.962 -> 0.970 mean, its minimum
+# 0.536 -> 0.757. Not backward-weight, whose rows are K/G channels: there it moved resnext
+# g32 c512 from 2x16x32x32 (70.8 us on the H100) to 8x16x64x64 (90.8; conv_tma_rows.csv).
 WGMMA_ROWS = 64
 
 
@@ -445,7 +446,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     # rate: the 16-channel test tiles ran 2-29 TFLOP/s on the H200 where 64-channel ones ran 300-690.
     inner = min(config.block_in, config.block_out) * p.types.dtype.itemsize
     narrow = min(1.0, inner / TMA_SWIZZLE_BYTES)
-    short = min(1.0, config.gemm_tile[0] / WGMMA_ROWS)
+    short = min(1.0, config.pixels / WGMMA_ROWS) if p.direction is Direction.FORWARD else 1.0
     efficiency = (math.prod(waste.values()) * waves * latency * narrow * short
                   * (TMA_REGISTER_A_EFFICIENCY if register_a else 1.0))
     compute_s = p.flops() / (peak * efficiency)
