@@ -446,8 +446,8 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     # rate: the 16-channel test tiles ran 2-29 TFLOP/s on the H200 where 64-channel ones ran 300-690.
     inner = min(config.block_in, config.block_out) * p.types.dtype.itemsize
     narrow = min(1.0, inner / TMA_SWIZZLE_BYTES)
-    short = min(1.0, config.pixels / WGMMA_ROWS) if p.direction is Direction.FORWARD else 1.0
-    efficiency = (math.prod(waste.values()) * waves * latency * narrow * short
+    wgmma_rows = min(1.0, config.pixels / WGMMA_ROWS) if p.direction is Direction.FORWARD else 1.0
+    efficiency = (math.prod(waste.values()) * waves * latency * narrow * wgmma_rows
                   * (TMA_REGISTER_A_EFFICIENCY if register_a else 1.0))
     compute_s = p.flops() / (peak * efficiency)
     memory_s = p.bytes() / (bandwidth * TMA_BANDWIDTH_FRACTION * narrow)
@@ -462,7 +462,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     value = ideal_seconds(p, arch) / modelled
     if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
-    terms = {**waste, "waves": waves, "latency": latency, "narrow": narrow, "short": short,
+    terms = {**waste, "waves": waves, "latency": latency, "narrow": narrow, "wgmma_rows": wgmma_rows,
              "register_a": float(register_a),
              "resident": float(resident), "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
     return Score(value, terms)

@@ -257,7 +257,7 @@ def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> Bo
         return eager
     try:
         graphed = _bound(*dispatcher.prepare(operands, kernel=replayed), operands, result_2d)
-        if isinstance(replayed.config, VendorConfig):
+        if isinstance(replayed.config, VendorConfig) and not torch.cuda.is_current_stream_capturing():
             vendor.warm_up(operands.problem.types, operands.device)
         return ByCapture(eager, graphed)
     except BuildError:
