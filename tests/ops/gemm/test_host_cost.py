@@ -86,3 +86,13 @@ def test_graph_replays_of_a_launch_bound_call_take_the_fastest_kernel_on_the_dev
     for shape in ((4096, 4096, 4096), (128, 4096, 4096)):
         p = problem(*shape)
         assert replay_pick(d, p).name == d.select(p).name
+
+
+def test_replays_under_autotune_run_the_eager_pick():
+    """`autotune` times kernels on the device, so its winner is already the graph's pick."""
+    from tiledispatch.core.dispatcher import Strategy
+
+    d = Dispatcher(Registry.from_rule_set("gemm", "default", SM90), SM90, strategy=Strategy.AUTOTUNE)
+    tiny = problem(16, 16, 16)
+    eager = next(c.spec for c in ranked(tiny) if c.spec.family != "vendor")
+    assert replay_pick(d, tiny, eager).name == eager.name

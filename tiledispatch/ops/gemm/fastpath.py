@@ -252,7 +252,7 @@ def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> Bo
     run another kernel than eager calls."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
     eager = _bound(spec, launchers, operands, result_2d)
-    replayed = spec if kernel is not None else replay_pick(dispatcher, operands.problem)
+    replayed = spec if kernel is not None else replay_pick(dispatcher, operands.problem, spec)
     if replayed.name == spec.name:
         return eager
     try:

@@ -265,15 +265,16 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     return Score(device.value * device_s / call_s, {**device.terms, "host_us": host_s * 1e6, "call_us": call_s * 1e6})
 
 
-def replay_pick(dispatcher, problem: GemmProblem):
+def replay_pick(dispatcher, problem: GemmProblem, selected=None):
     """The kernel a CUDA graph's replays of this call run: a replay has no host time, so for a
-    launch-bound problem the fastest kernel on the device; elsewhere the dispatcher's selection.
+    launch-bound problem the fastest kernel on the device; elsewhere `selected`, the
+    dispatcher's pick for eager calls (selected here if not given).
 
     Only the `rules` strategy ranks by host time: `autotune` keeps the fastest on the device.
     """
     from ...core.dispatcher import Strategy
 
-    selected = dispatcher.select(problem)
+    selected = selected if selected is not None else dispatcher.select(problem)
     if dispatcher.strategy is not Strategy.RULES:
         return selected
     terms = rule_score(selected.config, problem, dispatcher.arch).terms
