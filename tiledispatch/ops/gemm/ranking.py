@@ -262,7 +262,8 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     # launch-bound candidates of one host cost, the faster kernel keeps its lead (a graph
     # replay, which has no host time, runs it).
     call_s = (device_s**HOST_EXPONENT + host_s**HOST_EXPONENT) ** (1 / HOST_EXPONENT)
-    return Score(device.value * device_s / call_s, {**device.terms, "host_us": host_s * 1e6, "call_us": call_s * 1e6})
+    return Score(device.value * device_s / call_s,
+                 {**device.terms, "device_score": device.value, "host_us": host_s * 1e6, "call_us": call_s * 1e6})
 
 
 def replay_pick(dispatcher, problem: GemmProblem, selected=None):
@@ -280,8 +281,8 @@ def replay_pick(dispatcher, problem: GemmProblem, selected=None):
     terms = rule_score(selected.config, problem, dispatcher.arch).terms
     if terms["call_us"] < HOST_RANKED * terms["modelled_us"]:  # its kernel outlasts the launches
         return selected
-    ranked = dispatcher.explain(problem).ranked
-    return max(ranked, key=lambda c: device_score(c.spec.config, problem, dispatcher.arch).value).spec
+    ranked = dispatcher.explain(problem).ranked  # scored by rule_score, whose terms keep the device score
+    return max(ranked, key=lambda c: c.score.terms["device_score"]).spec
 
 
 def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
