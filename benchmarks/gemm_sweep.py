@@ -12,6 +12,8 @@ timed beside them, and every row holds the model's time and its rank among all c
 
     python benchmarks/gemm_sweep.py --out DIR [--cases a,b] [--dtypes bf16,fp8e4m3]
     python benchmarks/gemm_sweep.py --space stream-k --out DIR   # stream-K tiles beside their persistent twins
+    python benchmarks/gemm_sweep.py --space decode --cases <DECODE_CASES> --out DIR   # narrow tiles for M <= 32
+    python benchmarks/gemm_sweep.py --space gemv --cases <the T1 cases> --out DIR      # the gemv family (M = 1)
     python benchmarks/gemm_sweep.py --dry-run        # no GPU: the candidates and the model's times
 
 Writes DIR/gemm_sweep.csv (one row per case, dtype and kernel, cuBLAS included).
@@ -82,7 +84,37 @@ def stream_k_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
             yield GemmConfig(family, types, RCR, Epilogue(), bm, bn, bk, 8, warps, stages)
 
 
-SPACES = {"split-k": persistent_split_space, "stream-k": stream_k_space}
+DECODE_CASES = ("llama3_8b_o_T1", "llama3_8b_qkv_T1", "llama3_8b_down_T1", "llama3_8b_up_T1", "llama3_8b_o_T16",
+                "llama3_8b_qkv_T16", "llama3_8b_down_T16", "llama3_70b_down_T32")
+
+
+def decode_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
+    """Pointer tiles for a few rows of A (the decode projections, M <= 32): B is read once, so
+    the kernel is a stream of B at memory speed. Narrow N tiles give every SM several programs
+    without splitting K; long K steps give each load enough bytes. Tiles whose shared memory
+    exceeds the H200's are left out, and grids of under half a wave or over 16 waves."""
+    from tiledispatch.ops.gemm.rules import shared_memory_bytes
+
+    block_m = 16 if problem.m <= 16 else 32
+    block_ks = (256, 512, 1024) if types.a.is_fp8 else (128, 256, 512)
+    for bn, bk, stages, split in itertools.product((16, 32, 64), block_ks, (2, 3, 4), (1, 2, 4)):
+        units = math.ceil(problem.n / bn) * problem.batch * split
+        config = GemmConfig(Family.TILED, types, RCR, Epilogue(), block_m, bn, bk, 1, 4, stages, split)
+        if sm_count // 2 <= units <= 16 * sm_count and shared_memory_bytes(config) <= 200 * 1024:
+            yield config
+
+
+def gemv_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
+    """The gemv family (M = 1): column tiles of 1-32, K steps of 256-2048 elements, 2-8 warps,
+    accumulators of at most 128 registers a thread."""
+    if problem.m != 1:
+        return
+    for bn, bk, warps, stages in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048), (2, 4, 8), (1, 2)):
+        if 8 <= bn * bk // (warps * 32) <= 128:
+            yield GemmConfig(Family.GEMV, types, RCR, Epilogue(), 1, bn, bk, 1, warps, stages)
+
+
+SPACES = {"split-k": persistent_split_space, "stream-k": stream_k_space, "decode": decode_space, "gemv": gemv_space}
 
 
 def main() -> int:

@@ -302,3 +302,30 @@ def test_fast_path_keeps_16_byte_and_misaligned_calls_apart():
         out = tiledispatch.gemm(a, b, kernel=name)
         torch.cuda.synchronize()
         assert _rel(out, _ref(a, b)) < 1.6e-2
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8e4m3"])
+@pytest.mark.parametrize("shape", [(4096, 4096), (4097, 1000), (40, 20000)], ids=lambda s: "x".join(map(str, s)))
+def test_every_default_gemv_tile_on_one_row(dtype, shape):
+    """Each gemv tile of the default set (bf16 and fp8, which the interpreter cannot run) on a
+    decode-like row, a misaligned one (rows of 1000 bf16 are 16-byte multiples, 4097 columns
+    are not a multiple of any tile) and a few long columns, with the full epilogue and a batch."""
+    n, k = shape
+    problem = GemmProblem(1, n, k, batch=2, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"),
+                          epilogue=Epilogue(True, Activation.GELU, True))
+    dispatcher = triton_only()
+    names = [s.name for s in dispatcher.registry
+             if s.family == "gemv" and s.definition.supports(s.config, problem) is None]
+    assert len(names) >= 5
+    for name in names:
+        _check(problem, dispatcher, kernel=name)
+
+
+def test_rules_run_gemv_for_a_decode_row():
+    a = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16)
+    dispatcher = triton_only()
+    ops = check_operands(a, w.t())
+    assert dispatcher.select(ops.problem).family == "gemv"
+    out = tiledispatch.gemm(a, w.t(), dispatcher=dispatcher)
+    assert _rel(out, _ref(a, w.t())) < 1.6e-2

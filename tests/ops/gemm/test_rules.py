@@ -72,8 +72,8 @@ BREAKERS = {
 BREAK_ON = {GemmRule.DTYPE_ARCH: SM80}
 
 
-# Broken only by the vendor and tma-persistent families (tested with them below).
-FAMILY_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT}
+# Broken only by the vendor, tma-persistent and gemv families (tested with them below and in test_gemv.py).
+FAMILY_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT, GemmRule.GEMV_OPTIONS}
 
 
 def test_every_error_rule_has_a_breaker():

@@ -14,6 +14,7 @@ class Family(enum.Enum):
     TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
     TMA_PERSISTENT = "tma-persistent"  # Hopper tensor descriptors, one program per SM (sm_90+)
     STREAM_K = "stream-k"  # tma-persistent with the last wave's K iterations dealt evenly over SMs
+    GEMV = "gemv"  # one row of A (M = 1) on the CUDA cores: B streamed once, K never split
     VENDOR = "vendor"  # cuBLAS (cuBLASLt for fp8) through PyTorch, epilogue as separate steps
 
     @property

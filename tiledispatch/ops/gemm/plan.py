@@ -28,6 +28,7 @@ FAMILY_MODULES = {
     Family.TILED: "tiledispatch.ops.gemm.kernels.tiled",
     Family.TMA_PERSISTENT: "tiledispatch.ops.gemm.kernels.tma_persistent",
     Family.STREAM_K: "tiledispatch.ops.gemm.kernels.stream_k",
+    Family.GEMV: "tiledispatch.ops.gemm.kernels.gemv",
 }
 _TMA_FUNCTIONS = {Family.TMA_PERSISTENT: "gemm_tma_persistent", Family.STREAM_K: "gemm_stream_k"}
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
@@ -87,11 +88,15 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
         return (_VENDOR_UNIT,)
     if config.realign:  # the copies, then its twin's stages on aligned buffers
         return (*_realign_units(config, alignment), *kernel_units(replace(config, realign=False), alignment.realigned()))
+    if config.family is Family.GEMV:
+        return (_gemv_unit(config, alignment),)
     main = _persistent_unit(config, alignment) if config.family.uses_tma else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
 
 
-def _tiled_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+def _pointer_arguments(config: GemmConfig) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The pointer families' arguments before their constexprs: pointers and sizes, then strides
+    (a split-K workspace is written at strides of its own)."""
     t, layout = config.types, config.layout
     split = config.split_k > 1
     c_type = "*fp32" if split else f"*{t.c.triton}"
@@ -100,21 +105,37 @@ def _tiled_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
             ("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32")]
     strides = (_unit_strides("stride_a", layout.a, ("m", "k")) + _unit_strides("stride_b", layout.b, ("k", "n"))
                + _unit_strides("stride_c", Layout.STRIDED if split else layout.c, ("m", "n")))
+    return args, strides
+
+
+def _pointer_unit(config: GemmConfig, alignment: Alignment, function: str, constexprs: dict) -> KernelUnit:
+    args, strides = _pointer_arguments(config)
+    constexprs = {**constexprs, **{name: 1 for name, kind in strides if kind == "constexpr"}}
+    signature = args + strides + list(_EPILOGUE_STRIDES) + [(name, "constexpr") for name in constexprs if not name.startswith("stride")]
+    module = FAMILY_MODULES[config.family]
+    return KernelUnit(
+        stage="main", module=module, function=function,
+        signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        modules=(module, _EPILOGUE_MODULE) + ((_TILE_ORDER_MODULE,) if config.family is Family.TILED else ()),
+        divisibility=_divisibility(alignment, config.types, signature, config.split_k > 1),
+    )
+
+
+def _gemv_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+    constexprs = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k, **_epilogue_constexprs(config)}
+    return _pointer_unit(config, alignment, "gemm_gemv", constexprs)
+
+
+def _tiled_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+    t = config.types
     constexprs = {
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
         "GROUP_M": config.group_m, "SPLIT_K": config.split_k, **_epilogue_constexprs(config),
         "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
         "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
     }
-    constexprs.update({name: 1 for name, kind in strides if kind == "constexpr"})
-    signature = args + strides + list(_EPILOGUE_STRIDES) + [(name, "constexpr") for name in constexprs if not name.startswith("stride")]
-    return KernelUnit(
-        stage="main", module=FAMILY_MODULES[config.family], function="gemm_tiled",
-        signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(FAMILY_MODULES[config.family], _EPILOGUE_MODULE, _TILE_ORDER_MODULE),
-        divisibility=_divisibility(alignment, t, signature, split),
-    )
+    return _pointer_unit(config, alignment, "gemm_tiled", constexprs)
 
 
 def reduce_block(split_k: int) -> tuple[int, int]:

@@ -22,6 +22,11 @@ from .problem import GemmProblem, Layout
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 9))
+# A K step longer than the output tile is wide pays where A has a few rows: each program then
+# streams B in long runs of each column (tiled 16x32x512, gemv 1x2x1024); shared memory and
+# registers bound the rest.
+MAX_BLOCK_K = 2048
+TMA_BOX_MAXIMUM = 256  # elements along each dim of one tensor-descriptor copy
 MAX_SPLIT_K = 128
 MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond this the output is too large to need splits
 # Registers left for addresses, operands and loop state besides the accumulator.
@@ -50,6 +55,7 @@ class GemmRule(enum.Enum):
     FAMILY_ARCH = "family-arch"
     LAYOUT = "layout"
     PERSISTENT_OPTIONS = "persistent-options"
+    GEMV_OPTIONS = "gemv-options"
 
 
 def shared_memory_bytes(config: GemmConfig) -> int:
@@ -65,7 +71,9 @@ def shared_memory_bytes(config: GemmConfig) -> int:
 
 
 def accumulator_registers(config: GemmConfig) -> int:
-    """32-bit registers per thread that the accumulator tile needs."""
+    """32-bit registers per thread that the accumulator tile needs (gemv's holds a K step per column)."""
+    if config.family is Family.GEMV:
+        return math.ceil(config.block_n * config.block_k / (config.num_warps * 32))
     words = config.block_m * config.block_n * max(config.types.acc.itemsize, 4) // 4
     return math.ceil(words / (config.num_warps * 32))
 
@@ -92,15 +100,18 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
             error(GemmRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
                   f"use one of {BLOCK_CHOICES}")
     min_k = 32 if t.a.is_fp8 or t.b.is_fp8 else 16
-    if config.block_m < 16 or config.block_n < 16 or config.block_k < min_k:
+    if config.family is Family.GEMV:
+        out.extend(_gemv_findings(config))
+    elif config.block_m < 16 or config.block_n < 16 or config.block_k < min_k:
         error(GemmRule.TENSOR_CORE_MINIMUM,
               f"tile {config.block_m}x{config.block_n}x{config.block_k} is below the tensor-core minimum "
               f"16x16x{min_k} for {t.a.value}", f"block_m, block_n >= 16 and block_k >= {min_k}")
-    if max(blocks.values()) > 256:
-        error(GemmRule.TILE_MAXIMUM, f"a block dim above 256 ({blocks}) does not fit one program", "use <= 256")
+    if max(config.block_m, config.block_n) > 256 or config.block_k > MAX_BLOCK_K:
+        error(GemmRule.TILE_MAXIMUM, f"tile {config.block_m}x{config.block_n}x{config.block_k} does not fit one "
+              f"program", f"block_m and block_n <= 256, block_k <= {MAX_BLOCK_K}")
     if config.num_warps not in WARP_CHOICES:
         error(GemmRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
-    elif config.block_m * config.block_n < config.num_warps * 512:
+    elif config.block_m * config.block_n * (config.block_k if config.family is Family.GEMV else 1) < config.num_warps * 512:
         warning(GemmRule.WARPS_FOR_TILE,
                 f"{config.num_warps} warps share a {config.block_m}x{config.block_n} tile: most would idle",
                 "use fewer warps or a larger tile")
@@ -116,9 +127,9 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
     if config.family is Family.STREAM_K and (config.split_k != 1 or config.epilogue_split != 1 or config.flatten):
         error(GemmRule.PERSISTENT_OPTIONS, "stream-k splits K by its own schedule and stores whole C tiles",
               "leave split_k, epilogue_split and flatten at 1, 1 and False (or use tma-persistent)")
-    elif config.family is Family.TILED and (config.epilogue_split != 1 or config.flatten):
+    elif config.family in (Family.TILED, Family.GEMV) and (config.epilogue_split != 1 or config.flatten):
         error(GemmRule.PERSISTENT_OPTIONS, "epilogue_split and flatten belong to the tma-persistent family",
-              "leave them at 1 and False for the tiled family")
+              f"leave them at 1 and False for the {config.family.value} family")
 
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
@@ -159,6 +170,18 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
     return ValidationResult(tuple(out))
 
 
+def _gemv_findings(config: GemmConfig) -> list[Finding]:
+    """gemv computes one row with CUDA-core FMAs over whole columns of B: no tensor-core minimum,
+    but one row and no split."""
+    out = []
+    if config.block_m != 1 or config.split_k != 1 or config.block_k < 16:
+        out.append(Finding(GemmRule.GEMV_OPTIONS, Severity.ERROR,
+                           f"gemv reduces one row of A over the whole of K in steps of >= 16: block_m=1, "
+                           f"split_k=1, not {config.block_m}x{config.block_n}x{config.block_k} with "
+                           f"split_k={config.split_k}", "block_m=1, split_k=1, block_k >= 16 (or the tiled family)"))
+    return out
+
+
 def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
     """What the TMA families need: TMA, and descriptors with a unit-stride last dim."""
     out = []
@@ -174,6 +197,11 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
     elif (t.a.is_fp8 or t.a is DType.FP32) and (layout.a, layout.b) != (Layout.ROW, Layout.COL):
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
                            f"{t.a.value} tensor-core MMA reads both operands K-major: layout rcr, not {layout.name}"))
+    if max(config.block_m, config.block_n, config.block_k) > TMA_BOX_MAXIMUM:
+        out.append(Finding(GemmRule.TILE_MAXIMUM, Severity.ERROR,
+                           f"a TMA copy moves at most {TMA_BOX_MAXIMUM} elements along each dim, not the "
+                           f"{config.block_m}x{config.block_n}x{config.block_k} tile's",
+                           f"block dims <= {TMA_BOX_MAXIMUM}, or the tiled family"))
     if config.epilogue_split not in (1, 2) or config.block_n // config.epilogue_split < 16:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
                            f"epilogue_split={config.epilogue_split} must be 1 or 2 and leave slices of >= 16 "
@@ -185,6 +213,8 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
 _TUNABLE = {"block_m": 1.0, "block_n": 1.0, "block_k": 1.0, "num_warps": 1.0, "num_stages": 0.5}
 _CHOICES = {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
             "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES}
+_GEMV_CHOICES = {**_CHOICES, "block_m": (1,), "block_n": (1, 2, 4, 8, 16, 32, 64),
+                 "block_k": (16, 32, 64, 128, 256, 512, MAX_BLOCK_K)}
 # Rules no tile change can fix: they are about what is computed, not how.
 _SEMANTIC = {GemmRule.DTYPE_ARCH, GemmRule.TF32, GemmRule.ACCUMULATOR, GemmRule.OUTPUT_DTYPE,
              GemmRule.FAMILY_ARCH, GemmRule.LAYOUT, GemmRule.PERSISTENT_OPTIONS}
@@ -214,9 +244,12 @@ def auto_correct(config: AnyGemmConfig, arch) -> tuple[AnyGemmConfig, tuple[Corr
             f"{config.name} cannot be corrected on {arch.name}: "
             + "; ".join(str(f) for f in result.errors if f.rule in semantic)
         )
-    base = replace(config, group_m=max(config.group_m, 1), split_k=min(max(config.split_k, 1), MAX_SPLIT_K))
+    gemv = config.family is Family.GEMV
+    base = replace(config, group_m=max(config.group_m, 1),
+                   split_k=1 if gemv else min(max(config.split_k, 1), MAX_SPLIT_K))
+    choices = _GEMV_CHOICES if gemv else _CHOICES
     best, best_distance = None, math.inf
-    for values in itertools.product(*(_CHOICES[f] for f in _TUNABLE)):
+    for values in itertools.product(*(choices[f] for f in _TUNABLE)):
         candidate = replace(base, **dict(zip(_TUNABLE, values)))
         distance = _distance(config, candidate)
         if distance < best_distance and validate(candidate, arch).ok:
@@ -244,6 +277,8 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
         want, have = getattr(config.layout, role), getattr(problem.layout, role)
         if want is not Layout.STRIDED and want is not have:
             return f"built for layout {config.layout.name}, the problem is {problem.layout.name}"
+    if config.family is Family.GEMV and problem.m != 1:
+        return f"gemv computes one row of A (M = 1); this problem has M={problem.m}: use the tiled family"
     if config.split_k > 1:
         workspace = problem.batch * config.split_k * problem.m * problem.n * 4
         if workspace > MAX_SPLIT_WORKSPACE_BYTES:

@@ -43,6 +43,10 @@ def _stream_k(bm, bn, bk, warps, stages, group_m=8) -> Tile:
     return Tile(bm, bn, bk, warps, stages, group_m, family=Family.STREAM_K)
 
 
+def _gemv(bn, bk, warps, stages) -> Tile:
+    return Tile(1, bn, bk, warps, stages, 1, family=Family.GEMV)
+
+
 # Small tiles that the CPU interpreter runs quickly; split-K included.
 TINY_TILES = (
     Tile(32, 32, 32, 4, 2, 4),
@@ -50,8 +54,10 @@ TINY_TILES = (
     Tile(32, 16, 32, 2, 2, 2, split_k=3),
     Tile(64, 64, 32, 4, 3, 8),
     _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2),
+    _gemv(8, 64, 1, 1),
 )
 TESTS_TILES = TINY_TILES + (
+    _gemv(16, 64, 2, 2),
     _persistent(64, 32, 32, 4, 3, flatten=True),
     _persistent(32, 32, 32, 4, 2, epilogue_split=2, group_m=2, realign=True),
     Tile(32, 32, 32, 4, 2, 4, realign=True),
@@ -130,6 +136,20 @@ DEFAULT_TILES = TESTS_TILES + (
     _persistent(64, 128, 64, 4, 4, realign=True),
     _persistent(128, 256, 128, 8, 3, epilogue_split=2, realign=True),
     _persistent(128, 128, 128, 4, 5, realign=True),
+    # A few rows of A (the decode projections at T = 16 and 32, results/h100/gemm_sweep_decode.csv):
+    # narrow tiles over long K steps, enough programs without splitting K. The widest K steps
+    # fit shared memory in fp8 only (the arch filter drops them in 16-bit).
+    Tile(16, 32, 256, 4, 4, 1),
+    Tile(16, 32, 512, 4, 3, 1),
+    Tile(16, 32, 1024, 4, 4, 1),
+    Tile(16, 64, 512, 4, 3, 1),
+    # One row of A (the decode projections at T = 1): B streamed through the CUDA cores in steps
+    # of 512-1024 elements of each column; the five best tiles of an H100 probe over four of them.
+    _gemv(2, 1024, 4, 2),
+    _gemv(2, 512, 2, 3),
+    _gemv(4, 1024, 8, 3),
+    _gemv(8, 1024, 8, 2),
+    _gemv(16, 1024, 8, 2),
 )
 # Stream-K tiles (accumulators of at most 64 registers per thread, rules.STREAM_K_MAX_ACCUMULATOR_REGISTERS).
 # In `full`, not `default`: on the H100 sweep (results/h100/gemm_sweep_stream_k.csv) none beat
