@@ -15,6 +15,7 @@ Also the host time of a call on a tiny known problem, against torch.mm, and unde
 
     python benchmarks/gemm.py --out benchmarks/results/h200 [--dtypes bf16,fp16,fp8e4m3] [--cases NAME,...]
     python benchmarks/gemm.py --out DIR/1 --shard 1/3   (then 2/3, 3/3, then --merge DIR/*/gemm.csv)
+    python benchmarks/gemm.py --out DIR --picks-only     (the picks and cuBLAS alone: no oracle, one call)
 
 Writes gemm.csv (one row per case, dtype and provider), gemm_summary.json and gemm.png.
 """
@@ -168,6 +169,9 @@ def main() -> int:
                              "earlier runs (a suite split over several device calls); host figures are "
                              "taken from --host-json")
     parser.add_argument("--host-json", type=Path, default=None)
+    parser.add_argument("--picks-only", action="store_true",
+                        help="time only the picks (the rules' among our kernels, the dispatcher's) and cuBLAS: "
+                             "the whole suite in one device call, without the oracle and selection figures")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
@@ -189,6 +193,8 @@ def main() -> int:
             explanation = dispatcher.explain(problem)
             triton = [c.spec for c in explanation.ranked if c.spec.family != "vendor"
                       and c.spec.config.layout.name == problem.layout.name]
+            if args.picks_only:  # what `selected` below would be, found without timing
+                triton = [replay_pick(Dispatcher(registry.filter(lambda s: s.family != "vendor"), arch), problem)]
             work.append((case, dtype, problem, triton, explanation))
     torch.cuda.empty_cache()
     precompile(dispatcher, [(p, t) for _, _, p, t, _ in work], args.jobs)
@@ -249,6 +255,8 @@ def main() -> int:
             vendor_ms, dispatch_ms = final.get("cublas"), final.get(dispatcher_pick)
             times.update({name: ms for name, ms in final.items() if name in times})  # Triton kernels only
             oracle = min(times, key=times.get) if times else None  # the rules' pick may have won the re-timing
+            if args.picks_only:
+                oracle = None  # nothing else was timed
             if vendor is not None:
                 record("cublas", "torch._scaled_mm" if dtype.startswith("fp8") else "torch.matmul", vendor_ms,
                        vendor_error)
@@ -329,7 +337,7 @@ def summarize(entries: list[dict], dtypes: list[str]) -> dict:
     def stats(subset):
         with_vendor = [e for e in subset if e["cublas_ms"]]
         ratio = lambda key: [e["cublas_ms"] / e[key] for e in with_vendor if e[key]]  # noqa: E731
-        efficiency = [e["oracle_ms"] / e["selected_ms"] for e in subset if e["selected_ms"]]
+        efficiency = [e["oracle_ms"] / e["selected_ms"] for e in subset if e["selected_ms"] and e.get("oracle_ms")]
         dispatcher_ratio = ratio("dispatcher_ms")
         return {
             "geomean_ratio_triton_selected": geomean(ratio("selected_ms")),

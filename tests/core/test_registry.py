@@ -227,7 +227,7 @@ def test_to_json_metadata(tiny):
     counts = data["counts"]
     assert counts["by_op"] == {"gemm": len(tiny)}
     by_family = counts["by_family"]
-    assert set(by_family) == {"tiled", "tma-persistent"} and sum(by_family.values()) == len(tiny)
+    assert set(by_family) == {"tiled", "tma-persistent", "gemv"} and sum(by_family.values()) == len(tiny)
     assert by_family["tma-persistent"] == sum(1 for s in tiny if s.family == "tma-persistent") > 0
     by_dtype = counts["by_dtype"]
     assert sum(by_dtype.values()) == len(tiny)

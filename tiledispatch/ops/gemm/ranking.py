@@ -54,6 +54,13 @@ VENDOR_FP8_FRACTION = 0.70
 TILED_BANDWIDTH_FRACTION = 0.88
 TMA_BANDWIDTH_FRACTION = 0.82
 VENDOR_BANDWIDTH_FRACTION = 0.86
+# cuBLAS on a few rows (M <= 16) over a deep K takes a fixed ~1.3-3 us more than our one-launch kernels on the
+# same bytes (results/h100/gemm_decode.csv: llama3_8b_o_T1 and _T16, 33.5 MB, 15.4-15.7 us against
+# 12.5 for gemv and 14.3 for tiled 16x32x512, where on 235 MB all three ran within 3 %), as a
+# split K with a reduction would. torch._scaled_mm (fp8) showed no such cost.
+VENDOR_SPLIT_ROWS = 16
+VENDOR_SPLIT_DEPTH = 1024  # K: the cases measured had 4096-28672; a 16x16x16 call shows no split
+VENDOR_SPLIT_SECONDS = 1.5e-6
 VENDOR_CALL_SECONDS = LAUNCH_SECONDS  # one kernel launch, as a Triton kernel (the benchmark times device work)
 # Grouped tile order serves operand re-reads from L2 at about this multiple of HBM. Guessed
 # at 4 first; on gemm.csv 4.8-5.6 rank better (Triton-only mean 0.943 -> 0.948, other figures equal).
@@ -134,9 +141,9 @@ def _ideal_seconds(problem: GemmProblem, arch) -> float:
     return max(problem.flops() / _peak_flops(problem, arch), problem.bytes() / (arch.memory_bandwidth_gbs * 1e9))
 
 
-def _soft_max(compute_s: float, memory_s: float) -> float:
+def _soft_max(compute_s: float, memory_s: float, power: int = 3) -> float:
     """The bound that dominates sets the time; the other still separates near-ties."""
-    return (compute_s**3 + memory_s**3) ** (1 / 3)
+    return (compute_s**power + memory_s**power) ** (1 / power)
 
 
 def vendor_steps(p: GemmProblem) -> int:
@@ -159,6 +166,8 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     compute_s = p.flops() / _peak_flops(p, arch) / fraction
     memory_s = p.bytes() / (arch.memory_bandwidth_gbs * 1e9) / VENDOR_BANDWIDTH_FRACTION
     modelled = _soft_max(compute_s, memory_s) + VENDOR_CALL_SECONDS + steps * step_s
+    if p.m <= VENDOR_SPLIT_ROWS and p.k >= VENDOR_SPLIT_DEPTH and not p.types.scaled:
+        modelled += VENDOR_SPLIT_SECONDS
     return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
 
 
@@ -424,7 +433,7 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     # even share of the bandwidth, but not all of it.
     busy = tiles if stream is None else stream.programs
     in_flight *= min(1.0, busy / arch.sm_count * SM_BANDWIDTH_SHARE) * row
-    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count, stream))
+    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count, stream), 6)
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
@@ -441,5 +450,6 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         value *= GENERIC_LAYOUT_PENALTY
     terms = {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency,
              "resident": float(resident), "concurrent": float(concurrent), "row": row, "in_flight": in_flight,
-             "chain_us": chain_s * 1e6, "spills": float(spills), "modelled_us": modelled * 1e6}
+             "compute_us": compute_s * 1e6, "memory_us": memory_s * 1e6, "chain_us": chain_s * 1e6,
+             "reduce_us": reduce_s * 1e6, "spills": float(spills), "modelled_us": modelled * 1e6}
     return Score(value, terms)
