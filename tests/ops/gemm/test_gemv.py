@@ -7,7 +7,6 @@ import os
 from dataclasses import replace
 
 import pytest
-import torch
 
 from tiledispatch import Dispatcher, Registry, arch
 from tiledispatch.core.dtypes import DType
@@ -55,8 +54,6 @@ def _operands(problem: GemmProblem, seed: int):
 
 # (n, k): N and K that no tile divides, a K shorter than one step, a single column.
 SHAPES = [(33, 100), (64, 1000), (7, 5), (1, 300)]
-
-
 TYPES = {"fp16": GemmTypes.parse("fp16"), "fp32": GemmTypes.parse("fp32"),
          "fp16-fp32": GemmTypes(DType.FP16, DType.FP16, DType.FP32)}
 
@@ -130,7 +127,7 @@ def test_rules_do_not_take_gemv_where_k_is_split_for_parallelism(sm90):
     assert sm90.explain(decode(1, 64, 65536)).ranked[0].spec.family != "gemv"
 
 
-def test_a_column_major_b_reads_long_runs_a_row_major_one_wide_tiles(sm90):
+def test_a_column_major_b_reads_long_runs_a_row_major_one_wide_tiles():
     """The ranking credits the bytes each DRAM sector delivers: with B row-major (N contiguous)
     a two-column tile reads 4 bytes of each 32-byte sector."""
     from tiledispatch.ops.gemm.ranking import device_score

@@ -111,7 +111,8 @@ def _pointer_arguments(config: GemmConfig) -> tuple[list[tuple[str, str]], list[
 def _pointer_unit(config: GemmConfig, alignment: Alignment, function: str, constexprs: dict) -> KernelUnit:
     args, strides = _pointer_arguments(config)
     constexprs = {**constexprs, **{name: 1 for name, kind in strides if kind == "constexpr"}}
-    signature = args + strides + list(_EPILOGUE_STRIDES) + [(name, "constexpr") for name in constexprs if not name.startswith("stride")]
+    signature = (args + strides + list(_EPILOGUE_STRIDES)
+                 + [(name, "constexpr") for name in constexprs if not name.startswith("stride")])
     module = FAMILY_MODULES[config.family]
     return KernelUnit(
         stage="main", module=module, function=function,

@@ -294,8 +294,9 @@ def replay_pick(dispatcher, problem: GemmProblem, selected=None):
     return max(ranked, key=lambda c: c.score.terms["device_score"]).spec
 
 
-# gemv streams B through the CUDA cores: on the H100 the decode probe's tiles moved 0.92-0.97
-# of the 3.35 TB/s on 235 MB (llama3_8b_up_T1), launch included, where cuBLAS moved 0.86.
+# gemv streams B through the CUDA cores: on the H100 (results/h100/gemm_decode.csv) it moved 0.92
+# and 0.94 of the 3.35 TB/s on llama3_8b_up_T1 and llama3_70b_up_T1 (235 and 940 MB), launch
+# included, where cuBLAS moved 0.86.
 GEMV_BANDWIDTH_FRACTION = 0.92
 # Each B element costs a conversion to fp32 beside its FMA.
 GEMV_FMA_FRACTION = 0.5
@@ -306,8 +307,6 @@ GEMV_FMA_FRACTION = 0.5
 SECTOR_BYTES = 32
 GEMV_RUN_BYTES = 2048
 GEMV_RUN_EXPONENT = 0.07
-
-
 # Registers a gemv program holds besides its accumulator: addresses, one step of A and B.
 GEMV_REGISTER_RESERVE = 32
 # The bytes a multiprocessor's gemv programs must have requested to keep its share of DRAM busy:
@@ -318,13 +317,13 @@ GEMV_BYTES_IN_FLIGHT_PER_SM = 16 * 1024
 
 def gemv_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     """One row of A against B: the larger of B's stream (bytes in flight, sectors used), the
-    busiest SM's intake and the FMAs. Which gemv tile streams
-    fastest the model does not tell (on the H100 sweep they were within 10 % of each other
-    and its order was not theirs): the rule sets register the measured best per element size.
+    busiest SM's intake and the FMAs.
 
-    No latency chain: no load waits on an earlier step's result, and on the H100 probe one,
-    two and three stages ran within 1 % of each other; the resident programs' bytes in flight
-    (Little's law) are what bound the stream."""
+    No latency chain: no load waits on an earlier step's result, and on the H100 sweep one and
+    two stages ran within 1 % of each other; the resident programs' bytes in flight (Little's
+    law) are what bound the stream. Which gemv tile streams fastest the model does not tell
+    (on the sweep the tiles of long runs were within 10 % of each other, in an order the model
+    did not give): the rule sets register the measured best per element size."""
     p, t = problem, problem.types
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + GEMV_REGISTER_RESERVE
@@ -348,7 +347,8 @@ def gemv_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     value = _ideal_seconds(p, arch) / modelled
     if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
         value *= GENERIC_LAYOUT_PENALTY
-    terms = {"tile_m": 1.0, "tile_n": tile_efficiency(p.n, config.block_n), "tile_k": tile_efficiency(p.k, config.block_k),
+    terms = {"tile_m": 1.0, "tile_n": tile_efficiency(p.n, config.block_n),
+             "tile_k": tile_efficiency(p.k, config.block_k),
              "waves": min(1.0, per_sm), "feed": 1.0, "latency": 1.0, "resident": float(resident), "row": row,
              "in_flight": in_flight, "spills": 0.0, "modelled_us": modelled * 1e6}
     return Score(value, terms)
@@ -433,7 +433,10 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     # even share of the bandwidth, but not all of it.
     busy = tiles if stream is None else stream.programs
     in_flight *= min(1.0, busy / arch.sm_count * SM_BANDWIDTH_SHARE) * row
-    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), _intake_seconds(config, p, tiles, arch.sm_count, stream), 6)
+    # DRAM and the SM's port are two bounds on one stream of bytes: combined more sharply than
+    # compute and memory (on the H200 table Triton-only selection 0.977 -> 0.979 against a cube).
+    intake_s = _intake_seconds(config, p, tiles, arch.sm_count, stream)
+    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), intake_s, 6)
     reduce_s = 0.0
     if config.split_k > 1:
         reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS

@@ -23,7 +23,7 @@ BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
 STAGE_CHOICES = tuple(range(1, 9))
 # A K step longer than the output tile is wide pays where A has a few rows: each program then
-# streams B in long runs of each column (tiled 16x32x512, gemv 1x2x1024); shared memory and
+# streams B in long runs of each column (tiled 16x32x512, gemv 1x2x2048); shared memory and
 # registers bound the rest.
 MAX_BLOCK_K = 2048
 TMA_BOX_MAXIMUM = 256  # elements along each dim of one tensor-descriptor copy
@@ -100,7 +100,8 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
             error(GemmRule.TILE_POWER_OF_TWO, f"{field}={value} is not a power of two (tl.arange needs one)",
                   f"use one of {BLOCK_CHOICES}")
     min_k = 32 if t.a.is_fp8 or t.b.is_fp8 else 16
-    if config.family is Family.GEMV:
+    gemv = config.family is Family.GEMV  # no tensor cores: its work per program is a K step of each column
+    if gemv:
         out.extend(_gemv_findings(config))
     elif config.block_m < 16 or config.block_n < 16 or config.block_k < min_k:
         error(GemmRule.TENSOR_CORE_MINIMUM,
@@ -111,7 +112,7 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
               f"program", f"block_m and block_n <= 256, block_k <= {MAX_BLOCK_K}")
     if config.num_warps not in WARP_CHOICES:
         error(GemmRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
-    elif config.block_m * config.block_n * (config.block_k if config.family is Family.GEMV else 1) < config.num_warps * 512:
+    elif config.block_m * config.block_n * (config.block_k if gemv else 1) < config.num_warps * 512:
         warning(GemmRule.WARPS_FOR_TILE,
                 f"{config.num_warps} warps share a {config.block_m}x{config.block_n} tile: most would idle",
                 "use fewer warps or a larger tile")
