@@ -185,6 +185,7 @@ def main() -> int:
     arch = current_arch()
     registry = Registry.from_rule_set("gemm", args.rule_set, arch)
     dispatcher = Dispatcher(registry, arch)
+    ours = Dispatcher(registry.filter(lambda s: s.family != "vendor"), arch)  # our kernels alone
 
     work = []
     for case in cases:
@@ -194,7 +195,7 @@ def main() -> int:
             triton = [c.spec for c in explanation.ranked if c.spec.family != "vendor"
                       and c.spec.config.layout.name == problem.layout.name]
             if args.picks_only:  # what `selected` below would be, found without timing
-                triton = [replay_pick(Dispatcher(registry.filter(lambda s: s.family != "vendor"), arch), problem)]
+                triton = [replay_pick(ours, problem)]
             work.append((case, dtype, problem, triton, explanation))
     torch.cuda.empty_cache()
     precompile(dispatcher, [(p, t) for _, _, p, t, _ in work], args.jobs)
