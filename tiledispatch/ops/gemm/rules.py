@@ -114,7 +114,9 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
         error(GemmRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
     elif config.block_m * config.block_n * (config.block_k if gemv else 1) < config.num_warps * 512:
         warning(GemmRule.WARPS_FOR_TILE,
-                f"{config.num_warps} warps share a {config.block_m}x{config.block_n} tile: most would idle",
+                f"{config.num_warps} warps share a "
+                + (f"{config.block_n}x{config.block_k} step" if gemv else f"{config.block_m}x{config.block_n} tile")
+                + ": most would idle",
                 "use fewer warps or a larger tile")
     if config.num_stages not in STAGE_CHOICES:
         error(GemmRule.STAGES, f"num_stages={config.num_stages} must be within 1..{STAGE_CHOICES[-1]}")
