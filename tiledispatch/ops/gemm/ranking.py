@@ -129,10 +129,15 @@ def host_seconds(config: AnyGemmConfig, problem: GemmProblem) -> float:
     return HOST_SIGNATURE_SECONDS + launches * HOST_LAUNCH_SECONDS
 
 
+def _fma_flops(arch) -> float:
+    """The CUDA cores' fp32 FMA rate (the arch's fp32 peak is tf32 on tensor cores)."""
+    return arch.peak_tflops[DType.FP32] * 1e12 / 8
+
+
 def _peak_flops(problem: GemmProblem, arch) -> float:
     t = problem.types
     if t.a is DType.FP32 and not t.allow_tf32:
-        return arch.peak_tflops[DType.FP32] * 1e12 / 8  # no tensor cores: FMA rate
+        return _fma_flops(arch)  # no tensor cores
     dtype = t.a if arch.supports_dtype(t.a) else DType.FP16
     return arch.peak_tflops.get(dtype, max(arch.peak_tflops.values())) * 1e12
 
@@ -315,6 +320,12 @@ GEMV_REGISTER_RESERVE = 32
 GEMV_BYTES_IN_FLIGHT_PER_SM = 16 * 1024
 
 
+def _layout_penalty(config: GemmConfig, p: GemmProblem) -> float:
+    """A kernel built for generic strides, run where a specialised (contiguous) one would fit."""
+    generic = Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout
+    return GENERIC_LAYOUT_PENALTY if generic else 1.0
+
+
 def gemv_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     """One row of A against B: the larger of B's stream (bytes in flight, sectors used), the
     busiest SM's intake and the FMAs.
@@ -342,11 +353,10 @@ def gemv_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     # Each program reads its columns of B; A's row, read by every program, stays in the SM's L1.
     intake_s = (math.ceil(per_sm) * config.block_n + 1) * p.k * t.b.itemsize / SM_PORT_BYTES_PER_S
     memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), intake_s)
-    compute_s = p.flops() / (arch.peak_tflops[DType.FP32] * 1e12 / 8 * GEMV_FMA_FRACTION)
+    compute_s = p.flops() / (_fma_flops(arch) * GEMV_FMA_FRACTION)
     modelled = _soft_max(compute_s, memory_s) + LAUNCH_SECONDS
     value = _ideal_seconds(p, arch) / modelled
-    if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
-        value *= GENERIC_LAYOUT_PENALTY
+    value *= _layout_penalty(config, p)
     terms = {"tile_m": 1.0, "tile_n": tile_efficiency(p.n, config.block_n),
              "tile_k": tile_efficiency(p.k, config.block_k),
              "waves": min(1.0, per_sm), "feed": 1.0, "latency": 1.0, "resident": float(resident), "row": row,
@@ -449,8 +459,7 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     modelled = _soft_max(_soft_max(compute_s, memory_s), chain_s) + LAUNCH_SECONDS + reduce_s
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
-    if Layout.STRIDED in (config.layout.a, config.layout.b, config.layout.c) and config.layout != p.layout:
-        value *= GENERIC_LAYOUT_PENALTY
+    value *= _layout_penalty(config, p)
     terms = {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency,
              "resident": float(resident), "concurrent": float(concurrent), "row": row, "in_flight": in_flight,
              "compute_us": compute_s * 1e6, "memory_us": memory_s * 1e6, "chain_us": chain_s * 1e6,
