@@ -39,6 +39,7 @@ from tiledispatch.core.dispatcher import Dispatcher  # noqa: E402
 from tiledispatch.core.registry import Registry  # noqa: E402
 from tiledispatch.ops.gemm import Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes  # noqa: E402
 from tiledispatch.ops.gemm.problem import Epilogue  # noqa: E402
+from tiledispatch.ops.gemm.rulesets import WS_TILES  # noqa: E402
 
 from gemm import SUITE, call, make_sets, precompile, problem_of, reference, rel_error, vendor_fn  # noqa: E402
 
@@ -114,7 +115,20 @@ def gemv_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
             yield GemmConfig(Family.GEMV, types, RCR, Epilogue(), 1, bn, bk, 1, warps, stages)
 
 
-SPACES = {"split-k": persistent_split_space, "stream-k": stream_k_space, "decode": decode_space, "gemv": gemv_space}
+def ws_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
+    """ws-persistent's tiles (rulesets.WS_TILES) for B's element size, and tma-persistent's tiles of
+    the first three shapes (8 warps, C stored in halves where 256 wide)."""
+    tiles = [t for t in WS_TILES if types.b.itemsize in t.b_itemsizes]
+    for t in tiles:
+        yield GemmConfig(Family.WS_PERSISTENT, types, RCR, Epilogue(), t.block_m, t.block_n, t.block_k, 8, 8,
+                         t.num_stages)
+    for t in tiles[:3]:
+        yield GemmConfig(Family.TMA_PERSISTENT, types, RCR, Epilogue(), t.block_m, t.block_n, t.block_k, 8, 8,
+                         t.num_stages, epilogue_split=2 if t.block_n == 256 else 1)
+
+
+SPACES = {"split-k": persistent_split_space, "stream-k": stream_k_space, "decode": decode_space, "gemv": gemv_space,
+          "ws": ws_space}
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import arch as arch_facts
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
@@ -29,6 +30,7 @@ FAMILY_MODULES = {
     Family.TMA_PERSISTENT: "tiledispatch.ops.gemm.kernels.tma_persistent",
     Family.STREAM_K: "tiledispatch.ops.gemm.kernels.stream_k",
     Family.GEMV: "tiledispatch.ops.gemm.kernels.gemv",
+    Family.WS_PERSISTENT: "tiledispatch.ops.gemm.kernels.ws_persistent",
 }
 _TMA_FUNCTIONS = {Family.TMA_PERSISTENT: "gemm_tma_persistent", Family.STREAM_K: "gemm_stream_k"}
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
@@ -90,6 +92,8 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
         return (*_realign_units(config, alignment), *kernel_units(replace(config, realign=False), alignment.realigned()))
     if config.family is Family.GEMV:
         return (_gemv_unit(config, alignment),)
+    if config.family is Family.WS_PERSISTENT:
+        return (_ws_unit(config, alignment),)
     main = _persistent_unit(config, alignment) if config.family.uses_tma else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
 
@@ -210,6 +214,8 @@ def _realign_units(config: GemmConfig, alignment: Alignment) -> tuple[KernelUnit
 def _descriptor_blocks(config: GemmConfig) -> dict[str, tuple[int, int, int]]:
     """The block each descriptor moves: one matrix of the batch, its contiguous dim last."""
     bm, bn, bk = config.block_m, config.block_n, config.block_k
+    if config.family is Family.WS_PERSISTENT:  # A and C by warpgroup: half a tile's rows each
+        bm //= 2
     return {
         "a_desc": (1, bm, bk) if config.layout.a is Layout.ROW else (1, bk, bm),
         "b_desc": (1, bn, bk) if config.layout.b is Layout.COL else (1, bk, bn),
@@ -249,6 +255,31 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
         stage="main", module=module, function=_TMA_FUNCTIONS[config.family], signature=signature,
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
         modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE, _TMA_MAINLOOP_MODULE), divisibility=divisibility,
+    )
+
+
+def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+    """The Gluon family. It launches as one warpgroup (the first MMA partition); the second and
+    the loader's warp are added by `warp_specialize`, so the launch's registers are capped at
+    what all three warpgroups share (the partitions then move them by setmaxnreg)."""
+    from triton.experimental.gluon import language as gl
+
+    t = config.types
+    dtypes = {"a_desc": t.a, "b_desc": t.b, "c_desc": t.c}
+    descriptors = [(name, f"tensordesc<{dtypes[name].triton}[{','.join(map(str, block))}],"
+                          f"{gl.NVMMASharedLayout.get_default_for(list(block), gl.dtype(dtypes[name].triton))!r}>")
+                   for name, block in _descriptor_blocks(config).items()]
+    args = descriptors + [("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"),
+                          ("K", "i32"), ("batch", "i32"), ("a_batch_step", "i32"), ("b_batch_step", "i32")]
+    constexprs = {"GROUP_M": config.group_m, "STAGES": config.num_stages, "SCALED": t.scaled}
+    signature = tuple(args + [(name, "constexpr") for name in constexprs])
+    module = FAMILY_MODULES[config.family]
+    threads = (config.num_warps + 4) * 32  # the MMA warpgroups and the loader's (registers go by warpgroup)
+    return KernelUnit(
+        stage="main", module=module, function="gemm_ws_persistent", signature=signature,
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1, modules=(module,),
+        divisibility=_divisibility(alignment, t, signature, False), kind=UnitKind.GLUON,
+        max_registers=arch_facts.load("sm_90").registers_per_sm // threads // 8 * 8,
     )
 
 

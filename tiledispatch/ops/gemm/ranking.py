@@ -29,6 +29,13 @@ LAUNCH_SECONDS = 4e-6  # one extra kernel launch, as measured for Triton on an H
 TILED_FRACTION = 0.62
 # tma-persistent: 744 TFLOP/s at 4096^3 bf16 (benchmarks/results/h200/gemm.csv), after its own terms.
 TMA_FRACTION = 0.80
+# ws-persistent (Gluon: a loader warp, two MMA warpgroups). On the H100 sweep
+# (results/h100/gemm_sweep_ws.csv) its 128x256x64 tile over 3 stages ran 1.02-1.055x the tma
+# pick (128x256x64 over 4) in bf16, and in fp8 its 128x256 tiles 1.06-1.11x tma's, where each
+# program walks many tiles. On a single wave (llama3_8b_o_T1024) it ran 0.96-0.99x: the
+# partitions' start and the split tile cost about a microsecond and a half a call.
+WS_FRACTION = 0.88
+WS_START_SECONDS = 1.5e-6
 # One persistent program per SM has no neighbour to hide its load latency: the stages in
 # flight must cover the operand bytes its MMAs consume meanwhile (fp8 with block_k 64 and
 # 3 stages ran 0.73x of block_k 128 at 4096^3).
@@ -211,7 +218,9 @@ def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float,
     in_flight = max(config.num_stages - 1, 1) * config.block_k * operand_bytes_per_k
     depth = min(1.0, in_flight / (consumed_per_s * LOAD_LATENCY_S)) ** 0.5
     k_tiles = math.ceil(p.k / config.block_k)
-    overhead = FLATTENED_OVERHEAD_ITERATIONS if config.flatten else TILE_OVERHEAD_ITERATIONS
+    # ws-persistent's loader runs ahead across tiles, as a flattened loop does.
+    flattened = config.flatten or config.family is Family.WS_PERSISTENT
+    overhead = FLATTENED_OVERHEAD_ITERATIONS if flattened else TILE_OVERHEAD_ITERATIONS
     if stream is not None:
         return {"depth": depth, "overlap": stream.iterations / (stream.iterations + overhead * stream.loops)}
     return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
@@ -249,8 +258,9 @@ def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int
     programs = math.ceil(tiles / sm_count)
     if stream is not None:
         return stream.iterations * per_iter + CHAIN_LATENCY_S * stream.loops
-    if config.family is Family.TMA_PERSISTENT:
-        fill = CHAIN_LATENCY_S * (1 if config.flatten else programs)
+    if config.family in (Family.TMA_PERSISTENT, Family.WS_PERSISTENT):
+        flattened = config.flatten or config.family is Family.WS_PERSISTENT
+        fill = CHAIN_LATENCY_S * (1 if flattened else programs)
         return programs * k_iters * per_iter + fill
     return math.ceil(programs / concurrent) * (k_iters * per_iter + CHAIN_LATENCY_S)
 
@@ -453,10 +463,15 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     if stream is not None:
         reduce_s = (STREAM_K_FLAGS_SECONDS
                     + stream.partials * config.block_m * config.block_n * 4 / TMA_SM_PORT_BYTES_PER_S)
-    compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
+    ws = config.family is Family.WS_PERSISTENT
+    if ws:
+        compute_s /= WS_FRACTION
+    else:
+        compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
     memory_s /= TMA_BANDWIDTH_FRACTION if persistent else TILED_BANDWIDTH_FRACTION
     chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent, stream)
-    modelled = _soft_max(_soft_max(compute_s, memory_s), chain_s) + LAUNCH_SECONDS + reduce_s
+    modelled = (_soft_max(_soft_max(compute_s, memory_s), chain_s) + LAUNCH_SECONDS + reduce_s
+                + (WS_START_SECONDS if ws else 0.0))
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
     value *= _layout_penalty(config, p)

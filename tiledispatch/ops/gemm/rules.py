@@ -31,6 +31,7 @@ MAX_SPLIT_K = 128
 MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond this the output is too large to need splits
 # Registers left for addresses, operands and loop state besides the accumulator.
 REGISTER_RESERVE = 64
+WS_BARRIER_BYTES = 1024  # ws-persistent's ring barriers (sm_90 compiles: the tiles and staging + 240 B)
 # A stream-K owner loads another program's fp32 partial tile beside its accumulator: on sm_90
 # (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-222 registers,
 # those of 128 (128x128 over 4 warps, 128x256 over 8) spilled 100-190 bytes.
@@ -56,6 +57,7 @@ class GemmRule(enum.Enum):
     LAYOUT = "layout"
     PERSISTENT_OPTIONS = "persistent-options"
     GEMV_OPTIONS = "gemv-options"
+    WS_OPTIONS = "ws-options"
 
 
 def shared_memory_bytes(config: GemmConfig) -> int:
@@ -67,6 +69,8 @@ def shared_memory_bytes(config: GemmConfig) -> int:
     if config.family.uses_tma:  # split-K stages fp32 partial sums
         c_bytes = 4 if config.split_k > 1 else t.c.itemsize
         staging = config.block_m * config.block_n // config.epilogue_split * c_bytes
+    if config.family is Family.WS_PERSISTENT:
+        staging += WS_BARRIER_BYTES
     return max(config.num_stages, 1) * per_stage + staging
 
 
@@ -127,6 +131,8 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
 
     if config.family.uses_tma:
         out.extend(_persistent_findings(config, arch))
+    if config.family is Family.WS_PERSISTENT:
+        out.extend(_ws_findings(config, arch))
     if config.family is Family.STREAM_K and (config.split_k != 1 or config.epilogue_split != 1 or config.flatten):
         error(GemmRule.PERSISTENT_OPTIONS, "stream-k splits K by its own schedule and stores whole C tiles",
               "leave split_k, epilogue_split and flatten at 1, 1 and False (or use tma-persistent)")
@@ -209,6 +215,36 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
                            f"epilogue_split={config.epilogue_split} must be 1 or 2 and leave slices of >= 16 "
                            f"columns (block_n={config.block_n})"))
+    return out
+
+
+def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
+    """ws-persistent is Gluon written for sm_90's warpgroup MMA: two warpgroups of 4 warps, each
+    half the tile's rows (64 or 128), A K-major, fp32 accumulation and no epilogue beyond fp8's
+    scales (tma-persistent fuses the rest)."""
+    out = []
+    t, e = config.types, config.epilogue
+    if not arch.has(Feature.WGMMA):
+        out.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
+                           f"ws-persistent is written for Hopper's warpgroup MMA (sm_90); {arch.name} has none",
+                           "use tma-persistent or the tiled family"))
+    if config.layout.a is not Layout.ROW:
+        out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
+                           f"ws-persistent reads A K-major (layout r..), not {config.layout.name}",
+                           "use tma-persistent"))
+    if not e.plain or t.a is DType.FP32 or t.acc is not DType.FP32:
+        out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
+                           f"ws-persistent computes 16-bit or fp8 products into fp32 with no epilogue, not "
+                           f"{t.name} with {e.name}", "use tma-persistent, which fuses bias, activation and residual"))
+    if config.split_k != 1 or config.epilogue_split != 1 or config.flatten:
+        out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
+                           "ws-persistent stores whole tiles by warpgroup halves, over the whole of K",
+                           "leave split_k, epilogue_split and flatten at 1, 1 and False"))
+    if config.num_warps != 8 or config.block_m not in (128, 256):
+        out.append(Finding(GemmRule.WS_OPTIONS, Severity.ERROR,
+                           f"ws-persistent runs two MMA warpgroups of 4 warps on 64 or 128 rows each: num_warps=8 "
+                           f"and block_m 128 or 256, not {config.num_warps} warps on {config.block_m} rows",
+                           "num_warps=8, block_m=128 or 256"))
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Iterator
 from ...core.dtypes import DType
 from ...core.op import RuleSet
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
-from .problem import Activation, Epilogue, GemmLayout, GemmTypes
+from .problem import Activation, Epilogue, GemmLayout, GemmTypes, Layout
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ def _persistent(bm, bn, bk, warps, stages, epilogue_split=1, flatten=False, grou
 
 def _stream_k(bm, bn, bk, warps, stages, group_m=8) -> Tile:
     return Tile(bm, bn, bk, warps, stages, group_m, family=Family.STREAM_K)
+
+
+def _ws(bm, bn, bk, stages, b_itemsizes=(1, 2, 4)) -> Tile:
+    return Tile(bm, bn, bk, 8, stages, 8, family=Family.WS_PERSISTENT, b_itemsizes=b_itemsizes)
 
 
 def _gemv(bn, bk, warps, stages, b_itemsizes=(1, 2, 4)) -> Tile:
@@ -144,6 +148,11 @@ DEFAULT_TILES = TESTS_TILES + (
     Tile(16, 32, 512, 4, 3, 1),
     Tile(16, 32, 1024, 4, 4, 1),
     Tile(16, 64, 512, 4, 3, 1),
+    # Large aligned rcr products without epilogue (results/h100/gemm_sweep_ws.csv): ws-persistent's
+    # best tiles of the sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's
+    # pick ran 0.92-1.0x and 0.92-0.94x.
+    _ws(128, 256, 64, 3, (2, 4)), _ws(128, 128, 64, 6, (2, 4)), _ws(128, 128, 64, 4, (2, 4)),
+    _ws(128, 256, 64, 6, (1,)), _ws(128, 256, 128, 3, (1,)), _ws(128, 128, 128, 5, (1,)),
     # One row of A (the decode projections at T = 1; results/h100/gemm_sweep_gemv.csv): in bf16
     # the tile within 1 % of the best of 104 on each of six Llama projections (1.05-1.27x cuBLAS),
     # in fp8 the two within 8 % (0.96-1.14x torch._scaled_mm), whose order varied by case.
@@ -162,6 +171,15 @@ STREAM_K_TILES = (
     _stream_k(64, 128, 128, 4, 4),
     _stream_k(128, 128, 128, 8, 3),
     _stream_k(64, 256, 128, 8, 3),
+)
+# ws-persistent (Gluon: a loader warp, two MMA warpgroups on half the rows each), 16-bit tiles
+# with 32-128 element K steps and fp8 with 64-128, each ring as deep as shared memory takes
+# beside the two C staging buffers.
+WS_TILES = (
+    _ws(128, 256, 64, 3, (2, 4)), _ws(256, 128, 64, 3, (2, 4)), _ws(128, 128, 64, 4, (2, 4)),
+    _ws(128, 128, 64, 6, (2, 4)), _ws(128, 256, 32, 6, (2, 4)), _ws(128, 128, 128, 3, (2, 4)),
+    _ws(128, 256, 128, 3, (1,)), _ws(256, 128, 128, 3, (1,)), _ws(128, 128, 128, 4, (1,)),
+    _ws(128, 128, 128, 5, (1,)), _ws(128, 256, 64, 6, (1,)), _ws(128, 128, 64, 6, (1,)),
 )
 FULL_TILES = tuple(
     Tile(bm, bn, bk, w, s, 8, k)
@@ -195,11 +213,15 @@ _PLAIN = (Epilogue(),)
 _K_MAJOR = GemmLayout.parse("rcr")
 
 
-def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout) -> bool:
+def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout, epilogue: Epilogue) -> bool:
     """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands;
     realign copies row- or column-major operands (no `s` either); a gemv tile may be chosen for
-    some element sizes of B only (its stream's best step differs in fp8)."""
+    some element sizes of B only (its stream's best step differs in fp8); ws-persistent reads A
+    K-major in 16-bit or fp8, with no epilogue beyond fp8's scales."""
     if tile.realign and "s" in layout.name:
+        return False
+    if tile.family is Family.WS_PERSISTENT and (
+            not epilogue.plain or layout.a is not Layout.ROW or types.a is DType.FP32 or types.acc is not DType.FP32):
         return False
     if types.b.itemsize not in tile.b_itemsizes:
         return False
@@ -215,7 +237,7 @@ def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
     for t, epilogue in itertools.product(types, epilogues):
         yield VendorConfig(t, GemmLayout.parse("sss"), epilogue)
         for layout, tile in itertools.product(layouts, tiles):
-            if _fits(tile, t, layout):
+            if _fits(tile, t, layout, epilogue):
                 yield GemmConfig(tile.family, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
                                  tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
                                  tile.epilogue_split, tile.flatten, tile.realign)
@@ -234,14 +256,14 @@ def default() -> Iterator[AnyGemmConfig]:
 
 
 def full() -> Iterator[AnyGemmConfig]:
-    """Every default config, plus the whole tiled space and the stream-k tiles for each signature
-    without epilogue.
+    """Every default config, plus the whole tiled space, the stream-k and the ws-persistent tiles
+    for each signature without epilogue.
 
     The epilogue barely changes which tile is fastest, so sweeps over the whole space
     need not repeat it for all 16 epilogues.
     """
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL_TILES + STREAM_K_TILES, TYPES, LAYOUTS, _PLAIN)):
+    for config in itertools.chain(default(), _bind(FULL_TILES + STREAM_K_TILES + WS_TILES, TYPES, LAYOUTS, _PLAIN)):
         if config not in seen:
             seen.add(config)
             yield config

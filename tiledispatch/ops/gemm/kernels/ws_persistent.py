@@ -1,0 +1,143 @@
+"""Family `ws-persistent`: the Hopper GEMM with its warps specialised, written in Gluon.
+
+tma-persistent leaves the software pipeline to Triton's compiler: every warp issues the
+copies, waits on them and runs the MMAs, and on the large aligned suite rows it ran
+0.92-0.99x cuBLAS on the H100. Triton 3.6 does not specialise warps on Hopper by itself,
+so this family states it by hand, as CUTLASS's cooperative kernels do:
+  - a loader warp walks the same tiles as the MMA warps and keeps a ring of STAGES
+    buffers full through TMA, each with a `ready` barrier (its copies landed) and an
+    `empty` one (both warpgroups' MMAs that read it are done);
+  - two MMA warpgroups share each output tile, one half of its rows each, and keep one
+    wgmma in flight: a buffer is released as soon as the MMA after it is issued;
+  - the loader runs ahead across tiles, so the next tile's first blocks land while the
+    warpgroups store this one; each stores its half through its own staging buffer.
+The grid is one program per SM over tiles in grouped order (tile_order's GROUP_M rows of
+tiles at a time, so B's columns stay in L2). A is read K-major (layout r); B either way
+(16-bit) or K-major (fp8, as wgmma reads 8-bit operands). The epilogue is the per-tensor
+fp8 scale only: bias, activation and residual stay with tma-persistent (rules.supports).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _tile(t, grid_m, grid_n, group_m):
+    """(batch, tile row, tile column) of tile t: batches in turn, each in grouped order."""
+    per_matrix = grid_m * grid_n
+    pid_b = t // per_matrix
+    pid = t % per_matrix
+    per_group = group_m * grid_n
+    first_m = (pid // per_group) * group_m
+    rows = gl.minimum(grid_m - first_m, group_m)
+    return pid_b, first_m + (pid % per_group) % rows, (pid % per_group) // rows
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+            M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    """The loader warp: both halves of A's block and B's block, tile after tile, stage after stage."""
+    HALF_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    grid_m = gl.cdiv(M, 2 * HALF_M)
+    grid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    count = 0
+    for t in range(gl.program_id(0), grid_m * grid_n * batch, gl.num_programs(0)):
+        pid_b, pid_m, pid_n = _tile(t, grid_m, grid_n, group_m)
+        off_m = pid_m * 2 * HALF_M
+        off_n = pid_n * BLOCK_N
+        a_b = pid_b * a_batch_step
+        b_b = pid_b * b_batch_step
+        for kt in range(k_tiles):
+            s = count % STAGES
+            mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
+            mbarrier.expect(ready.index(s), nbytes)
+            off_k = kt * BLOCK_K
+            tma.async_copy_global_to_shared(a_desc, [a_b, off_m, off_k], ready.index(s), a_bufs.index(2 * s))
+            tma.async_copy_global_to_shared(a_desc, [a_b, off_m + HALF_M, off_k], ready.index(s),
+                                            a_bufs.index(2 * s + 1))
+            tma.async_copy_global_to_shared(b_desc, [b_b, off_n, off_k], ready.index(s), b_bufs.index(s))
+            count += 1
+
+
+@gluon.jit
+def _half(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+          M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    """One MMA warpgroup: rows [which * HALF_M, (which + 1) * HALF_M) of every tile of this program."""
+    HALF_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    instr_k: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, instr_k])
+    grid_m = gl.cdiv(M, 2 * HALF_M)
+    grid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    c_buf = c_bufs.index(which)
+    count = 0
+    for t in range(gl.program_id(0), grid_m * grid_n * batch, gl.num_programs(0)):
+        pid_b, pid_m, pid_n = _tile(t, grid_m, grid_n, group_m)
+        acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, acc_layout)
+        for kt in range(k_tiles):
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            a = a_bufs.index(2 * s + which).reshape([HALF_M, BLOCK_K])
+            b = b_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA before this one is done: release its buffer
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=kt > 0)
+            count += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        if scaled != 0:
+            acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
+        tma.store_wait(0)  # the previous tile's store has read the staging buffer
+        c_buf.reshape([HALF_M, BLOCK_N]).store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_b, pid_m * 2 * HALF_M + which * HALF_M, pid_n * BLOCK_N], c_buf)
+    tma.store_wait(0)
+
+
+# Every partition takes the same arguments (warp_specialize asks it of the workers); each uses its share.
+@gluon.jit
+def _first_half(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+                M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    _half(0, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+          M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+
+
+@gluon.jit
+def _second_half(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+                 M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    _half(1, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+          M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+
+
+@gluon.jit
+def gemm_ws_persistent(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step,
+                       GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr):
+    """Descriptors: A's block is half a tile's rows ([1, BLOCK_M / 2, BLOCK_K]), B's one tile's
+    columns by BLOCK_K, C's half a tile ([1, BLOCK_M / 2, BLOCK_N])."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
+    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
+            M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, 1 if SCALED else 0)
+    # The warpgroups are partitions of their own, so neither waits on the other's barriers.
+    gl.warp_specialize([(_first_half, args), (_second_half, args), (_loader, args)], [4, 1], [240, 24])
