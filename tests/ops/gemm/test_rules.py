@@ -72,8 +72,9 @@ BREAKERS = {
 BREAK_ON = {GemmRule.DTYPE_ARCH: SM80}
 
 
-# Broken only by the vendor, tma-persistent and gemv families (tested with them below and in test_gemv.py).
-FAMILY_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT, GemmRule.GEMV_OPTIONS}
+# Broken only by the vendor, tma-persistent, gemv and ws-persistent families (tested with them below, in
+# test_gemv.py and in test_ws_persistent.py).
+FAMILY_ONLY = {GemmRule.FAMILY_ARCH, GemmRule.LAYOUT, GemmRule.GEMV_OPTIONS, GemmRule.WS_OPTIONS}
 
 
 def test_every_error_rule_has_a_breaker():

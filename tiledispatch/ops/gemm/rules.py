@@ -220,17 +220,17 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
 
 def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
     """ws-persistent is Gluon written for sm_90's warpgroup MMA: two warpgroups of 4 warps, each
-    half the tile's rows (64 or 128), A K-major, fp32 accumulation and no epilogue beyond fp8's
-    scales (tma-persistent fuses the rest)."""
+    half the tile's rows (64 or 128), A and B K-major (nn.Linear's weight is), fp32 accumulation
+    and no epilogue beyond fp8's scales (tma-persistent fuses the rest)."""
     out = []
     t, e = config.types, config.epilogue
     if not arch.has(Feature.WGMMA):
         out.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
                            f"ws-persistent is written for Hopper's warpgroup MMA (sm_90); {arch.name} has none",
                            "use tma-persistent or the tiled family"))
-    if config.layout.a is not Layout.ROW:
+    if (config.layout.a, config.layout.b) != (Layout.ROW, Layout.COL):
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
-                           f"ws-persistent reads A K-major (layout r..), not {config.layout.name}",
+                           f"ws-persistent reads A and B K-major (layout rcr), not {config.layout.name}",
                            "use tma-persistent"))
     if not e.plain or t.a is DType.FP32 or t.acc is not DType.FP32:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,

@@ -15,7 +15,7 @@ from typing import Iterator
 from ...core.dtypes import DType
 from ...core.op import RuleSet
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
-from .problem import Activation, Epilogue, GemmLayout, GemmTypes, Layout
+from .problem import Activation, Epilogue, GemmLayout, GemmTypes
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ DEFAULT_TILES = TESTS_TILES + (
     # Large aligned rcr products without epilogue (results/h100/gemm_sweep_ws.csv): ws-persistent's
     # best tiles of the sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's
     # pick ran 0.92-1.0x and 0.92-0.94x.
-    _ws(128, 256, 64, 3, (2, 4)), _ws(128, 128, 64, 6, (2, 4)), _ws(128, 128, 64, 4, (2, 4)),
+    _ws(128, 256, 64, 3, (2,)), _ws(128, 128, 64, 6, (2,)), _ws(128, 128, 64, 4, (2,)),
     _ws(128, 256, 64, 6, (1,)), _ws(128, 256, 128, 3, (1,)), _ws(128, 128, 128, 5, (1,)),
     # One row of A (the decode projections at T = 1; results/h100/gemm_sweep_gemv.csv): in bf16
     # the tile within 1 % of the best of 104 on each of six Llama projections (1.05-1.27x cuBLAS),
@@ -176,8 +176,8 @@ STREAM_K_TILES = (
 # with 32-128 element K steps and fp8 with 64-128, each ring as deep as shared memory takes
 # beside the two C staging buffers.
 WS_TILES = (
-    _ws(128, 256, 64, 3, (2, 4)), _ws(256, 128, 64, 3, (2, 4)), _ws(128, 128, 64, 4, (2, 4)),
-    _ws(128, 128, 64, 6, (2, 4)), _ws(128, 256, 32, 6, (2, 4)), _ws(128, 128, 128, 3, (2, 4)),
+    _ws(128, 256, 64, 3, (2,)), _ws(256, 128, 64, 3, (2,)), _ws(128, 128, 64, 4, (2,)),
+    _ws(128, 128, 64, 6, (2,)), _ws(128, 256, 32, 6, (2,)), _ws(128, 128, 128, 3, (2,)),
     _ws(128, 256, 128, 3, (1,)), _ws(256, 128, 128, 3, (1,)), _ws(128, 128, 128, 4, (1,)),
     _ws(128, 128, 128, 5, (1,)), _ws(128, 256, 64, 6, (1,)), _ws(128, 128, 64, 6, (1,)),
 )
@@ -216,12 +216,12 @@ _K_MAJOR = GemmLayout.parse("rcr")
 def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout, epilogue: Epilogue) -> bool:
     """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands;
     realign copies row- or column-major operands (no `s` either); a gemv tile may be chosen for
-    some element sizes of B only (its stream's best step differs in fp8); ws-persistent reads A
-    K-major in 16-bit or fp8, with no epilogue beyond fp8's scales."""
+    some element sizes of B only (its stream's best step differs in fp8); ws-persistent reads
+    both operands K-major in 16-bit or fp8, with no epilogue beyond fp8's scales."""
     if tile.realign and "s" in layout.name:
         return False
     if tile.family is Family.WS_PERSISTENT and (
-            not epilogue.plain or layout.a is not Layout.ROW or types.a is DType.FP32 or types.acc is not DType.FP32):
+            not epilogue.plain or layout != _K_MAJOR or types.a is DType.FP32 or types.acc is not DType.FP32):
         return False
     if types.b.itemsize not in tile.b_itemsizes:
         return False

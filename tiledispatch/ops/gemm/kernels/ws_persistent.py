@@ -12,9 +12,11 @@ so this family states it by hand, as CUTLASS's cooperative kernels do:
   - the loader runs ahead across tiles, so the next tile's first blocks land while the
     warpgroups store this one; each stores its half through its own staging buffer.
 The grid is one program per SM over tiles in grouped order (tile_order's GROUP_M rows of
-tiles at a time, so B's columns stay in L2). A is read K-major (layout r); B either way
-(16-bit) or K-major (fp8, as wgmma reads 8-bit operands). The epilogue is the per-tensor
-fp8 scale only: bias, activation and residual stay with tma-persistent (rules.supports).
+tiles at a time, so B's columns stay in L2). Both operands are read K-major (layout rcr, as
+an nn.Linear weight is stored): the partitions receive their arguments as values, not
+constants (warp_specialize), so a layout flag could not choose the view of B's buffer. The
+epilogue is the per-tensor fp8 scale only: bias, activation and residual stay with
+tma-persistent (rules).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -139,5 +141,6 @@ def gemm_ws_persistent(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K
         mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
     args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
             M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, 1 if SCALED else 0)
-    # The warpgroups are partitions of their own, so neither waits on the other's barriers.
+    # The warpgroups are partitions of their own, so neither waits on the other's barriers. The
+    # fp8 flag reaches them as a value (warp_specialize passes its workers no constants).
     gl.warp_specialize([(_first_half, args), (_second_half, args), (_loader, args)], [4, 1], [240, 24])
