@@ -116,13 +116,13 @@ def gemv_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
 
 
 def ws_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
-    """ws-persistent's tiles (rulesets.WS_TILES) for B's element size, and tma-persistent's tiles of
-    the first three shapes (8 warps, C stored in halves where 256 wide)."""
+    """The warp-specialised tiles (rulesets.WS_TILES: ws-persistent and ws-pingpong) for B's element
+    size, and tma-persistent's tiles of ws-persistent's first three shapes (8 warps, C stored in
+    halves where 256 wide)."""
     tiles = [t for t in WS_TILES if types.b.itemsize in t.b_itemsizes]
     for t in tiles:
-        yield GemmConfig(Family.WS_PERSISTENT, types, RCR, Epilogue(), t.block_m, t.block_n, t.block_k, 8, 8,
-                         t.num_stages)
-    for t in tiles[:3]:
+        yield GemmConfig(t.family, types, RCR, Epilogue(), t.block_m, t.block_n, t.block_k, 8, 8, t.num_stages)
+    for t in [t for t in tiles if t.family is Family.WS_PERSISTENT][:3]:
         yield GemmConfig(Family.TMA_PERSISTENT, types, RCR, Epilogue(), t.block_m, t.block_n, t.block_k, 8, 8,
                          t.num_stages, epilogue_split=2 if t.block_n == 256 else 1)
 

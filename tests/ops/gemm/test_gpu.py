@@ -336,19 +336,21 @@ def test_rules_run_gemv_for_a_decode_row():
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp8e4m3", "fp8e4m3xfp8e5m2"])
-@pytest.mark.parametrize("shape", [(96, 80, 80, 1), (1000, 1016, 1008, 1), (257, 136, 4112, 3), (2048, 2048, 2048, 1)],
+@pytest.mark.parametrize("shape", [(96, 80, 80, 1), (1000, 1016, 1008, 1), (257, 136, 4112, 3), (2048, 2048, 2048, 1),
+                                   (4096, 4096, 512, 1)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_every_ws_persistent_tile(dtype, shape):
-    """Each ws-persistent tile of the full set (the Gluon family compiles for sm_90 only) on a
-    problem smaller than one tile, edges of every kind in M, N and K (none a multiple of a tile),
-    a batch, and a shape that keeps the ring turning over many tiles a program. Rows are 16-byte
-    multiples in fp8 too, as TMA needs."""
+def test_every_warp_specialised_tile(dtype, shape):
+    """Each ws-persistent and ws-pingpong tile of the full set (Gluon, compiled for sm_90 only) on
+    a problem smaller than one tile, edges of every kind in M, N and K (none a multiple of a
+    tile), a batch, and shapes that keep the ring turning over many tiles a program (4096x4096
+    over K = 512: 8 tiles a program, each a K loop longer than the ring, the ping-pong turns'
+    case). Rows are 16-byte multiples in fp8 too, as TMA needs."""
     m, n, k, batch = shape
     problem = GemmProblem(m, n, k, batch=batch, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"))
     arch = current_arch()
     registry = Registry.from_rule_set("gemm", "full", arch).filter(
-        lambda s: s.family == "ws-persistent" and s.definition.supports(s.config, problem) is None)
-    assert len(registry) >= 5
+        lambda s: s.config.family.warp_specialised and s.definition.supports(s.config, problem) is None)
+    assert {s.family for s in registry} == {"ws-persistent", "ws-pingpong"}
     dispatcher = Dispatcher(registry, arch)
     for spec in registry:
         _check(problem, dispatcher, kernel=spec.name, seed=len(spec.name))

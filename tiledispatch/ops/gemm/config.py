@@ -14,6 +14,7 @@ class Family(enum.Enum):
     TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
     TMA_PERSISTENT = "tma-persistent"  # Hopper tensor descriptors, one program per SM (sm_90+)
     WS_PERSISTENT = "ws-persistent"  # the same in Gluon, a loader warp and two MMA warpgroups (sm_90)
+    WS_PINGPONG = "ws-pingpong"  # ws-persistent with each warpgroup on tiles of its own, in turns (sm_90)
     STREAM_K = "stream-k"  # tma-persistent with the last wave's K iterations dealt evenly over SMs
     GEMV = "gemv"  # one row of A (M = 1) on the CUDA cores: B streamed once, K never split
     VENDOR = "vendor"  # cuBLAS (cuBLASLt for fp8) through PyTorch, epilogue as separate steps
@@ -21,7 +22,12 @@ class Family(enum.Enum):
     @property
     def uses_tma(self) -> bool:
         """Operands and output move through tensor descriptors: sm_90+, 16-byte aligned, unit-stride rows."""
-        return self in (Family.TMA_PERSISTENT, Family.STREAM_K, Family.WS_PERSISTENT)
+        return self in (Family.TMA_PERSISTENT, Family.STREAM_K) or self.warp_specialised
+
+    @property
+    def warp_specialised(self) -> bool:
+        """A Gluon kernel of a loader warp and two MMA warpgroups (sm_90 only)."""
+        return self in (Family.WS_PERSISTENT, Family.WS_PINGPONG)
 
 
 @dataclass(frozen=True)

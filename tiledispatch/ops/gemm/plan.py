@@ -31,6 +31,7 @@ FAMILY_MODULES = {
     Family.STREAM_K: "tiledispatch.ops.gemm.kernels.stream_k",
     Family.GEMV: "tiledispatch.ops.gemm.kernels.gemv",
     Family.WS_PERSISTENT: "tiledispatch.ops.gemm.kernels.ws_persistent",
+    Family.WS_PINGPONG: "tiledispatch.ops.gemm.kernels.ws_pingpong",
 }
 _TMA_FUNCTIONS = {Family.TMA_PERSISTENT: "gemm_tma_persistent", Family.STREAM_K: "gemm_stream_k"}
 _EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
@@ -92,7 +93,7 @@ def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> t
         return (*_realign_units(config, alignment), *kernel_units(replace(config, realign=False), alignment.realigned()))
     if config.family is Family.GEMV:
         return (_gemv_unit(config, alignment),)
-    if config.family is Family.WS_PERSISTENT:
+    if config.family.warp_specialised:
         return (_ws_unit(config, alignment),)
     main = _persistent_unit(config, alignment) if config.family.uses_tma else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
@@ -259,7 +260,7 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
 
 
 def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
-    """The Gluon family. It launches as one warpgroup (the first MMA partition); the second and
+    """The Gluon families. Each launches as one warpgroup (the first MMA partition); the second and
     the loader's warp are added by `warp_specialize`, so the launch's registers are capped at
     what all three warpgroups share (the partitions then move them by setmaxnreg)."""
     from triton.experimental.gluon import language as gl
@@ -274,10 +275,11 @@ def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     constexprs = {"GROUP_M": config.group_m, "STAGES": config.num_stages, "SCALED": t.scaled}
     signature = tuple(args + [(name, "constexpr") for name in constexprs])
     module = FAMILY_MODULES[config.family]
+    modules = (module,) if config.family is Family.WS_PERSISTENT else (module, FAMILY_MODULES[Family.WS_PERSISTENT])
     threads = (config.num_warps + 4) * 32  # the MMA warpgroups and the loader's (registers go by warpgroup)
     return KernelUnit(
-        stage="main", module=module, function="gemm_ws_persistent", signature=signature,
-        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1, modules=(module,),
+        stage="main", module=module, function=f"gemm_{config.family.value.replace('-', '_')}", signature=signature,
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1, modules=modules,
         divisibility=_divisibility(alignment, t, signature, False), kind=UnitKind.GLUON,
         max_registers=arch_facts.load("sm_90").registers_per_sm // threads // 8 * 8,
     )

@@ -223,7 +223,9 @@ def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float,
     # ws-persistent's loader runs ahead across tiles (its chain fills once), but both warpgroups
     # store each tile before the next one's MMAs: batched_attn_scores (K = 128) ran 0.87-0.89x
     # cuBLAS with its 128x128 tile where tma-persistent's flattened 128x256 ran 0.94-1.0x.
-    overhead = FLATTENED_OVERHEAD_ITERATIONS if config.flatten else TILE_OVERHEAD_ITERATIONS
+    # ws-pingpong's warpgroups store while the other computes.
+    flattened = config.flatten or config.family is Family.WS_PINGPONG
+    overhead = FLATTENED_OVERHEAD_ITERATIONS if flattened else TILE_OVERHEAD_ITERATIONS
     if stream is not None:
         return {"depth": depth, "overlap": stream.iterations / (stream.iterations + overhead * stream.loops)}
     return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
@@ -261,8 +263,8 @@ def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int
     programs = math.ceil(tiles / sm_count)
     if stream is not None:
         return stream.iterations * per_iter + CHAIN_LATENCY_S * stream.loops
-    if config.family in (Family.TMA_PERSISTENT, Family.WS_PERSISTENT):
-        flattened = config.flatten or config.family is Family.WS_PERSISTENT
+    if config.family is Family.TMA_PERSISTENT or config.family.warp_specialised:
+        flattened = config.flatten or config.family.warp_specialised
         fill = CHAIN_LATENCY_S * (1 if flattened else programs)
         return programs * k_iters * per_iter + fill
     return math.ceil(programs / concurrent) * (k_iters * per_iter + CHAIN_LATENCY_S)
@@ -466,7 +468,7 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     if stream is not None:
         reduce_s = (STREAM_K_FLAGS_SECONDS
                     + stream.partials * config.block_m * config.block_n * 4 / TMA_SM_PORT_BYTES_PER_S)
-    ws = config.family is Family.WS_PERSISTENT
+    ws = config.family.warp_specialised
     if ws:
         compute_s /= WS_FRACTION
     else:

@@ -69,7 +69,9 @@ def shared_memory_bytes(config: GemmConfig) -> int:
     if config.family.uses_tma:  # split-K stages fp32 partial sums
         c_bytes = 4 if config.split_k > 1 else t.c.itemsize
         staging = config.block_m * config.block_n // config.epilogue_split * c_bytes
-    if config.family is Family.WS_PERSISTENT:
+    if config.family is Family.WS_PINGPONG:  # each warpgroup stages a whole tile of its own
+        staging *= 2
+    if config.family.warp_specialised:
         staging += WS_BARRIER_BYTES
     return max(config.num_stages, 1) * per_stage + staging
 
@@ -131,7 +133,7 @@ def validate(config: AnyGemmConfig, arch) -> ValidationResult:
 
     if config.family.uses_tma:
         out.extend(_persistent_findings(config, arch))
-    if config.family is Family.WS_PERSISTENT:
+    if config.family.warp_specialised:
         out.extend(_ws_findings(config, arch))
     if config.family is Family.STREAM_K and (config.split_k != 1 or config.epilogue_split != 1 or config.flatten):
         error(GemmRule.PERSISTENT_OPTIONS, "stream-k splits K by its own schedule and stores whole C tiles",
@@ -219,32 +221,34 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
 
 
 def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
-    """ws-persistent is Gluon written for sm_90's warpgroup MMA: two warpgroups of 4 warps, each
-    half the tile's rows (64 or 128), A and B K-major (nn.Linear's weight is), fp32 accumulation
-    and no epilogue beyond fp8's scales (tma-persistent fuses the rest)."""
+    """The warp-specialised families are Gluon written for sm_90's warpgroup MMA: two warpgroups
+    of 4 warps, on half of each tile's rows (ws-persistent: 64 or 128 each) or on tiles of their
+    own (ws-pingpong: 64 or 128 rows), A and B K-major (nn.Linear's weight is), fp32
+    accumulation and no epilogue beyond fp8's scales (tma-persistent fuses the rest)."""
     out = []
-    t, e = config.types, config.epilogue
+    t, e, family = config.types, config.epilogue, config.family.value
+    rows = (64, 128) if config.family is Family.WS_PINGPONG else (128, 256)
     if not arch.has(Feature.WGMMA):
         out.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
-                           f"ws-persistent is written for Hopper's warpgroup MMA (sm_90); {arch.name} has none",
+                           f"{family} is written for Hopper's warpgroup MMA (sm_90); {arch.name} has none",
                            "use tma-persistent or the tiled family"))
     if (config.layout.a, config.layout.b) != (Layout.ROW, Layout.COL):
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
-                           f"ws-persistent reads A and B K-major (layout rcr), not {config.layout.name}",
+                           f"{family} reads A and B K-major (layout rcr), not {config.layout.name}",
                            "use tma-persistent"))
     if not e.plain or t.a is DType.FP32 or t.acc is not DType.FP32:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
-                           f"ws-persistent computes 16-bit or fp8 products into fp32 with no epilogue, not "
+                           f"{family} computes 16-bit or fp8 products into fp32 with no epilogue, not "
                            f"{t.name} with {e.name}", "use tma-persistent, which fuses bias, activation and residual"))
     if config.split_k != 1 or config.epilogue_split != 1 or config.flatten:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
-                           "ws-persistent stores whole tiles by warpgroup halves, over the whole of K",
+                           f"{family} stores whole tiles by warpgroup, over the whole of K",
                            "leave split_k, epilogue_split and flatten at 1, 1 and False"))
-    if config.num_warps != 8 or config.block_m not in (128, 256):
+    if config.num_warps != 8 or config.block_m not in rows:
         out.append(Finding(GemmRule.WS_OPTIONS, Severity.ERROR,
-                           f"ws-persistent runs two MMA warpgroups of 4 warps on 64 or 128 rows each: num_warps=8 "
-                           f"and block_m 128 or 256, not {config.num_warps} warps on {config.block_m} rows",
-                           "num_warps=8, block_m=128 or 256"))
+                           f"{family} runs two MMA warpgroups of 4 warps: num_warps=8 and block_m {rows[0]} or "
+                           f"{rows[1]}, not {config.num_warps} warps on {config.block_m} rows",
+                           f"num_warps=8, block_m={rows[0]} or {rows[1]}"))
     return out
 
 

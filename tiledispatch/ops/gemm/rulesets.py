@@ -44,8 +44,12 @@ def _stream_k(bm, bn, bk, warps, stages, group_m=8) -> Tile:
     return Tile(bm, bn, bk, warps, stages, group_m, family=Family.STREAM_K)
 
 
-def _ws(bm, bn, bk, stages, b_itemsizes=(1, 2, 4)) -> Tile:
-    return Tile(bm, bn, bk, 8, stages, 8, family=Family.WS_PERSISTENT, b_itemsizes=b_itemsizes)
+def _ws(bm, bn, bk, stages, b_itemsizes=(1, 2, 4), family=Family.WS_PERSISTENT) -> Tile:
+    return Tile(bm, bn, bk, 8, stages, 8, family=family, b_itemsizes=b_itemsizes)
+
+
+def _pingpong(bm, bn, bk, stages, b_itemsizes=(1, 2, 4)) -> Tile:
+    return _ws(bm, bn, bk, stages, b_itemsizes, Family.WS_PINGPONG)
 
 
 def _gemv(bn, bk, warps, stages, b_itemsizes=(1, 2, 4)) -> Tile:
@@ -180,6 +184,9 @@ WS_TILES = (
     _ws(128, 128, 64, 6, (2,)), _ws(128, 256, 32, 6, (2,)), _ws(128, 128, 128, 3, (2,)),
     _ws(128, 256, 128, 3, (1,)), _ws(256, 128, 128, 3, (1,)), _ws(128, 128, 128, 4, (1,)),
     _ws(128, 128, 128, 5, (1,)), _ws(128, 256, 64, 6, (1,)), _ws(128, 128, 64, 6, (1,)),
+    # ws-pingpong: each warpgroup a whole tile of its own (accumulators of 128 registers a thread).
+    _pingpong(128, 128, 64, 5, (2,)), _pingpong(128, 128, 64, 4, (2,)), _pingpong(64, 256, 64, 4, (2,)),
+    _pingpong(128, 128, 128, 5, (1,)), _pingpong(128, 128, 128, 4, (1,)), _pingpong(64, 256, 128, 4, (1,)),
 )
 FULL_TILES = tuple(
     Tile(bm, bn, bk, w, s, 8, k)
@@ -220,7 +227,7 @@ def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout, epilogue: Epilogue) 
     both operands K-major in 16-bit or fp8, with no epilogue beyond fp8's scales."""
     if tile.realign and "s" in layout.name:
         return False
-    if tile.family is Family.WS_PERSISTENT and (
+    if tile.family.warp_specialised and (
             not epilogue.plain or layout != _K_MAJOR or types.a is DType.FP32 or types.acc is not DType.FP32):
         return False
     if types.b.itemsize not in tile.b_itemsizes:

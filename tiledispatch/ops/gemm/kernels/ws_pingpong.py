@@ -1,0 +1,133 @@
+"""Family `ws-pingpong`: ws-persistent's loader and ring, with each MMA warpgroup on tiles of its own.
+
+In ws-persistent both warpgroups share every tile, so both store it at once and the
+tensor cores idle through each epilogue. Here warpgroup w takes the program's tiles
+w, w + 2, w + 4, ... whole (BLOCK_M rows each): the loader fills the ring in tile order,
+so one warpgroup's K loop runs while the other stores its last tile, and the two take
+turns on the tensor cores (CUTLASS's ping-pong schedule). Each buffer of the ring is read
+by one warpgroup, so its `empty` barrier takes one arrival; a warpgroup finds its place in
+the ring by its tile's number in the program's sequence (every tile has the same K loop).
+A warpgroup starts a tile's K loop only once the other has finished the tile before
+(`passed`): a barrier's wait checks the parity of its phase only, so a wait for a buffer's
+n-th fill would pass on its (n-2)-th if the (n-1)-th, the other warpgroup's, had not
+landed yet; in turns, every buffer is filled and released in the ring's order.
+Same operands, layouts and epilogue as ws-persistent (rcr, fp8 scales only).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .ws_persistent import _tile
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
+            M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    """The loader warp: A's and B's blocks of every tile of this program, in tile order."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    grid_m = gl.cdiv(M, BLOCK_M)
+    grid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    count = 0
+    for t in range(gl.program_id(0), grid_m * grid_n * batch, gl.num_programs(0)):
+        pid_b, pid_m, pid_n = _tile(t, grid_m, grid_n, group_m)
+        a_b = pid_b * a_batch_step
+        b_b = pid_b * b_batch_step
+        for kt in range(k_tiles):
+            s = count % STAGES
+            mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)  # a fresh barrier reads as phase 1 done
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [a_b, pid_m * BLOCK_M, kt * BLOCK_K], ready.index(s),
+                                            a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [b_b, pid_n * BLOCK_N, kt * BLOCK_K], ready.index(s),
+                                            b_bufs.index(s))
+            count += 1
+
+
+@gluon.jit
+def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr,
+           scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    """One MMA warpgroup: tiles which, which + 2, ... of this program's sequence, whole."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    instr_k: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, instr_k])
+    grid_m = gl.cdiv(M, BLOCK_M)
+    grid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    c_buf = c_bufs.index(which)
+    first = gl.program_id(0)
+    step = gl.num_programs(0)
+    for t in range(first + which * step, grid_m * grid_n * batch, 2 * step):
+        pid_b, pid_m, pid_n = _tile(t, grid_m, grid_n, group_m)
+        j = (t - first) // step  # this tile's number in the program's sequence
+        if j > 0:  # the other warpgroup's tile j - 1 is its ((j - 1) // 2)-th
+            mbarrier.wait(passed.index(1 - which), ((j - 1) // 2) & 1)
+        count = j * k_tiles  # this tile's first buffer in the ring's sequence
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        for kt in range(k_tiles):
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            b = b_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+            acc = warpgroup_mma(a_bufs.index(s).reshape([BLOCK_M, BLOCK_K]), b, acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA before this one is done: release its buffer
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=kt > 0)
+            count += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        mbarrier.arrive(passed.index(which))  # the other's next tile may start
+        if scaled != 0:
+            acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
+        tma.store_wait(0)  # this warpgroup's previous store has read its staging buffer
+        c_buf.reshape([BLOCK_M, BLOCK_N]).store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_b, pid_m * BLOCK_M, pid_n * BLOCK_N], c_buf)
+    tma.store_wait(0)
+
+
+# Every partition takes the same arguments (warp_specialize asks it of the workers); each uses its share.
+@gluon.jit
+def _even_tiles(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr,
+                scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    _turns(0, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
+           M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+
+
+@gluon.jit
+def _odd_tiles(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr,
+               scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+    _turns(1, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
+           M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+
+
+@gluon.jit
+def gemm_ws_pingpong(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step,
+                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr):
+    """Descriptors: A's block is a tile's rows by BLOCK_K, B's its columns by BLOCK_K, C's one tile."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    passed = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)  # one warpgroup reads each buffer
+    for i in gl.static_range(2):
+        mbarrier.init(passed.index(i), count=1)
+    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
+            M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, 1 if SCALED else 0)
+    gl.warp_specialize([(_even_tiles, args), (_odd_tiles, args), (_loader, args)], [4, 1], [240, 24])
