@@ -354,3 +354,22 @@ def test_every_warp_specialised_tile(dtype, shape):
     dispatcher = Dispatcher(registry, arch)
     for spec in registry:
         _check(problem, dispatcher, kernel=spec.name, seed=len(spec.name))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8e4m3"])
+@pytest.mark.parametrize("epilogue", [Epilogue(True, Activation.GELU, False), Epilogue(False, Activation.SILU, False),
+                                      Epilogue(True, Activation.RELU, False)], ids=lambda e: e.name)
+def test_warp_specialised_epilogues(dtype, epilogue):
+    """The default set's ws-persistent tiles and the full set's ws-pingpong ones with bias and
+    activations (the epilogue in the partitions' registers), on edges, a batch and 8 tiles a program."""
+    arch = current_arch()
+    registry = Registry.from_rule_set("gemm", "full", arch)
+    for m, n, k, batch in [(257, 136, 4112, 3), (4096, 4096, 512, 1)]:
+        problem = GemmProblem(m, n, k, batch=batch, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"),
+                              epilogue=epilogue)
+        specs = [s for s in registry if s.config.family.warp_specialised
+                 and s.definition.supports(s.config, problem) is None]
+        assert {s.family for s in specs} == {"ws-persistent", "ws-pingpong"}
+        dispatcher = Dispatcher(Registry.from_configs("gemm", [s.config for s in specs], arch), arch)
+        for spec in specs:
+            _check(problem, dispatcher, kernel=spec.name, seed=len(spec.name))

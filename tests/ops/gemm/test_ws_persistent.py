@@ -38,8 +38,8 @@ def test_a_default_tile_is_valid_on_sm90_only():
     (dict(num_warps=4), GemmRule.WS_OPTIONS, ["two MMA warpgroups", "num_warps=8"]),
     (dict(block_m=64, block_n=128), GemmRule.WS_OPTIONS, ["64 rows"]),
     (dict(layout=GemmLayout.parse("rrr")), GemmRule.LAYOUT, ["K-major", "rcr", "rrr"]),
-    (dict(epilogue=Epilogue(True, Activation.GELU, False)), GemmRule.PERSISTENT_OPTIONS,
-     ["no epilogue", "bias-gelu", "tma-persistent"]),
+    (dict(epilogue=Epilogue(True, Activation.GELU, True)), GemmRule.PERSISTENT_OPTIONS,
+     ["no residual", "spill", "tma-persistent"]),
     (dict(split_k=2), GemmRule.PERSISTENT_OPTIONS, ["whole of K"]),
     (dict(types=GemmTypes(DType.FP32, DType.FP32, DType.FP32, allow_tf32=True)), GemmRule.PERSISTENT_OPTIONS,
      ["16-bit or fp8"]),
@@ -65,12 +65,13 @@ def test_shared_memory_counts_the_ring_both_staging_halves_and_the_barriers():
     assert GemmRule.SHARED_MEMORY in validate(four, SM90).broken_rules()
 
 
-def test_rule_sets_bind_it_to_plain_rcr_16_bit_and_fp8_only():
+def test_rule_sets_bind_it_to_rcr_16_bit_and_fp8_without_residual():
     registry = Registry.from_rule_set("gemm", "default", SM90)
     ws = [s.config for s in registry if s.config.family is Family.WS_PERSISTENT]
     assert ws
     assert {c.layout.name for c in ws} == {"rcr"}
-    assert all(c.epilogue.plain and c.types.a is not DType.FP32 for c in ws)
+    assert all(not c.epilogue.residual and c.types.a is not DType.FP32 for c in ws)
+    assert {c.epilogue.activation for c in ws} == set(Activation) and any(c.epilogue.bias for c in ws)
     assert {c.types.a for c in ws} >= {DType.BF16, DType.FP16, DType.FP8E4M3}
     assert not [s for s in Registry.from_rule_set("gemm", "default", SM80) if s.family == "ws-persistent"]
 
@@ -107,7 +108,8 @@ def built(tmp_path_factory):
     cache = KernelCache(root / "cache")
     registry = Registry.from_rule_set("gemm", "default", SM90)
     names = ["gemm_bf16_rcr_ws-persistent_128x256x64_w8_s3_g8_k1_none_sm90",
-             "gemm_fp8e4m3-bf16_rcr_ws-persistent_128x256x128_w8_s3_g8_k1_none_sm90"]
+             "gemm_fp8e4m3-bf16_rcr_ws-persistent_128x256x128_w8_s3_g8_k1_none_sm90",
+             "gemm_fp16_rcr_ws-persistent_128x128x64_w8_s6_g8_k1_bias-gelu_sm90"]
     specs = [registry.get(name) for name in names]
     return cache, specs, kernel.build_all(specs, cache, jobs=2)
 

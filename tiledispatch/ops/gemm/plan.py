@@ -270,16 +270,19 @@ def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     descriptors = [(name, f"tensordesc<{dtypes[name].triton}[{','.join(map(str, block))}],"
                           f"{gl.NVMMASharedLayout.get_default_for(list(block), gl.dtype(dtypes[name].triton))!r}>")
                    for name, block in _descriptor_blocks(config).items()]
-    args = descriptors + [("scale_a_ptr", "*fp32"), ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"),
-                          ("K", "i32"), ("batch", "i32"), ("a_batch_step", "i32"), ("b_batch_step", "i32")]
-    constexprs = {"GROUP_M": config.group_m, "STAGES": config.num_stages, "SCALED": t.scaled}
+    args = descriptors + [
+        ("bias_ptr", f"*{t.c.triton}"), ("res_ptr", f"*{t.c.triton}"), ("scale_a_ptr", "*fp32"),
+        ("scale_b_ptr", "*fp32"), ("M", "i32"), ("N", "i32"), ("K", "i32"), ("batch", "i32"),
+        ("a_batch_step", "i32"), ("b_batch_step", "i32"), *_EPILOGUE_STRIDES,
+    ]
+    constexprs = {"GROUP_M": config.group_m, "STAGES": config.num_stages, **_epilogue_constexprs(config)}
     signature = tuple(args + [(name, "constexpr") for name in constexprs])
     module = FAMILY_MODULES[config.family]
-    modules = (module,) if config.family is Family.WS_PERSISTENT else (module, FAMILY_MODULES[Family.WS_PERSISTENT])
+    shared = (_EPILOGUE_MODULE,) + ((FAMILY_MODULES[Family.WS_PERSISTENT],) if config.family is Family.WS_PINGPONG else ())
     threads = (config.num_warps + 4) * 32  # the MMA warpgroups and the loader's (registers go by warpgroup)
     return KernelUnit(
         stage="main", module=module, function=f"gemm_{config.family.value.replace('-', '_')}", signature=signature,
-        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1, modules=modules,
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1, modules=(module, *shared),
         divisibility=_divisibility(alignment, t, signature, False), kind=UnitKind.GLUON,
         max_registers=arch_facts.load("sm_90").registers_per_sm // threads // 8 * 8,
     )

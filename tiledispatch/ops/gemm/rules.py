@@ -223,10 +223,10 @@ def _persistent_findings(config: GemmConfig, arch) -> list[Finding]:
 def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
     """The warp-specialised families are Gluon written for sm_90's warpgroup MMA: two warpgroups
     of 4 warps, on half of each tile's rows (ws-persistent: 64 or 128 each) or on tiles of their
-    own (ws-pingpong: 64 or 128 rows), A and B K-major (nn.Linear's weight is), fp32
-    accumulation and no epilogue beyond fp8's scales (tma-persistent fuses the rest)."""
+    own (ws-pingpong: 64 or 128 rows), A and B K-major (nn.Linear's weight is), 16-bit or fp8
+    operands into fp32, and every epilogue but a residual."""
     out = []
-    t, e, family = config.types, config.epilogue, config.family.value
+    t, family = config.types, config.family.value
     rows = (64, 128) if config.family is Family.WS_PINGPONG else (128, 256)
     if not arch.has(Feature.WGMMA):
         out.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
@@ -236,10 +236,14 @@ def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
         out.append(Finding(GemmRule.LAYOUT, Severity.ERROR,
                            f"{family} reads A and B K-major (layout rcr), not {config.layout.name}",
                            "use tma-persistent"))
-    if not e.plain or t.a is DType.FP32 or t.acc is not DType.FP32:
+    if t.a is DType.FP32 or t.acc is not DType.FP32:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
-                           f"{family} computes 16-bit or fp8 products into fp32 with no epilogue, not "
-                           f"{t.name} with {e.name}", "use tma-persistent, which fuses bias, activation and residual"))
+                           f"{family} computes 16-bit or fp8 products into fp32, not {t.name}",
+                           "use tma-persistent (tf32) or the tiled family"))
+    if config.epilogue.residual:
+        out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
+                           f"{family} adds no residual: beside a warpgroup's accumulator its addresses spill "
+                           "(sm_90, 128x256 tiles: 2.8 KB a thread with bias and GELU)", "use tma-persistent"))
     if config.split_k != 1 or config.epilogue_split != 1 or config.flatten:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
                            f"{family} stores whole tiles by warpgroup, over the whole of K",

@@ -223,12 +223,12 @@ _K_MAJOR = GemmLayout.parse("rcr")
 def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout, epilogue: Epilogue) -> bool:
     """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands;
     realign copies row- or column-major operands (no `s` either); a gemv tile may be chosen for
-    some element sizes of B only (its stream's best step differs in fp8); ws-persistent reads
-    both operands K-major in 16-bit or fp8, with no epilogue beyond fp8's scales."""
+    some element sizes of B only (its stream's best step differs in fp8); the warp-specialised
+    families read both operands K-major in 16-bit or fp8 and add no residual."""
     if tile.realign and "s" in layout.name:
         return False
     if tile.family.warp_specialised and (
-            not epilogue.plain or layout != _K_MAJOR or types.a is DType.FP32 or types.acc is not DType.FP32):
+            layout != _K_MAJOR or types.a is DType.FP32 or types.acc is not DType.FP32 or epilogue.residual):
         return False
     if types.b.itemsize not in tile.b_itemsizes:
         return False

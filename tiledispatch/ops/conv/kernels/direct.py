@@ -280,10 +280,10 @@ def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
     for s in tl.static_range(WINDOW):
         tap = WINDOW - 1 - s if FLIP else s
         wts = wts + (tl.load(w_row + tap).to(tl.float32)[None, :],)  # taps contiguous: see below
+    first = src[:, None] + offs_c[None, :]
     for j in tl.static_range(RUN + WINDOW - 1):
         ok = row_ok & inside(col0 + j, cols)
-        xv = tl.load(src[:, None] + (j * col_stride + offs_c)[None, :], mask=ok[:, None] & in_c[None, :],
-                     other=0.0).to(tl.float32)
+        xv = _widen(tl.load(first + j * col_stride, mask=ok[:, None] & in_c[None, :], other=0.0))
         for s in tl.static_range(WINDOW):
             if j - s >= 0 and j - s < RUN:
                 acc = _set(acc, j - s, acc[j - s] + xv * wts[s])

@@ -13,10 +13,15 @@ so this family states it by hand, as CUTLASS's cooperative kernels do:
     warpgroups store this one; each stores its half through its own staging buffer.
 The grid is one program per SM over tiles in grouped order (tile_order's GROUP_M rows of
 tiles at a time, so B's columns stay in L2). Both operands are read K-major (layout rcr, as
-an nn.Linear weight is stored): the partitions receive their arguments as values, not
-constants (warp_specialize), so a layout flag could not choose the view of B's buffer. The
-epilogue is the per-tensor fp8 scale only: bias, activation and residual stay with
-tma-persistent (rules).
+an nn.Linear weight is stored). The epilogue is every family's (`epilogue.apply_epilogue`)
+in the accumulator's registers before the staging store: fp8 scales, bias and activation.
+A residual's addresses beside the accumulator spilled, so the rules leave it to
+tma-persistent.
+
+The partitions take the same arguments (warp_specialize asks it of the workers): the
+descriptors, `ring` (the shared buffers and their barriers), the sizes, and `epilogue`
+(its pointers and strides), each using its share. warp_specialize hands them values, not
+constants; the epilogue's flags reach them as the length of a buffer (`flag_buffer`).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -27,6 +32,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from .epilogue import apply_epilogue
+
+_apply_epilogue = gluon.jit(apply_epilogue.fn)  # every family's epilogue, compiled by Gluon
 
 
 @gluon.jit
@@ -42,9 +51,26 @@ def _tile(t, grid_m, grid_n, group_m):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-            M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+def flag_buffer(CODE: gl.constexpr):
+    """A few bytes of shared memory 1 + CODE long. warp_specialize hands its partitions values,
+    not constants, and an epilogue flag must be a constant to leave out the code it does not
+    use; the length of a buffer is part of its type, which the partitions keep."""
+    return gl.allocate_shared_memory(gl.int8, [1 + CODE], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+
+@gluon.jit
+def finish(acc, flags, rows, cols, M, N, pid_b, epilogue):
+    """The GEMM epilogue on a tile at `rows` x `cols` (slices of the accumulator's layout)."""
+    CODE: gl.constexpr = flags.type.shape[0] - 1
+    scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias, res_ptr, stride_rb, stride_rm, stride_rn = epilogue
+    return _apply_epilogue(acc, rows, cols, M, N, pid_b, scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias, res_ptr,
+                           stride_rb, stride_rm, stride_rn, CODE % 2, CODE // 2 % 2, CODE // 4 % 4, CODE // 16)
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
     """The loader warp: both halves of A's block and B's block, tile after tile, stage after stage."""
+    a_bufs, b_bufs, c_bufs, ready, empty, flags = ring
     HALF_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
@@ -73,9 +99,10 @@ def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_
 
 
 @gluon.jit
-def _half(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-          M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+def _half(which: gl.constexpr, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m,
+          epilogue):
     """One MMA warpgroup: rows [which * HALF_M, (which + 1) * HALF_M) of every tile of this program."""
+    a_bufs, b_bufs, c_bufs, ready, empty, flags = ring
     HALF_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
@@ -102,33 +129,32 @@ def _half(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, r
             count += 1
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-        if scaled != 0:
-            acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
+        row = pid_m * 2 * HALF_M + which * HALF_M
+        rows = row + gl.arange(0, HALF_M, gl.SliceLayout(1, acc_layout))
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc_layout))
+        acc = finish(acc, flags, rows, cols, M, N, pid_b, epilogue)
         tma.store_wait(0)  # the previous tile's store has read the staging buffer
         c_buf.reshape([HALF_M, BLOCK_N]).store(acc.to(c_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_b, pid_m * 2 * HALF_M + which * HALF_M, pid_n * BLOCK_N], c_buf)
+        tma.async_copy_shared_to_global(c_desc, [pid_b, row, pid_n * BLOCK_N], c_buf)
     tma.store_wait(0)
 
 
-# Every partition takes the same arguments (warp_specialize asks it of the workers); each uses its share.
 @gluon.jit
-def _first_half(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-                M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
-    _half(0, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-          M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+def _first_half(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
+    _half(0, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue)
 
 
 @gluon.jit
-def _second_half(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-                 M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
-    _half(1, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-          M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+def _second_half(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
+    _half(1, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue)
 
 
 @gluon.jit
-def gemm_ws_persistent(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step,
-                       GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr):
+def gemm_ws_persistent(a_desc, b_desc, c_desc, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
+                       M, N, K, batch, a_batch_step, b_batch_step, stride_bias, stride_rb, stride_rm, stride_rn,
+                       GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
+                       HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
     """Descriptors: A's block is half a tile's rows ([1, BLOCK_M / 2, BLOCK_K]), B's one tile's
     columns by BLOCK_K, C's half a tile ([1, BLOCK_M / 2, BLOCK_N])."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -139,8 +165,9 @@ def gemm_ws_persistent(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
-    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, scale_a_ptr, scale_b_ptr,
-            M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, 1 if SCALED else 0)
-    # The warpgroups are partitions of their own, so neither waits on the other's barriers. The
-    # fp8 flag reaches them as a value (warp_specialize passes its workers no constants).
+    flags = flag_buffer(SCALED + 2 * HAS_BIAS + 4 * ACTIVATION + 16 * HAS_RESIDUAL)  # as `finish` reads it
+    ring = (a_bufs, b_bufs, c_bufs, ready, empty, flags)
+    epilogue = (scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias, res_ptr, stride_rb, stride_rm, stride_rn)
+    args = (a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, epilogue)
+    # The warpgroups are partitions of their own, so neither waits on the other's barriers.
     gl.warp_specialize([(_first_half, args), (_second_half, args), (_loader, args)], [4, 1], [240, 24])

@@ -11,7 +11,8 @@ A warpgroup starts a tile's K loop only once the other has finished the tile bef
 (`passed`): a barrier's wait checks the parity of its phase only, so a wait for a buffer's
 n-th fill would pass on its (n-2)-th if the (n-1)-th, the other warpgroup's, had not
 landed yet; in turns, every buffer is filled and released in the ring's order.
-Same operands, layouts and epilogue as ws-persistent (rcr, fp8 scales only).
+Same operands, layout (rcr), epilogue and partition arguments as ws-persistent; `ring`
+holds the `passed` barriers besides.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -23,13 +24,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .ws_persistent import _tile
+from .ws_persistent import _tile, finish, flag_buffer
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
-            M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+def _loader(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
     """The loader warp: A's and B's blocks of every tile of this program, in tile order."""
+    a_bufs, b_bufs, c_bufs, ready, empty, passed, flags = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
@@ -55,9 +56,10 @@ def _loader(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed
 
 
 @gluon.jit
-def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr,
-           scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
+def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m,
+           epilogue):
     """One MMA warpgroup: tiles which, which + 2, ... of this program's sequence, whole."""
+    a_bufs, b_bufs, c_bufs, ready, empty, passed, flags = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
@@ -89,8 +91,9 @@ def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, 
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
         mbarrier.arrive(passed.index(which))  # the other's next tile may start
-        if scaled != 0:
-            acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
+        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc_layout))
+        acc = finish(acc, flags, rows, cols, M, N, pid_b, epilogue)
         tma.store_wait(0)  # this warpgroup's previous store has read its staging buffer
         c_buf.reshape([BLOCK_M, BLOCK_N]).store(acc.to(c_desc.dtype))
         fence_async_shared()
@@ -98,24 +101,21 @@ def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, 
     tma.store_wait(0)
 
 
-# Every partition takes the same arguments (warp_specialize asks it of the workers); each uses its share.
 @gluon.jit
-def _even_tiles(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr,
-                scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
-    _turns(0, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
-           M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+def _even_tiles(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
+    _turns(0, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue)
 
 
 @gluon.jit
-def _odd_tiles(a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr,
-               scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled):
-    _turns(1, a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
-           M, N, K, batch, a_batch_step, b_batch_step, group_m, scaled)
+def _odd_tiles(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
+    _turns(1, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue)
 
 
 @gluon.jit
-def gemm_ws_pingpong(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, batch, a_batch_step, b_batch_step,
-                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr):
+def gemm_ws_pingpong(a_desc, b_desc, c_desc, bias_ptr, res_ptr, scale_a_ptr, scale_b_ptr,
+                     M, N, K, batch, a_batch_step, b_batch_step, stride_bias, stride_rb, stride_rm, stride_rn,
+                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
     """Descriptors: A's block is a tile's rows by BLOCK_K, B's its columns by BLOCK_K, C's one tile."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -128,6 +128,8 @@ def gemm_ws_pingpong(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, 
         mbarrier.init(empty.index(i), count=1)  # one warpgroup reads each buffer
     for i in gl.static_range(2):
         mbarrier.init(passed.index(i), count=1)
-    args = (a_desc, b_desc, c_desc, a_bufs, b_bufs, c_bufs, ready, empty, passed, scale_a_ptr, scale_b_ptr,
-            M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, 1 if SCALED else 0)
+    flags = flag_buffer(SCALED + 2 * HAS_BIAS + 4 * ACTIVATION + 16 * HAS_RESIDUAL)  # as `finish` reads it
+    ring = (a_bufs, b_bufs, c_bufs, ready, empty, passed, flags)
+    epilogue = (scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias, res_ptr, stride_rb, stride_rm, stride_rn)
+    args = (a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, GROUP_M, epilogue)
     gl.warp_specialize([(_even_tiles, args), (_odd_tiles, args), (_loader, args)], [4, 1], [240, 24])
