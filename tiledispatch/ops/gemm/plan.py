@@ -278,7 +278,8 @@ def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     constexprs = {"GROUP_M": config.group_m, "STAGES": config.num_stages, **_epilogue_constexprs(config)}
     signature = tuple(args + [(name, "constexpr") for name in constexprs])
     module = FAMILY_MODULES[config.family]
-    shared = (_EPILOGUE_MODULE,) + ((FAMILY_MODULES[Family.WS_PERSISTENT],) if config.family is Family.WS_PINGPONG else ())
+    pingpong = config.family is Family.WS_PINGPONG  # its kernel imports ws-persistent's helpers
+    shared = (_EPILOGUE_MODULE,) + ((FAMILY_MODULES[Family.WS_PERSISTENT],) if pingpong else ())
     threads = (config.num_warps + 4) * 32  # the MMA warpgroups and the loader's (registers go by warpgroup)
     return KernelUnit(
         stage="main", module=module, function=f"gemm_{config.family.value.replace('-', '_')}", signature=signature,
