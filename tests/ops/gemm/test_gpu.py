@@ -360,16 +360,18 @@ def test_every_warp_specialised_tile(dtype, shape):
 @pytest.mark.parametrize("epilogue", [Epilogue(True, Activation.GELU, False), Epilogue(False, Activation.SILU, False),
                                       Epilogue(True, Activation.RELU, False)], ids=lambda e: e.name)
 def test_warp_specialised_epilogues(dtype, epilogue):
-    """The default set's ws-persistent tiles and the full set's ws-pingpong ones with bias and
-    activations (the epilogue in the partitions' registers), on edges, a batch and 8 tiles a program."""
+    """Every warp-specialised tile that takes an epilogue (rules.WS_EPILOGUE_REGISTERS: ws-persistent's
+    128x128; each ws-pingpong warpgroup holds a whole tile, 128 registers), with bias and
+    activations in the partitions' registers, on edges, a batch and 8 tiles a program."""
     arch = current_arch()
-    registry = Registry.from_rule_set("gemm", "full", arch)
+    plain = [s.config for s in Registry.from_rule_set("gemm", "full", arch) if s.config.family.warp_specialised
+             and s.config.types == GemmTypes.parse(dtype) and s.config.epilogue.plain]
+    registry = Registry.from_configs("gemm", [replace(c, epilogue=epilogue) for c in plain], arch)
+    assert {s.family for s in registry} == {"ws-persistent"}
+    assert all(s.config.block_m * s.config.block_n <= 128 * 128 for s in registry)
+    dispatcher = Dispatcher(registry, arch)
     for m, n, k, batch in [(257, 136, 4112, 3), (4096, 4096, 512, 1)]:
         problem = GemmProblem(m, n, k, batch=batch, types=GemmTypes.parse(dtype), layout=GemmLayout.parse("rcr"),
                               epilogue=epilogue)
-        specs = [s for s in registry if s.config.family.warp_specialised
-                 and s.definition.supports(s.config, problem) is None]
-        assert {s.family for s in specs} == {"ws-persistent", "ws-pingpong"}
-        dispatcher = Dispatcher(Registry.from_configs("gemm", [s.config for s in specs], arch), arch)
-        for spec in specs:
+        for spec in registry:
             _check(problem, dispatcher, kernel=spec.name, seed=len(spec.name))

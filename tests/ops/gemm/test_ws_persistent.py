@@ -41,6 +41,8 @@ def test_a_default_tile_is_valid_on_sm90_only():
     (dict(epilogue=Epilogue(True, Activation.GELU, True)), GemmRule.PERSISTENT_OPTIONS,
      ["no residual", "spill", "tma-persistent"]),
     (dict(split_k=2), GemmRule.PERSISTENT_OPTIONS, ["whole of K"]),
+    (dict(epilogue=Epilogue(True, Activation.GELU, False)), GemmRule.REGISTER_BUDGET,
+     ["bias and activation", "128 registers", "spill"]),
     (dict(types=GemmTypes(DType.FP32, DType.FP32, DType.FP32, allow_tf32=True)), GemmRule.PERSISTENT_OPTIONS,
      ["16-bit or fp8"]),
 ])
@@ -72,6 +74,7 @@ def test_rule_sets_bind_it_to_rcr_16_bit_and_fp8_without_residual():
     assert {c.layout.name for c in ws} == {"rcr"}
     assert all(not c.epilogue.residual and c.types.a is not DType.FP32 for c in ws)
     assert {c.epilogue.activation for c in ws} == set(Activation) and any(c.epilogue.bias for c in ws)
+    assert all(c.block_m * c.block_n <= 128 * 128 for c in ws if not c.epilogue.plain)  # WS_EPILOGUE_REGISTERS
     assert {c.types.a for c in ws} >= {DType.BF16, DType.FP16, DType.FP8E4M3}
     assert not [s for s in Registry.from_rule_set("gemm", "default", SM80) if s.family == "ws-persistent"]
 

@@ -17,7 +17,7 @@ from ...core.validation import Correction, Finding, Severity, ValidationResult
 from . import vendor
 from ...arch import Feature
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
-from .problem import GemmProblem, Layout
+from .problem import Activation, GemmProblem, Layout
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
 WARP_CHOICES = (1, 2, 4, 8, 16)
@@ -32,6 +32,10 @@ MAX_SPLIT_WORKSPACE_BYTES = 2 * 2**30  # split-K partial sums in fp32: beyond th
 # Registers left for addresses, operands and loop state besides the accumulator.
 REGISTER_RESERVE = 64
 WS_BARRIER_BYTES = 1024  # ws-persistent's ring barriers (sm_90 compiles: the tiles and staging + 240 B)
+# The warp-specialised families' epilogue runs in the MMA warpgroups' registers: with bias and GELU,
+# 128x256 tiles (128 accumulator registers a thread) spilled 208 B and ran 0.71-0.85x cuBLAS plus
+# PyTorch's steps, where 128x128 tiles (64) ran 1.07-1.29x (results/h100/gemm_epilogue.csv).
+WS_EPILOGUE_REGISTERS = 64
 # A stream-K owner loads another program's fp32 partial tile beside its accumulator: on sm_90
 # (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-222 registers,
 # those of 128 (128x128 over 4 warps, 128x256 over 8) spilled 100-190 bytes.
@@ -81,7 +85,8 @@ def accumulator_registers(config: GemmConfig) -> int:
     if config.family is Family.GEMV:
         return math.ceil(config.block_n * config.block_k / (config.num_warps * 32))
     words = config.block_m * config.block_n * max(config.types.acc.itemsize, 4) // 4
-    return math.ceil(words / (config.num_warps * 32))
+    warps = 4 if config.family is Family.WS_PINGPONG else config.num_warps  # one warpgroup holds a whole tile
+    return math.ceil(words / (warps * 32))
 
 
 def _power_of_two(x: int) -> bool:
@@ -224,7 +229,7 @@ def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
     """The warp-specialised families are Gluon written for sm_90's warpgroup MMA: two warpgroups
     of 4 warps, on half of each tile's rows (ws-persistent: 64 or 128 each) or on tiles of their
     own (ws-pingpong: 64 or 128 rows), A and B K-major (nn.Linear's weight is), 16-bit or fp8
-    operands into fp32, and every epilogue but a residual."""
+    operands into fp32, and every epilogue but a residual (bias and activation on 128x128 tiles)."""
     out = []
     t, family = config.types, config.family.value
     rows = (64, 128) if config.family is Family.WS_PINGPONG else (128, 256)
@@ -244,6 +249,12 @@ def _ws_findings(config: GemmConfig, arch) -> list[Finding]:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
                            f"{family} adds no residual: beside a warpgroup's accumulator its addresses spill "
                            "(sm_90, 128x256 tiles: 2.8 KB a thread with bias and GELU)", "use tma-persistent"))
+    regs = accumulator_registers(config)
+    if (config.epilogue.bias or config.epilogue.activation is not Activation.NONE) and regs > WS_EPILOGUE_REGISTERS:
+        out.append(Finding(GemmRule.REGISTER_BUDGET, Severity.ERROR,
+                           f"{family} applies bias and activation beside the accumulator: {regs} registers a thread "
+                           f"for the {config.block_m}x{config.block_n} tile spill (at most {WS_EPILOGUE_REGISTERS})",
+                           "a 128x128 tile"))
     if config.split_k != 1 or config.epilogue_split != 1 or config.flatten:
         out.append(Finding(GemmRule.PERSISTENT_OPTIONS, Severity.ERROR,
                            f"{family} stores whole tiles by warpgroup, over the whole of K",
