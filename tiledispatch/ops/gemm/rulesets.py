@@ -152,9 +152,10 @@ DEFAULT_TILES = TESTS_TILES + (
     Tile(16, 32, 512, 4, 3, 1),
     Tile(16, 32, 1024, 4, 4, 1),
     Tile(16, 64, 512, 4, 3, 1),
-    # Large aligned rcr products without epilogue (results/h100/gemm_sweep_ws.csv): ws-persistent's
-    # best tiles of the sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's
-    # pick ran 0.92-1.0x and 0.92-0.94x.
+    # Large aligned rcr products (results/h100/gemm_sweep_ws.csv): ws-persistent's best tiles of the
+    # sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's pick ran
+    # 0.92-1.0x and 0.92-0.94x. With bias or an activation only the 128x128 ones are valid
+    # (rules.WS_EPILOGUE_REGISTERS).
     _ws(128, 256, 64, 3, (2,)), _ws(128, 128, 64, 6, (2,)), _ws(128, 128, 64, 4, (2,)),
     _ws(128, 256, 64, 6, (1,)), _ws(128, 256, 128, 3, (1,)), _ws(128, 128, 128, 5, (1,)),
     # One row of A (the decode projections at T = 1; results/h100/gemm_sweep_gemv.csv): in bf16
@@ -176,9 +177,9 @@ STREAM_K_TILES = (
     _stream_k(128, 128, 128, 8, 3),
     _stream_k(64, 256, 128, 8, 3),
 )
-# ws-persistent (Gluon: a loader warp, two MMA warpgroups on half the rows each), 16-bit tiles
-# with 32-128 element K steps and fp8 with 64-128, each ring as deep as shared memory takes
-# beside the two C staging buffers.
+# The warp-specialised families (Gluon: a loader warp, two MMA warpgroups), 16-bit tiles with
+# 32-128 element K steps and fp8 with 64-128, each ring as deep as shared memory takes beside
+# the two C staging buffers. ws-persistent first: its warpgroups share each tile, half the rows each.
 WS_TILES = (
     _ws(128, 256, 64, 3, (2,)), _ws(256, 128, 64, 3, (2,)), _ws(128, 128, 64, 4, (2,)),
     _ws(128, 128, 64, 6, (2,)), _ws(128, 256, 32, 6, (2,)), _ws(128, 128, 128, 3, (2,)),
@@ -263,8 +264,8 @@ def default() -> Iterator[AnyGemmConfig]:
 
 
 def full() -> Iterator[AnyGemmConfig]:
-    """Every default config, plus the whole tiled space, the stream-k and the ws-persistent tiles
-    for each signature without epilogue.
+    """Every default config, plus the whole tiled space, the stream-k and the warp-specialised
+    tiles for each signature without epilogue.
 
     The epilogue barely changes which tile is fastest, so sweeps over the whole space
     need not repeat it for all 16 epilogues.
