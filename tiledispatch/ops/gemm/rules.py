@@ -34,7 +34,8 @@ REGISTER_RESERVE = 64
 WS_BARRIER_BYTES = 1024  # ws-persistent's ring barriers (sm_90 compiles: the tiles and staging + 240 B)
 # The warp-specialised families' epilogue runs in the MMA warpgroups' registers: with bias and GELU,
 # 128x256 tiles (128 accumulator registers a thread) spilled 208 B and ran 0.71-0.85x cuBLAS plus
-# PyTorch's steps, where 128x128 tiles (64) ran 1.07-1.29x (results/h100/gemm_epilogue_spilling_tiles.csv).
+# PyTorch's steps, where 128x128 tiles (64) ran 1.07-1.29x
+# (results/h100/gemm_epilogue_spilling_tiles.csv).
 WS_EPILOGUE_REGISTERS = 64
 # A stream-K owner loads another program's fp32 partial tile beside its accumulator: on sm_90
 # (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-222 registers,
