@@ -68,6 +68,52 @@ def finish(acc, flags, rows, cols, M, N, pid_b, epilogue):
 
 
 @gluon.jit
+def zero_tile(ROWS: gl.constexpr, COLS: gl.constexpr, BITS: gl.constexpr):
+    """A warpgroup's fp32 accumulator in wgmma's register layout (a K step of 256 bits of BITS-bit operands)."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, COLS, 256 // BITS])
+    return gl.zeros([ROWS, COLS], gl.float32, layout)
+
+
+@gluon.jit
+def mma_k_loop(acc, a_bufs, b_bufs, ready, empty, count, k_tiles, A_STEP: gl.constexpr, A_FIRST: gl.constexpr):
+    """acc plus one tile's K loop from the ring's buffers count, count + 1, ...: A's block of
+    buffer s is a_bufs[A_STEP * s + A_FIRST]. One wgmma stays in flight; each buffer is
+    released once the MMA after it is issued. Returns the sum and the next buffer's number."""
+    HALF_M: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[3]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
+    STAGES: gl.constexpr = b_bufs.type.shape[0]
+    for kt in range(k_tiles):
+        s = count % STAGES
+        mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+        a = a_bufs.index(A_STEP * s + A_FIRST).reshape([HALF_M, BLOCK_K])
+        b = b_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA before this one is done: release its buffer
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=kt > 0)
+        count += 1
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+    return acc, count
+
+
+@gluon.jit
+def store_tile(acc, flags, epilogue, c_desc, c_buf, pid_b, row, col, M, N):
+    """The epilogue on a warpgroup's tile at (row, col), then its store through `c_buf` by TMA,
+    once the warpgroup's previous store has read that buffer."""
+    ROWS: gl.constexpr = acc.type.shape[0]
+    COLS: gl.constexpr = acc.type.shape[1]
+    rows = row + gl.arange(0, ROWS, gl.SliceLayout(1, acc.type.layout))
+    cols = col + gl.arange(0, COLS, gl.SliceLayout(0, acc.type.layout))
+    acc = finish(acc, flags, rows, cols, M, N, pid_b, epilogue)
+    tma.store_wait(0)
+    c_buf.reshape([ROWS, COLS]).store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [pid_b, row, col], c_buf)
+
+
+@gluon.jit
 def _loader(a_desc, b_desc, c_desc, ring, M, N, K, batch, a_batch_step, b_batch_step, group_m, epilogue):
     """The loader warp: both halves of A's block and B's block, tile after tile, stage after stage."""
     a_bufs, b_bufs, c_bufs, ready, empty, flags = ring
@@ -106,10 +152,6 @@ def _half(which: gl.constexpr, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_b
     HALF_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
-    STAGES: gl.constexpr = b_bufs.type.shape[0]
-    instr_k: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, instr_k])
     grid_m = gl.cdiv(M, 2 * HALF_M)
     grid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -117,26 +159,10 @@ def _half(which: gl.constexpr, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_b
     count = 0
     for t in range(gl.program_id(0), grid_m * grid_n * batch, gl.num_programs(0)):
         pid_b, pid_m, pid_n = _tile(t, grid_m, grid_n, group_m)
-        acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, acc_layout)
-        for kt in range(k_tiles):
-            s = count % STAGES
-            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-            a = a_bufs.index(2 * s + which).reshape([HALF_M, BLOCK_K])
-            b = b_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
-            acc = warpgroup_mma(a, b, acc, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA before this one is done: release its buffer
-            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=kt > 0)
-            count += 1
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
-        row = pid_m * 2 * HALF_M + which * HALF_M
-        rows = row + gl.arange(0, HALF_M, gl.SliceLayout(1, acc_layout))
-        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc_layout))
-        acc = finish(acc, flags, rows, cols, M, N, pid_b, epilogue)
-        tma.store_wait(0)  # the previous tile's store has read the staging buffer
-        c_buf.reshape([HALF_M, BLOCK_N]).store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_b, row, pid_n * BLOCK_N], c_buf)
+        acc = zero_tile(HALF_M, BLOCK_N, a_desc.dtype.primitive_bitwidth)
+        acc, count = mma_k_loop(acc, a_bufs, b_bufs, ready, empty, count, k_tiles, 2, which)
+        store_tile(acc, flags, epilogue, c_desc, c_buf, pid_b, pid_m * 2 * HALF_M + which * HALF_M, pid_n * BLOCK_N,
+                   M, N)
     tma.store_wait(0)
 
 

@@ -17,14 +17,11 @@ holds the `passed` barriers besides.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
-from .ws_persistent import _tile, finish, flag_buffer
+from .ws_persistent import _tile, flag_buffer, mma_k_loop, store_tile, zero_tile
 
 
 @gluon.jit
@@ -63,10 +60,6 @@ def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[2]
-    STAGES: gl.constexpr = b_bufs.type.shape[0]
-    instr_k: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, instr_k])
     grid_m = gl.cdiv(M, BLOCK_M)
     grid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -79,25 +72,10 @@ def _turns(which: gl.constexpr, a_desc, b_desc, c_desc, ring, M, N, K, batch, a_
         if j > 0:  # the other warpgroup's tile j - 1 is its ((j - 1) // 2)-th
             mbarrier.wait(passed.index(1 - which), ((j - 1) // 2) & 1)
         count = j * k_tiles  # this tile's first buffer in the ring's sequence
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
-        for kt in range(k_tiles):
-            s = count % STAGES
-            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-            b = b_bufs.index(s).reshape([BLOCK_N, BLOCK_K]).permute((1, 0))
-            acc = warpgroup_mma(a_bufs.index(s).reshape([BLOCK_M, BLOCK_K]), b, acc, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=[acc])  # the MMA before this one is done: release its buffer
-            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=kt > 0)
-            count += 1
-        acc = warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        acc = zero_tile(BLOCK_M, BLOCK_N, a_desc.dtype.primitive_bitwidth)
+        acc, count = mma_k_loop(acc, a_bufs, b_bufs, ready, empty, count, k_tiles, 1, 0)
         mbarrier.arrive(passed.index(which))  # the other's next tile may start
-        rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
-        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc_layout))
-        acc = finish(acc, flags, rows, cols, M, N, pid_b, epilogue)
-        tma.store_wait(0)  # this warpgroup's previous store has read its staging buffer
-        c_buf.reshape([BLOCK_M, BLOCK_N]).store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [pid_b, pid_m * BLOCK_M, pid_n * BLOCK_N], c_buf)
+        store_tile(acc, flags, epilogue, c_desc, c_buf, pid_b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N)
     tma.store_wait(0)
 
 
