@@ -2,7 +2,8 @@
 compiled form for sm_90 on this GPU-less machine, and where the ranking sends it.
 
 Gluon kernels do not run under the interpreter; their results are checked on the GPU
-(test_gpu.py::test_every_ws_persistent_tile).
+(test_gpu.py: test_every_warp_specialised_tile, test_warp_specialised_epilogues). ws-pingpong
+shares its rules here; its compile is covered by the GPU tests.
 """
 
 from __future__ import annotations
