@@ -152,6 +152,8 @@ def test_explain_gemm():
     assert all(c["refused"] and "score" not in c for c in refused)
     total = len(Registry.from_rule_set("gemm", "tests", arch.load("interpreter")))
     assert doc["accepted"] + doc["refused_count"] == total
+    # What a CUDA graph's replays of the call would run (ranking.replay_pick): one of the candidates.
+    assert doc["graph_replay"] in {c["kernel"] for c in ranking}
 
 
 def test_explain_gemm_sees_the_alignment_of_fresh_tensors():

@@ -11,6 +11,7 @@ from ..core.runtime import Backend, current_backend
 from ..ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
 from ..ops.gemm.inputs import make_inputs
 from ..ops.gemm.problem import Activation, Epilogue
+from ..ops.gemm.ranking import replay_pick
 from ..ops.gemm.reference import compare
 from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
 
@@ -86,5 +87,11 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
     inputs = make_inputs(problem, device="meta")  # shapes and strides, no memory (so no `out`: no alias check)
     problem = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
                              activation=problem.epilogue.activation, **{**inputs.kwargs(), "out": None}).problem
-    explanation = dispatcher_for(OpKind.GEMM, rule_set, strategy).explain(problem)
-    emit(explanation.to_dict(limit=limit or None))
+    dispatcher = dispatcher_for(OpKind.GEMM, rule_set, strategy)
+    explanation = dispatcher.explain(problem)
+    doc = explanation.to_dict(limit=limit or None)
+    if explanation.selected is not None:
+        # Eager calls run `selected`; a CUDA graph's replays have no host time, so where the
+        # launches outlast the kernel they run the kernel fastest on the device instead.
+        doc["graph_replay"] = replay_pick(dispatcher, problem, explanation.selected).name
+    emit(doc)
