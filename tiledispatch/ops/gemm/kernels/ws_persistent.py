@@ -68,6 +68,21 @@ def finish(acc, flags, rows, cols, M, N, pid_b, epilogue):
 
 
 @gluon.jit
+def allocate_ring(a_desc, b_desc, c_desc, STAGES: gl.constexpr, A_BLOCKS: gl.constexpr, READERS: gl.constexpr):
+    """The ring's buffers (A_BLOCKS of A's block and one of B's a stage), two C staging buffers, and
+    each stage's `ready` (one arrival: the loader's expect) and `empty` (READERS arrivals) barriers."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [A_BLOCKS * STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=READERS)
+    return a_bufs, b_bufs, c_bufs, ready, empty
+
+
+@gluon.jit
 def zero_tile(ROWS: gl.constexpr, COLS: gl.constexpr, BITS: gl.constexpr):
     """A warpgroup's fp32 accumulator in wgmma's register layout (a K step of 256 bits of BITS-bit operands)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -183,14 +198,8 @@ def gemm_ws_persistent(a_desc, b_desc, c_desc, bias_ptr, res_ptr, scale_a_ptr, s
                        HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
     """Descriptors: A's block is half a tile's rows ([1, BLOCK_M / 2, BLOCK_K]), B's one tile's
     columns by BLOCK_K, C's half a tile ([1, BLOCK_M / 2, BLOCK_N])."""
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival from each warpgroup
+    # Two A blocks a stage (a warpgroup's half each); both warpgroups release each buffer.
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(a_desc, b_desc, c_desc, STAGES, 2, 2)
     flags = flag_buffer(SCALED + 2 * HAS_BIAS + 4 * ACTIVATION + 16 * HAS_RESIDUAL)  # as `finish` reads it
     ring = (a_bufs, b_bufs, c_bufs, ready, empty, flags)
     epilogue = (scale_a_ptr, scale_b_ptr, bias_ptr, stride_bias, res_ptr, stride_rb, stride_rm, stride_rn)

@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
 )
 
-from .ws_persistent import _tile, flag_buffer, mma_k_loop, store_tile, zero_tile
+from .ws_persistent import _tile, allocate_ring, flag_buffer, mma_k_loop, store_tile, zero_tile
 
 
 @gluon.jit
@@ -95,15 +95,8 @@ def gemm_ws_pingpong(a_desc, b_desc, c_desc, bias_ptr, res_ptr, scale_a_ptr, sca
                      GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
                      HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
     """Descriptors: A's block is a tile's rows by BLOCK_K, B's its columns by BLOCK_K, C's one tile."""
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    a_bufs, b_bufs, c_bufs, ready, empty = allocate_ring(a_desc, b_desc, c_desc, STAGES, 1, 1)  # one reader a buffer
     passed = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)  # one warpgroup reads each buffer
     for i in gl.static_range(2):
         mbarrier.init(passed.index(i), count=1)
     flags = flag_buffer(SCALED + 2 * HAS_BIAS + 4 * ACTIVATION + 16 * HAS_RESIDUAL)  # as `finish` reads it
