@@ -39,6 +39,7 @@ from tiledispatch.core.dispatcher import Dispatcher  # noqa: E402
 from tiledispatch.core.registry import Registry  # noqa: E402
 from tiledispatch.ops.gemm import Family, GemmConfig, GemmLayout, GemmProblem, GemmTypes  # noqa: E402
 from tiledispatch.ops.gemm.problem import Epilogue  # noqa: E402
+from tiledispatch.ops.gemm.rules import accumulator_registers  # noqa: E402
 from tiledispatch.ops.gemm.rulesets import WS_TILES  # noqa: E402
 
 from gemm import SUITE, call, make_sets, precompile, problem_of, reference, rel_error, vendor_fn  # noqa: E402
@@ -106,13 +107,14 @@ def decode_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
 
 
 def gemv_space(types: GemmTypes, problem: GemmProblem, sm_count: int):
-    """The gemv family (M = 1): column tiles of 1-32, K steps of 256-2048 elements, 2-8 warps,
-    accumulators of at most 128 registers a thread."""
+    """The gemv family (M = 1): column tiles of 1-32, K steps of 256-2048 elements loaded 1, 2 or 4
+    at a time, 2-8 warps, accumulators of 8-128 registers a thread and at most 160 with the steps."""
     if problem.m != 1:
         return
-    for bn, bk, warps, stages in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048), (2, 4, 8), (1, 2)):
-        if 8 <= bn * bk // (warps * 32) <= 128:
-            yield GemmConfig(Family.GEMV, types, RCR, Epilogue(), 1, bn, bk, 1, warps, stages)
+    for bn, bk, warps, stages in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048), (2, 4, 8), (1, 2, 4)):
+        config = GemmConfig(Family.GEMV, types, RCR, Epilogue(), 1, bn, bk, 1, warps, stages)
+        if 8 <= bn * bk // (warps * 32) <= 128 and accumulator_registers(config) <= 160 and bk * stages <= problem.k:
+            yield config
 
 
 def ws_space(types: GemmTypes, problem: GemmProblem, sm_count: int):

@@ -129,8 +129,10 @@ def _pointer_unit(config: GemmConfig, alignment: Alignment, function: str, const
 
 
 def _gemv_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
-    constexprs = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k, **_epilogue_constexprs(config)}
-    return _pointer_unit(config, alignment, "gemm_gemv", constexprs)
+    """gemv's stages are K steps loaded together by the kernel itself (STEPS), not Triton's pipeline."""
+    constexprs = {"BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "STEPS": config.num_stages,
+                  **_epilogue_constexprs(config)}
+    return replace(_pointer_unit(config, alignment, "gemm_gemv", constexprs), num_stages=1)
 
 
 def _tiled_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:

@@ -357,9 +357,10 @@ def gemv_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
     programs = math.ceil(p.n / config.block_n) * p.batch
     per_sm = programs / arch.sm_count
-    run = {Layout.COL: config.block_k, Layout.ROW: config.block_n}.get(p.layout.b, 1) * t.b.itemsize
+    # A column's steps are adjacent along K: loaded together, they read one run of block_k x steps.
+    run = {Layout.COL: config.block_k * config.num_stages, Layout.ROW: config.block_n}.get(p.layout.b, 1) * t.b.itemsize
     row = min(1.0, run / SECTOR_BYTES) * min(1.0, run / GEMV_RUN_BYTES) ** GEMV_RUN_EXPONENT
-    step_bytes = config.block_n * config.block_k * t.b.itemsize
+    step_bytes = config.num_stages * config.block_n * config.block_k * t.b.itemsize  # its steps load together
     in_flight = min(1.0, step_bytes * min(resident, max(per_sm, 1.0)) / GEMV_BYTES_IN_FLIGHT_PER_SM)
     in_flight *= min(1.0, per_sm * SM_BANDWIDTH_SHARE) * row
     if not (p.alignment.a and p.alignment.b):

@@ -69,6 +69,8 @@ def shared_memory_bytes(config: GemmConfig) -> int:
     """Bytes of shared memory the software pipeline holds: one A and one B tile per stage,
     and for TMA stores the staging buffer of one C slice."""
     t = config.types
+    if config.family is Family.GEMV:  # its steps are loaded into registers (the final sum's scratch is small)
+        return 0
     per_stage = config.block_m * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize
     staging = 0
     if config.family.uses_tma:  # split-K stages fp32 partial sums
@@ -82,9 +84,12 @@ def shared_memory_bytes(config: GemmConfig) -> int:
 
 
 def accumulator_registers(config: GemmConfig) -> int:
-    """32-bit registers per thread that the accumulator tile needs (gemv's holds a K step per column)."""
+    """32-bit registers per thread that the accumulator tile needs (gemv's holds a K step per column,
+    beside the `num_stages` steps of B it loads ahead)."""
     if config.family is Family.GEMV:
-        return math.ceil(config.block_n * config.block_k / (config.num_warps * 32))
+        threads = config.num_warps * 32
+        loaded = config.num_stages * config.block_n * config.block_k * config.types.b.itemsize / 4
+        return math.ceil(config.block_n * config.block_k / threads) + math.ceil(loaded / threads)
     words = config.block_m * config.block_n * max(config.types.acc.itemsize, 4) // 4
     warps = 4 if config.family is Family.WS_PINGPONG else config.num_warps  # one warpgroup holds a whole tile
     return math.ceil(words / (warps * 32))
