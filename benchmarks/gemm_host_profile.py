@@ -3,7 +3,7 @@
 Times each layer of the fast path on its own (the call signature, the memo lookup, the
 bound call, the bare launcher) against torch.mm, then profiles the whole call.
 
-    python benchmarks/gemm_host_profile.py [--kernel NAME]
+    python benchmarks/gemm_host_profile.py [--kernel NAME] [--no-out]
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ from tiledispatch.ops.gemm import fastpath
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernel", default=None, help="force a kernel (default: the dispatcher's pick)")
+    parser.add_argument("--no-out", action="store_true", help="calls without out=: the result allocated per call")
     args = parser.parse_args()
     a = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(16, 16, device="cuda", dtype=torch.bfloat16)
     dispatcher = default_dispatcher()
-    call = lambda: tiledispatch.gemm(a, b, out=out, kernel=args.kernel)  # noqa: E731
+    given = None if args.no_out else out
+    call = lambda: tiledispatch.gemm(a, b, out=given, kernel=args.kernel)  # noqa: E731
     call()
-    key = fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel)
+    key = fastpath.call_key(a, b, None, None, None, given, None, False, None, None, args.kernel)
     bound = dispatcher.memo(key, lambda: None)
     eager = bound.eager if isinstance(bound, fastpath.ByCapture) else bound  # a graph capture runs .replayed
     stream = torch.cuda.current_stream().cuda_stream
@@ -38,10 +40,11 @@ def main() -> None:
           f"({type(bound).__name__}{', eager ' + type(eager).__name__ if eager is not bound else ''})")
     rows = {
         "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
-        "tiledispatch.gemm(out=)": call,
-        "  call_key": lambda: fastpath.call_key(a, b, None, None, None, out, None, False, None, None, args.kernel),
+        "torch.mm": lambda: torch.mm(a, b),
+        "tiledispatch.gemm" + ("" if args.no_out else "(out=)"): call,
+        "  call_key": lambda: fastpath.call_key(a, b, None, None, None, given, None, False, None, None, args.kernel),
         "  dispatcher.memo": lambda: dispatcher.memo(key, lambda: None),
-        "  bound call": lambda: bound(a, b, None, None, out, None, None),
+        "  bound call": lambda: bound(a, b, None, None, given, None, None),
         "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
     }
     if isinstance(eager, fastpath.BoundGemm):
