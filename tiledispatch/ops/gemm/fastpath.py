@@ -21,7 +21,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.dispatcher import stream_getter
 from ...core.errors import BuildError
-from ...core.kernel import PythonLauncher
+from ...core.kernel import CudaLauncher, PythonLauncher
 from ...core.launch import Plan
 from . import vendor
 from .config import VendorConfig
@@ -126,7 +126,7 @@ class _Workspace:
 class _Stage:
     """One launch of the plan: its launcher and grid, its arguments with holes, and what fills them."""
 
-    launcher: Any
+    launcher: Any  # the bare launch of a CudaLauncher (one frame less a call), or a PythonLauncher
     grid: tuple
     template: list
     plain: tuple[tuple[int, int], ...]  # (argument index, role) of the slots filled with the tensor as it is
@@ -145,19 +145,19 @@ class BoundGemm:
         zeroed = {id(t) for t in plan.zeroed}
         self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, own, zeroed)
                              for launch in plan.launches)
-        self._shape = (p.batch, p.m, p.n)
+        self._shape = (p.m, p.n) if result_2d else (p.batch, p.m, p.n)  # a 2-D result needs no view of a 3-D one
         self._dtype = p.types.c.torch
         self._device = operands.device
-        self._result_2d = result_2d
         self._scale_a, self._scale_b = operands.scale_a, operands.scale_b
         self._stream = stream_getter(operands.device)
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
 
     @staticmethod
-    def _stage(launch, launcher, by_id: dict, own: dict, zeroed: set) -> _Stage:
+    def _stage(launch_plan, launcher, by_id: dict, own: dict, zeroed: set) -> _Stage:
         python = isinstance(launcher, PythonLauncher)
+        launch = launcher.launch if isinstance(launcher, CudaLauncher) else launcher
         plain, slots, workspaces = [], [], []
-        for j, value in enumerate(launch.args):
+        for j, value in enumerate(launch_plan.args):
             descriptor = value if isinstance(value, TensorDescriptor) else None
             tensor = value if descriptor is None else value.base
             if not isinstance(tensor, torch.Tensor):
@@ -174,8 +174,8 @@ class BoundGemm:
             else:
                 plain.append((j, role))
         # Tensors are filled in per call; holding the planning ones would pin their memory.
-        template = [None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch.args]
-        return _Stage(launcher, launch.grid, template, tuple(plain), tuple(slots), tuple(workspaces))
+        template = [None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch_plan.args]
+        return _Stage(launch, launch_plan.grid, template, tuple(plain), tuple(slots), tuple(workspaces))
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
         if out is None:
@@ -203,9 +203,7 @@ class BoundGemm:
                     tensor = shared[ws.key] = ws.make(self._device)
                 args[ws.index] = ws.value(tensor)
             stage.launcher(stage.grid, args, stream)
-        if out is not None:
-            return out
-        return result[0] if self._result_2d else result
+        return result
 
 
 class DirectMatmul:
