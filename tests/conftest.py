@@ -26,3 +26,18 @@ def on_gpu() -> bool:
 requires_gpu = pytest.mark.skipif(not on_gpu(), reason="needs a CUDA GPU (bf16 tl.dot is not in the interpreter)")
 # Tests of behaviour that exists in an interpreter process only (CPU tensors run, compiling is refused).
 interpreter_only = pytest.mark.skipif(on_gpu(), reason="runs kernels on CPU tensors: an interpreter process only")
+
+
+@pytest.fixture(scope="session")
+def private_cache(tmp_path_factory):
+    """Makes kernel caches for the compile tests, each in a fresh directory of its own that only
+    this user can write to: KernelCache refuses one that group or others can, and pytest's
+    temporary directories follow the umask."""
+    from tiledispatch.core.cache import KernelCache
+
+    def make(name: str) -> "KernelCache":
+        root = tmp_path_factory.mktemp(name)
+        os.chmod(root, 0o700)
+        return KernelCache(root / "cache")
+
+    return make

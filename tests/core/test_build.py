@@ -32,10 +32,8 @@ def tiny90() -> Registry:
 
 
 @pytest.fixture(scope="module")
-def built(tiny90, tmp_path_factory):
-    root = tmp_path_factory.mktemp("build")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+def built(tiny90, private_cache):
+    cache = private_cache("build")
     specs = [tiny90.get(PLAIN), tiny90.get(SPLIT)]
     interp = Registry.from_rule_set("gemm", "tiny", arch.load("interpreter")).get(PLAIN.replace("sm90", "interp"))
     done = []

@@ -4,13 +4,11 @@ Real compiles (Triton's CUDA backend in a spawned worker): one forward and one b
 spec, in the plain and the causal specialisation, checked to use the tensor cores.
 """
 
-import os
 
 import pytest
 
 from tiledispatch import arch
 from tiledispatch.core import kernel
-from tiledispatch.core.cache import KernelCache
 from tiledispatch.core.registry import Registry
 from tiledispatch.ops.attention import AttentionVariant
 from tiledispatch.ops.attention.rules import shared_memory_bytes
@@ -23,10 +21,8 @@ FEATURES = AttentionVariant(band=True, bias=True, alibi=True, softcap=True, sink
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("attention-build")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+def built(private_cache):
+    cache = private_cache("attention-build")
     registry = Registry.from_rule_set("attention", "default", SM90)
     specs = [registry.get(FWD), registry.get(BWD), registry.get(BWD_DETERMINISTIC)]
     results = kernel.build_all(specs, cache, jobs=2, specializations=(AttentionVariant(band=True), FEATURES))
@@ -78,10 +74,8 @@ HOPPER = ["attention_fwd_bf16_d128x128_fwd-tma_128x128_w8_s2_sm90",
 
 
 @pytest.fixture(scope="module")
-def built_hopper(tmp_path_factory):
-    root = tmp_path_factory.mktemp("attention-hopper")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+def built_hopper(private_cache):
+    cache = private_cache("attention-hopper")
     registry = Registry.from_rule_set("attention", "default", SM90)
     specs = [registry.get(name) for name in HOPPER]
     results = kernel.build_all(specs, cache, jobs=2, specializations=(AttentionVariant(),))
@@ -122,10 +116,8 @@ WS = "attention_fwd_bf16_d128x128_fwd-ws_128x128_w8_s3_sm90"  # 3 stages: the mo
 
 
 @pytest.fixture(scope="module")
-def built_ws(tmp_path_factory):
-    root = tmp_path_factory.mktemp("attention-ws")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+def built_ws(private_cache):
+    cache = private_cache("attention-ws")
     spec = Registry.from_rule_set("attention", "full", SM90).get(WS)
     results = kernel.build_all([spec], cache, jobs=2, specializations=(AttentionVariant(), AttentionVariant(band=True)))
     return cache, spec, results
@@ -146,12 +138,10 @@ def test_the_gluon_forward_compiles_warp_specialised(built_ws):
 
 
 @pytest.mark.parametrize("tile", ["d128x128_bwd-ws_32x128_w8_s3", "d256x256_bwd-ws_32x64_w8_s2"])
-def test_the_gluon_backward_stages_compile_warp_specialised(tmp_path_factory, tile):
+def test_the_gluon_backward_stages_compile_warp_specialised(private_cache, tile):
     """Both stages of bwd-ws, the d=256 one with its warpgroups split by role (the largest of
     the family's shared-memory footprints)."""
-    root = tmp_path_factory.mktemp("attention-bwd-ws")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+    cache = private_cache("attention-bwd-ws")
     registry = Registry.from_rule_set("attention", "default", SM90)
     spec = registry.get(f"attention_bwd_bf16_{tile}_sm90")
     results = kernel.build_all([spec], cache, jobs=1, specializations=(AttentionVariant(band=True),))

@@ -7,7 +7,6 @@ specialisation promises (tensor-core MMAs, 16-byte copies when aligned).
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -48,10 +47,8 @@ BUILDS = {  # kernel -> the specialisations built for it
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("conv-build")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+def built(private_cache):
+    cache = private_cache("conv-build")
     registry = Registry.from_rule_set("conv", "default", SM90)
     results = []
     for specialization in {s for specs in BUILDS.values() for s in specs}:

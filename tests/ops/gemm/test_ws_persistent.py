@@ -8,14 +8,12 @@ shares its rules, and one of its tiles is compiled here too.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 
 from tiledispatch import Dispatcher, Registry, arch
 from tiledispatch.core import kernel
-from tiledispatch.core.cache import KernelCache
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.op import UnitKind
 from tiledispatch.ops.gemm.config import Family, GemmConfig
@@ -106,10 +104,8 @@ def test_triton_selection_takes_it_where_programs_walk_many_tiles():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ws-build")
-    os.chmod(root, 0o700)
-    cache = KernelCache(root / "cache")
+def built(private_cache):
+    cache = private_cache("ws-build")
     registry = Registry.from_rule_set("gemm", "default", SM90)
     names = ["gemm_bf16_rcr_ws-persistent_128x256x64_w8_s3_g8_k1_none_sm90",
              "gemm_fp8e4m3-bf16_rcr_ws-persistent_128x256x128_w8_s3_g8_k1_none_sm90",
