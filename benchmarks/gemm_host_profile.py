@@ -38,6 +38,7 @@ def main() -> None:
     stream = torch.cuda.current_stream().cuda_stream
     print("kernel:", dispatcher.select(bound_problem(a, b, out)).name if args.kernel is None else args.kernel,
           f"({type(bound).__name__}{', eager ' + type(eager).__name__ if eager is not bound else ''})")
+    expanded = torch.empty((), device="cuda", dtype=torch.bfloat16).expand(16, 16)
     rows = {
         "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
         "torch.mm": lambda: torch.mm(a, b),
@@ -46,6 +47,7 @@ def main() -> None:
         "  dispatcher.memo": lambda: dispatcher.memo(key, lambda: None),
         "  bound call": lambda: bound(a, b, None, None, given, None, None),
         "  torch.empty(16x16)": lambda: torch.empty(1, 16, 16, device="cuda", dtype=torch.bfloat16),
+        "  torch.empty_like(expanded)": lambda: torch.empty_like(expanded),  # how a bound call allocates
     }
     if isinstance(eager, fastpath.BoundGemm):
         stage = eager._stages[0]

@@ -145,8 +145,11 @@ class BoundGemm:
         zeroed = {id(t) for t in plan.zeroed}
         self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, own, zeroed)
                              for launch in plan.launches)
-        self._shape = (p.m, p.n) if result_2d else (p.batch, p.m, p.n)  # a 2-D result needs no view of a 3-D one
-        self._dtype = p.types.c.torch
+        shape = (p.m, p.n) if result_2d else (p.batch, p.m, p.n)  # a 2-D result needs no view of a 3-D one
+        # The result is made by empty_like of one element expanded to its shape (a contiguous tensor, as
+        # the expanded one is not dense): half the host time of torch.empty's keyword parsing (H200
+        # host, 16x16: benchmarks/results/h200/gemm_host_profile_no_out.txt).
+        self._like = torch.empty((), dtype=p.types.c.torch, device=operands.device).expand(shape)
         self._device = operands.device
         self._scale_a, self._scale_b = operands.scale_a, operands.scale_b
         self._stream = stream_getter(operands.device)
@@ -179,7 +182,7 @@ class BoundGemm:
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
         if out is None:
-            result = torch.empty(self._shape, dtype=self._dtype, device=self._device)
+            result = torch.empty_like(self._like)
         else:
             # Same pointers as a call that passed, and the same shapes (the signature): same answer.
             pointers = (out.data_ptr(), a.data_ptr(), b.data_ptr(), None if bias is None else bias.data_ptr())
