@@ -8,7 +8,7 @@ import torch
 from tiledispatch import arch
 from tiledispatch.core import kernel as kernel_step
 from tiledispatch.core import spec as spec_module
-from tiledispatch.core.dispatcher import Candidate, Dispatcher, Strategy
+from tiledispatch.core.dispatcher import RANKINGS_KEPT, Candidate, Dispatcher, Strategy
 from tiledispatch.core.errors import (
     BuildError,
     InvalidProblemError,
@@ -123,11 +123,24 @@ def test_select_is_memoized(dispatcher, count_supports):
     assert supports(other.config, replace(PROBLEM, m=41)) is None
 
 
-def test_explain_does_not_use_the_memo(dispatcher, count_supports):
-    dispatcher.select(PROBLEM)
+def test_explain_reuses_the_ranking_select_made(dispatcher, count_supports):
+    """A problem is ranked once: explain (and gemm's pick for graph replays, on a call's first
+    sight of a launch-bound problem) take the ranking that select made."""
+    first = dispatcher.select(PROBLEM)
     n = len(count_supports)
+    explanation = dispatcher.explain(PROBLEM)
+    assert len(count_supports) == n
+    assert explanation.selected == first and explanation.ranked[0].spec == first
+
+
+def test_only_recent_rankings_are_kept(dispatcher, count_supports):
     dispatcher.explain(PROBLEM)
-    assert len(count_supports) == 2 * n
+    n = len(count_supports)
+    for m in range(1, RANKINGS_KEPT + 1):  # as many other problems as the dispatcher keeps
+        dispatcher.explain(replace(PROBLEM, m=PROBLEM.m + m))
+    assert len(count_supports) == (RANKINGS_KEPT + 1) * n
+    dispatcher.explain(PROBLEM)  # the oldest ranking was dropped: ranked again
+    assert len(count_supports) == (RANKINGS_KEPT + 2) * n
 
 
 # --- explain -------------------------------------------------------------------------

@@ -75,6 +75,9 @@ class Explanation:
         }
 
 
+RANKINGS_KEPT = 64
+
+
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
                  cache: KernelCache | None = None, tuning: autotune.TuningStore | None = None) -> None:
@@ -88,6 +91,7 @@ class Dispatcher:
         self._selected: dict[Any, KernelSpec] = {}
         self._launchers: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[str] = set()
+        self._rankings: dict[tuple, tuple] = {}  # see _candidates
         self._bound: dict[Any, Any] = {}
         self._tuning = tuning  # autotune's records; by default beside the kernel cache
         self._lock = threading.RLock()
@@ -99,7 +103,26 @@ class Dispatcher:
         return self._cache
 
     # -- candidates and ranking -----------------------------------------------------
-    def _candidates(self, problem) -> tuple[list[Candidate], list[Candidate]]:
+    def _candidates(self, problem) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
+        """The accepted candidates, best first, and the refused ones with their reasons.
+
+        Kept for the last RANKINGS_KEPT problems: a call's first sight of a problem ranks it
+        for `select`, and binding a launch-bound call looks again for its graph replays'
+        pick (gemm's `replay_pick`). A kernel that fails to build changes the ranking, so the
+        count of those is part of the key.
+        """
+        key = (problem.key(), len(self._broken))
+        with self._lock:
+            found = self._rankings.get(key)
+        if found is None:
+            found = self._rank(problem)
+            with self._lock:
+                self._rankings[key] = found
+                if len(self._rankings) > RANKINGS_KEPT:
+                    del self._rankings[next(iter(self._rankings))]  # the oldest
+        return found
+
+    def _rank(self, problem) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
         accepted, refused = [], []
         for spec in self._by_op.get(problem.op, ()):
             reason = spec.definition.supports(spec.config, problem)
@@ -113,7 +136,7 @@ class Dispatcher:
                 accepted.append(Candidate(spec))
         if self.strategy is not Strategy.FIRST:
             accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
-        return accepted, refused
+        return tuple(accepted), tuple(refused)
 
     def select(self, problem, *, device=None) -> KernelSpec:
         """The kernel for a problem. Under `autotune`, the remembered winner, or one timed now
