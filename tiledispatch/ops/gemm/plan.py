@@ -491,12 +491,10 @@ def plan(config: AnyGemmConfig, ops: GemmOperands, out: torch.Tensor | None = No
         return _realigned_plan(config, ops, out)
     # Broadcast operands (batch 1 against batch > 1) are read with a zero batch stride.
     bstride = lambda t: 0 if t.shape[0] == 1 else t.stride(0)  # noqa: E731
-    dummy = out  # stands in for absent pointers; the kernel never reads it (constexpr flags off)
+    # Absent operands go as None, a null pointer: the kernel never reads them (constexpr flags off),
+    # and Triton's launcher takes None without the data_ptr() call and driver query of a tensor.
     epilogue_args = {
-        "bias_ptr": ops.bias if ops.bias is not None else dummy,
-        "res_ptr": res if res is not None else dummy,
-        "scale_a_ptr": ops.scale_a if ops.scale_a is not None else dummy,
-        "scale_b_ptr": ops.scale_b if ops.scale_b is not None else dummy,
+        "bias_ptr": ops.bias, "res_ptr": res, "scale_a_ptr": ops.scale_a, "scale_b_ptr": ops.scale_b,
         "stride_bias": ops.bias.stride(0) if ops.bias is not None else 0,
         "stride_rb": bstride(res) if res is not None else 0,
         "stride_rm": res.stride(1) if res is not None else 0,
