@@ -156,7 +156,7 @@ DEFAULT_TILES = TESTS_TILES + (
     # sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's pick ran
     # 0.92-1.0x and 0.92-0.94x. With bias or an activation only the 128x128 ones are valid
     # (rules.WS_EPILOGUE_REGISTERS). fp8's 128x256x64 over 6 stages, which tied 128x256x128 over 3
-    # on the H100, ran 2-11 % behind it on the H200's large rows (results/h200/gemm.csv): it is in
+    # on the H100, ran 2-11 % behind it on the H200's large rows (results/h200/gemm.csv at 319b63b): it is in
     # `full` only (offline on that table the fp8 picks went from 0.971 to 0.982 of the oracle).
     _ws(128, 256, 64, 3, (2,)), _ws(128, 128, 64, 6, (2,)), _ws(128, 128, 64, 4, (2,)),
     _ws(128, 256, 128, 3, (1,)), _ws(128, 128, 128, 5, (1,)),
