@@ -2,15 +2,16 @@
 
 For every case of benchmarks/suites/gemm.json (a copy of ../shared/suites/gemm.json) and
 every dtype, with A row-major and B column-major (an nn.Linear weight):
-  - every Triton kernel of the registry that supports the problem is checked against an
-    fp32 reference, then timed: CUDA-event median after warm-up, inputs rotated through
-    sets larger than L2; the fastest is the oracle;
+  - every Triton kernel of the registry that supports the problem (with --top N, the rules'
+    best N of each family) is checked against an fp32 reference, then timed: CUDA-event
+    median after warm-up, inputs rotated through sets larger than L2;
   - the `rules` pick among the Triton kernels, and the dispatcher's pick with the vendor
     candidate in the registry (when the registry has one);
   - cuBLAS through PyTorch, timed the same way in the same run.
 Kernel times come from CUDA-graph replays (bench.timing), so they hold no host time. Candidates
-are screened one after another; then cuBLAS, the rules' pick, the oracle and the dispatcher's
-pick are timed again in turns, and the compared figures are those.
+are screened one after another; then cuBLAS, the rules' pick, the screening's fastest and the
+dispatcher's pick are timed again in turns, and the compared figures are those: the oracle is
+the fastest Triton kernel of those final rounds.
 Also the host time of a call on a tiny known problem, against torch.mm, and under a CUDA graph.
 
     python benchmarks/gemm.py --out benchmarks/results/h200 [--dtypes bf16,fp16,fp8e4m3] [--cases NAME,...]
