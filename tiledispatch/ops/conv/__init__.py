@@ -13,6 +13,7 @@ from .config import (
     ImplicitGemmConfig,
     SplitMode,
     TmaConfig,
+    ToeplitzConfig,
     VendorConfig,
 )
 from .inputs import tuning_operands
@@ -123,6 +124,7 @@ __all__ = [
     "SourceLayout",
     "SplitMode",
     "TmaConfig",
+    "ToeplitzConfig",
     "VendorConfig",
     "auto_correct",
     "check_operands",

@@ -15,6 +15,7 @@ class Family(enum.Enum):
     IMPLICIT_GEMM_FLAT = "igemm-flat"  # the filter's (tap, channel) pairs as one flat index: few channels a group
     IMPLICIT_GEMM_TMA = "igemm-tma"  # the same GEMMs with boxes of pixels moved by TMA (sm_90+, stride 1)
     DIRECT = "direct"  # no tensor cores: channel vectors, for depthwise and few channels per group
+    TOEPLITZ = "toeplitz"  # depthwise on tensor cores: each filter row as a banded (Toeplitz) matrix
     VENDOR = "vendor"  # cuDNN through PyTorch
 
 
@@ -185,6 +186,30 @@ class DirectConfig:
 
 
 @dataclass(frozen=True)
+class ToeplitzConfig:
+    """Depthwise 2-D forward and backward-data on tensor cores (kernels/toeplitz.py).
+
+    A program owns `block_c` channels (the MMA's batch, spread over the warps) and
+    `block_m` (image, chunk of 8 output columns) rows, and walks down `rows` output rows
+    of them; `filter_rows` (the filter height) is compiled in, as a window kernel's width.
+    Name: ``toeplitz_{block_m}x{block_c}_w{num_warps}_r{rows}_f{filter_rows}``.
+    """
+
+    signature: ConvSignature
+    block_m: int
+    block_c: int
+    num_warps: int
+    rows: int
+    filter_rows: int
+    family: Family = Family.TOEPLITZ
+
+    @property
+    def name(self) -> str:
+        return (f"conv_{self.signature.name}_{self.family.value}_{self.block_m}x{self.block_c}_w{self.num_warps}"
+                f"_r{self.rows}_f{self.filter_rows}_{self.signature.epilogue.name}")
+
+
+@dataclass(frozen=True)
 class VendorConfig:
     """cuDNN through PyTorch as a candidate: it picks its own algorithm."""
 
@@ -196,4 +221,4 @@ class VendorConfig:
         return f"conv_{self.signature.name}_vendor_{self.signature.epilogue.name}"
 
 
-AnyConvConfig = ImplicitGemmConfig | TmaConfig | DirectConfig | VendorConfig
+AnyConvConfig = ImplicitGemmConfig | TmaConfig | DirectConfig | ToeplitzConfig | VendorConfig

@@ -26,8 +26,10 @@ from .config import (
     Family,
     ImplicitGemmConfig,
     TmaConfig,
+    ToeplitzConfig,
     VendorConfig,
 )
+from .kernels import toeplitz as toeplitz_kernels
 from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
 from .rules import window_register_cap
@@ -39,6 +41,7 @@ FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRE
 # A family's kernel modules that import another family's (part of the cache key).
 _FAMILY_IMPORTS = {Family.IMPLICIT_GEMM_FLAT: (FAMILY_MODULES[Family.IMPLICIT_GEMM],)}
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
+_TOEPLITZ_MODULE = f"{_KERNELS}.toeplitz"
 _PAD_MODULE = f"{_KERNELS}.channel_pad"
 # The kernels' sources besides their own file (part of the cache key): every module they import from.
 _SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue",
@@ -193,6 +196,8 @@ def splits(config: AnyConvConfig) -> bool:
 def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
+    if isinstance(config, ToeplitzConfig):
+        return _toeplitz_units(config, specialization)
     if isinstance(config, ImplicitGemmConfig) and config.pad_channels:  # pad, the padded problem's units, unpad
         padded = specialization.channels_padded(config.signature.types.dtype)
         inner = kernel_units(replace(config, pad_channels=False), padded)
@@ -345,6 +350,8 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
         return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
     if isinstance(config, TmaConfig):
         return _tma_plan(config, ops, out)
+    if isinstance(config, ToeplitzConfig):
+        return _toeplitz_plan(config, ops, out)
     if isinstance(config, ImplicitGemmConfig) and config.pad_channels:
         return _padded_plan(config, ops, out)
     direction = p.direction
@@ -456,6 +463,63 @@ def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
         return (boxes * cdiv(p.k_per_group, config.block_out), p.groups, 1)
     tiles = cdiv(p.k_per_group, config.block_out) * cdiv(p.c_per_group, config.block_in)
     return (taps * tiles, p.groups, config.split_k)
+
+
+# -- the toeplitz family: a filter-building stage, then the Gluon walk -----------------------------
+TOEPLITZ_STRIDES = ("sxn", "sxh", "sxw", "syn", "syh", "syw")
+
+
+def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) -> tuple[KernelUnit, KernelUnit]:
+    t = config.signature.types.dtype.triton
+    k = toeplitz_kernels
+    build = {"FLIP": config.signature.direction is Direction.BWD_DATA, "BLOCK_C": k.FILTER_BLOCK_C, "KW": k.KW,
+             "NW": k.NW}
+    filter_unit = KernelUnit(
+        stage="filter", module=_TOEPLITZ_MODULE, function="conv_toeplitz_filter",
+        signature=tuple([("w_ptr", f"*{t}"), ("t_ptr", f"*{t}")] + [(n, "i32") for n in ("C", "FY", "FX")]
+                        + [(n, "i64") for n in ("swk", "swy", "swx")] + [(n, "constexpr") for n in build]),
+        constexprs=tuple(sorted(build.items())), num_warps=4, num_stages=1, modules=(_TOEPLITZ_MODULE,))
+    vector = 16 // config.signature.types.dtype.itemsize
+    walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
+            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector}
+    signature = ([(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr")]
+                 + [(n, "i32") for n in ("N", "C", "H", "W", "OH", "OW", "PH", "PW")]
+                 + [(n, "i64") for n in TOEPLITZ_STRIDES] + [(n, "constexpr") for n in walk])
+    # Unaligned data is refused (rules.supports): channels move as 16-byte vectors.
+    divisibility = ((("x_ptr", 16), ("t_ptr", 16), ("y_ptr", 16)) + tuple((n, vector) for n in TOEPLITZ_STRIDES)
+                    + (("C", vector),)) if specialization.aligned else ()
+    main_unit = KernelUnit(
+        stage="main", module=_TOEPLITZ_MODULE, function="conv_depthwise_toeplitz", signature=tuple(signature),
+        constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
+        modules=(_TOEPLITZ_MODULE,), divisibility=divisibility, kind=UnitKind.GLUON)
+    return filter_unit, main_unit
+
+
+def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
+    """The filter rows as banded matrices, then the walk. Backward-data walks dy into dx with the
+    filter flipped (the filter stage's FLIP) and padding F - 1 - P (stride and dilation are 1)."""
+    p = ops.problem
+    forward = p.direction is Direction.FORWARD
+    src = ops.x if forward else ops.dy
+    fy, fx = p.filter_size
+    pad_h, pad_w = p.padded3(p.padding, 0)[1:]
+    if not forward:
+        pad_h, pad_w = fy - 1 - pad_h, fx - 1 - pad_w
+    k = toeplitz_kernels
+    filters = torch.empty((p.c, fy, k.KW, k.NW), dtype=p.types.dtype.torch, device=out.device)
+    w = ops.w
+    build, walk = kernel_units(config, p.specialization)
+    filter_bound = {"w_ptr": w, "t_ptr": filters, "C": p.c, "FY": fy, "FX": fx, "swk": w.stride(0),
+                    "swy": w.stride(2), "swx": w.stride(3)}
+    (in_h, in_w), (out_h, out_w) = src.shape[2:], out.shape[2:]
+    walk_bound = {"x_ptr": src, "t_ptr": filters, "y_ptr": out, "N": p.n, "C": p.c, "H": in_h, "W": in_w,
+                  "OH": out_h, "OW": out_w, "PH": pad_h, "PW": pad_w,
+                  **dict(zip(TOEPLITZ_STRIDES, (src.stride(0), src.stride(2), src.stride(3),
+                                                out.stride(0), out.stride(2), out.stride(3))))}
+    grid = (triton.cdiv(p.n * triton.cdiv(out_w, k.NW), config.block_m), triton.cdiv(p.c, config.block_c),
+            triton.cdiv(out_h, config.rows))
+    return Plan((Launch("filter", (triton.cdiv(p.c, k.FILTER_BLOCK_C), fy, 1), _values(build, filter_bound)),
+                 Launch("main", grid, _values(walk, walk_bound))), out)
 
 
 def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int, int, int]:

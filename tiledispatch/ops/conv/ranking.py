@@ -9,6 +9,7 @@ Each family sees the problem as what it computes:
   output's edges (in H and W apart), with a step's issue cost of its own (`tma_score`);
 - direct: a stream of the bytes, at the bandwidth a tile's vector loads can keep in
   flight, or the CUDA-core FMA rate if that is slower;
+- toeplitz: its programs' walks down the rows, a row at a time (`toeplitz_score`);
 - vendor: cuDNN at the fraction of the ideal that ANCHORS.md measured for its kind of
   problem (dense, grouped, depthwise).
 Score = ideal time / modelled time, in (0, 1].
@@ -29,8 +30,10 @@ from .config import (
     Family,
     ImplicitGemmConfig,
     TmaConfig,
+    ToeplitzConfig,
     VendorConfig,
 )
+from .kernels.toeplitz import NW as TOEPLITZ_NW
 from .problem import ConvProblem, Direction
 from .rules import (
     REGISTER_RESERVE,
@@ -142,10 +145,6 @@ WINDOW_SPILL_REGISTERS = 320
 # of the models VENDOR_TRUST guards against. Its scores are raised to match, so the dispatcher
 # takes a window kernel over cuDNN when it is modelled faster by more than this.
 WINDOW_MODEL_ERROR = 1.1
-# ... around a bias: on the H200 conv table (conv.csv, 319b63b) the forward and backward-data
-# window kernels ran faster than modelled by 1.06-1.31x, median 1.15 (mbv2 3x3 forward: 20.4 us
-# modelled, 18.2 measured, so cuDNN's 20.8 was kept). The modelled time (launch included, as measured) is divided by it.
-WINDOW_MODEL_BIAS = 1.15
 FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
 L2_REUSE = 4.0
 BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
@@ -537,7 +536,7 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     busiest = math.ceil(programs / arch.sm_count)
     issue_s = busiest * config.num_warps * per_thread / (ISSUE_PER_SM_CYCLE * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY)
     issue_s /= SPILL_PENALTY if spills else 1.0
-    modelled = (max(memory_s, issue_s) + LAUNCH_SECONDS) / WINDOW_MODEL_BIAS
+    modelled = max(memory_s, issue_s) + LAUNCH_SECONDS
     ideal = ideal_seconds(p, arch)
     terms = {"lanes": lane_use, "rows": row_use, "waves": waves, "in_flight": in_flight,
              "resident": float(resident), "spills": float(spills), "registers": float(registers),
@@ -680,9 +679,42 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     return Score(ideal / modelled, terms)
 
 
+# The toeplitz kernel (kernels/toeplitz.py) on the H200 (conv.csv and conv_depthwise_extra.csv,
+# bf16 forward, its two default tiles on 7 depthwise shapes from 14x14 to 112x112 maps, 3x3 to
+# 7x7): a program's time is its rows walked (its band plus the filter's rows of halo) at a rate set
+# by the row's load, staging and store latency, not by its MMAs or bytes; an SM runs its share of
+# the programs one after another. A row took 0.65-0.89 us (mean 0.77) for a block of 16 (image,
+# chunk) rows x 32 channels on 16 warps, 0.40-0.57 (0.45) for 16 x 16 on 8 warps: the time of a
+# row scales as the block's size to the 0.78th power. Both launches count as one: the filter
+# stage is a kernel of a few microseconds queued right before the walk.
+TOEPLITZ_ROW_SECONDS = 0.77e-6  # a program's row of a 16 x 32 block
+TOEPLITZ_ROW_BLOCK = 16 * 32
+TOEPLITZ_BLOCK_EXPONENT = 0.78
+TOEPLITZ_MODEL_ERROR = 1.25  # the rows' spread around the mean, as WINDOW_MODEL_ERROR against cuDNN
+
+
+def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
+    """The busiest SM's programs, one after another, each walking its rows."""
+    oh, ow = p.output_size if p.direction is Direction.FORWARD else p.input_size
+    programs = (math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(p.c / config.block_c)
+                * math.ceil(oh / config.rows))
+    busiest = math.ceil(programs / arch.sm_count)
+    walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
+    block = config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK
+    walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
+    memory_s = p.bytes() / (_bandwidth(arch) * DIRECT_FRACTION)
+    modelled = max(walk_s, memory_s) + LAUNCH_SECONDS
+    ideal = ideal_seconds(p, arch)
+    terms = {"programs": float(programs), "busiest_sm_programs": float(busiest), "rows_walked": float(walked),
+             "walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "modelled_us": modelled * 1e6}
+    return Score(ideal / modelled * VENDOR_TRUST / TOEPLITZ_MODEL_ERROR, terms)
+
+
 def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
+    if isinstance(config, ToeplitzConfig):
+        return toeplitz_score(config, problem, arch)
     if isinstance(config, DirectConfig):
         return direct_score(config, problem, arch)
     if isinstance(config, TmaConfig):

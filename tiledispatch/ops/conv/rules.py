@@ -25,8 +25,11 @@ from .config import (
     SplitMode,
     SplitReduction,
     TmaConfig,
+    ToeplitzConfig,
     VendorConfig,
 )
+from .kernels.toeplitz import MAX_WIDTH as TOEPLITZ_MAX_WIDTH
+from .kernels.toeplitz import NW as TOEPLITZ_NW
 from .problem import ConvProblem, Direction
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
@@ -51,6 +54,14 @@ MAX_RUN = 16
 TMA_TILE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TMA_BOX_MAXIMUM = 256
 TMA_DTYPES = (DType.FP16, DType.BF16)
+# The toeplitz family (kernels/toeplitz.py): mma.sync tensor cores through Gluon, 16-bit data in
+# 16-byte vectors of channels (one to four a pixel's lanes), the filter height compiled in.
+TOEPLITZ_DTYPES = (DType.FP16, DType.BF16)
+TOEPLITZ_MIN_SM = 80
+TOEPLITZ_BLOCK_M = (16, 32, 64)
+TOEPLITZ_BLOCK_C = (8, 16, 32)
+TOEPLITZ_MAX_FILTER_ROWS = 9
+TOEPLITZ_REGISTER_BASE = 40  # addresses, masks and the row in flight, besides the operands and accumulators
 
 
 class ConvRule(enum.Enum):
@@ -74,6 +85,7 @@ class ConvRule(enum.Enum):
     FAMILY_ARCH = "family-arch"
     FAMILY_DIRECTION = "family-direction"
     FAMILY_DTYPE = "family-dtype"
+    FAMILY_EPILOGUE = "family-epilogue"
     PAD_CHANNELS = "pad-channels"
 
 
@@ -177,6 +189,9 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
 
     sig = config.signature
     _signature_findings(sig, arch, error)
+    if isinstance(config, ToeplitzConfig):
+        _toeplitz_findings(config, arch, error, warning)
+        return ValidationResult(tuple(out))
     if config.num_warps not in WARP_CHOICES:
         error(ConvRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
     if not 1 <= config.split_k <= MAX_SPLIT_K:
@@ -323,6 +338,59 @@ def _window_findings(config: DirectConfig, error) -> None:
               "use run=1, or a window")
 
 
+def toeplitz_registers(config: ToeplitzConfig) -> int:
+    """Registers a thread of the toeplitz kernel holds: for each of its warp's channels, the
+    filter_rows accumulators (fp32) and filter operands (16-bit pairs) and the row operand."""
+    from .kernels.toeplitz import KW, NW
+
+    channels = max(config.block_c // config.num_warps, 1)
+    per_channel = (config.filter_rows * config.block_m * NW // 32 + config.filter_rows * KW * NW // 64
+                   + config.block_m * KW // 64)
+    return channels * per_channel + TOEPLITZ_REGISTER_BASE
+
+
+def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
+    sig = config.signature
+    if arch.sm is None or arch.sm < TOEPLITZ_MIN_SM:
+        where = "the interpreter" if arch.is_interpreter else arch.name
+        error(ConvRule.FAMILY_ARCH, f"toeplitz is a Gluon kernel on mma.sync tensor cores (sm_{TOEPLITZ_MIN_SM}+ "
+              f"GPUs); {where} cannot run it", "use the direct family")
+    if sig.types.dtype not in TOEPLITZ_DTYPES:
+        error(ConvRule.FAMILY_DTYPE, f"toeplitz multiplies 16-bit operands; {sig.types.dtype.value} is not one",
+              "use fp16 or bf16, or the direct family")
+    if sig.direction is Direction.BWD_WEIGHT:
+        error(ConvRule.FAMILY_DIRECTION, "toeplitz computes forward and backward-data (a walk over the rows of x or "
+              "dy); backward-weight sums over pixels", "use the direct family's window kernel")
+    if not sig.epilogue.plain:
+        error(ConvRule.FAMILY_EPILOGUE, f"toeplitz has no epilogue; {sig.epilogue.name} needs one",
+              "use no epilogue, or the direct family")
+    if config.block_m not in TOEPLITZ_BLOCK_M:
+        error(ConvRule.TILE_POWER_OF_TWO, f"block_m={config.block_m} is not one of {TOEPLITZ_BLOCK_M}")
+    if config.block_c not in TOEPLITZ_BLOCK_C:
+        error(ConvRule.VECTOR_WIDTH, f"block_c={config.block_c} is not one of {TOEPLITZ_BLOCK_C} (1-4 lanes of "
+              "16-byte vectors a pixel)")
+    if config.num_warps not in WARP_CHOICES:
+        error(ConvRule.WARPS, f"num_warps={config.num_warps} is not one of {WARP_CHOICES}")
+    elif config.block_c % config.num_warps:
+        error(ConvRule.WARPS_FOR_TILE, f"the MMA's batch is the channel, whole channels a warp: block_c="
+              f"{config.block_c} is not a multiple of num_warps={config.num_warps}", "use fewer warps")
+    elif config.block_c in TOEPLITZ_BLOCK_C and config.block_m < config.num_warps * max(
+            1, 32 * 8 // config.block_c // TOEPLITZ_NW):
+        error(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps store {config.block_c} channels of a "
+              f"{config.block_m}-row block by rows of 16-byte vectors: the block is too short for them",
+              "use a larger block_m or fewer warps")
+    if not 1 <= config.filter_rows <= TOEPLITZ_MAX_FILTER_ROWS:
+        error(ConvRule.WINDOW, f"filter_rows={config.filter_rows} must be within 1..{TOEPLITZ_MAX_FILTER_ROWS}: "
+              "a thread holds one accumulator and one filter operand a filter row")
+    if config.rows < 1:
+        error(ConvRule.WINDOW, f"rows={config.rows}: a program walks at least one output row", "use rows >= 1")
+    registers = toeplitz_registers(config)
+    if registers > arch.registers_per_thread_max:
+        error(ConvRule.REGISTER_BUDGET, f"{config.block_c // max(config.num_warps, 1)} channels a warp of "
+              f"{config.filter_rows} filter rows need ~{registers} registers a thread; at most "
+              f"{arch.registers_per_thread_max}", "more warps or a smaller block_m")
+
+
 # Fields the corrector may move, with the values it may choose from.
 _TUNABLE = {
     ImplicitGemmConfig: {"block_m": BLOCK_CHOICES, "block_n": BLOCK_CHOICES, "block_k": BLOCK_CHOICES,
@@ -330,10 +398,11 @@ _TUNABLE = {
     DirectConfig: {"block_p": DIRECT_BLOCK_CHOICES, "block_c": DIRECT_BLOCK_CHOICES, "num_warps": WARP_CHOICES},
     TmaConfig: {"tile_h": TMA_TILE_CHOICES, "tile_w": TMA_TILE_CHOICES, "block_out": BLOCK_CHOICES,
                 "block_in": BLOCK_CHOICES, "num_warps": WARP_CHOICES, "num_stages": STAGE_CHOICES},
+    ToeplitzConfig: {"block_m": TOEPLITZ_BLOCK_M, "block_c": TOEPLITZ_BLOCK_C, "num_warps": WARP_CHOICES},
 }
 # Rules about what is computed, not how: no tile change fixes them.
 _SEMANTIC = {ConvRule.DTYPE_ARCH, ConvRule.TF32, ConvRule.EPILOGUE_DIRECTION, ConvRule.FAMILY_ARCH,
-             ConvRule.WINDOW, ConvRule.FAMILY_DIRECTION, ConvRule.FAMILY_DTYPE}
+             ConvRule.WINDOW, ConvRule.FAMILY_DIRECTION, ConvRule.FAMILY_DTYPE, ConvRule.FAMILY_EPILOGUE}
 
 
 def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Correction, ...]]:
@@ -350,10 +419,13 @@ def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Corr
         semantic = semantic or result.broken_rules()
         raise InvalidConfigError(f"{config.name} cannot be corrected on {arch.name}: "
                                  + "; ".join(str(f) for f in result.errors if f.rule in semantic))
-    split = min(max(config.split_k, 1), MAX_SPLIT_K)
-    if config.signature.direction is not Direction.BWD_WEIGHT:
-        split = 1
-    base = replace(config, split_k=split)
+    if isinstance(config, ToeplitzConfig):
+        base = config
+    else:
+        split = min(max(config.split_k, 1), MAX_SPLIT_K)
+        if config.signature.direction is not Direction.BWD_WEIGHT:
+            split = 1
+        base = replace(config, split_k=split)
     if isinstance(config, ImplicitGemmConfig):
         merge = config.groups_per_tile if config.groups_per_tile in MERGE_CHOICES else 1
         base = replace(base, group_m=max(config.group_m, 1),
@@ -396,6 +468,8 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
                     f"{config.block_k}: a merged tile reads all its groups' channels in one block")
     if isinstance(config, TmaConfig):
         return _tma_refusal(config, problem)
+    if isinstance(config, ToeplitzConfig):
+        return _toeplitz_refusal(config, problem)
     if config.family is Family.IMPLICIT_GEMM_FLAT and problem.c_per_group > FLAT_MAX_CHANNELS_PER_GROUP:
         return (f"igemm-flat serves up to {FLAT_MAX_CHANNELS_PER_GROUP} input channels per group, where igemm "
                 f"would pad each tap's channels; this conv has C/G={problem.c_per_group} (igemm serves it)")
@@ -459,4 +533,27 @@ def _tma_refusal(config: TmaConfig, problem: ConvProblem) -> str | None:
     if problem.spatial_dims == 1 and config.tile_h > 1:
         return (f"a 1-D conv has one row of pixels: a {config.tile_h}x{config.tile_w} tile would compute "
                 f"{config.tile_h - 1} rows of zeros; a 1 x tile_w tile serves it")
+    return None
+
+
+def _toeplitz_refusal(config: ToeplitzConfig, problem: ConvProblem) -> str | None:
+    """Why the toeplitz kernel of `config` cannot compute `problem` (None: it can)."""
+    if not problem.one_channel_per_group:
+        return (f"toeplitz is depthwise only (C/G = K/G = 1); this conv has C/G={problem.c_per_group}, "
+                f"K/G={problem.k_per_group}")
+    if problem.spatial_dims != 2:
+        return f"toeplitz walks the rows of 2-D maps; this conv is {problem.spatial_dims}-D (the direct family serves it)"
+    if not problem.unit_stride or any(d != 1 for d in problem.dilation):
+        return (f"toeplitz needs stride 1 and dilation 1; this conv has stride {problem.stride}, dilation "
+                f"{problem.dilation} (the direct family serves it)")
+    rows, width = problem.filter_size
+    if rows != config.filter_rows:
+        return f"built for filters {config.filter_rows} rows tall, the filter is {rows}"
+    if width > TOEPLITZ_MAX_WIDTH:
+        return (f"toeplitz's banded matrices hold filters up to {TOEPLITZ_MAX_WIDTH} wide; the filter is {width} "
+                "(the direct family serves it)")
+    if not problem.specialization.aligned:
+        return (f"toeplitz moves channels as 16-byte vectors: C and the pointers and pixel strides must be "
+                f"multiples of 16 bytes (of {16 // problem.types.dtype.itemsize} {problem.types.dtype.value}); this "
+                f"conv has C={problem.c} or strides that are not (the direct family serves it)")
     return None

@@ -23,6 +23,7 @@ from .config import (
     ImplicitGemmConfig,
     SplitMode,
     TmaConfig,
+    ToeplitzConfig,
     VendorConfig,
 )
 from .problem import ConvEpilogue, ConvTypes, Direction
@@ -75,6 +76,16 @@ class TmaTile:
     split_k: int = 1  # > 1: backward-weight only
     split_mode: SplitMode = SplitMode.WORKSPACE
     directions: tuple[Direction, ...] = (Direction.FORWARD, Direction.BWD_WEIGHT)
+
+
+@dataclass(frozen=True)
+class ToeplitzTile:
+    """block_m (image, chunk) rows x block_c channels a program, walking `rows` output rows (ToeplitzConfig)."""
+
+    block_m: int
+    block_c: int
+    num_warps: int
+    rows: int
 
 
 def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...]) -> tuple[TmaTile, ...]:
@@ -299,6 +310,16 @@ FULL_TMA = tuple(
         ((1, 64), (1, 128), (4, 32), (8, 16), (16, 8), (16, 16)), (64, 128, 256), (64, 128), (4, 8), (3, 4), (1, 4, 16))
 )
 
+# The toeplitz family (kernels/toeplitz.py): Gluon, GPU only, so no tiny tiles. Timed on the H200 on
+# the suite's depthwise 3x3, 5x5 and 7x7 maps (28x28, 14x14): 16 rows x 32 channels over 16 warps
+# walking 28 rows was the fastest (7x7 1.8x the window kernel), 16 x 16 over 8 warps next.
+TOEPLITZ_FILTER_ROWS = (3, 5, 7)
+TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14))
+DEFAULT_TOEPLITZ = TESTS_TOEPLITZ
+FULL_TOEPLITZ = DEFAULT_TOEPLITZ + tuple(
+    ToeplitzTile(m, c, w, r) for m, c, w, r in itertools.product((16, 32), (16, 32), (8, 16), (14, 28, 56))
+    if c % w == 0 and ToeplitzTile(m, c, w, r) not in DEFAULT_TOEPLITZ)
+
 _CPU_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.FP32), ConvTypes(DType.FP32, allow_tf32=True))
 TYPES = _CPU_TYPES + (ConvTypes(DType.BF16),)  # no bf16 tl.dot in the interpreter: its arch drops them
 EPILOGUES = tuple(ConvEpilogue(bias, activation, residual)
@@ -314,11 +335,14 @@ def signatures(epilogues=EPILOGUES) -> Iterator[ConvSignature]:
 TMA_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.BF16))  # rules.TMA_DTYPES
 
 
-def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES) -> Iterator[AnyConvConfig]:
+def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_tiles=()) -> Iterator[AnyConvConfig]:
     """Each tile for each signature (split tiles for backward-weight only), and the vendor path once per signature."""
     for sig in signatures(epilogues):
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
+        if sig.types in TMA_TYPES and not weight and sig.epilogue.plain:  # 16-bit, forward and backward-data
+            for t, rows in itertools.product(toeplitz_tiles, TOEPLITZ_FILTER_ROWS):
+                yield ToeplitzConfig(sig, t.block_m, t.block_c, t.num_warps, t.rows, rows)
         if sig.types in TMA_TYPES:
             for t in tma_tiles:
                 if sig.direction in t.directions and (t.split_k == 1 or weight):
@@ -340,17 +364,18 @@ def tiny() -> Iterator[AnyConvConfig]:
 
 
 def tests() -> Iterator[AnyConvConfig]:
-    return _bind(TESTS_GEMM, TESTS_DIRECT, TESTS_TMA)
+    return _bind(TESTS_GEMM, TESTS_DIRECT, TESTS_TMA, toeplitz_tiles=TESTS_TOEPLITZ)
 
 
 def default() -> Iterator[AnyConvConfig]:
-    return _bind(DEFAULT_GEMM, DEFAULT_DIRECT, DEFAULT_TMA)
+    return _bind(DEFAULT_GEMM, DEFAULT_DIRECT, DEFAULT_TMA, toeplitz_tiles=DEFAULT_TOEPLITZ)
 
 
 def full() -> Iterator[AnyConvConfig]:
     """Every default config, plus the whole tile space for each signature without epilogue."""
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL_GEMM, FULL_DIRECT, FULL_TMA, (ConvEpilogue(),))):
+    for config in itertools.chain(default(), _bind(FULL_GEMM, FULL_DIRECT, FULL_TMA, (ConvEpilogue(),),
+                                                   FULL_TOEPLITZ)):
         if config not in seen:
             seen.add(config)
             yield config

@@ -1,0 +1,186 @@
+"""The toeplitz family: depthwise 2-D forward and backward-data on tensor cores (kernels/toeplitz.py).
+
+The walk is a Gluon kernel (GPU only); its filter stage is Triton and runs here under the
+interpreter against a float64 construction of the banded matrices. On the GPU every default
+tile runs odd shapes (widths off the 8-column chunks, channels off the channel blocks, no
+padding, padding past the filter) against PyTorch's float64 convolution, output NaN-poisoned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tiledispatch import Dispatcher, Registry, arch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.ops.conv import (
+    ConvRule,
+    ConvSignature,
+    ConvTypes,
+    Direction,
+    Family,
+    ToeplitzConfig,
+    check_operands,
+    supports,
+    validate,
+)
+from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.kernels import toeplitz as kernels
+from tiledispatch.ops.conv.plan import kernel_units, plan
+from tiledispatch.ops.conv.problem import ConvEpilogue, ConvSpecialization
+from tiledispatch.ops.gemm.problem import Activation
+
+from ...conftest import requires_gpu
+from .helpers import ARCH, DEVICE, ON_GPU, problem, run_and_check
+
+SM90 = arch.load("sm_90")
+FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.BF16))
+BWDD = dataclasses.replace(FWD, direction=Direction.BWD_DATA)
+TILE = ToeplitzConfig(FWD, 16, 32, 16, 28, 7)
+
+
+def banded(w: torch.Tensor, flip: bool) -> torch.Tensor:
+    """The filter rows as [C, FY, KW, NW] banded matrices, built by indexing in float64."""
+    c, _, fy, fx = w.shape
+    w = w.double()
+    if flip:
+        w = w.flip(2, 3)
+    out = torch.zeros(c, fy, kernels.KW, kernels.NW, dtype=torch.float64)
+    for k in range(kernels.KW):
+        for j in range(kernels.NW):
+            if 0 <= k - j < fx:
+                out[:, :, k, j] = w[:, 0, :, k - j]
+    return out
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's run of the filter stage; the GPU runs it inside every walk")
+@pytest.mark.parametrize("flip", [False, True], ids=["forward", "flipped"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(19, 3, 3), (40, 5, 5), (7, 7, 4), (16, 2, 9)], ids=str)
+def test_filter_stage_builds_the_banded_matrices(shape, dtype, flip):
+    c, fy, fx = shape
+    w = torch.randn(c, 1, fy, fx * 2, dtype=dtype)[..., ::2]  # taps strided along W: read by strides
+    t = torch.full((c, fy, kernels.KW, kernels.NW), float("nan"), dtype=dtype)
+    grid = (-(-c // kernels.FILTER_BLOCK_C), fy)
+    kernels.conv_toeplitz_filter[grid](w, t, c, fy, fx, w.stride(0), w.stride(2), w.stride(3), FLIP=flip,
+                                       BLOCK_C=kernels.FILTER_BLOCK_C, KW=kernels.KW, NW=kernels.NW)
+    assert torch.equal(t.double(), banded(w, flip))
+
+
+def test_rules():
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        for rows in (1, 3, 7, 9):
+            assert validate(dataclasses.replace(TILE, signature=dataclasses.replace(FWD, direction=direction),
+                                                filter_rows=rows), SM90).ok
+    cases = {
+        ConvRule.FAMILY_ARCH: (TILE, arch.load("interpreter")),
+        ConvRule.FAMILY_DTYPE: (dataclasses.replace(TILE, signature=ConvSignature(Direction.FORWARD,
+                                                                                  ConvTypes(DType.FP32))), SM90),
+        ConvRule.FAMILY_DIRECTION: (dataclasses.replace(TILE, signature=dataclasses.replace(
+            FWD, direction=Direction.BWD_WEIGHT)), SM90),
+        ConvRule.FAMILY_EPILOGUE: (dataclasses.replace(TILE, signature=dataclasses.replace(
+            FWD, epilogue=ConvEpilogue(True, Activation.NONE, False))), SM90),
+        ConvRule.VECTOR_WIDTH: (dataclasses.replace(TILE, block_c=24), SM90),
+        ConvRule.TILE_POWER_OF_TWO: (dataclasses.replace(TILE, block_m=8), SM90),
+        ConvRule.WARPS_FOR_TILE: (dataclasses.replace(TILE, block_c=16, num_warps=16), SM90),
+        ConvRule.WINDOW: (dataclasses.replace(TILE, filter_rows=10), SM90),
+    }
+    for rule, (config, target) in cases.items():
+        assert rule in validate(config, target).broken_rules(), (rule, config.name)
+    assert TILE.name == "conv_fwd_bf16_toeplitz_16x32_w16_r28_f7_none"
+
+
+def test_supports_says_why_not():
+    def p(direction="forward", c=64, k=64, g=64, size=(12, 12), filt=(7, 7), stride=1, pad=3, dilation=1):
+        q = problem(direction, 2, c, k, g, size, filt, stride, pad, dilation, "bf16")
+        return dataclasses.replace(q, specialization=q.dense_specialization())
+
+    assert supports(TILE, p()) is None
+    assert supports(TILE, p(filt=(7, 3), pad=(3, 1))) is None  # narrower filters fit the band
+    assert supports(dataclasses.replace(TILE, signature=BWDD), p("bwd_data")) is None
+    assert "depthwise only" in supports(TILE, p(k=128))
+    assert "2-D" in supports(TILE, p(size=(12,), filt=(7,), pad=3))
+    assert "stride 1 and dilation 1" in supports(TILE, p(stride=2))
+    assert "stride 1 and dilation 1" in supports(TILE, p(dilation=(2, 1), pad=(6, 3)))
+    assert "7 rows tall" in supports(TILE, p(filt=(5, 5), pad=2))
+    assert "up to 9 wide" in supports(TILE, p(filt=(7, 11), pad=(3, 5)))
+    unaligned = problem("forward", 2, 60, 60, 60, (12, 12), (7, 7), 1, 3, 1, "bf16")
+    assert "16-byte vectors" in supports(TILE, dataclasses.replace(
+        unaligned, specialization=unaligned.dense_specialization()))
+
+
+def test_plan_walks_dy_with_the_flipped_filter_for_backward_data():
+    """Backward-data at stride 1 is the forward walk over dy: the filter stage flips the filter,
+    padding becomes F - 1 - P, and the walk reads dy's rows into dx's."""
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        config = dataclasses.replace(TILE, signature=dataclasses.replace(FWD, direction=direction), filter_rows=5)
+        build, walk = kernel_units(config, ConvSpecialization())
+        assert (build.stage, walk.stage) == ("filter", "main") and walk.kind.value == "gluon"
+        assert dict(build.constexprs)["FLIP"] is (direction is Direction.BWD_DATA)
+        p = problem(direction, 3, 40, 40, 40, (9, 21), (5, 3), 1, (1, 2), 1, "fp16")
+        inputs = make_inputs(p, device="cpu")
+        ops = check_operands(direction, **inputs.kwargs(p))
+        launches = plan(dataclasses.replace(config, signature=dataclasses.replace(
+            config.signature, types=ConvTypes(DType.FP16))), ops).launches
+        assert [launch.stage for launch in launches] == ["filter", "main"]
+        args = dict(zip([name for name, _ in walk.signature], launches[1].args))
+        pads = (1, 2) if direction is Direction.FORWARD else (5 - 1 - 1, 3 - 1 - 2)
+        assert (args["PH"], args["PW"]) == pads
+        out_h, out_w = (p.output_size if direction is Direction.FORWARD else p.input_size)
+        assert (args["OH"], args["OW"]) == (out_h, out_w)
+        assert launches[1].grid == (-(-3 * -(-out_w // kernels.NW) // 16), -(-40 // 32), -(-out_h // 28))
+
+
+SM90_SUITE = {  # benchmarks' conv.json depthwise 2-D cases: N, C, spatial, filter, padding; the walk wins at 7x7
+    "depthwise_mbv2_3x3": ((32, 384, (28, 28), (3, 3), 1), "direct"),
+    "depthwise_5x5": ((32, 672, (14, 14), (5, 5), 2), "direct"),
+    "convnext_dw7x7": ((32, 384, (28, 28), (7, 7), 3), "toeplitz"),
+}
+
+
+@pytest.fixture(scope="module")
+def sm90_dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "default", SM90), SM90)
+
+
+@pytest.mark.parametrize("case", SM90_SUITE, ids=str)
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+def test_rules_take_the_walk_where_it_ran_faster(sm90_dispatcher, direction, case):
+    """On the H200 the walk ran convnext's 7x7 1.8x faster than the window kernel, 5x5 at par and
+    3x3 at 0.75x (benchmarks/results/h200/conv.csv, conv_depthwise_extra.csv): the rules follow."""
+    (n, c, size, filt, pad), family = SM90_SUITE[case]
+    p = problem(direction, n, c, c, c, size, filt, 1, pad, 1, "bf16")
+    p = dataclasses.replace(p, specialization=p.dense_specialization())
+    ranked = [r.spec for r in sm90_dispatcher.explain(p).ranked if r.spec.family != "vendor"]
+    assert ranked[0].family == family, ranked[0].name
+    assert any(s.family == "toeplitz" for s in ranked)
+
+
+# -- on the GPU ------------------------------------------------------------------------------------
+GPU_CASES = {  # N, C, spatial, filter, padding
+    "convnext-7x7": (2, 384, (28, 28), (7, 7), 3),
+    "5x5-odd": (3, 40, (14, 13), (5, 5), 2),  # 40 channels: a partial channel block
+    "3x3-tall-no-pad": (2, 24, (61, 10), (3, 3), 0),  # several bands of rows, 8-column chunks past the edge
+    "7x5-wide-pad": (1, 16, (9, 30), (7, 5), (4, 3)),  # padding past the filter's reach
+}
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+
+
+@requires_gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_every_toeplitz_tile_on_the_gpu(dispatcher, direction, case, dtype):
+    n, c, size, filt, pad = GPU_CASES[case]
+    p = problem(direction, n, c, c, c, size, filt, 1, pad, 1, dtype)
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    specs = [r.spec for r in dispatcher.explain(ops.problem).ranked if r.spec.family == Family.TOEPLITZ.value]
+    assert len(specs) == 2, [s.name for s in specs]
+    for seed, spec in enumerate(specs):
+        run_and_check(dispatcher, p, spec.name, seed=seed)

@@ -1,0 +1,144 @@
+"""Family `toeplitz`: depthwise 2-D convolution on tensor cores.
+
+A depthwise conv has no channel sum, so it is no GEMM, and the direct family runs it on
+CUDA-core FMAs: at 7x7 those FMAs, not the bytes, set its time. Per channel and filter row
+fy, though, the outputs of one row are a small matrix product:
+
+    Y[m, j] += sum_k X[row(m) + fy, col(m) + k] * T_fy[k, j],   T_fy[k, j] = w[fy, k - j]
+
+with m = (image, chunk of NW output columns), j the column within the chunk and k the
+KW = NW + 8 input columns the chunk reads. T_fy is banded (Toeplitz), zero off the filter's
+width, and built once a call by `conv_toeplitz_filter` ([C, FY, KW, NW]). The MMA's batch is
+the channel, spread over the warps. A program walks down the rows once: each input row is
+loaded once and feeds the FY output rows it touches, held as FY accumulators, one of which
+is finished (stored and cleared) a row. Backward-data at stride 1 is the same walk over dy
+with the filter flipped in both directions and padding F - 1 - P.
+
+The main kernel is Gluon (mma_v2 with explicit layouts): the FY filter operands stay in
+registers for the program's whole walk, which `tl.dot` of a 3-D block did not keep there
+(it re-read them from shared memory every row and ran at 90 % of the L1 pipe). GPU only.
+"""
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+NW = 8  # output columns of a chunk: the MMA's N
+KW = 16  # input columns a chunk reads: the MMA's K; a filter up to KW - NW + 1 wide fits
+MAX_WIDTH = KW - NW + 1
+FILTER_BLOCK_C = 16  # channels a program of the filter builder
+
+
+@triton.jit
+def conv_toeplitz_filter(w_ptr, t_ptr, C, FY, FX, swk, swy, swx, FLIP: tl.constexpr, BLOCK_C: tl.constexpr,
+                         KW: tl.constexpr, NW: tl.constexpr):
+    """T[c, fy, k, j] = w[c, fy, k - j] inside the filter's width, else 0 (FLIP: the filter turned
+    by 180 degrees, backward-data's). Grid: (channel blocks, FY)."""
+    fy = tl.program_id(1)
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k = tl.arange(0, KW)
+    j = tl.arange(0, NW)
+    tap = k[:, None] - j[None, :]
+    inside = (tap >= 0) & (tap < FX)
+    if FLIP:
+        row = FY - 1 - fy
+        tap = FX - 1 - tap
+    else:
+        row = fy
+    in_c = offs_c < C
+    src = w_ptr + (offs_c.to(tl.int64) * swk + row * swy)[:, None, None] + (tap * swx)[None, :, :]
+    values = tl.load(src, mask=in_c[:, None, None] & inside[None, :, :], other=0.0)
+    dst = t_ptr + ((offs_c.to(tl.int64) * FY + fy) * (KW * NW))[:, None, None] + (k[:, None] * NW + j[None, :])[None, :, :]
+    tl.store(dst, values, mask=in_c[:, None, None])
+
+
+@gluon.jit
+def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, N, C, H, W, OH, OW, PH, PW, sxn, sxh, sxw, syn, syh, syw,
+                            BLOCK_M: gl.constexpr, BLOCK_C: gl.constexpr, ROWS: gl.constexpr,
+                            FILTER_ROWS: gl.constexpr, KW: gl.constexpr, NW: gl.constexpr, VEC: gl.constexpr):
+    """y = the depthwise correlation of x with the filter rows in t (stride and dilation 1).
+
+    Grid: (blocks of BLOCK_M (image, chunk) rows, channel blocks, bands of ROWS output rows).
+    The loop over input rows is unrolled by FILTER_ROWS, so that each accumulator keeps its
+    registers and the next row's load, issued a row ahead, is never copied while in flight.
+    """
+    FY: gl.constexpr = FILTER_ROWS
+    WARPS: gl.constexpr = gl.num_warps()
+    LANES_C: gl.constexpr = BLOCK_C // VEC  # lanes along the channels of a pixel (VEC channels a lane)
+    LANES_K: gl.constexpr = KW if LANES_C * KW <= 32 else 32 // LANES_C
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
+                                                  instr_shape=[1, 16, 8])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    # Loads and stores move VEC channels of a pixel a lane: 16-byte vectors in channels-last.
+    rows_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // LANES_K, LANES_K],
+        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
+    out_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // NW, NW],
+        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
+    filter_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, NW // 2], threads_per_warp=[1, 16, 2],
+                                                   warps_per_cta=[WARPS, 1, 1], order=[2, 1, 0])
+
+    pid_m = gl.program_id(0)
+    pid_c = gl.program_id(1)
+    oh_first = gl.program_id(2) * ROWS
+    oh_end = gl.minimum(oh_first + ROWS, OH)
+    chunks = gl.cdiv(OW, NW)
+    M = N * chunks
+
+    # Source rows: [channels, (image, chunk), input column] pointers at input row 0.
+    m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, rows_layout)))
+    c = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, rows_layout)))
+    k = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(1, rows_layout)))
+    col = ((m % chunks) * NW - PW)[None, :, None] + k[None, None, :]
+    c3 = c[:, None, None]
+    x_ok = (col >= 0) & (col < W) & (m < M)[None, :, None] & (c3 < C)
+    x_rows = x_ptr + ((m // chunks).to(gl.int64)[None, :, None] * sxn + col * sxw) + c3
+
+    # Output rows: [channels, (image, chunk), output column] pointers at output row 0.
+    m_out = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, out_layout)))
+    c_out = (pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, out_layout))))[:, None, None]
+    j = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, out_layout)))
+    ow = ((m_out % chunks) * NW)[None, :, None] + j[None, None, :]
+    y_rows = y_ptr + ((m_out // chunks).to(gl.int64)[None, :, None] * syn + ow * syw) + c_out
+    y_ok = (ow < OW) & (m_out < M)[None, :, None] & (c_out < C)
+
+    # The filter rows as B operands, in registers for the whole walk (channels past C read C - 1's).
+    tc = gl.minimum(pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, filter_layout))),
+                    C - 1)
+    tk = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, filter_layout)))
+    tj = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, filter_layout)))
+    t_rows = t_ptr + (tc.to(gl.int64) * (FY * KW * NW))[:, None, None] + (tk * NW)[None, :, None] + tj[None, None, :]
+    filters = ()
+    for fy in gl.static_range(FY):
+        filters = filters + (gl.convert_layout(gl.load(t_rows + fy * (KW * NW)), b_layout),)
+
+    # Input row r (from oh_first) adds into output rows r - fy: output row q sits in slot q % FY.
+    slots = ()
+    for _i in gl.static_range(FY):
+        slots = slots + (gl.zeros([BLOCK_C, BLOCK_M, NW], gl.float32, mma),)
+    u_end = oh_end + FY - 1  # input rows oh_first .. u_end - 1 (relative to the padding)
+    ih = oh_first - PH
+    pending = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (oh_first < u_end), other=0.0)
+    for base in range(oh_first, u_end, FY):
+        for s in gl.static_range(FY):
+            u = base + s
+            ih = u + 1 - PH
+            current = pending
+            pending = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (u + 1 < u_end), other=0.0)
+            a = gl.convert_layout(current, a_layout)
+            summed = ()
+            for slot in gl.static_range(FY):  # this row meets output row (r - fy) through filter row fy
+                summed = summed + (mma_v2(a, filters[(s - slot + FY) % FY], slots[slot]),)
+            # Output row u - FY + 1 has all its rows now: slot (s + 1) % FY. (Constexpr slot indices
+            # are written out: Gluon turned one bound to a name into a tensor.)
+            oh = u - FY + 1
+            out = gl.convert_layout(summed[(s + 1) % FY].to(y_ptr.dtype.element_ty), out_layout)
+            gl.store(y_rows + oh * syh, out, mask=y_ok & (oh >= oh_first) & (oh < oh_end))
+            slots = ()
+            for slot in gl.static_range(FY):
+                slots = slots + ((gl.zeros([BLOCK_C, BLOCK_M, NW], gl.float32, mma) if slot == (s + 1) % FY
+                                  else summed[slot]),)
