@@ -80,13 +80,13 @@ def test_rules():
                                                                                   ConvTypes(DType.FP32))), SM90),
         ConvRule.FAMILY_DIRECTION: (dataclasses.replace(TILE, signature=dataclasses.replace(
             FWD, direction=Direction.BWD_WEIGHT)), SM90),
-        ConvRule.FAMILY_EPILOGUE: (dataclasses.replace(TILE, signature=dataclasses.replace(
-            FWD, epilogue=ConvEpilogue(True, Activation.NONE, False))), SM90),
         ConvRule.VECTOR_WIDTH: (dataclasses.replace(TILE, block_c=24), SM90),
         ConvRule.TILE_POWER_OF_TWO: (dataclasses.replace(TILE, block_m=8), SM90),
         ConvRule.WARPS_FOR_TILE: (dataclasses.replace(TILE, block_c=16, num_warps=16), SM90),
         ConvRule.WINDOW: (dataclasses.replace(TILE, filter_rows=10), SM90),
     }
+    for epilogue in (ConvEpilogue(True, Activation.GELU, True), ConvEpilogue(False, Activation.SILU, False)):
+        assert validate(dataclasses.replace(TILE, signature=dataclasses.replace(FWD, epilogue=epilogue)), SM90).ok
     for rule, (config, target) in cases.items():
         assert rule in validate(config, target).broken_rules(), (rule, config.name)
     assert TILE.name == "conv_fwd_bf16_toeplitz_16x32_w16_r28_f7_none"
@@ -179,6 +179,21 @@ def dispatcher() -> Dispatcher:
 def test_every_toeplitz_tile_on_the_gpu(dispatcher, direction, case, dtype):
     n, c, size, filt, pad = GPU_CASES[case]
     p = problem(direction, n, c, c, c, size, filt, 1, pad, 1, dtype)
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    specs = [r.spec for r in dispatcher.explain(ops.problem).ranked if r.spec.family == Family.TOEPLITZ.value]
+    assert len(specs) == 2, [s.name for s in specs]
+    for seed, spec in enumerate(specs):
+        run_and_check(dispatcher, p, spec.name, seed=seed)
+
+
+@requires_gpu
+@pytest.mark.parametrize("epilogue", [ConvEpilogue(True, Activation.RELU, True), ConvEpilogue(True, Activation.GELU),
+                                      ConvEpilogue(False, Activation.SILU, True)], ids=lambda e: e.name)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_toeplitz_forward_epilogue_on_the_gpu(dispatcher, epilogue, dtype):
+    """ConvNeXt's depthwise conv has a bias: bias and activation where the MMA left a row, the residual
+    added in fp32 in the store's layout, against the float64 reference of the whole epilogue."""
+    p = problem("forward", 2, 40, 40, 40, (14, 13), (7, 7), 1, 3, 1, dtype, epilogue=epilogue)
     ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
     specs = [r.spec for r in dispatcher.explain(ops.problem).ranked if r.spec.family == Family.TOEPLITZ.value]
     assert len(specs) == 2, [s.name for s in specs]

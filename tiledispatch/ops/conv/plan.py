@@ -466,7 +466,7 @@ def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
 
 
 # -- the toeplitz family: a filter-building stage, then the Gluon walk -----------------------------
-TOEPLITZ_STRIDES = ("sxn", "sxh", "sxw", "syn", "syh", "syw")
+TOEPLITZ_STRIDES = ("sxn", "sxh", "sxw", "syn", "syh", "syw", "srn", "srh", "srw")
 
 
 def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) -> tuple[KernelUnit, KernelUnit]:
@@ -480,14 +480,16 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
                         + [(n, "i64") for n in ("swk", "swy", "swx")] + [(n, "constexpr") for n in build]),
         constexprs=tuple(sorted(build.items())), num_warps=4, num_stages=1, modules=(_TOEPLITZ_MODULE,))
     vector = 16 // config.signature.types.dtype.itemsize
+    epilogue = config.signature.epilogue
     walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
-            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector}
-    signature = ([(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr")]
+            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector, "HAS_BIAS": epilogue.bias,
+            "ACTIVATION": ACTIVATION_CODES[epilogue.activation], "HAS_RESIDUAL": epilogue.residual}
+    signature = ([(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr", "bias_ptr", "res_ptr")]
                  + [(n, "i32") for n in ("N", "C", "H", "W", "OH", "OW", "PH", "PW")]
                  + [(n, "i64") for n in TOEPLITZ_STRIDES] + [(n, "constexpr") for n in walk])
     # Unaligned data is refused (rules.supports): channels move as 16-byte vectors.
-    divisibility = ((("x_ptr", 16), ("t_ptr", 16), ("y_ptr", 16)) + tuple((n, vector) for n in TOEPLITZ_STRIDES)
-                    + (("C", vector),)) if specialization.aligned else ()
+    divisibility = ((("x_ptr", 16), ("t_ptr", 16), ("y_ptr", 16), ("res_ptr", 16))
+                    + tuple((n, vector) for n in TOEPLITZ_STRIDES) + (("C", vector),)) if specialization.aligned else ()
     main_unit = KernelUnit(
         stage="main", module=_TOEPLITZ_MODULE, function="conv_depthwise_toeplitz", signature=tuple(signature),
         constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
@@ -512,10 +514,11 @@ def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor)
     filter_bound = {"w_ptr": w, "t_ptr": filters, "C": p.c, "FY": fy, "FX": fx, "swk": w.stride(0),
                     "swy": w.stride(2), "swx": w.stride(3)}
     (in_h, in_w), (out_h, out_w) = src.shape[2:], out.shape[2:]
-    walk_bound = {"x_ptr": src, "t_ptr": filters, "y_ptr": out, "N": p.n, "C": p.c, "H": in_h, "W": in_w,
-                  "OH": out_h, "OW": out_w, "PH": pad_h, "PW": pad_w,
-                  **dict(zip(TOEPLITZ_STRIDES, (src.stride(0), src.stride(2), src.stride(3),
-                                                out.stride(0), out.stride(2), out.stride(3))))}
+    res_n, _, res_h, res_w = _strides(ops.residual)
+    walk_bound = {"x_ptr": src, "t_ptr": filters, "y_ptr": out, "bias_ptr": ops.bias, "res_ptr": ops.residual,
+                  "N": p.n, "C": p.c, "H": in_h, "W": in_w, "OH": out_h, "OW": out_w, "PH": pad_h, "PW": pad_w,
+                  **dict(zip(TOEPLITZ_STRIDES, (src.stride(0), src.stride(2), src.stride(3), out.stride(0),
+                                                out.stride(2), out.stride(3), res_n, res_h, res_w)))}
     grid = (triton.cdiv(p.n * triton.cdiv(out_w, k.NW), config.block_m), triton.cdiv(p.c, config.block_c),
             triton.cdiv(out_h, config.rows))
     return Plan((Launch("filter", (triton.cdiv(p.c, k.FILTER_BLOCK_C), fy, 1), _values(build, filter_bound)),

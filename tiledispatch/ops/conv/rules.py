@@ -85,7 +85,6 @@ class ConvRule(enum.Enum):
     FAMILY_ARCH = "family-arch"
     FAMILY_DIRECTION = "family-direction"
     FAMILY_DTYPE = "family-dtype"
-    FAMILY_EPILOGUE = "family-epilogue"
     PAD_CHANNELS = "pad-channels"
 
 
@@ -361,9 +360,6 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
     if sig.direction is Direction.BWD_WEIGHT:
         error(ConvRule.FAMILY_DIRECTION, "toeplitz computes forward and backward-data (a walk over the rows of x or "
               "dy); backward-weight sums over pixels", "use the direct family's window kernel")
-    if not sig.epilogue.plain:
-        error(ConvRule.FAMILY_EPILOGUE, f"toeplitz has no epilogue; {sig.epilogue.name} needs one",
-              "use no epilogue, or the direct family")
     if config.block_m not in TOEPLITZ_BLOCK_M:
         error(ConvRule.TILE_POWER_OF_TWO, f"block_m={config.block_m} is not one of {TOEPLITZ_BLOCK_M}")
     if config.block_c not in TOEPLITZ_BLOCK_C:
@@ -402,7 +398,7 @@ _TUNABLE = {
 }
 # Rules about what is computed, not how: no tile change fixes them.
 _SEMANTIC = {ConvRule.DTYPE_ARCH, ConvRule.TF32, ConvRule.EPILOGUE_DIRECTION, ConvRule.FAMILY_ARCH,
-             ConvRule.WINDOW, ConvRule.FAMILY_DIRECTION, ConvRule.FAMILY_DTYPE, ConvRule.FAMILY_EPILOGUE}
+             ConvRule.WINDOW, ConvRule.FAMILY_DIRECTION, ConvRule.FAMILY_DTYPE}
 
 
 def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Correction, ...]]:

@@ -340,7 +340,7 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_
     for sig in signatures(epilogues):
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
-        if sig.types in TMA_TYPES and not weight and sig.epilogue.plain:  # 16-bit, forward and backward-data
+        if sig.types in TMA_TYPES and not weight:  # 16-bit, forward and backward-data
             for t, rows in itertools.product(toeplitz_tiles, TOEPLITZ_FILTER_ROWS):
                 yield ToeplitzConfig(sig, t.block_m, t.block_c, t.num_warps, t.rows, rows)
         if sig.types in TMA_TYPES:

@@ -11,8 +11,9 @@ KW = NW + 8 input columns the chunk reads. T_fy is banded (Toeplitz), zero off t
 width, and built once a call by `conv_toeplitz_filter` ([C, FY, KW, NW]). The MMA's batch is
 the channel, spread over the warps. A program walks down the rows once: each input row is
 loaded once and feeds the FY output rows it touches, held as FY accumulators, one of which
-is finished (stored and cleared) a row. Backward-data at stride 1 is the same walk over dy
-with the filter flipped in both directions and padding F - 1 - P.
+is finished (stored and cleared) a row, through the forward's epilogue (bias, activation,
+residual, as the GEMM's). Backward-data at stride 1 is the same walk over dy with the filter
+flipped in both directions and padding F - 1 - P.
 
 The main kernel is Gluon (mma_v2 with explicit layouts): the FY filter operands stay in
 registers for the program's whole walk, which `tl.dot` of a 3-D block did not keep there
@@ -55,9 +56,39 @@ def conv_toeplitz_filter(w_ptr, t_ptr, C, FY, FX, swk, swy, swx, FLIP: tl.conste
 
 
 @gluon.jit
-def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, N, C, H, W, OH, OW, PH, PW, sxn, sxh, sxw, syn, syh, syw,
+def _activate(acc, ACTIVATION: gl.constexpr):
+    """The GEMM epilogue's activations (ops/gemm/kernels/epilogue.py), by the same codes."""
+    if ACTIVATION == 1:  # relu
+        acc = gl.maximum(acc, 0.0)
+    elif ACTIVATION == 2:  # gelu, exact (erf) form
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+    elif ACTIVATION == 3:  # silu
+        acc = acc / (1.0 + gl.exp(-acc))
+    return acc
+
+
+@gluon.jit
+def _finish(acc, bias, res_rows, res_ok, out_layout: gl.constexpr, out_dtype: gl.constexpr,
+            HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
+    """A finished output row, in the store's layout: bias and activation where the MMA left it, the
+    residual (read in the store's layout) added in fp32 before the one rounding to out_dtype."""
+    if HAS_BIAS:
+        acc = acc + bias
+    acc = _activate(acc, ACTIVATION)
+    if HAS_RESIDUAL:
+        out = gl.convert_layout(acc, out_layout)
+        out = (out + gl.load(res_rows, mask=res_ok, other=0.0).to(gl.float32)).to(out_dtype)
+    else:
+        out = gl.convert_layout(acc.to(out_dtype), out_layout)
+    return out
+
+
+@gluon.jit
+def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, OH, OW, PH, PW,
+                            sxn, sxh, sxw, syn, syh, syw, srn, srh, srw,
                             BLOCK_M: gl.constexpr, BLOCK_C: gl.constexpr, ROWS: gl.constexpr,
-                            FILTER_ROWS: gl.constexpr, KW: gl.constexpr, NW: gl.constexpr, VEC: gl.constexpr):
+                            FILTER_ROWS: gl.constexpr, KW: gl.constexpr, NW: gl.constexpr, VEC: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
     """y = the depthwise correlation of x with the filter rows in t (stride and dilation 1).
 
     Grid: (blocks of BLOCK_M (image, chunk) rows, channel blocks, bands of ROWS output rows).
@@ -105,6 +136,11 @@ def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, N, C, H, W, OH, OW, PH, PW, sxn
     ow = ((m_out % chunks) * NW)[None, :, None] + j[None, None, :]
     y_rows = y_ptr + ((m_out // chunks).to(gl.int64)[None, :, None] * syn + ow * syw) + c_out
     y_ok = (ow < OW) & (m_out < M)[None, :, None] & (c_out < C)
+    r_rows = res_ptr + ((m_out // chunks).to(gl.int64)[None, :, None] * srn + ow * srw) + c_out
+    bias = 0.0
+    if HAS_BIAS:  # one value a channel, where the accumulators are
+        c_acc = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, mma)))
+        bias = gl.load(bias_ptr + c_acc, mask=c_acc < C, other=0.0).to(gl.float32)[:, None, None]
 
     # The filter rows as B operands, in registers for the whole walk (channels past C read C - 1's).
     tc = gl.minimum(pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, filter_layout))),
@@ -136,8 +172,10 @@ def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, N, C, H, W, OH, OW, PH, PW, sxn
             # Output row u - FY + 1 has all its rows now: slot (s + 1) % FY. (Constexpr slot indices
             # are written out: Gluon turned one bound to a name into a tensor.)
             oh = u - FY + 1
-            out = gl.convert_layout(summed[(s + 1) % FY].to(y_ptr.dtype.element_ty), out_layout)
-            gl.store(y_rows + oh * syh, out, mask=y_ok & (oh >= oh_first) & (oh < oh_end))
+            ok = y_ok & (oh >= oh_first) & (oh < oh_end)
+            out = _finish(summed[(s + 1) % FY], bias, r_rows + oh * srh, ok, out_layout, y_ptr.dtype.element_ty,
+                          HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            gl.store(y_rows + oh * syh, out, mask=ok)
             slots = ()
             for slot in gl.static_range(FY):
                 slots = slots + ((gl.zeros([BLOCK_C, BLOCK_M, NW], gl.float32, mma) if slot == (s + 1) % FY
