@@ -1,4 +1,4 @@
-"""The toeplitz family: depthwise 2-D forward and backward-data on tensor cores (kernels/toeplitz.py).
+"""The toeplitz family: depthwise 2-D convolution on tensor cores, every direction (kernels/toeplitz.py).
 
 The walk is a Gluon kernel (GPU only); its filter stage is Triton and runs here under the
 interpreter against a float64 construction of the banded matrices. On the GPU every default
@@ -38,7 +38,9 @@ from .helpers import ARCH, DEVICE, ON_GPU, problem, run_and_check
 SM90 = arch.load("sm_90")
 FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.BF16))
 BWDD = dataclasses.replace(FWD, direction=Direction.BWD_DATA)
+BWDW = dataclasses.replace(FWD, direction=Direction.BWD_WEIGHT)
 TILE = ToeplitzConfig(FWD, 16, 32, 16, 28, 7)
+WEIGHT_TILE = ToeplitzConfig(BWDW, 16, 16, 16, 28, 7, split_k=4)
 
 
 def banded(w: torch.Tensor, flip: bool) -> torch.Tensor:
@@ -78,13 +80,13 @@ def test_rules():
         ConvRule.FAMILY_ARCH: (TILE, arch.load("interpreter")),
         ConvRule.FAMILY_DTYPE: (dataclasses.replace(TILE, signature=ConvSignature(Direction.FORWARD,
                                                                                   ConvTypes(DType.FP32))), SM90),
-        ConvRule.FAMILY_DIRECTION: (dataclasses.replace(TILE, signature=dataclasses.replace(
-            FWD, direction=Direction.BWD_WEIGHT)), SM90),
         ConvRule.VECTOR_WIDTH: (dataclasses.replace(TILE, block_c=24), SM90),
         ConvRule.TILE_POWER_OF_TWO: (dataclasses.replace(TILE, block_m=8), SM90),
-        ConvRule.WARPS_FOR_TILE: (dataclasses.replace(TILE, block_c=16, num_warps=16), SM90),
+        ConvRule.WARPS_FOR_TILE: (dataclasses.replace(TILE, block_c=8, num_warps=16), SM90),
+        ConvRule.SPLIT_K: (dataclasses.replace(TILE, split_k=4), SM90),
         ConvRule.WINDOW: (dataclasses.replace(TILE, filter_rows=10), SM90),
     }
+    assert validate(WEIGHT_TILE, SM90).ok and WEIGHT_TILE.name.endswith("_f7_k4_none")
     for epilogue in (ConvEpilogue(True, Activation.GELU, True), ConvEpilogue(False, Activation.SILU, False)):
         assert validate(dataclasses.replace(TILE, signature=dataclasses.replace(FWD, epilogue=epilogue)), SM90).ok
     for rule, (config, target) in cases.items():
@@ -100,6 +102,7 @@ def test_supports_says_why_not():
     assert supports(TILE, p()) is None
     assert supports(TILE, p(filt=(7, 3), pad=(3, 1))) is None  # narrower filters fit the band
     assert supports(dataclasses.replace(TILE, signature=BWDD), p("bwd_data")) is None
+    assert supports(WEIGHT_TILE, p("bwd_weight")) is None
     assert "depthwise only" in supports(TILE, p(k=128))
     assert "2-D" in supports(TILE, p(size=(12,), filt=(7,), pad=3))
     assert "stride 1 and dilation 1" in supports(TILE, p(stride=2))
@@ -131,6 +134,22 @@ def test_plan_walks_dy_with_the_flipped_filter_for_backward_data():
         out_h, out_w = (p.output_size if direction is Direction.FORWARD else p.input_size)
         assert (args["OH"], args["OW"]) == (out_h, out_w)
         assert launches[1].grid == (-(-3 * -(-out_w // kernels.NW) // 16), -(-40 // 32), -(-out_h // 28))
+
+
+def test_plan_sums_backward_weights_slabs():
+    """Backward-weight: the walk writes split_k fp32 slabs [C, FY * FX], the reduce stage sums them into dw."""
+    config = dataclasses.replace(WEIGHT_TILE, signature=dataclasses.replace(BWDW, types=ConvTypes(DType.FP16)),
+                                 filter_rows=5)
+    walk, reduce = kernel_units(config, ConvSpecialization())
+    assert (walk.stage, reduce.stage) == ("main", "reduce") and walk.kind.value == "gluon"
+    assert dict(reduce.constexprs)["SPLIT_K"] == 4
+    p = problem("bwd_weight", 3, 40, 40, 40, (9, 21), (5, 3), 1, (1, 2), 1, "fp16")
+    ops = check_operands(Direction.BWD_WEIGHT, **make_inputs(p, device="cpu").kwargs(p))
+    launches = plan(config, ops).launches
+    assert [launch.stage for launch in launches] == ["main", "reduce"]
+    args = dict(zip([name for name, _ in walk.signature], launches[0].args))
+    assert args["ws_ptr"].numel() == 4 * 40 * 5 * 3 and args["FX"] == 3
+    assert launches[0].grid == (-(-40 // 16), 4, 1)
 
 
 SM90_SUITE = {  # benchmarks' conv.json depthwise 2-D cases: N, C, spatial, filter, padding; the walk wins at 7x7
@@ -174,7 +193,7 @@ def dispatcher() -> Dispatcher:
 
 @requires_gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
-@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_DATA], ids=lambda d: d.value)
+@pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_every_toeplitz_tile_on_the_gpu(dispatcher, direction, case, dtype):
     n, c, size, filt, pad = GPU_CASES[case]

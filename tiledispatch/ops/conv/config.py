@@ -187,12 +187,14 @@ class DirectConfig:
 
 @dataclass(frozen=True)
 class ToeplitzConfig:
-    """Depthwise 2-D forward and backward-data on tensor cores (kernels/toeplitz.py).
+    """Depthwise 2-D convolution on tensor cores, every direction (kernels/toeplitz.py).
 
     A program owns `block_c` channels (the MMA's batch, spread over the warps) and
     `block_m` (image, chunk of 8 output columns) rows, and walks down `rows` output rows
     of them; `filter_rows` (the filter height) is compiled in, as a window kernel's width.
-    Name: ``toeplitz_{block_m}x{block_c}_w{num_warps}_r{rows}_f{filter_rows}``.
+    Backward-weight's programs each walk a share of those blocks, `split_k` shares, into
+    as many fp32 slabs that a second kernel sums. Name:
+    ``toeplitz_{block_m}x{block_c}_w{num_warps}_r{rows}_f{filter_rows}`` (+ ``_k{split_k}``).
     """
 
     signature: ConvSignature
@@ -201,12 +203,18 @@ class ToeplitzConfig:
     num_warps: int
     rows: int
     filter_rows: int
+    split_k: int = 1  # backward-weight only: the workspace's slabs
     family: Family = Family.TOEPLITZ
 
     @property
     def name(self) -> str:
+        split = f"_k{self.split_k}" if self.signature.direction is Direction.BWD_WEIGHT else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_m}x{self.block_c}_w{self.num_warps}"
-                f"_r{self.rows}_f{self.filter_rows}_{self.signature.epilogue.name}")
+                f"_r{self.rows}_f{self.filter_rows}{split}_{self.signature.epilogue.name}")
+
+    @property
+    def workspace_slabs(self) -> int:
+        return self.split_k
 
 
 @dataclass(frozen=True)

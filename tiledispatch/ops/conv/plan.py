@@ -469,48 +469,76 @@ def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
 TOEPLITZ_STRIDES = ("sxn", "sxh", "sxw", "syn", "syh", "syw", "srn", "srh", "srw")
 
 
-def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) -> tuple[KernelUnit, KernelUnit]:
+def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) -> tuple[KernelUnit, ...]:
+    """Forward and backward-data: the filter stage, then the walk. Backward-weight: the walk into
+    the workspace, then weight_reduce's sum of its slabs."""
     t = config.signature.types.dtype.triton
     k = toeplitz_kernels
-    build = {"FLIP": config.signature.direction is Direction.BWD_DATA, "BLOCK_C": k.FILTER_BLOCK_C, "KW": k.KW,
-             "NW": k.NW}
+    direction = config.signature.direction
+    vector = 16 // config.signature.types.dtype.itemsize
+    walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
+            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector}
+    if direction is Direction.BWD_WEIGHT:
+        walk |= {"SPLIT_K": config.split_k, "MAX_FX": k.MAX_WIDTH}
+        tensors = [("x_ptr", f"*{t}"), ("y_ptr", f"*{t}"), ("ws_ptr", "*fp32")]
+        scalars = ("N", "C", "H", "W", "OH", "OW", "FX", "PH", "PW")
+        strides = TOEPLITZ_STRIDES[:6]
+        aligned = (("x_ptr", 16), ("y_ptr", 16))
+        function = "conv_depthwise_toeplitz_weight"
+    else:
+        epilogue = config.signature.epilogue
+        walk |= {"HAS_BIAS": epilogue.bias, "ACTIVATION": ACTIVATION_CODES[epilogue.activation],
+                 "HAS_RESIDUAL": epilogue.residual}
+        tensors = [(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr", "bias_ptr", "res_ptr")]
+        scalars = ("N", "C", "H", "W", "OH", "OW", "PH", "PW")
+        strides = TOEPLITZ_STRIDES
+        aligned = (("x_ptr", 16), ("t_ptr", 16), ("y_ptr", 16), ("res_ptr", 16))
+        function = "conv_depthwise_toeplitz"
+    signature = (tensors + [(n, "i32") for n in scalars] + [(n, "i64") for n in strides]
+                 + [(n, "constexpr") for n in walk])
+    # Unaligned data is refused (rules.supports): channels move as 16-byte vectors.
+    divisibility = (aligned + tuple((n, vector) for n in strides) + (("C", vector),)) if specialization.aligned else ()
+    main = KernelUnit(
+        stage="main", module=_TOEPLITZ_MODULE, function=function, signature=tuple(signature),
+        constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
+        modules=(_TOEPLITZ_MODULE,), divisibility=divisibility, kind=UnitKind.GLUON)
+    if direction is Direction.BWD_WEIGHT:
+        return main, _reduce_unit(config, specialization)
+    build = {"FLIP": direction is Direction.BWD_DATA, "BLOCK_C": k.FILTER_BLOCK_C, "KW": k.KW, "NW": k.NW}
     filter_unit = KernelUnit(
         stage="filter", module=_TOEPLITZ_MODULE, function="conv_toeplitz_filter",
         signature=tuple([("w_ptr", f"*{t}"), ("t_ptr", f"*{t}")] + [(n, "i32") for n in ("C", "FY", "FX")]
                         + [(n, "i64") for n in ("swk", "swy", "swx")] + [(n, "constexpr") for n in build]),
         constexprs=tuple(sorted(build.items())), num_warps=4, num_stages=1, modules=(_TOEPLITZ_MODULE,))
-    vector = 16 // config.signature.types.dtype.itemsize
-    epilogue = config.signature.epilogue
-    walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
-            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector, "HAS_BIAS": epilogue.bias,
-            "ACTIVATION": ACTIVATION_CODES[epilogue.activation], "HAS_RESIDUAL": epilogue.residual}
-    signature = ([(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr", "bias_ptr", "res_ptr")]
-                 + [(n, "i32") for n in ("N", "C", "H", "W", "OH", "OW", "PH", "PW")]
-                 + [(n, "i64") for n in TOEPLITZ_STRIDES] + [(n, "constexpr") for n in walk])
-    # Unaligned data is refused (rules.supports): channels move as 16-byte vectors.
-    divisibility = ((("x_ptr", 16), ("t_ptr", 16), ("y_ptr", 16), ("res_ptr", 16))
-                    + tuple((n, vector) for n in TOEPLITZ_STRIDES) + (("C", vector),)) if specialization.aligned else ()
-    main_unit = KernelUnit(
-        stage="main", module=_TOEPLITZ_MODULE, function="conv_depthwise_toeplitz", signature=tuple(signature),
-        constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
-        modules=(_TOEPLITZ_MODULE,), divisibility=divisibility, kind=UnitKind.GLUON)
-    return filter_unit, main_unit
+    return filter_unit, main
 
 
 def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
-    """The filter rows as banded matrices, then the walk. Backward-data walks dy into dx with the
-    filter flipped (the filter stage's FLIP) and padding F - 1 - P (stride and dilation are 1)."""
+    """Forward: the filter rows as banded matrices, then the walk over x. Backward-data walks dy into
+    dx with the filter flipped (the filter stage's FLIP) and padding F - 1 - P (stride and dilation
+    are 1). Backward-weight walks x and dy into fp32 slabs, then sums them into dw."""
     p = ops.problem
-    forward = p.direction is Direction.FORWARD
-    src = ops.x if forward else ops.dy
+    k = toeplitz_kernels
     fy, fx = p.filter_size
     pad_h, pad_w = p.padded3(p.padding, 0)[1:]
+    units = kernel_units(config, p.specialization)
+    if p.direction is Direction.BWD_WEIGHT:
+        (out_h, out_w), (in_h, in_w) = p.output_size, p.input_size
+        workspace = torch.empty(config.split_k * p.c * fy * fx, dtype=torch.float32, device=out.device)
+        bound = {"x_ptr": ops.x, "y_ptr": ops.dy, "ws_ptr": workspace, "N": p.n, "C": p.c, "H": in_h, "W": in_w,
+                 "OH": out_h, "OW": out_w, "FX": fx, "PH": pad_h, "PW": pad_w,
+                 **dict(zip(TOEPLITZ_STRIDES, (ops.x.stride(0), ops.x.stride(2), ops.x.stride(3),
+                                               ops.dy.stride(0), ops.dy.stride(2), ops.dy.stride(3))))}
+        grid = (triton.cdiv(p.c, config.block_c), config.split_k, 1)
+        return Plan((Launch("main", grid, _values(units[0], bound)),
+                     _reduce_launch(units[1], workspace, out, p, fy * fx)), out)
+    forward = p.direction is Direction.FORWARD
+    src = ops.x if forward else ops.dy
     if not forward:
         pad_h, pad_w = fy - 1 - pad_h, fx - 1 - pad_w
-    k = toeplitz_kernels
     filters = torch.empty((p.c, fy, k.KW, k.NW), dtype=p.types.dtype.torch, device=out.device)
     w = ops.w
-    build, walk = kernel_units(config, p.specialization)
+    build, walk = units
     filter_bound = {"w_ptr": w, "t_ptr": filters, "C": p.c, "FY": fy, "FX": fx, "swk": w.stride(0),
                     "swy": w.stride(2), "swx": w.stride(3)}
     (in_h, in_w), (out_h, out_w) = src.shape[2:], out.shape[2:]

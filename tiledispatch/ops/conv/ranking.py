@@ -694,19 +694,30 @@ TOEPLITZ_MODEL_ERROR = 1.25  # the rows' spread around the mean, as WINDOW_MODEL
 
 
 def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
-    """The busiest SM's programs, one after another, each walking its rows."""
-    oh, ow = p.output_size if p.direction is Direction.FORWARD else p.input_size
-    programs = (math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(p.c / config.block_c)
-                * math.ceil(oh / config.rows))
-    busiest = math.ceil(programs / arch.sm_count)
+    """The busiest SM's programs, one after another, each walking its rows (backward-weight: its
+    share of the blocks of rows, then the sum of its slabs)."""
+    weight = p.direction is Direction.BWD_WEIGHT
+    oh, ow = p.input_size if p.direction is Direction.BWD_DATA else p.output_size
+    blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
+    channel_blocks = math.ceil(p.c / config.block_c)
     walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
+    if weight:  # every program walks ceil(blocks / split) blocks of rows
+        programs = channel_blocks * config.split_k
+        walked *= math.ceil(blocks / config.split_k)
+    else:
+        programs = channel_blocks * blocks
+    busiest = math.ceil(programs / arch.sm_count)
     block = config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK
     walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
     memory_s = p.bytes() / (_bandwidth(arch) * DIRECT_FRACTION)
-    modelled = max(walk_s, memory_s) + LAUNCH_SECONDS
+    reduce_s = 0.0
+    if weight:
+        reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch) + LAUNCH_SECONDS
+    modelled = max(walk_s, memory_s) + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     terms = {"programs": float(programs), "busiest_sm_programs": float(busiest), "rows_walked": float(walked),
-             "walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "modelled_us": modelled * 1e6}
+             "walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6,
+             "modelled_us": modelled * 1e6}
     return Score(ideal / modelled * VENDOR_TRUST / TOEPLITZ_MODEL_ERROR, terms)
 
 

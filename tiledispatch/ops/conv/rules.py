@@ -338,13 +338,17 @@ def _window_findings(config: DirectConfig, error) -> None:
 
 
 def toeplitz_registers(config: ToeplitzConfig) -> int:
-    """Registers a thread of the toeplitz kernel holds: for each of its warp's channels, the
-    filter_rows accumulators (fp32) and filter operands (16-bit pairs) and the row operand."""
+    """Registers a thread of the toeplitz kernel holds, for each of its warp's channels: forward and
+    backward-data, the filter_rows accumulators (fp32) and filter operands (16-bit pairs) and the
+    row operand; backward-weight, the filter_rows sums (fp32) and x row operands and the dy operand."""
     from .kernels.toeplitz import KW, NW
 
     channels = max(config.block_c // config.num_warps, 1)
-    per_channel = (config.filter_rows * config.block_m * NW // 32 + config.filter_rows * KW * NW // 64
-                   + config.block_m * KW // 64)
+    rows = config.filter_rows
+    if config.signature.direction is Direction.BWD_WEIGHT:
+        per_channel = rows * KW * NW // 32 + rows * KW * config.block_m // 64 + config.block_m * NW // 64
+    else:
+        per_channel = rows * config.block_m * NW // 32 + rows * KW * NW // 64 + config.block_m * KW // 64
     return channels * per_channel + TOEPLITZ_REGISTER_BASE
 
 
@@ -357,9 +361,11 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
     if sig.types.dtype not in TOEPLITZ_DTYPES:
         error(ConvRule.FAMILY_DTYPE, f"toeplitz multiplies 16-bit operands; {sig.types.dtype.value} is not one",
               "use fp16 or bf16, or the direct family")
-    if sig.direction is Direction.BWD_WEIGHT:
-        error(ConvRule.FAMILY_DIRECTION, "toeplitz computes forward and backward-data (a walk over the rows of x or "
-              "dy); backward-weight sums over pixels", "use the direct family's window kernel")
+    if not 1 <= config.split_k <= MAX_SPLIT_K:
+        error(ConvRule.SPLIT_K, f"split_k={config.split_k} must be within 1..{MAX_SPLIT_K}")
+    elif config.split_k > 1 and sig.direction is not Direction.BWD_WEIGHT:
+        error(ConvRule.SPLIT_K, f"split_k={config.split_k} on {sig.direction.value}: only backward-weight "
+              "splits its reduction (over pixels) across programs", "use split_k=1")
     if config.block_m not in TOEPLITZ_BLOCK_M:
         error(ConvRule.TILE_POWER_OF_TWO, f"block_m={config.block_m} is not one of {TOEPLITZ_BLOCK_M}")
     if config.block_c not in TOEPLITZ_BLOCK_C:
@@ -372,9 +378,9 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
               f"{config.block_c} is not a multiple of num_warps={config.num_warps}", "use fewer warps")
     elif config.block_c in TOEPLITZ_BLOCK_C and config.block_m < config.num_warps * max(
             1, 32 * 8 // config.block_c // TOEPLITZ_NW):
-        error(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps store {config.block_c} channels of a "
-              f"{config.block_m}-row block by rows of 16-byte vectors: the block is too short for them",
-              "use a larger block_m or fewer warps")
+        warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps move {config.block_c} channels of a "
+                f"{config.block_m}-row block of output rows by 16-byte vectors: some lanes repeat others' loads",
+                "a larger block_m or fewer warps")
     if not 1 <= config.filter_rows <= TOEPLITZ_MAX_FILTER_ROWS:
         error(ConvRule.WINDOW, f"filter_rows={config.filter_rows} must be within 1..{TOEPLITZ_MAX_FILTER_ROWS}: "
               "a thread holds one accumulator and one filter operand a filter row")

@@ -13,7 +13,9 @@ the channel, spread over the warps. A program walks down the rows once: each inp
 loaded once and feeds the FY output rows it touches, held as FY accumulators, one of which
 is finished (stored and cleared) a row, through the forward's epilogue (bias, activation,
 residual, as the GEMM's). Backward-data at stride 1 is the same walk over dy with the filter
-flipped in both directions and padding F - 1 - P.
+flipped in both directions and padding F - 1 - P. Backward-weight is another walk
+(`conv_depthwise_toeplitz_weight`): MMAs whose reduction is the pixels, summed along the
+diagonals of the band at the end.
 
 The main kernel is Gluon (mma_v2 with explicit layouts): the FY filter operands stay in
 registers for the program's whole walk, which `tl.dot` of a 3-D block did not keep there
@@ -180,3 +182,95 @@ def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
             for slot in gl.static_range(FY):
                 slots = slots + ((gl.zeros([BLOCK_C, BLOCK_M, NW], gl.float32, mma) if slot == (s + 1) % FY
                                   else summed[slot]),)
+
+
+@gluon.jit
+def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX, PH, PW,
+                                   sxn, sxh, sxw, syn, syh, syw,
+                                   BLOCK_M: gl.constexpr, BLOCK_C: gl.constexpr, ROWS: gl.constexpr,
+                                   FILTER_ROWS: gl.constexpr, KW: gl.constexpr, NW: gl.constexpr,
+                                   VEC: gl.constexpr, SPLIT_K: gl.constexpr, MAX_FX: gl.constexpr):
+    """Backward-weight: per channel and filter row fy, G_fy[k, j] = sum over output pixels of
+    x[row + fy, chunk column k] * dy[row, chunk column j], an MMA with the pixels as its reduction
+    (A = the x row transposed, B = the dy row); dw[fy, s] is the sum of G_fy's diagonal k - j = s.
+
+    Grid: (channel blocks, SPLIT_K). The work items are (BLOCK_M block of (image, chunk) rows, band
+    of ROWS output rows); program pid_s walks a contiguous share of them, its FY sums held across
+    all, and writes its fp32 partial dw to slab pid_s of the workspace [SPLIT_K, C, FY * FX]
+    (weight_reduce.conv_weight_reduce sums the slabs in order). The FY x rows a dy row meets stay
+    in registers as A operands, one replaced a row (the loop is unrolled by FY, as the forward's).
+    """
+    FY: gl.constexpr = FILTER_ROWS
+    WARPS: gl.constexpr = gl.num_warps()
+    LANES_C: gl.constexpr = BLOCK_C // VEC
+    LANES_K: gl.constexpr = KW if LANES_C * KW <= 32 else 32 // LANES_C
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
+                                                  instr_shape=[1, 16, 8])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    rows_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // LANES_K, LANES_K],
+        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
+    dy_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // NW, NW],
+        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
+
+    pid_c = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    chunks = gl.cdiv(OW, NW)
+    M = N * chunks
+    blocks = gl.cdiv(M, BLOCK_M)
+    bands = gl.cdiv(OH, ROWS)
+    per_split = gl.cdiv(blocks * bands, SPLIT_K)
+    item_first = pid_s * per_split
+    item_last = gl.minimum(item_first + per_split, blocks * bands)
+
+    c = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, rows_layout)))
+    k = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(1, rows_layout)))
+    c_dy = (pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, dy_layout))))[:, None, None]
+    j = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, dy_layout)))
+    sums = ()
+    for _i in gl.static_range(FY):
+        sums = sums + (gl.zeros([BLOCK_C, KW, NW], gl.float32, mma),)
+    for item in range(item_first, item_last):
+        oh_first = (item // blocks) * ROWS
+        oh_end = gl.minimum(oh_first + ROWS, OH)
+        m = (item % blocks) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, rows_layout)))
+        col = ((m % chunks) * NW - PW)[None, :, None] + k[None, None, :]
+        x_ok = (col >= 0) & (col < W) & (m < M)[None, :, None] & (c[:, None, None] < C)
+        x_rows = x_ptr + ((m // chunks).to(gl.int64)[None, :, None] * sxn + col * sxw) + c[:, None, None]
+        m_dy = (item % blocks) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, dy_layout)))
+        ow = ((m_dy % chunks) * NW)[None, :, None] + j[None, None, :]
+        dy_ok = (ow < OW) & (m_dy < M)[None, :, None] & (c_dy < C)
+        dy_rows = y_ptr + ((m_dy // chunks).to(gl.int64)[None, :, None] * syn + ow * syw) + c_dy
+        # x rows oh_first - PH + fy (fy < FY - 1) before the walk; slot (r + fy) % FY holds row r + fy.
+        xs = ()
+        for fy in gl.static_range(FY):
+            ih = oh_first - PH + fy
+            xv = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (fy < FY - 1), other=0.0)
+            xs = xs + (gl.convert_layout(gl.permute(xv, [0, 2, 1]), a_layout),)
+        for base in range(oh_first, oh_end, FY):
+            for s in gl.static_range(FY):
+                oh = base + s
+                ih = oh + FY - 1 - PH
+                xv = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H), other=0.0)
+                newest = gl.convert_layout(gl.permute(xv, [0, 2, 1]), a_layout)
+                refilled = ()
+                for t in gl.static_range(FY):
+                    refilled = refilled + ((newest if t == (s + FY - 1) % FY else xs[t]),)
+                xs = refilled
+                dy = gl.convert_layout(gl.load(dy_rows + oh * syh, mask=dy_ok & (oh < oh_end), other=0.0), b_layout)
+                summed = ()
+                for fy in gl.static_range(FY):
+                    summed = summed + (mma_v2(xs[(s + fy) % FY], dy, sums[fy]),)
+                sums = summed
+    # dw[c, fy, s] = the sum of G_fy over its diagonal k - j = s, into this program's slab.
+    kk = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, mma)))[None, :, None]
+    jj = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, mma)))[None, None, :]
+    cc = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, mma)))
+    taps = FY * FX
+    slab = ws_ptr + (pid_s * C + cc).to(gl.int64) * taps
+    for fy in gl.static_range(FY):
+        for s in gl.static_range(MAX_FX):
+            total = gl.sum(gl.sum(gl.where(kk - jj == s, sums[fy], 0.0), axis=2), axis=1)
+            gl.store(slab + fy * FX + s, total, mask=(cc < C) & (s < FX))
