@@ -30,6 +30,7 @@ from tiledispatch.ops.conv.inputs import make_inputs
 from tiledispatch.ops.conv.kernels import toeplitz as kernels
 from tiledispatch.ops.conv.plan import kernel_units, plan
 from tiledispatch.ops.conv.problem import ConvEpilogue, ConvSpecialization
+from tiledispatch.ops.conv.rulesets import WEIGHT_TOEPLITZ
 from tiledispatch.ops.gemm.problem import Activation
 
 from ...conftest import requires_gpu
@@ -188,7 +189,12 @@ GPU_CASES = {  # N, C, spatial, filter, padding
 
 @pytest.fixture(scope="module")
 def dispatcher() -> Dispatcher:
-    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+    """The tests rule set, and backward-weight's toeplitz tiles, which only `full` lists."""
+    tiles = {(t.block_m, t.block_c, t.num_warps, t.rows, t.split_k) for t in WEIGHT_TOEPLITZ}
+    weight = Registry.from_rule_set("conv", "full", ARCH).filter(
+        lambda s: s.family == Family.TOEPLITZ.value and s.config.signature.direction is Direction.BWD_WEIGHT
+        and (s.config.block_m, s.config.block_c, s.config.num_warps, s.config.rows, s.config.split_k) in tiles)
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH).merge(weight), ARCH)
 
 
 @requires_gpu

@@ -691,6 +691,9 @@ TOEPLITZ_ROW_SECONDS = 0.77e-6  # a program's row of a 16 x 32 block
 TOEPLITZ_ROW_BLOCK = 16 * 32
 TOEPLITZ_BLOCK_EXPONENT = 0.78
 TOEPLITZ_MODEL_ERROR = 1.25  # the rows' spread around the mean, as WINDOW_MODEL_ERROR against cuDNN
+# Backward-weight's rows (a transposed x operand and a dy operand staged a row) took 2.4-3.0x the
+# forward's on the suite's depthwise cases (benchmarks/results/h200/conv_toeplitz_weight.csv).
+TOEPLITZ_WEIGHT_ROW_FACTOR = 2.7
 
 
 def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
@@ -709,6 +712,7 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     busiest = math.ceil(programs / arch.sm_count)
     block = config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK
     walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
+    walk_s *= TOEPLITZ_WEIGHT_ROW_FACTOR if weight else 1.0
     memory_s = p.bytes() / (_bandwidth(arch) * DIRECT_FRACTION)
     reduce_s = 0.0
     if weight:

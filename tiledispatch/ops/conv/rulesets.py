@@ -315,18 +315,19 @@ FULL_TMA = tuple(
 # The toeplitz family (kernels/toeplitz.py): Gluon, GPU only, so no tiny tiles. Timed on the H200 on
 # the suite's depthwise 3x3, 5x5 and 7x7 maps (28x28, 14x14): 16 rows x 32 channels over 16 warps
 # walking 28 rows was the fastest forward (7x7 1.8x the window kernel), 16 x 16 over 8 warps next.
-# Backward-weight holds a channel's x rows and sums a warp (16 x 16 over 16 warps: 128 registers,
-# 16 x 8 over 8: 154; two channels a warp spill), its work split over 4 or 8 slabs.
+# Backward-weight (a channel's x rows held as operands and its sums a warp: 16 x 16 over 16 warps,
+# 128 registers; 16 x 8 over 8, 154; two channels a warp spill) ran 0.38-0.58x cuDNN on the suite's
+# depthwise cases (benchmarks/results/h200/conv_toeplitz_weight.csv): only `full` lists it.
 TOEPLITZ_FILTER_ROWS = (3, 5, 7)
 _WEIGHT = (Direction.BWD_WEIGHT,)
-TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14),
-                  ToeplitzTile(16, 16, 16, 28, 4, _WEIGHT), ToeplitzTile(16, 8, 8, 14, 8, _WEIGHT))
-DEFAULT_TOEPLITZ = TESTS_TOEPLITZ + (ToeplitzTile(16, 16, 16, 28, 8, _WEIGHT),)
-FULL_TOEPLITZ = DEFAULT_TOEPLITZ + tuple(
+TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14))
+DEFAULT_TOEPLITZ = TESTS_TOEPLITZ
+WEIGHT_TOEPLITZ = (ToeplitzTile(16, 16, 16, 28, 4, _WEIGHT), ToeplitzTile(16, 8, 8, 14, 8, _WEIGHT))
+FULL_TOEPLITZ = DEFAULT_TOEPLITZ + WEIGHT_TOEPLITZ + tuple(
     ToeplitzTile(m, c, w, r) for m, c, w, r in itertools.product((16, 32), (16, 32), (8, 16), (14, 28, 56))
     if c % w == 0 and c // w <= 2 and ToeplitzTile(m, c, w, r) not in DEFAULT_TOEPLITZ) + tuple(
     ToeplitzTile(16, c, w, r, k, _WEIGHT) for c, w, r, k in itertools.product((8, 16), (8, 16), (14, 28), (2, 4, 8, 16))
-    if c == w and ToeplitzTile(16, c, w, r, k, _WEIGHT) not in DEFAULT_TOEPLITZ)
+    if c == w and ToeplitzTile(16, c, w, r, k, _WEIGHT) not in WEIGHT_TOEPLITZ)
 
 _CPU_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.FP32), ConvTypes(DType.FP32, allow_tf32=True))
 TYPES = _CPU_TYPES + (ConvTypes(DType.BF16),)  # no bf16 tl.dot in the interpreter: its arch drops them
