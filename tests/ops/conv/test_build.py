@@ -7,7 +7,6 @@ specialisation promises (tensor-core MMAs, 16-byte copies when aligned).
 
 from __future__ import annotations
 
-
 import pytest
 
 from tiledispatch import Registry, arch
@@ -43,6 +42,8 @@ BUILDS = {  # kernel -> the specialisations built for it
     "conv_bwdw_bf16_igemm-tma_8x16x128x128_w8_s3_k1_none_sm90": (DENSE,),
     "conv_fwd_bf16_igemm-flat_128x64x32_w4_s3_g8_k1_pc_none_sm90": (STEM,),
     "conv_bwdw_bf16_igemm-flat_64x64x64_w4_s3_g8_k16ws_pc_none_sm90": (STEM,),
+    "conv_fwd_bf16_toeplitz_16x32_w16_r28_f7_bias-gelu-res_sm90": (DEPTHWISE,),
+    "conv_bwdd_fp16_toeplitz_16x16_w8_r14_f3_none_sm90": (DEPTHWISE,),
 }
 
 
@@ -167,3 +168,16 @@ def test_tma_family_moves_boxes_by_tma_into_wgmma(built):
     assert "cp.async.bulk.tensor.2d" in forward
     assert "ldmatrix" not in forward and "ldmatrix" not in one_row and "ldmatrix" in tall
     assert "st.global.v4" in forward  # the epilogue stores 16-byte vectors of channels
+
+
+def test_toeplitz_walk_is_a_gluon_kernel_on_mma_sync_with_16_byte_rows(built):
+    """The walk (Gluon, GPU only) is compiled here so that its front end is exercised without a GPU:
+    mma.sync on 16-bit operands, 16-byte loads of a pixel's channels, and its filter stage."""
+    cache, registry, _ = built
+    for name in ("conv_fwd_bf16_toeplitz_16x32_w16_r28_f7_bias-gelu-res_sm90",
+                 "conv_bwdd_fp16_toeplitz_16x16_w8_r14_f3_none_sm90"):
+        spec = registry.get(name)
+        assert [u.stage for u in kernel.units(spec, DEPTHWISE)] == ["filter", "main"]
+        walk = ptx(cache, spec, DEPTHWISE)
+        assert "mma.sync.aligned.m16n8k16" in walk and "ld.global.v4" in walk, name
+        assert ptx(cache, spec, DEPTHWISE, "filter")
