@@ -45,8 +45,9 @@ _FAMILY_IMPORTS = {Family.IMPLICIT_GEMM_FLAT: (FAMILY_MODULES[Family.IMPLICIT_GE
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
 _TOEPLITZ_MODULE = f"{_KERNELS}.toeplitz"
 _PAD_MODULE = f"{_KERNELS}.channel_pad"
+_EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
 # The kernels' sources besides their own file (part of the cache key): every module they import from.
-_SHARED_MODULES = (f"{_KERNELS}.geometry", "tiledispatch.ops.gemm.kernels.epilogue",
+_SHARED_MODULES = (f"{_KERNELS}.geometry", _EPILOGUE_MODULE,
                    "tiledispatch.ops.gemm.kernels.tile_order", _REDUCE_MODULE)
 FUNCTIONS = {
     (Family.IMPLICIT_GEMM, Direction.FORWARD): "conv_fwd_igemm",
@@ -503,7 +504,7 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
     main = KernelUnit(
         stage="main", module=_TOEPLITZ_MODULE, function=function, signature=tuple(signature),
         constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
-        modules=(_TOEPLITZ_MODULE,), divisibility=divisibility, kind=UnitKind.GLUON)
+        modules=(_TOEPLITZ_MODULE, _EPILOGUE_MODULE), divisibility=divisibility, kind=UnitKind.GLUON)
     if direction is Direction.BWD_WEIGHT:
         return main, _reduce_unit(config, specialization)
     build = {"FLIP": direction is Direction.BWD_DATA, "BLOCK_C": k.FILTER_BLOCK_C, "KW": k.KW, "NW": k.NW}

@@ -28,6 +28,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from ...gemm.kernels.epilogue import activate
+
+_activate = gluon.jit(activate.fn)  # the GEMM epilogue's activations, compiled by Gluon
 NW = 8  # output columns of a chunk: the MMA's N
 KW = 16  # input columns a chunk reads: the MMA's K; a filter up to KW - NW + 1 wide fits
 MAX_WIDTH = KW - NW + 1
@@ -55,18 +58,6 @@ def conv_toeplitz_filter(w_ptr, t_ptr, C, FY, FX, swk, swy, swx, FLIP: tl.conste
     values = tl.load(src, mask=in_c[:, None, None] & inside[None, :, :], other=0.0)
     dst = t_ptr + ((offs_c.to(tl.int64) * FY + fy) * (KW * NW))[:, None, None] + (k[:, None] * NW + j[None, :])[None, :, :]
     tl.store(dst, values, mask=in_c[:, None, None])
-
-
-@gluon.jit
-def _activate(acc, ACTIVATION: gl.constexpr):
-    """The GEMM epilogue's activations (ops/gemm/kernels/epilogue.py), by the same codes."""
-    if ACTIVATION == 1:  # relu
-        acc = gl.maximum(acc, 0.0)
-    elif ACTIVATION == 2:  # gelu, exact (erf) form
-        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-    elif ACTIVATION == 3:  # silu
-        acc = acc / (1.0 + gl.exp(-acc))
-    return acc
 
 
 @gluon.jit
