@@ -28,6 +28,7 @@ from .config import (
     ToeplitzConfig,
     VendorConfig,
 )
+from .kernels.toeplitz import KW as TOEPLITZ_KW
 from .kernels.toeplitz import MAX_WIDTH as TOEPLITZ_MAX_WIDTH
 from .kernels.toeplitz import NW as TOEPLITZ_NW
 from .problem import ConvProblem, Direction
@@ -341,14 +342,13 @@ def toeplitz_registers(config: ToeplitzConfig) -> int:
     """Registers a thread of the toeplitz kernel holds, for each of its warp's channels: forward and
     backward-data, the filter_rows accumulators (fp32) and filter operands (16-bit pairs) and the
     row operand; backward-weight, the filter_rows sums (fp32) and x row operands and the dy operand."""
-    from .kernels.toeplitz import KW, NW
-
+    kw, nw = TOEPLITZ_KW, TOEPLITZ_NW
     channels = max(config.block_c // config.num_warps, 1)
     rows = config.filter_rows
     if config.signature.direction is Direction.BWD_WEIGHT:
-        per_channel = rows * KW * NW // 32 + rows * KW * config.block_m // 64 + config.block_m * NW // 64
+        per_channel = rows * kw * nw // 32 + rows * kw * config.block_m // 64 + config.block_m * nw // 64
     else:
-        per_channel = rows * config.block_m * NW // 32 + rows * KW * NW // 64 + config.block_m * KW // 64
+        per_channel = rows * config.block_m * nw // 32 + rows * kw * nw // 64 + config.block_m * kw // 64
     return channels * per_channel + TOEPLITZ_REGISTER_BASE
 
 
@@ -377,7 +377,7 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
         error(ConvRule.WARPS_FOR_TILE, f"the MMA's batch is the channel, whole channels a warp: block_c="
               f"{config.block_c} is not a multiple of num_warps={config.num_warps}", "use fewer warps")
     elif config.block_c in TOEPLITZ_BLOCK_C and config.block_m < config.num_warps * max(
-            1, 32 * 8 // config.block_c // TOEPLITZ_NW):
+            1, 32 * 8 // config.block_c // TOEPLITZ_NW):  # a warp's rows: 32 lanes of 8-channel vectors
         warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps move {config.block_c} channels of a "
                 f"{config.block_m}-row block of output rows by 16-byte vectors: some lanes repeat others' loads",
                 "a larger block_m or fewer warps")

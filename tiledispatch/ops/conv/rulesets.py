@@ -316,7 +316,7 @@ FULL_TMA = tuple(
 # the suite's depthwise 3x3, 5x5 and 7x7 maps (28x28, 14x14): 16 rows x 32 channels over 16 warps
 # walking 28 rows was the fastest forward (7x7 1.8x the window kernel), 16 x 16 over 8 warps next.
 # Backward-weight (a channel's x rows held as operands and its sums a warp: 16 x 16 over 16 warps,
-# 128 registers; 16 x 8 over 8, 154; two channels a warp spill) ran 0.38-0.58x cuDNN on the suite's
+# 128 registers; 16 x 8 over 8, 154; two channels a warp spill) ran 0.27-0.58x cuDNN on the suite's
 # depthwise cases (benchmarks/results/h200/conv_toeplitz_weight.csv): only `full` lists it.
 TOEPLITZ_FILTER_ROWS = (3, 5, 7)
 _WEIGHT = (Direction.BWD_WEIGHT,)
@@ -349,11 +349,10 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_
     for sig in signatures(epilogues):
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
-        if sig.types in TMA_TYPES:  # 16-bit
+        if sig.types in TMA_TYPES:  # 16-bit: the TMA and toeplitz families
             for t, rows in itertools.product(toeplitz_tiles, TOEPLITZ_FILTER_ROWS):
                 if sig.direction in t.directions:
                     yield ToeplitzConfig(sig, t.block_m, t.block_c, t.num_warps, t.rows, rows, t.split_k)
-        if sig.types in TMA_TYPES:
             for t in tma_tiles:
                 if sig.direction in t.directions and (t.split_k == 1 or weight):
                     yield TmaConfig(sig, t.tile_h, t.tile_w, t.block_out, t.block_in, t.num_warps, t.num_stages,
