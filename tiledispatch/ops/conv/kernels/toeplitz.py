@@ -37,6 +37,28 @@ MAX_WIDTH = KW - NW + 1
 FILTER_BLOCK_C = 16  # channels a program of the filter builder
 
 
+@gluon.constexpr_function
+def _mma_layout(warps):
+    """mma.sync's accumulator over [channels, rows, columns]: the channel is the batch, a warp's own."""
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[warps, 1, 1], instr_shape=[1, 16, 8])
+
+
+@gluon.constexpr_function
+def _operand_layout(mma, index):
+    """The A (index 0) or B (index 1) operand of `mma`, 16-bit values in pairs."""
+    return gl.DotOperandLayout(operand_index=index, parent=mma, k_width=2)
+
+
+@gluon.constexpr_function
+def _vector_layout(block_c, vec, columns, warps):
+    """[channels, rows, `columns`] moved `vec` channels of a pixel a lane: 16-byte vectors in
+    channels-last, the lanes along a pixel's channels, then the columns, then the rows."""
+    lanes_c = block_c // vec
+    lanes_col = min(columns, 32 // lanes_c)
+    return gl.BlockedLayout(size_per_thread=[vec, 1, 1], threads_per_warp=[lanes_c, 32 // lanes_c // lanes_col, lanes_col],
+                            warps_per_cta=[1, warps, 1], order=[0, 2, 1])
+
+
 @triton.jit
 def conv_toeplitz_filter(w_ptr, t_ptr, C, FY, FX, swk, swy, swx, FLIP: tl.constexpr, BLOCK_C: tl.constexpr,
                          KW: tl.constexpr, NW: tl.constexpr):
@@ -90,19 +112,11 @@ def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
     """
     FY: gl.constexpr = FILTER_ROWS
     WARPS: gl.constexpr = gl.num_warps()
-    LANES_C: gl.constexpr = BLOCK_C // VEC  # lanes along the channels of a pixel (VEC channels a lane)
-    LANES_K: gl.constexpr = KW if LANES_C * KW <= 32 else 32 // LANES_C
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
-                                                  instr_shape=[1, 16, 8])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    # Loads and stores move VEC channels of a pixel a lane: 16-byte vectors in channels-last.
-    rows_layout: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // LANES_K, LANES_K],
-        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
-    out_layout: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // NW, NW],
-        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
+    mma: gl.constexpr = _mma_layout(WARPS)
+    a_layout: gl.constexpr = _operand_layout(mma, 0)
+    b_layout: gl.constexpr = _operand_layout(mma, 1)
+    rows_layout: gl.constexpr = _vector_layout(BLOCK_C, VEC, KW, WARPS)
+    out_layout: gl.constexpr = _vector_layout(BLOCK_C, VEC, NW, WARPS)
     filter_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, NW // 2], threads_per_warp=[1, 16, 2],
                                                    warps_per_cta=[WARPS, 1, 1], order=[2, 1, 0])
 
@@ -193,18 +207,11 @@ def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX,
     """
     FY: gl.constexpr = FILTER_ROWS
     WARPS: gl.constexpr = gl.num_warps()
-    LANES_C: gl.constexpr = BLOCK_C // VEC
-    LANES_K: gl.constexpr = KW if LANES_C * KW <= 32 else 32 // LANES_C
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1, 1],
-                                                  instr_shape=[1, 16, 8])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-    rows_layout: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // LANES_K, LANES_K],
-        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
-    dy_layout: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[VEC, 1, 1], threads_per_warp=[LANES_C, 32 // LANES_C // NW, NW],
-        warps_per_cta=[1, WARPS, 1], order=[0, 2, 1])
+    mma: gl.constexpr = _mma_layout(WARPS)
+    a_layout: gl.constexpr = _operand_layout(mma, 0)
+    b_layout: gl.constexpr = _operand_layout(mma, 1)
+    rows_layout: gl.constexpr = _vector_layout(BLOCK_C, VEC, KW, WARPS)
+    dy_layout: gl.constexpr = _vector_layout(BLOCK_C, VEC, NW, WARPS)
 
     pid_c = gl.program_id(0)
     pid_s = gl.program_id(1)
