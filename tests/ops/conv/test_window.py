@@ -154,7 +154,7 @@ def test_window_rules():
     assert validate(DirectConfig(FWD, 16, 64, 4, window=7, run=8), SM90).ok
     for bad in (DirectConfig(FWD, 16, 64, 4, run=4), DirectConfig(FWD, 16, 64, 4, window=12),
                 DirectConfig(FWD, 16, 64, 4, window=3, run=17), DirectConfig(FWD, 16, 64, 4, window=3, rows=3),
-                DirectConfig(FWD, 16, 64, 4, band=2), DirectConfig(BWDW, 16, 64, 4, rows=3),
+                DirectConfig(FWD, 16, 64, 4, window=3, band=2), DirectConfig(BWDW, 16, 64, 4, rows=3),
                 DirectConfig(BWDW, 16, 64, 4, window=3, rows=12), DirectConfig(BWDW, 4, 64, 4, window=3, band=17)):
         assert ConvRule.WINDOW in validate(bad, SM90).broken_rules(), bad.name
     assert DirectConfig(FWD, 16, 64, 4, window=3, run=8).name.endswith("_k1_win3r8_none")

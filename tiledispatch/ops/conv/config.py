@@ -152,10 +152,9 @@ class DirectConfig:
     output pixels along W, each thread holding a run in registers, so a program covers
     block_p * run pixels. `window` = 0 is the per-tap kernel (run = 1). Backward-weight's
     window kernel holds the taps of `rows` filter rows as its accumulators (rows x window
-    per channel: one pass over its pixels per `rows` filter rows), named `win{rows}x{window}`.
-    Every window kernel may hold `band` rows of runs (a thread's block is band x run outputs
-    along H and W, whose band + rows - 1 source rows it loads once each; stride and dilation
-    1 along H), named `r{run}b{band}`.
+    per channel: one pass over its pixels per `rows` filter rows), named `win{rows}x{window}`,
+    and may hold `band` output rows of runs (a thread's block is band x run outputs, whose
+    band + rows - 1 input rows it loads once each), named `r{run}b{band}`.
     """
 
     signature: ConvSignature
@@ -166,7 +165,7 @@ class DirectConfig:
     window: int = 0
     run: int = 1
     rows: int = 1  # backward-weight window kernels only: filter rows held per pass
-    band: int = 1  # window kernels: output rows (H) a thread's block spans
+    band: int = 1  # backward-weight window kernels only: output rows a thread's block spans
     family: Family = Family.DIRECT
 
     @property
@@ -179,7 +178,7 @@ class DirectConfig:
 
     @property
     def pixels_per_program(self) -> int:
-        return self.block_p * self.run * self.band
+        return self.block_p * self.run
 
     @property
     def workspace_slabs(self) -> int:

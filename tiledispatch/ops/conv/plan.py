@@ -34,7 +34,7 @@ from .config import (
 from .kernels import toeplitz as toeplitz_kernels
 from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
-from .rules import window_blocks, window_register_cap
+from .rules import window_register_cap
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
@@ -102,9 +102,9 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         constexprs = {"BLOCK_P": config.block_p, "BLOCK_C": config.block_c, "SPLIT_K": config.split_k, **epilogue,
                       "VEC": vec, "DEPTHWISE": specialization.depthwise, "UNIT_STRIDE": specialization.unit_stride}
         if config.window:
-            constexprs |= {"RUN": config.run, "WINDOW": config.window, "BAND": config.band}
+            constexprs |= {"RUN": config.run, "WINDOW": config.window}
             if sig.direction is Direction.BWD_WEIGHT:
-                constexprs |= {"ROWS": config.rows}
+                constexprs |= {"ROWS": config.rows, "BAND": config.band}
         warps, stages = config.num_warps, 1
     module = FAMILY_MODULES[config.family]
     windowed = isinstance(config, DirectConfig) and config.window > 0
@@ -575,8 +575,9 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
     bp, bc = config.block_p, config.block_c
     if config.window and d is Direction.BWD_WEIGHT:  # channel blocks x shares of the runs
         return (cdiv(p.c, bc), config.split_k, 1)
-    if config.window:  # rows of the tile are blocks of config.band rows x config.run pixels along W
-        runs = window_blocks(config, p)
+    if config.window:  # rows of the tile are runs of config.run pixels along W
+        spatial = p.output_size if d is Direction.FORWARD else p.input_size
+        runs = p.n * math.prod(spatial[:-1]) * cdiv(spatial[-1], config.run)
         if channels_fastest(config, p):  # one axis: the kernel steps the channel blocks fastest
             return (cdiv(runs, bp) * cdiv(p.c, bc), 1, 1)
         return (cdiv(runs, bp), cdiv(p.c, bc), 1)

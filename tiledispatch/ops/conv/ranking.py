@@ -40,7 +40,6 @@ from .rules import (
     accumulator_registers,
     register_a_operand,
     shared_memory_bytes,
-    window_blocks,
     window_register_cap,
     window_registers,
 )
@@ -475,11 +474,10 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
 def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[float, int]:
     """Instructions a thread issues for the sliding-window kernel, and its registers (its cap if capped).
 
-    A thread holds `elements` = block_p x block_c / threads channel values of each of its
-    block's band x run positions, in vectors of up to `vector`. Per source row (FZ x (FY +
-    band - 1) of them) it loads the run + window - 1 source columns once and makes band x
-    run x window x elements FMAs; one filter row's weights are loaded for them (the band's
-    other rows are carried). Then each position stores.
+    A thread holds `elements` = block_p x block_c / threads channel values of each run
+    position, in vectors of up to `vector`. Per filter row (FZ x FY of them) it loads the
+    run + window - 1 source columns once and makes run x window x elements FMAs; the row's
+    weights are loaded once for all of them. Then each run position stores.
     """
     threads = config.num_warps * 32
     elements = max(1.0, config.block_p * config.block_c / threads)
@@ -489,10 +487,9 @@ def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[fl
     sources = config.run + config.window - 1
     per_row = (sources * (loads * WINDOW_LOAD_INSTRUCTIONS + elements * element_cost)
                + config.window * channels * WINDOW_WEIGHT_INSTRUCTIONS + WINDOW_ROW_INSTRUCTIONS
-               + config.band * config.run * config.window * elements)
-    *planes, rows = (1, *p.filter_size[:-1])
-    source_rows = math.prod(planes) * (rows + config.band - 1)
-    per_thread = source_rows * per_row + loads * config.band * config.run * WINDOW_STORE_INSTRUCTIONS
+               + config.run * config.window * elements)
+    filter_rows = math.prod(p.filter_size[:-1])
+    per_thread = filter_rows * per_row + loads * config.run * WINDOW_STORE_INSTRUCTIONS
     registers, cap = window_registers(config, vector), window_register_cap(config, vector)
     return per_thread, registers if cap is None else min(registers, cap)
 
@@ -502,8 +499,8 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     item = p.types.dtype.itemsize
     bandwidth = _bandwidth(arch)
     spatial = p.output_size if p.direction is Direction.FORWARD else p.input_size
-    *_, height, width = (1, *spatial)
-    blocks = window_blocks(config, p)
+    width = spatial[-1]
+    runs = p.n * math.prod(spatial[:-1]) * math.ceil(width / config.run)
     lanes = p.c
     vector = min(16 // item, config.block_c) if p.specialization.aligned else 1
     threads = config.num_warps * 32
@@ -511,12 +508,11 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     spills = registers > WINDOW_SPILL_REGISTERS
     registers = min(registers, arch.registers_per_thread_max)
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=0, registers_per_thread=registers)
-    programs = math.ceil(blocks / config.block_p) * math.ceil(lanes / config.block_c)
+    programs = math.ceil(runs / config.block_p) * math.ceil(lanes / config.block_c)
     waves = wave_efficiency(programs, arch.sm_count * resident)
     lane_use = tile_efficiency(lanes, config.block_c)
-    # run positions past the row's end, and band rows past the map's, are idle
-    row_use = tile_efficiency(width, config.run) * tile_efficiency(height, config.band)
-    # Bytes in flight: a program issues a source row's vectors at once.
+    row_use = tile_efficiency(width, config.run)  # run positions past the row's end are idle
+    # Bytes in flight: a program issues a filter row's source vectors at once.
     per_program = config.block_p * (config.run + config.window - 1) * config.block_c * item
     programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
@@ -529,13 +525,11 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     in_flight *= min(1.0, config.block_c * item / 128) ** 0.3
     efficiency = lane_use * row_use * waves * in_flight * DIRECT_FRACTION
     efficiency *= SPILL_PENALTY if spills else 1.0
-    # Each source element is loaded once a filter row (once a band of rows: rows + band - 1 of
-    # them for band outputs) and window - 1 times more at the run's edges: the loads past the
-    # first come from L1/L2, so short runs cost (mamba's 1-D k4 on the H200: run 4 210 us, run 14 167).
+    # Each source element is loaded once a filter row and window - 1 times more at the run's
+    # edges: the loads past the first come from L1/L2, so short runs cost (mamba's 1-D k4 on
+    # the H200: run 4 210 us, run 14 167).
     source_bytes = p.n * p.c * math.prod(p.input_size if p.direction is Direction.FORWARD else p.output_size) * item
-    *planes, rows = (1, *p.filter_size[:-1])
-    row_loads = math.prod(planes) * (rows + config.band - 1) / config.band
-    reloads = row_loads * (config.run + config.window - 1) / config.run - 1
+    reloads = math.prod(p.filter_size[:-1]) * (config.run + config.window - 1) / config.run - 1
     memory_s = (p.bytes() + source_bytes * reloads / L2_REUSE) / (bandwidth * efficiency)
     # Issue time follows the busiest SM, whose resident programs share its schedulers: it
     # issues ceil(programs / SMs) programs' instructions, however many run at once.

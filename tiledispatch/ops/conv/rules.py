@@ -121,7 +121,7 @@ def accumulator_registers(config: ImplicitGemmConfig | TmaConfig | DirectConfig)
     elif config.window and config.signature.direction is Direction.BWD_WEIGHT:
         elements = config.block_p * config.block_c * config.rows * config.window  # the taps are the sums
     else:
-        elements = config.block_p * config.block_c * config.run * config.band
+        elements = config.block_p * config.block_c * config.run
     return math.ceil(elements / (config.num_warps * 32))
 
 
@@ -148,17 +148,8 @@ def window_registers(config: DirectConfig, vector: int) -> int:
     """The fit's registers a thread for a sliding-window tile; `vector`: channels a 16-byte load holds."""
     elements = max(1.0, config.block_p * config.block_c / (config.num_warps * 32))
     channels = min(elements, vector, config.block_c)  # the distinct channels a thread holds: its weights
-    weight_rows = 1 if config.signature.direction is Direction.BWD_WEIGHT else config.band  # a band's filter rows
     return int(WINDOW_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config)
-               + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels * weight_rows + WINDOW_REGISTER_BASE)
-
-
-def window_blocks(config: DirectConfig, p: ConvProblem) -> int:
-    """The blocks of band rows x run pixels along W that a forward or backward-data window kernel
-    covers its output with (the tile's rows: block_p of them a program)."""
-    spatial = p.output_size if p.direction is Direction.FORWARD else p.input_size
-    *outer, rows, width = (1, *spatial)
-    return p.n * math.prod(outer) * math.ceil(rows / config.band) * math.ceil(width / config.run)
+               + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels + WINDOW_REGISTER_BASE)
 
 
 def window_register_cap(config: DirectConfig, vector: int) -> int | None:
@@ -337,9 +328,9 @@ def _window_findings(config: DirectConfig, error) -> None:
               "(forward and backward-data loop over them)", "use rows=1")
     if not 1 <= config.band <= MAX_RUN:
         error(ConvRule.WINDOW, f"band={config.band} must be within 1..{MAX_RUN}")
-    elif config.band > 1 and not config.window:
-        error(ConvRule.WINDOW, f"band={config.band} without a window: only the sliding-window kernels hold "
-              "several output rows a thread", "use band=1, or a window")
+    elif config.band > 1 and not (config.window and config.signature.direction is Direction.BWD_WEIGHT):
+        error(ConvRule.WINDOW, f"band={config.band}: only the backward-weight window kernel holds several output "
+              "rows a thread", "use band=1")
     if not 1 <= config.run <= MAX_RUN:
         error(ConvRule.WINDOW, f"run={config.run} must be within 1..{MAX_RUN}")
     elif config.run > 1 and not config.window:
@@ -519,8 +510,6 @@ def _window_refusal(config: DirectConfig, problem: ConvProblem) -> str | None:
     if problem.stride[-1] != 1 or problem.dilation[-1] != 1:
         return (f"the sliding window needs stride 1 and dilation 1 along W; this conv has stride "
                 f"{problem.stride[-1]}, dilation {problem.dilation[-1]} (the per-tap direct kernel serves it)")
-    if config.band > 1 and len(problem.filter_size) < 2:
-        return f"a band of {config.band} output rows needs rows: this conv is 1-D (a band-1 window kernel serves it)"
     _, stride_h, _ = problem.padded3(problem.stride, 1)
     _, dilation_h, _ = problem.padded3(problem.dilation, 1)
     if config.band > 1 and (stride_h != 1 or dilation_h != 1):

@@ -187,8 +187,6 @@ TESTS_DIRECT = TINY_DIRECT + (
     DirectTile(8, 32, 4),
     DirectTile(16, 16, 4, split_k=2),
 ) + windows((DirectTile(8, 16, 2, run=3),), (1, 2, 5)) + windows((DirectTile(4, 32, 1, run=5),), (3,)) + (
-    windows((DirectTile(4, 16, 1, run=3, band=2),), (3, 5)) + windows((DirectTile(2, 32, 2, run=2, band=3),), (3,))
-) + (
     weight_windows((DirectTile(4, 16, 1, run=3),), ((1, 1), (1, 2), (3, 5), (2, 3)), (1, 3))
     + weight_windows((DirectTile(2, 32, 2, run=5),), ((5, 5), (1, 3)), (1,))
     + weight_windows((DirectTile(4, 16, 1, run=3, band=2),), ((3, 3), (2, 5)), (1, 2)))

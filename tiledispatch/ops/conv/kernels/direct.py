@@ -261,54 +261,33 @@ def _program_tile(C, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _filter_row(w_row, ok, WINDOW: tl.constexpr, FLIP: tl.constexpr):
-    """The WINDOW taps of one filter row as [1, BLOCK_C] fp32 vectors (FLIP: in reverse order),
-    zeros where `ok` is false (a band's row past the filter's end).
+def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
+                RUN: tl.constexpr, WINDOW: tl.constexpr, FLIP: tl.constexpr):
+    """Adds one filter row into the RUN accumulators of each pixel run.
 
-    w_row: [BLOCK_C] pointers to tap 0 of the row, valid for every lane (channels past C are
-    clamped to C - 1: those lanes are never stored). The filter's taps along W are contiguous
-    (the plan copies a weight whose are not): the tap offsets are then immediates of the loads.
-    With the stride as a runtime value (sm_90 SASS, 16x64 w4, window 7, run 2) ptxas kept a
-    64-bit pointer per (channel, tap), 255 registers and spills, against 113 registers and 411
-    instead of 511 instructions a filter row.
+    src: [BLOCK_P] pointers to the source pixel at window column 0 (channel 0) of each run;
+    col0: that column's index, checked against `cols`; row_ok: the source row exists.
+    Output t of a run takes window column t + s times filter tap s (FLIP: tap WINDOW-1-s,
+    the backward-data correlation with the flipped filter). w_row: [BLOCK_C] pointers to
+    tap 0 of the filter row, valid for every lane (channels past C are clamped to C - 1,
+    so the weight loads need no mask: those lanes are never stored). The filter's taps
+    along W are contiguous (the plan copies a weight whose are not): the tap offsets are
+    then immediates of the loads. With the stride as a runtime value (sm_90 SASS, 16x64
+    w4, window 7, run 2) ptxas kept a 64-bit pointer per (channel, tap), 255 registers
+    and spills, against 113 registers and 411 instead of 511 instructions a filter row.
     """
     wts = ()
     for s in tl.static_range(WINDOW):
         tap = WINDOW - 1 - s if FLIP else s
-        wts = wts + (tl.load(w_row + tap, mask=ok, other=0.0).to(tl.float32)[None, :],)
-    return wts
-
-
-@triton.jit
-def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, wts,
-                RUN: tl.constexpr, WINDOW: tl.constexpr, BAND: tl.constexpr):
-    """Adds one source row into the BAND x RUN accumulators of each block (output (b, t) at b * RUN + t).
-
-    src: [BLOCK_P] pointers to the source pixel at window column 0 (channel 0) of each block;
-    col0: that column's index, checked against `cols`; row_ok: the source row exists.
-    wts: the BAND filter rows this source row meets, b's at b * WINDOW (`_filter_row`): output
-    t of band row b takes window column t + s times tap s of its row. Each source column is
-    loaded and widened once for the BAND x WINDOW products it enters.
-    """
+        wts = wts + (tl.load(w_row + tap).to(tl.float32)[None, :],)  # taps contiguous: see below
     first = src[:, None] + offs_c[None, :]
     for j in tl.static_range(RUN + WINDOW - 1):
         ok = row_ok & inside(col0 + j, cols)
         xv = _widen(tl.load(first + j * col_stride, mask=ok[:, None] & in_c[None, :], other=0.0))
-        for b in tl.static_range(BAND):
-            for s in tl.static_range(WINDOW):
-                if j - s >= 0 and j - s < RUN:
-                    acc = _set(acc, b * RUN + j - s, acc[b * RUN + j - s] + xv * wts[b * WINDOW + s])
+        for s in tl.static_range(WINDOW):
+            if j - s >= 0 and j - s < RUN:
+                acc = _set(acc, j - s, acc[j - s] + xv * wts[s])
     return acc
-
-
-@triton.jit
-def _rolled(wts, newest, WINDOW: tl.constexpr, BAND: tl.constexpr):
-    """The band's filter rows one source row further down: band row 0 takes `newest`, band row b the
-    row that b - 1 held (so each filter row is loaded once a block, not once a band row)."""
-    out = newest
-    for i in tl.static_range((BAND - 1) * WINDOW):
-        out = out + (wts[i],)
-    return out
 
 
 @triton.jit
@@ -319,61 +298,53 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                            VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
-                           RUN: tl.constexpr, WINDOW: tl.constexpr, BAND: tl.constexpr):
+                           RUN: tl.constexpr, WINDOW: tl.constexpr):
     """Depthwise forward (C/G = K/G = 1, FX = WINDOW, stride and dilation 1 along W).
 
-    Rows of the tile are blocks of BAND output rows x RUN output pixels along W, (n, od,
-    oh / BAND, run) flattened with the runs fastest; lanes are channels. A block walks its
-    FY + BAND - 1 source rows once each (BAND > 1 is taken at stride and dilation 1 along H
-    only), so neighbouring output rows share their loads instead of fetching them from L1/L2
-    again, and a thread has BAND times the independent FMAs between its loads.
+    Rows of the tile are runs of RUN output pixels along W, (n, od, oh, run) flattened
+    with the runs fastest; lanes are channels.
     """
     C = G // VEC * VEC
     pid_p, pid_c = _program_tile(C, BLOCK_C)
     runs = tl.cdiv(OW, RUN)
-    OHB = tl.cdiv(OH, BAND)
-    Q = N * OD * OHB * runs
+    Q = N * OD * OH * runs
     offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     in_q = offs_q < Q
     in_c = offs_c < C
-    n, od, ohb, r = split_pixel(offs_q, OD, OHB, runs)
-    oh0 = ohb * BAND
+    n, od, oh, r = split_pixel(offs_q, OD, OH, runs)
     ow0 = r * RUN
     sxd_v, sxh_v, sxw_v = sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
     d0 = od * SD - PD
-    h0 = oh0 * SH - PH
+    h0 = oh * SH - PH
     w0 = ow0 - PW
     src0 = x_ptr + (n.to(tl.int64) * (sxn // VEC * VEC) + d0 * sxd_v + h0 * sxh_v + w0 * sxw_v)
-    w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _filter_row
+    w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
 
-    acc = _zeros(BLOCK_P, BLOCK_C, BAND * RUN)
+    acc = _zeros(BLOCK_P, BLOCK_C, RUN)
     for fz in range(FZ):
         ok_d = in_q & inside(d0 + fz * DD, D)
-        w_plane = w_ch + fz * swz
-        wts = _zeros(1, BLOCK_C, BAND * WINDOW)
-        for u in range(FY + BAND - 1):  # source rows; band row b meets filter row u - b
-            wts = _rolled(wts, _filter_row(w_plane + u * swy, u < FY, WINDOW, False), WINDOW, BAND)
-            row_ok = ok_d & inside(h0 + u * DH, H)
-            src = src0 + ((fz * DD) * sxd_v + (u * DH) * sxh_v)
-            acc = _window_row(acc, src, row_ok, w0, W, sxw_v, offs_c, in_c, wts, RUN, WINDOW, BAND)
+        for fy in range(FY):
+            row_ok = ok_d & inside(h0 + fy * DH, H)
+            src = src0 + ((fz * DD) * sxd_v + (fy * DH) * sxh_v)
+            acc = _window_row(acc, src, row_ok, w0, W, sxw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
+                              RUN, WINDOW, False)
 
-    y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh0 * (syh // VEC * VEC)
+    y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
              + ow0 * (syw // VEC * VEC))
-    r_row = n.to(tl.int64) * srn + od * srd + oh0 * srh + ow0 * srw
-    for b in tl.static_range(BAND):
-        for t in tl.static_range(RUN):
-            out = acc[b * RUN + t]
-            in_p = in_q & (oh0 + b < OH) & (ow0 + t < OW)
-            # The epilogue's own residual masks by row index < M: rows here are blocks, so it is added below.
-            out = apply_epilogue(out, offs_q, offs_c, Q, C, 0, bias_ptr, bias_ptr, bias_ptr, 1,
-                                 res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
-            mask = in_p[:, None] & in_c[None, :]
-            if HAS_RESIDUAL:
-                at = res_ptr + (r_row + b * srh + t * srw)[:, None] + offs_c[None, :]
-                out += tl.load(at, mask=mask, other=0.0).to(tl.float32)
-            at = y_ptr + (y_row + b * (syh // VEC * VEC) + t * (syw // VEC * VEC))[:, None] + offs_c[None, :]
-            tl.store(at, out.to(y_ptr.dtype.element_ty), mask=mask)
+    r_row = n.to(tl.int64) * srn + od * srd + oh * srh + ow0 * srw
+    for t in tl.static_range(RUN):
+        out = acc[t]
+        in_p = in_q & (ow0 + t < OW)
+        # The epilogue's own residual masks by row index < M: rows here are runs, so it is added below.
+        out = apply_epilogue(out, offs_q, offs_c, Q, C, 0, bias_ptr, bias_ptr, bias_ptr, 1,
+                             res_ptr, 0, 0, 0, False, HAS_BIAS, ACTIVATION, False)
+        mask = in_p[:, None] & in_c[None, :]
+        if HAS_RESIDUAL:
+            at = res_ptr + (r_row + t * srw)[:, None] + offs_c[None, :]
+            out += tl.load(at, mask=mask, other=0.0).to(tl.float32)
+        at = y_ptr + (y_row + t * (syw // VEC * VEC))[:, None] + offs_c[None, :]
+        tl.store(at, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -384,34 +355,30 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                                 HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                                 VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
-                                RUN: tl.constexpr, WINDOW: tl.constexpr, BAND: tl.constexpr):
+                                RUN: tl.constexpr, WINDOW: tl.constexpr):
     """Depthwise backward-data: the forward window over dy with the filter flipped along W.
 
     With stride 1 along W, dx[iw] = sum_x w[x] dy[iw + PW - x]: output t of the run at
     iw0 takes dy column iw0 + PW - (WINDOW - 1) + t + s times tap WINDOW - 1 - s. Along D
-    and H any stride and dilation with BAND = 1: each filter row finds its dy row (or none)
-    as the per-tap kernel does. BAND > 1 (stride and dilation 1 along H): a block of BAND
-    dx rows walks its FY + BAND - 1 dy rows once each, from ih0 + PH - (FY - 1) down, and
-    dy row u meets filter row FY - 1 - u + b for band row b.
+    and H any stride and dilation: each filter row finds its dy row (or none) as the
+    per-tap kernel does.
     """
     C = G // VEC * VEC
     pid_p, pid_c = _program_tile(C, BLOCK_C)
     runs = tl.cdiv(W, RUN)
-    HB = tl.cdiv(H, BAND)
-    Q = N * D * HB * runs
+    Q = N * D * H * runs
     offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     in_q = offs_q < Q
     in_c = offs_c < C
-    n, idd, ihb, r = split_pixel(offs_q, D, HB, runs)
-    ih0 = ihb * BAND
+    n, idd, ih, r = split_pixel(offs_q, D, H, runs)
     iw0 = r * RUN
     syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
     col0 = iw0 + PW - (WINDOW - 1)
     dy_n = y_ptr + (n.to(tl.int64) * (syn // VEC * VEC) + col0 * syw_v)
-    w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _filter_row
+    w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
 
-    acc = _zeros(BLOCK_P, BLOCK_C, BAND * RUN)
+    acc = _zeros(BLOCK_P, BLOCK_C, RUN)
     for fz in range(FZ):
         if UNIT_STRIDE:
             od = idd + PD - fz * DD
@@ -419,32 +386,23 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
         else:
             od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
             ok_d = in_q & ok_d
-        w_plane = w_ch + fz * swz
-        wts = _zeros(1, BLOCK_C, BAND * WINDOW)
-        for u in range(FY + BAND - 1):
-            if BAND == 1:  # filter row u, any stride and dilation along H
-                wts = _filter_row(w_plane + u * swy, u < FY, WINDOW, True)
-                if UNIT_STRIDE:
-                    oh = ih0 + PH - u * DH
-                    row_ok = ok_d & inside(oh, OH)
-                else:
-                    oh, ok_h = target_of(ih0, u, OH, SH, PH, DH)
-                    row_ok = ok_d & ok_h
-            else:  # dy row ih0 + PH - (FY - 1) + u; band row 0 meets filter row FY - 1 - u
-                fy = FY - 1 - u
-                wts = _rolled(wts, _filter_row(w_plane + fy * swy, fy >= 0, WINDOW, True), WINDOW, BAND)
-                oh = ih0 + PH - (FY - 1) + u
+        for fy in range(FY):
+            if UNIT_STRIDE:
+                oh = ih + PH - fy * DH
                 row_ok = ok_d & inside(oh, OH)
+            else:
+                oh, ok_h = target_of(ih, fy, OH, SH, PH, DH)
+                row_ok = ok_d & ok_h
             src = dy_n + (od * syd_v + oh * syh_v)
-            acc = _window_row(acc, src, row_ok, col0, OW, syw_v, offs_c, in_c, wts, RUN, WINDOW, BAND)
+            acc = _window_row(acc, src, row_ok, col0, OW, syw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
+                              RUN, WINDOW, True)
 
-    x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih0 * (sxh // VEC * VEC)
+    x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
              + iw0 * (sxw // VEC * VEC))
-    for b in tl.static_range(BAND):
-        for t in tl.static_range(RUN):
-            mask = (in_q & (ih0 + b < H) & (iw0 + t < W))[:, None] & in_c[None, :]
-            at = x_ptr + (x_row + b * (sxh // VEC * VEC) + t * (sxw // VEC * VEC))[:, None] + offs_c[None, :]
-            tl.store(at, acc[b * RUN + t].to(x_ptr.dtype.element_ty), mask=mask)
+    for t in tl.static_range(RUN):
+        mask = (in_q & (iw0 + t < W))[:, None] & in_c[None, :]
+        at = x_ptr + (x_row + t * (sxw // VEC * VEC))[:, None] + offs_c[None, :]
+        tl.store(at, acc[t].to(x_ptr.dtype.element_ty), mask=mask)
 
 
 # -- depthwise backward-weight by sliding windows --------------------------------------------
