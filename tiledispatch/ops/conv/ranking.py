@@ -542,13 +542,12 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     # the H200: run 4 210 us, run 14 167).
     source_bytes = p.n * p.c * math.prod(p.input_size if p.direction is Direction.FORWARD else p.output_size) * item
     reloads = math.prod(p.filter_size[:-1]) * (config.run + config.window - 1) / config.run - 1
-    memory_s = (p.bytes() + source_bytes * reloads / L2_REUSE) / (bandwidth * efficiency)
+    memory_s = (p.bytes() + source_bytes * reloads / L2_REUSE) / (bandwidth * efficiency) * WINDOW_MEMORY_FIT
     # Issue time follows the busiest SM, whose resident programs share its schedulers: it
     # issues ceil(programs / SMs) programs' instructions, however many run at once.
     busiest = math.ceil(programs / arch.sm_count)
     issue_s = busiest * config.num_warps * per_thread / (ISSUE_PER_SM_CYCLE * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY)
     issue_s /= SPILL_PENALTY if spills else 1.0
-    memory_s *= WINDOW_MEMORY_FIT
     modelled = max(memory_s, issue_s) + WINDOW_LAUNCH_SECONDS
     ideal = ideal_seconds(p, arch)
     terms = {"lanes": lane_use, "rows": row_use, "waves": waves, "in_flight": in_flight,
