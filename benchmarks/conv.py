@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch  # noqa: F401  (first: it picks the backend)
-from tiledispatch.bench.copy import kernel_copy
+from tiledispatch.bench.copy import copy_elements, kernel_copy
 from tiledispatch.bench.plots import plot_speed_vs_vendor
 from tiledispatch.bench.timing import event_sampler, geomean, graph_sampler, interleaved_medians, percentile
 from tiledispatch.core.dispatcher import Dispatcher
@@ -96,7 +96,7 @@ def make_sets(p: ConvProblem) -> list[dict]:
 def copy_fn(moved: int, count: int):
     """A kernel copy of `moved` bytes (half read, half written) over `count` rotating buffer pairs,
     and its sets: the bandwidth limit of a transfer that size, launch and tail included."""
-    half = moved // 4  # bf16 elements read, and as many written
+    half = copy_elements(moved, 2)  # bf16 elements read, and as many written
     sets = [{"src": torch.randn(half, device="cuda", dtype=torch.bfloat16),
              "dst": torch.empty(half, device="cuda", dtype=torch.bfloat16)} for _ in range(count)]
     return (lambda s: kernel_copy(s["src"], s["dst"])), sets

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tiledispatch.bench.copy import BLOCK, kernel_copy
+from tiledispatch.bench.copy import BLOCK, EVEN_ELEMENTS, copy_elements, kernel_copy
 
 from ..conftest import on_gpu
 
@@ -24,3 +24,11 @@ def test_refuses_mismatched_tensors():
         kernel_copy(torch.zeros(8), torch.zeros(9))
     with pytest.raises(ValueError, match="contiguous"):
         kernel_copy(torch.zeros(4, 4).t(), torch.zeros(4, 4))
+
+
+@pytest.mark.parametrize("moved", [57_805_344, 24_096_480, 38_542_080, 4, 100])
+def test_copy_elements_stay_even_and_close(moved):
+    """The benchmark's copy of a conv's bytes: a multiple of 16 elements (vectorized loads), under 32 short."""
+    n = copy_elements(moved, 2)
+    assert n % EVEN_ELEMENTS == 0
+    assert 0 <= moved // 4 - n < 2 * EVEN_ELEMENTS

@@ -1,6 +1,10 @@
 """interleaved_medians: one sample of each sampler a round, in an order that varies, medians kept apart."""
 
-from tiledispatch.bench.timing import interleaved_medians
+import pytest
+
+from tiledispatch.bench.timing import graph_sampler, interleaved_medians
+
+from ..conftest import on_gpu
 
 
 def test_each_sampler_once_a_round_in_varying_orders():
@@ -29,3 +33,31 @@ def test_seeded_order_repeats():
         return calls
 
     assert orders(3) == orders(3)
+
+
+@pytest.mark.skipif(not on_gpu(), reason="CUDA graphs need a GPU")
+def test_graph_sampler_keeps_its_inputs_alive():
+    """The graph replays reads of the sets' buffers: a caller that drops its own references (a loop
+    rebinding them, say) must not leave the graph reading freed memory, or another tensor's."""
+    import gc
+
+    import torch
+
+    def sampler_of_doubling():
+        sets = [torch.randn(1 << 16, device="cuda") for _ in range(2)]
+        outs = [torch.empty_like(s) for s in sets]
+        pairs = [{"src": s, "dst": d} for s, d in zip(sets, outs)]
+        expected = [s * 2 for s in sets]
+        return graph_sampler(lambda p: torch.mul(p["src"], 2, out=p["dst"]), pairs, 4), outs, expected
+
+    sample, outs, expected = sampler_of_doubling()
+    gc.collect()
+    # Same-size blocks: the caching allocator hands out the sources' blocks, were they freed.
+    clobber = [torch.full((1 << 16,), float("nan"), device="cuda") for _ in range(8)]
+    for out in outs:
+        out.fill_(float("nan"))
+    assert sample() > 0
+    torch.cuda.synchronize()
+    for out, want in zip(outs, expected):
+        assert torch.equal(out, want)  # read from the sources, not from a NaN-filled block
+    assert all(torch.isnan(c).all() for c in clobber)
