@@ -41,7 +41,7 @@ FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.BF16))
 BWDD = dataclasses.replace(FWD, direction=Direction.BWD_DATA)
 BWDW = dataclasses.replace(FWD, direction=Direction.BWD_WEIGHT)
 TILE = ToeplitzConfig(FWD, 16, 32, 16, 28, 7)
-WEIGHT_TILE = ToeplitzConfig(BWDW, 16, 16, 16, 28, 7, split_k=4)
+WEIGHT_TILE = ToeplitzConfig(BWDW, 16, 8, 1, 28, 7, split_k=16)
 
 
 def banded(w: torch.Tensor, flip: bool) -> torch.Tensor:
@@ -87,7 +87,15 @@ def test_rules():
         ConvRule.SPLIT_K: (dataclasses.replace(TILE, split_k=4), SM90),
         ConvRule.WINDOW: (dataclasses.replace(TILE, filter_rows=10), SM90),
     }
-    assert validate(WEIGHT_TILE, SM90).ok and WEIGHT_TILE.name.endswith("_f7_k4_none")
+    assert validate(WEIGHT_TILE, SM90).ok and WEIGHT_TILE.name.endswith("_16x8_w1_r28_f7_k16_none")
+    assert validate(dataclasses.replace(WEIGHT_TILE, block_m=32, block_c=32, num_warps=4), SM90).ok
+    weight_cases = {  # backward-weight: a warp's 8 channels on the diagonal, 16 or 32 columns an item
+        ConvRule.WARPS_FOR_TILE: dataclasses.replace(WEIGHT_TILE, block_c=16),
+        ConvRule.TILE_POWER_OF_TWO: dataclasses.replace(WEIGHT_TILE, block_m=64),
+        ConvRule.REGISTER_BUDGET: dataclasses.replace(WEIGHT_TILE, filter_rows=9),  # 9 x 8 sums of 4
+    }
+    for rule, config in weight_cases.items():
+        assert rule in validate(config, SM90).broken_rules(), (rule, config.name)
     for epilogue in (ConvEpilogue(True, Activation.GELU, True), ConvEpilogue(False, Activation.SILU, False)):
         assert validate(dataclasses.replace(TILE, signature=dataclasses.replace(FWD, epilogue=epilogue)), SM90).ok
     for rule, (config, target) in cases.items():
@@ -104,6 +112,8 @@ def test_supports_says_why_not():
     assert supports(TILE, p(filt=(7, 3), pad=(3, 1))) is None  # narrower filters fit the band
     assert supports(dataclasses.replace(TILE, signature=BWDD), p("bwd_data")) is None
     assert supports(WEIGHT_TILE, p("bwd_weight")) is None
+    assert supports(WEIGHT_TILE, p("bwd_weight", filt=(7, 8), pad=(3, 4))) is None  # 4 pairs of taps
+    assert "up to 8 wide" in supports(WEIGHT_TILE, p("bwd_weight", filt=(7, 9), pad=(3, 4)))
     assert "depthwise only" in supports(TILE, p(k=128))
     assert "2-D" in supports(TILE, p(size=(12,), filt=(7,), pad=3))
     assert "stride 1 and dilation 1" in supports(TILE, p(stride=2))
@@ -143,14 +153,15 @@ def test_plan_sums_backward_weights_slabs():
                                  filter_rows=5)
     walk, reduce = kernel_units(config, ConvSpecialization())
     assert (walk.stage, reduce.stage) == ("main", "reduce") and walk.kind.value == "gluon"
-    assert dict(reduce.constexprs)["SPLIT_K"] == 4
+    assert dict(reduce.constexprs)["SPLIT_K"] == 16
     p = problem("bwd_weight", 3, 40, 40, 40, (9, 21), (5, 3), 1, (1, 2), 1, "fp16")
     ops = check_operands(Direction.BWD_WEIGHT, **make_inputs(p, device="cpu").kwargs(p))
     launches = plan(config, ops).launches
     assert [launch.stage for launch in launches] == ["main", "reduce"]
     args = dict(zip([name for name, _ in walk.signature], launches[0].args))
-    assert args["ws_ptr"].numel() == 4 * 40 * 5 * 3 and args["FX"] == 3
-    assert launches[0].grid == (-(-40 // 16), 4, 1)
+    assert args["ws_ptr"].numel() == 16 * 40 * 5 * 3 and args["FX"] == 3
+    assert launches[0].grid == (-(-40 // 8), 16, 1)  # blocks of a warp's 8 channels x the splits
+    assert dict(walk.constexprs) == {"BLOCK_M": 16, "BLOCK_C": 8, "ROWS": 28, "FILTER_ROWS": 5, "SPLIT_K": 16}
 
 
 SM90_SUITE = {  # benchmarks' conv.json depthwise 2-D cases: N, C, spatial, filter, padding; the walk wins at 7x7

@@ -480,9 +480,9 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
     direction = config.signature.direction
     vector = 16 // config.signature.types.dtype.itemsize
     walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
-            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector}
+            "FILTER_ROWS": config.filter_rows}
     if direction is Direction.BWD_WEIGHT:
-        walk |= {"SPLIT_K": config.split_k, "MAX_FX": k.MAX_WIDTH}
+        walk |= {"SPLIT_K": config.split_k}
         tensors = [("x_ptr", f"*{t}"), ("y_ptr", f"*{t}"), ("ws_ptr", "*fp32")]
         scalars = ("N", "C", "H", "W", "OH", "OW", "FX", "PH", "PW")
         strides = TOEPLITZ_STRIDES[:6]
@@ -490,8 +490,8 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
         function = "conv_depthwise_toeplitz_weight"
     else:
         epilogue = config.signature.epilogue
-        walk |= {"HAS_BIAS": epilogue.bias, "ACTIVATION": ACTIVATION_CODES[epilogue.activation],
-                 "HAS_RESIDUAL": epilogue.residual}
+        walk |= {"KW": k.KW, "NW": k.NW, "VEC": vector, "HAS_BIAS": epilogue.bias,
+                 "ACTIVATION": ACTIVATION_CODES[epilogue.activation], "HAS_RESIDUAL": epilogue.residual}
         tensors = [(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr", "bias_ptr", "res_ptr")]
         scalars = ("N", "C", "H", "W", "OH", "OW", "PH", "PW")
         strides = TOEPLITZ_STRIDES

@@ -40,6 +40,8 @@ from .rules import (
     accumulator_registers,
     register_a_operand,
     shared_memory_bytes,
+    toeplitz_registers,
+    toeplitz_weight_taps,
     window_register_cap,
     window_registers,
 )
@@ -708,38 +710,65 @@ TOEPLITZ_BLOCK_EXPONENT = 0.78
 # 14x14 5x5 (1.18x cuDNN, the window kernel 1.45x). On the 18 measured forward shapes the two agree
 # with the faster but on ConvNeXt-T's 14x14 (the walk, 0.94 of the window kernel).
 TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
-# Backward-weight's rows (a transposed x operand and a dy operand staged a row) took 2.4-3.0x the
-# forward's on the suite's depthwise cases (benchmarks/results/h200/conv_toeplitz_weight.csv).
-TOEPLITZ_WEIGHT_ROW_FACTOR = 2.7
+# Backward-weight (the channel on the MMA's diagonal), fitted to 80 H200 timings (5 depthwise shapes,
+# 3x3 to 7x7 and 14x14 to 56x56 maps, x 16 tiles of block_m, warps and splits; weighted towards each
+# shape's fastest tiles, which the dispatcher compares with cuDNN): a program's item costs its rows
+# walked x TOEPLITZ_WEIGHT_ROW_SECONDS plus its MMA rows x MMAs a row x TOEPLITZ_WEIGHT_MMA_SECONDS of
+# latency, or the SM's tensor pipe shared by the programs it holds, TOEPLITZ_WEIGHT_PIPE_SECONDS a
+# warp's MMA, whichever is longer; the programs beyond one wave of the SMs' slots wait a wave. The
+# fastest tiles of the 5x5 and 7x7 shapes modelled 0.85-1.2x their time (the 3x3 0.6x: `default`
+# leaves 3x3 to the other families).
+TOEPLITZ_WEIGHT_ROW_SECONDS = 0.42e-6
+TOEPLITZ_WEIGHT_MMA_SECONDS = 5.8e-9
+TOEPLITZ_WEIGHT_PIPE_SECONDS = 1.9e-9
 
 
 def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
-    """The busiest SM's programs, one after another, each walking its rows (backward-weight: its
-    share of the blocks of rows, then the sum of its slabs)."""
-    weight = p.direction is Direction.BWD_WEIGHT
-    oh, ow = p.input_size if p.direction is Direction.BWD_DATA else p.output_size
-    blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
-    channel_blocks = math.ceil(p.c / config.block_c)
-    walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
-    if weight:  # every program walks ceil(blocks / split) blocks of rows
-        programs = channel_blocks * config.split_k
-        walked *= math.ceil(blocks / config.split_k)
+    """Forward and backward-data: the busiest SM's programs, one after another, each walking its rows.
+    Backward-weight: `_toeplitz_weight_seconds`, then the sum of its slabs."""
+    if p.direction is Direction.BWD_WEIGHT:
+        walk_s, terms = _toeplitz_weight_seconds(config, p, arch)
+        reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch)
     else:
-        programs = channel_blocks * blocks
-    busiest = math.ceil(programs / arch.sm_count)
-    block = config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK
-    walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
-    walk_s *= TOEPLITZ_WEIGHT_ROW_FACTOR if weight else 1.0
+        oh, ow = p.input_size if p.direction is Direction.BWD_DATA else p.output_size
+        blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
+        walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
+        programs = math.ceil(p.c / config.block_c) * blocks
+        busiest = math.ceil(programs / arch.sm_count)
+        block = config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK
+        walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
+        reduce_s = 0.0
+        terms = {"programs": float(programs), "busiest_sm_programs": float(busiest), "rows_walked": float(walked)}
     memory_s = p.bytes() / (_bandwidth(arch) * DIRECT_FRACTION)
-    reduce_s = 0.0
-    if weight:
-        reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch) + LAUNCH_SECONDS
     modelled = max(walk_s, memory_s) + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
-    terms = {"programs": float(programs), "busiest_sm_programs": float(busiest), "rows_walked": float(walked),
-             "walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6,
-             "modelled_us": modelled * 1e6}
+    terms |= {"walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6,
+              "modelled_us": modelled * 1e6}
     return Score(ideal / modelled * VENDOR_TRUST / TOEPLITZ_MODEL_ERROR, terms)
+
+
+def _toeplitz_weight_seconds(config: ToeplitzConfig, p: ConvProblem, arch) -> tuple[float, dict]:
+    """The backward-weight walk (TOEPLITZ_WEIGHT_* above): waves of programs, each a share of the items."""
+    (in_h, _), (oh, ow) = p.input_size, p.output_size
+    rows = config.filter_rows
+    items = p.n * math.ceil(ow / config.block_m) * math.ceil(oh / config.rows)
+    walked = min(config.rows, oh) + rows - 1
+    mma_rows = min(in_h, walked)  # rows of the padding skip their MMAs
+    taps = toeplitz_weight_taps(rows)
+    shared = 2 * config.num_warps * config.block_m * (taps + 1) * 8 * p.types.dtype.itemsize  # x and dy rows, 2 slots
+    resident = max(1, blocks_per_sm(arch, threads=config.num_warps * 32, shared_bytes=shared,
+                                    registers_per_thread=min(toeplitz_registers(config), arch.registers_per_thread_max)))
+    programs = math.ceil(p.c / config.block_c) * config.split_k
+    mmas = rows * taps // 2 * (config.block_m // 16)
+    slots = arch.sm_count * resident
+    waves = math.ceil(programs / slots)
+    per_sm = min(programs, slots) / arch.sm_count
+    per_program = math.ceil(items / config.split_k)
+    latency = per_program * (walked * TOEPLITZ_WEIGHT_ROW_SECONDS + mma_rows * mmas * TOEPLITZ_WEIGHT_MMA_SECONDS)
+    pipe = per_sm * config.num_warps * per_program * mma_rows * mmas * TOEPLITZ_WEIGHT_PIPE_SECONDS
+    terms = {"programs": float(programs), "waves": float(waves), "items_a_program": float(per_program),
+             "rows_walked": float(walked), "latency_us": latency * 1e6, "pipe_us": pipe * 1e6}
+    return waves * max(latency, pipe), terms
 
 
 def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
