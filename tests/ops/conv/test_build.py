@@ -51,7 +51,7 @@ BUILDS = {  # kernel -> the specialisations built for it
 @pytest.fixture(scope="module")
 def built(private_cache):
     cache = private_cache("conv-build")
-    registry = Registry.from_rule_set("conv", "default", SM90)
+    registry = Registry.from_rule_set("conv", "full", SM90)
     results = []
     for specialization in {s for specs in BUILDS.values() for s in specs}:
         specs = [registry.get(name) for name, wanted in BUILDS.items() if specialization in wanted]

@@ -715,9 +715,9 @@ TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
 # shape's fastest tiles, which the dispatcher compares with cuDNN): a program's item costs its rows
 # walked x TOEPLITZ_WEIGHT_ROW_SECONDS plus its MMA rows x MMAs a row x TOEPLITZ_WEIGHT_MMA_SECONDS of
 # latency, or the SM's tensor pipe shared by the programs it holds, TOEPLITZ_WEIGHT_PIPE_SECONDS a
-# warp's MMA, whichever is longer; the programs beyond one wave of the SMs' slots wait a wave. The
-# fastest tiles of the 5x5 and 7x7 shapes modelled 0.85-1.2x their time (the 3x3 0.6x: `default`
-# leaves 3x3 to the other families).
+# warp's MMA, whichever is longer; the programs beyond one wave of the SMs' slots wait a wave. Those
+# timings reused their inputs (L2-warm): against the benchmark's cold inputs the picks modelled
+# 0.70-1.35x their time (56x56 maps the most optimistic), so only `full` lists these tiles.
 TOEPLITZ_WEIGHT_ROW_SECONDS = 0.42e-6
 TOEPLITZ_WEIGHT_MMA_SECONDS = 5.8e-9
 TOEPLITZ_WEIGHT_PIPE_SECONDS = 1.9e-9
