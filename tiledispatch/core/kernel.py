@@ -74,7 +74,16 @@ def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = No
 
 
 def _function(unit: KernelUnit):
-    return getattr(importlib.import_module(unit.module), unit.function)
+    """The unit's kernel, whose parameters its signature lists in order: the interpreter binds
+    the launch's arguments by position, constexprs included, so an order the compiler (which
+    binds by name) accepts would hand the interpreted kernel one constexpr's value for another."""
+    fn = getattr(importlib.import_module(unit.module), unit.function)
+    names = [name for name, _ in unit.signature]
+    params = list(getattr(fn, "arg_names", names))
+    if names != params:
+        raise BuildError(f"{unit.module}.{unit.function}: the unit's signature lists {names}, the kernel's "
+                         f"parameters are {params}; list them in the kernel's order")
+    return fn
 
 
 def _source(unit: KernelUnit):

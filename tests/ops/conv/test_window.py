@@ -1,10 +1,11 @@
-"""The direct family's sliding-window kernels (depthwise forward and backward-data).
+"""The direct family's sliding-window kernels (depthwise, every direction).
 
 Each run writes a NaN-poisoned output that is compared with PyTorch's CPU convolution in
 float64 (tests/ops/conv/helpers.py). Channel counts are not multiples of the channel
 blocks, widths not multiples of the runs, and stride, padding and dilation vary along
-the dims the kernels loop over at run time (D, H); along W the window takes stride 1 and
-dilation 1, and `supports` sends the rest to the per-tap kernel.
+the dims the kernels loop over at run time (D, H); along W a window kernel takes the
+stride it is built for (1 or 2) and dilation 1, and `supports` sends the rest to the
+per-tap kernel.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ GEOMETRIES = {
     "1d-k5-p0": ((17,), (5,), 1, 0, 1),
     "1d-k3-wide-pad": ((5,), (3,), 1, 2, 1),
     "3d-mixed": ((3, 4, 6), (2, 3, 3), (1, 2, 1), (1, 0, 2), (2, 1, 1)),
+    # stride 2 along W, padding of either parity (backward-data's runs start a column early for one)
+    "2d-3x3-s2-p1-odd": ((9, 11), (3, 3), 2, 1, 1),
+    "2d-5x5-s2-p2": ((10, 12), (5, 5), 2, 2, 1),
+    "2d-3x3-w-stride2-p0": ((7, 9), (3, 3), (1, 2), 0, 1),
+    "2d-5x5-s2-p1": ((9, 13), (5, 5), 2, 1, 1),
+    "1d-k2-s2-p1": ((13,), (2,), 2, 1, 1),
+    "1d-k5-s2-p2": ((16,), (5,), 2, 2, 1),
+    "3d-s2": ((3, 5, 9), (2, 3, 3), (1, 2, 2), (1, 1, 1), (2, 1, 1)),
 }
 
 
@@ -136,6 +145,7 @@ def test_weights_with_strided_taps_are_copied(dispatcher, direction):
 
 FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.FP16))
 BWDW = ConvSignature(Direction.BWD_WEIGHT, ConvTypes(DType.FP16))
+BWDD = ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16))
 
 
 def test_window_supports_says_why_not():
@@ -147,6 +157,10 @@ def test_window_supports_says_why_not():
                                                                          (1, 2), 1))
     assert "stride 1 and dilation 1 along W" in supports(config, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3),
                                                                          1, 2, (1, 2)))
+    strided = dataclasses.replace(config, window_stride=2)
+    assert supports(strided, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3), (1, 2), 1)) is None
+    assert "stride 2 and dilation 1 along W" in supports(strided, problem("forward", 2, 64, 64, 64, (9, 9), (3, 3),
+                                                                          1, 1))
     assert "depthwise only" in supports(config, problem("forward", 2, 64, 128, 64, (9, 9), (3, 3), 1, 1))
 
 
@@ -157,7 +171,13 @@ def test_window_rules():
                 DirectConfig(FWD, 16, 64, 4, window=3, band=2), DirectConfig(BWDW, 16, 64, 4, rows=3),
                 DirectConfig(BWDW, 16, 64, 4, window=3, rows=12), DirectConfig(BWDW, 4, 64, 4, window=3, band=17)):
         assert ConvRule.WINDOW in validate(bad, SM90).broken_rules(), bad.name
+    for bad in (DirectConfig(FWD, 16, 64, 4, window=3, run=8, window_stride=3),
+                DirectConfig(FWD, 16, 64, 4, window_stride=2),
+                DirectConfig(BWDD, 16, 64, 4, window=3, run=7, window_stride=2)):  # an odd run
+        assert ConvRule.WINDOW in validate(bad, SM90).broken_rules(), bad.name
+    assert validate(DirectConfig(FWD, 16, 64, 4, window=3, run=7, window_stride=2), SM90).ok
     assert DirectConfig(FWD, 16, 64, 4, window=3, run=8).name.endswith("_k1_win3r8_none")
+    assert DirectConfig(BWDD, 16, 64, 4, window=5, run=8, window_stride=2).name.endswith("_k1_win5s2r8_none")
     assert DirectConfig(FWD, 16, 64, 4).name.endswith("_k1_none")  # the per-tap kernels keep their names
 
 
@@ -219,10 +239,20 @@ def test_rules_take_the_window_for_the_suites_depthwise_cases(sm90_dispatcher, d
 
 
 def test_rules_keep_the_per_tap_kernel_where_the_window_cannot_go(sm90_dispatcher):
-    p = problem("forward", 32, 384, 384, 384, (28, 28), (3, 3), 2, 1, 1, "bf16")  # MobileNet's stride 2
+    p = problem("forward", 32, 384, 384, 384, (28, 28), (3, 3), 3, 1, 1, "bf16")  # stride 3: no window is built
     p = dataclasses.replace(p, specialization=p.dense_specialization())
     direct = [r.spec for r in sm90_dispatcher.explain(p).ranked if r.spec.family == "direct"]
     assert direct and not any(s.config.window for s in direct)
+
+
+@pytest.mark.parametrize("direction", Direction, ids=lambda d: d.value)
+def test_strided_windows_serve_mobilenets_downsampling(sm90_dispatcher, direction):
+    """MobileNet's stride-2 3x3 meets window kernels built for stride 2 along W, and only those."""
+    p = problem(direction.value, 32, 144, 144, 144, (56, 56), (3, 3), 2, 1, 1, "bf16")
+    p = dataclasses.replace(p, specialization=p.dense_specialization())
+    windows = [r.spec.config for r in sm90_dispatcher.explain(p).ranked
+               if r.spec.family == "direct" and r.spec.config.window]
+    assert windows and all(c.window_stride == 2 for c in windows)
 
 
 # -- backward-weight by sliding windows ---------------------------------------------------------------

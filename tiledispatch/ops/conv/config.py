@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field, replace
 
 from .problem import ConvEpilogue, ConvProblem, ConvTypes, Direction
@@ -154,7 +155,9 @@ class DirectConfig:
     window kernel holds the taps of `rows` filter rows as its accumulators (rows x window
     per channel: one pass over its pixels per `rows` filter rows), named `win{rows}x{window}`,
     and may hold `band` output rows of runs (a thread's block is band x run outputs, whose
-    band + rows - 1 input rows it loads once each), named `r{run}b{band}`.
+    band + rows - 1 input rows it loads once each), named `r{run}b{band}`. `window_stride`
+    is the conv's stride along W the window kernel is built for (1, or 2 for the downsampling
+    layers of MobileNet and EfficientNet), named `win{shape}s{stride}`.
     """
 
     signature: ConvSignature
@@ -166,19 +169,40 @@ class DirectConfig:
     run: int = 1
     rows: int = 1  # backward-weight window kernels only: filter rows held per pass
     band: int = 1  # backward-weight window kernels only: output rows a thread's block spans
+    window_stride: int = 1  # window kernels only: the stride along W they are built for
     family: Family = Family.DIRECT
 
     @property
     def name(self) -> str:
         shape = f"{self.rows}x{self.window}" if self.rows > 1 else f"{self.window}"
+        stride = f"s{self.window_stride}" if self.window_stride > 1 else ""
         band = f"b{self.band}" if self.band > 1 else ""
-        window = f"_win{shape}r{self.run}{band}" if self.window else ""
+        window = f"_win{shape}{stride}r{self.run}{band}" if self.window else ""
         return (f"conv_{self.signature.name}_{self.family.value}_{self.block_p}x{self.block_c}_w{self.num_warps}"
                 f"_k{self.split_k}{window}_{self.signature.epilogue.name}")
 
     @property
     def pixels_per_program(self) -> int:
         return self.block_p * self.run
+
+    def runs(self, p: ConvProblem) -> int:
+        """Runs a forward or backward-data window kernel computes: its output rows' runs of `run`
+        columns. Backward-data at stride 2 starts its runs a column early where the padding's
+        parity asks (kernels/direct.py, conv_bwd_data_direct_window): one run more a row at times."""
+        spatial = p.output_size if p.direction is Direction.FORWARD else p.input_size
+        width = spatial[-1]
+        if p.direction is Direction.BWD_DATA:
+            width += (p.padding[-1] + self.window + 1) % self.window_stride
+        return p.n * math.prod(spatial[:-1]) * -(-width // self.run)
+
+    @property
+    def window_columns(self) -> int:
+        """Source columns a window kernel's run loads once each, a filter row: input columns
+        (run - 1) x stride + window wide for forward and backward-weight, dy columns that reach the
+        run's input columns for backward-data."""
+        if self.signature.direction is Direction.BWD_DATA:
+            return -(-(self.run + self.window - 1) // self.window_stride)
+        return (self.run - 1) * self.window_stride + self.window
 
     @property
     def workspace_slabs(self) -> int:

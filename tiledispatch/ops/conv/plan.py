@@ -105,6 +105,7 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
             constexprs |= {"RUN": config.run, "WINDOW": config.window}
             if sig.direction is Direction.BWD_WEIGHT:
                 constexprs |= {"ROWS": config.rows, "BAND": config.band}
+            constexprs |= {"WINDOW_STRIDE": config.window_stride}  # in the kernels' order of parameters
         warps, stages = config.num_warps, 1
     module = FAMILY_MODULES[config.family]
     windowed = isinstance(config, DirectConfig) and config.window > 0
@@ -576,8 +577,7 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
     if config.window and d is Direction.BWD_WEIGHT:  # channel blocks x shares of the runs
         return (cdiv(p.c, bc), config.split_k, 1)
     if config.window:  # rows of the tile are runs of config.run pixels along W
-        spatial = p.output_size if d is Direction.FORWARD else p.input_size
-        runs = p.n * math.prod(spatial[:-1]) * cdiv(spatial[-1], config.run)
+        runs = config.runs(p)
         if channels_fastest(config, p):  # one axis: the kernel steps the channel blocks fastest
             return (cdiv(runs, bp) * cdiv(p.c, bc), 1, 1)
         return (cdiv(runs, bp), cdiv(p.c, bc), 1)

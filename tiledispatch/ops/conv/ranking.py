@@ -490,18 +490,20 @@ def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[fl
 
     A thread holds `elements` = block_p x block_c / threads channel values of each run
     position, in vectors of up to `vector`. Per filter row (FZ x FY of them) it loads the
-    run + window - 1 source columns once and makes run x window x elements FMAs; the row's
-    weights are loaded once for all of them. Then each run position stores.
+    run's source columns once (config.window_columns: run + window - 1 at stride 1) and makes
+    run x window x elements FMAs (backward-data at stride 2: each output takes the half of
+    the taps of its parity); the row's weights are loaded once for all of them. Then each
+    run position stores.
     """
     threads = config.num_warps * 32
     elements = max(1.0, config.block_p * config.block_c / threads)
     loads = math.ceil(elements / min(vector, elements))
     channels = min(elements, vector)  # distinct channels a thread holds: the weights it loads
     element_cost = WINDOW_SOURCE_ELEMENT_INSTRUCTIONS / (2 if p.types.dtype is DType.FP32 else 1)
-    sources = config.run + config.window - 1
-    per_row = (sources * (loads * WINDOW_LOAD_INSTRUCTIONS + elements * element_cost)
+    taps = config.window / (config.window_stride if p.direction is Direction.BWD_DATA else 1)
+    per_row = (config.window_columns * (loads * WINDOW_LOAD_INSTRUCTIONS + elements * element_cost)
                + config.window * channels * WINDOW_WEIGHT_INSTRUCTIONS + WINDOW_ROW_INSTRUCTIONS
-               + config.run * config.window * elements)
+               + config.run * taps * elements)
     filter_rows = math.prod(p.filter_size[:-1])
     per_thread = filter_rows * per_row + loads * config.run * WINDOW_STORE_INSTRUCTIONS
     registers, cap = window_registers(config, vector), window_register_cap(config, vector)
@@ -514,7 +516,7 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     bandwidth = _bandwidth(arch)
     spatial = p.output_size if p.direction is Direction.FORWARD else p.input_size
     width = spatial[-1]
-    runs = p.n * math.prod(spatial[:-1]) * math.ceil(width / config.run)
+    runs = config.runs(p)
     lanes = p.c
     vector = min(16 // item, config.block_c) if p.specialization.aligned else 1
     threads = config.num_warps * 32
@@ -527,7 +529,7 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     lane_use = tile_efficiency(lanes, config.block_c)
     row_use = tile_efficiency(width, config.run)  # run positions past the row's end are idle
     # Bytes in flight: a program issues a filter row's source vectors at once.
-    per_program = config.block_p * (config.run + config.window - 1) * config.block_c * item
+    per_program = config.block_p * config.window_columns * config.block_c * item
     programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
     # A thread loads its channels of a column as one vector: 4-8-byte loads when it holds
@@ -539,11 +541,12 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     in_flight *= min(1.0, config.block_c * item / 128) ** 0.3
     efficiency = lane_use * row_use * waves * in_flight * DIRECT_FRACTION
     efficiency *= SPILL_PENALTY if spills else 1.0
-    # Each source element is loaded once a filter row and window - 1 times more at the run's
-    # edges: the loads past the first come from L1/L2, so short runs cost (mamba's 1-D k4 on
-    # the H200: run 4 210 us, run 14 167).
+    # Each source element is loaded once a filter row, and again where neighbouring runs' columns
+    # overlap (window - stride of them): the loads past the first come from L1/L2, so short runs
+    # cost (mamba's 1-D k4 on the H200: run 4 210 us, run 14 167).
     source_bytes = p.n * p.c * math.prod(p.input_size if p.direction is Direction.FORWARD else p.output_size) * item
-    reloads = math.prod(p.filter_size[:-1]) * (config.run + config.window - 1) / config.run - 1
+    spanned = config.run * config.window_stride ** (-1 if p.direction is Direction.BWD_DATA else 1)
+    reloads = math.prod(p.filter_size[:-1]) * config.window_columns / spanned - 1
     memory_s = (p.bytes() + source_bytes * reloads / L2_REUSE) / (bandwidth * efficiency) * WINDOW_MEMORY_FIT
     # Issue time follows the busiest SM, whose resident programs share its schedulers: it
     # issues ceil(programs / SMs) programs' instructions, however many run at once.
@@ -593,7 +596,7 @@ def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     tiles = math.ceil(blocks / config.block_p)
     per_split = math.ceil(tiles / config.split_k)
     passes = fz * math.ceil(fy / config.rows)
-    loads = ((config.band + config.rows - 1) * (config.run + config.window - 1) + config.band * config.run) * (
+    loads = ((config.band + config.rows - 1) * config.window_columns + config.band * config.run) * (
         per_thread / vector)
     fmas = config.band * config.run * config.rows * config.window * per_thread
     per_tile = loads * (WEIGHT_WINDOW_LOAD_INSTRUCTIONS + widen * vector) + fmas + WEIGHT_WINDOW_TILE_INSTRUCTIONS

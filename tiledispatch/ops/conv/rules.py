@@ -50,6 +50,7 @@ FLAT_MAX_CHANNELS_PER_GROUP = 8
 # every window x run pair is one FMA per channel in the unrolled body.
 MAX_WINDOW = 11
 MAX_RUN = 16
+WINDOW_STRIDES = (1, 2)  # strides along W the window kernels are built for
 # The igemm-tma family: a box dim of a tensor descriptor holds at most 256 elements (TMA's limit),
 # and a box of pixels is a power-of-two tile of 1..256 rows and columns.
 TMA_TILE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -339,6 +340,15 @@ def _window_findings(config: DirectConfig, error) -> None:
     elif config.run > 1 and not config.window:
         error(ConvRule.WINDOW, f"run={config.run} without a window: only the sliding-window kernels hold runs",
               "use run=1, or a window")
+    if config.window_stride not in WINDOW_STRIDES:
+        error(ConvRule.WINDOW, f"window_stride={config.window_stride} is not one of {WINDOW_STRIDES}")
+    elif config.window_stride > 1 and not config.window:
+        error(ConvRule.WINDOW, f"window_stride={config.window_stride} without a window: the per-tap kernels take "
+              "any stride as it comes", "use window_stride=1, or a window")
+    elif config.signature.direction is Direction.BWD_DATA and config.run % config.window_stride:
+        error(ConvRule.WINDOW, f"run={config.run} at window_stride={config.window_stride}: a backward-data run starts "
+              "where its first dy column's taps begin, which needs runs of a multiple of the stride",
+              f"use run={config.run + config.window_stride - config.run % config.window_stride}")
 
 
 def toeplitz_weight_taps(filter_rows: int) -> int:
@@ -524,9 +534,10 @@ def _window_refusal(config: DirectConfig, problem: ConvProblem) -> str | None:
                 f"C/G={problem.c_per_group}, K/G={problem.k_per_group}")
     if problem.filter_size[-1] != config.window:
         return f"built for filter width {config.window}, the filter is {problem.filter_size[-1]} wide"
-    if problem.stride[-1] != 1 or problem.dilation[-1] != 1:
-        return (f"the sliding window needs stride 1 and dilation 1 along W; this conv has stride "
-                f"{problem.stride[-1]}, dilation {problem.dilation[-1]} (the per-tap direct kernel serves it)")
+    if problem.stride[-1] != config.window_stride or problem.dilation[-1] != 1:
+        return (f"built for stride {config.window_stride} and dilation 1 along W; this conv has stride "
+                f"{problem.stride[-1]}, dilation {problem.dilation[-1]} there (a window kernel of its stride along W, "
+                f"{' or '.join(map(str, WINDOW_STRIDES))}, or the per-tap direct kernel serves it)")
     _, stride_h, _ = problem.padded3(problem.stride, 1)
     _, dilation_h, _ = problem.padded3(problem.dilation, 1)
     if config.band > 1 and (stride_h != 1 or dilation_h != 1):

@@ -61,6 +61,7 @@ class DirectTile:
     rows: int = 1  # filter rows held per pass (backward-weight window kernels only)
     band: int = 1  # output rows a thread's block spans (backward-weight window kernels only)
     directions: tuple[Direction, ...] = tuple(Direction)  # window tiles: set by `windows` / `weight_windows`
+    window_stride: int = 1  # the stride along W a window kernel is built for
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,17 @@ def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...]) -> tuple[Tm
     return tuple(replace(t, split_k=k, directions=(Direction.BWD_WEIGHT,)) for k in split_ks for t in tiles)
 
 
-def windows(tiles: tuple[DirectTile, ...], widths: tuple[int, ...]) -> tuple[DirectTile, ...]:
-    """Each sliding-window tile for each filter width, for forward and backward-data."""
-    return tuple(replace(t, window=width, directions=(Direction.FORWARD, Direction.BWD_DATA))
+def windows(tiles: tuple[DirectTile, ...], widths: tuple[int, ...], stride: int = 1) -> tuple[DirectTile, ...]:
+    """Each sliding-window tile for each filter width, for forward and backward-data at `stride` along W."""
+    return tuple(replace(t, window=width, window_stride=stride, directions=(Direction.FORWARD, Direction.BWD_DATA))
                  for width in widths for t in tiles)
 
 
 def weight_windows(tiles: tuple[DirectTile, ...], shapes: tuple[tuple[int, int], ...],
-                   split_ks: tuple[int, ...] = (1,)) -> tuple[DirectTile, ...]:
-    """Each backward-weight window tile for each (filter rows held, filter width) and split."""
-    return tuple(replace(t, rows=rows, window=width, split_k=k, directions=(Direction.BWD_WEIGHT,))
+                   split_ks: tuple[int, ...] = (1,), stride: int = 1) -> tuple[DirectTile, ...]:
+    """Each backward-weight window tile for each (filter rows held, filter width) and split, at `stride` along W."""
+    return tuple(replace(t, rows=rows, window=width, split_k=k, window_stride=stride,
+                         directions=(Direction.BWD_WEIGHT,))
                  for rows, width in shapes for k in split_ks for t in tiles)
 
 
@@ -189,7 +191,10 @@ TESTS_DIRECT = TINY_DIRECT + (
 ) + windows((DirectTile(8, 16, 2, run=3),), (1, 2, 5)) + windows((DirectTile(4, 32, 1, run=5),), (3,)) + (
     weight_windows((DirectTile(4, 16, 1, run=3),), ((1, 1), (1, 2), (3, 5), (2, 3)), (1, 3))
     + weight_windows((DirectTile(2, 32, 2, run=5),), ((5, 5), (1, 3)), (1,))
-    + weight_windows((DirectTile(4, 16, 1, run=3, band=2),), ((3, 3), (2, 5)), (1, 2)))
+    + weight_windows((DirectTile(4, 16, 1, run=3, band=2),), ((3, 3), (2, 5)), (1, 2))
+    # stride 2 along W (backward-data's runs even: rules), and backward-weight
+    + windows((DirectTile(8, 16, 2, run=4),), (3,), stride=2) + windows((DirectTile(4, 32, 1, run=6),), (2, 5), stride=2)
+    + weight_windows((DirectTile(4, 16, 1, run=3),), ((3, 3), (2, 5), (1, 2)), (1, 2), stride=2))
 # Depthwise forward and backward-data by sliding windows (kernels/direct.py), for the filter
 # widths of MobileNet/EfficientNet (3, 5), ConvNeXt (7) and Mamba's causal conv1d (4). A
 # thread holds one run of `run` pixels of 4-8 channels (block_c / 8 or / 4 lanes across the
@@ -245,6 +250,17 @@ DEFAULT_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
     weight_windows(tiles, (shape,), WEIGHT_WINDOW_SPLITS[shape]) for shape, tiles in WEIGHT_WINDOW_TILES.items())
 ) + weight_windows((DirectTile(16, 64, 4, run=16),), ((1, 3), (1, 5), (1, 7)), (32,))
 DEFAULT_DIRECT = DEFAULT_DIRECT + DEFAULT_WEIGHT_WINDOWS
+# Stride 2 along W: the downsampling depthwise layers of MobileNet (3x3) and EfficientNet (3x3, 5x5),
+# off the stride-1 windows above, ran on cuDNN or the per-tap kernels at 0.2-2 TB/s. Forward and
+# backward-data windows of even runs (backward-data's rule) covering their 7-56 wide outputs;
+# backward-weight one output row a block (a band shares input rows only at stride 1 along H).
+STRIDED_WINDOW_TILES = (DirectTile(16, 64, 4, run=4), DirectTile(16, 64, 4, run=8), DirectTile(16, 64, 4, run=14),
+                        DirectTile(8, 64, 4, run=14), DirectTile(8, 32, 2, run=14))
+STRIDED_WINDOW_WIDTHS = (3, 5)
+STRIDED_WEIGHT_WINDOWS = weight_windows((DirectTile(16, 64, 4, run=7), DirectTile(8, 64, 4, run=4)), ((3, 3),),
+                                        (22, 44), stride=2) + weight_windows(
+    (DirectTile(4, 64, 4, run=7), DirectTile(8, 64, 4, run=4)), ((5, 5),), (12, 24), stride=2)
+DEFAULT_DIRECT = DEFAULT_DIRECT + windows(STRIDED_WINDOW_TILES, STRIDED_WINDOW_WIDTHS, stride=2) + STRIDED_WEIGHT_WINDOWS
 # `full` adds other splits of the 2-D windows (6-11 channel blocks of 64 x 8-48 splits: 48-528 programs).
 FULL_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
     weight_windows(tiles, (shape,), tuple(k for k in (8, 11, 16, 24, 48) if k not in WEIGHT_WINDOW_SPLITS[shape]))
@@ -256,6 +272,10 @@ FULL_WINDOWS = windows(tuple(
     for (p, c, w), r in itertools.product(((16, 32, 4), (16, 64, 8), (8, 64, 4), (32, 32, 8), (8, 32, 2),
                                            (16, 16, 2), (32, 16, 4), (16, 16, 4), (8, 32, 4), (16, 64, 4),
                                            (32, 32, 4)), (2, 4, 7, 8, 14))), WINDOW_WIDTHS)
+FULL_WINDOWS += windows(tuple(  # stride 2 along W: the even runs, every direction's rule holds
+    DirectTile(p, c, w, run=r)
+    for (p, c, w), r in itertools.product(((16, 32, 4), (16, 64, 8), (8, 64, 4), (32, 32, 8), (8, 32, 2), (16, 64, 4)),
+                                          (2, 4, 8, 14))), STRIDED_WINDOW_WIDTHS, stride=2)
 FULL_DIRECT = FULL_WEIGHT_WINDOWS + FULL_WINDOWS + tuple(
     DirectTile(p, c, w, k)
     for p, c, w, k in itertools.product((8, 16, 32, 64, 128), (16, 32, 64, 128, 256), (2, 4, 8), (1, 8, 32))
@@ -375,7 +395,7 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_
         for t in direct_tiles:
             if (t.split_k == 1 or weight) and sig.direction in t.directions:
                 yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run, t.rows,
-                                   t.band)
+                                   t.band, t.window_stride)
 
 
 def tiny() -> Iterator[AnyConvConfig]:

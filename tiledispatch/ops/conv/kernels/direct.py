@@ -220,8 +220,33 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
 # outputs it touches (register reuse along W); the filter row's weights are loaded once
 # for the RUN outputs. The loops over taps in W are unrolled (WINDOW = the filter width
 # is a constexpr of the config), the rows of the filter (H, D) are runtime loops, so any
-# stride, padding and dilation there is served; along W the window needs stride 1 and
-# dilation 1 (`supports` sends other problems to the per-tap kernels).
+# stride, padding and dilation there is served; along W the window is built for one stride
+# (WINDOW_STRIDE, 1 or 2) and dilation 1 (`supports` sends other problems to the per-tap kernels).
+# At stride 2 a forward run reads its 2 (RUN - 1) + WINDOW input columns once, each feeding the
+# half of the taps whose outputs it reaches; a backward-data run of RUN input columns reads the
+# (RUN + WINDOW - 1) / 2 dy columns that reach it, and each of its columns takes the taps of its
+# parity. So the downsampling layers of MobileNet and EfficientNet load each byte once too.
+
+
+@triton.constexpr_function
+def window_columns(run, window, stride, transposed):
+    """Source columns a run reads a filter row (config.DirectConfig.window_columns on the host)."""
+    if transposed:
+        return (run + window - 2) // stride + 1
+    return (run - 1) * stride + window
+
+
+@triton.constexpr_function
+def window_output(j, s, run, window, stride, transposed):
+    """The run position that source column j reaches through tap s, or -1 where it reaches none:
+    t with t * stride + s = j, or (transposed) t = j * stride + s - (window - 1)."""
+    if transposed:
+        t = j * stride + s - (window - 1)
+    elif (j - s) % stride == 0:
+        t = (j - s) // stride
+    else:
+        return -1
+    return t if 0 <= t < run else -1
 
 
 @triton.jit
@@ -262,31 +287,32 @@ def _program_tile(C, BLOCK_C: tl.constexpr):
 
 @triton.jit
 def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
-                RUN: tl.constexpr, WINDOW: tl.constexpr, FLIP: tl.constexpr):
+                RUN: tl.constexpr, WINDOW: tl.constexpr, STEP: tl.constexpr, TRANSPOSED: tl.constexpr):
     """Adds one filter row into the RUN accumulators of each pixel run.
 
-    src: [BLOCK_P] pointers to the source pixel at window column 0 (channel 0) of each run;
-    col0: that column's index, checked against `cols`; row_ok: the source row exists.
-    Output t of a run takes window column t + s times filter tap s (FLIP: tap WINDOW-1-s,
-    the backward-data correlation with the flipped filter). w_row: [BLOCK_C] pointers to
-    tap 0 of the filter row, valid for every lane (channels past C are clamped to C - 1,
-    so the weight loads need no mask: those lanes are never stored). The filter's taps
-    along W are contiguous (the plan copies a weight whose are not): the tap offsets are
-    then immediates of the loads. With the stride as a runtime value (sm_90 SASS, 16x64
-    w4, window 7, run 2) ptxas kept a 64-bit pointer per (channel, tap), 255 registers
+    src: [BLOCK_P] pointers to source column 0 (channel 0) of each run; col0: that column's
+    index, checked against `cols`; row_ok: the source row exists. Forward: output t of a run
+    takes source column t * STEP + s times filter tap s. TRANSPOSED (backward-data, the source
+    is dy): source column j reaches output t = j * STEP + x - (WINDOW - 1) through tap x, where
+    that t lies in the run (at stride 1 the correlation with the flipped filter). w_row:
+    [BLOCK_C] pointers to tap 0 of the filter row, valid for every lane (channels past C are
+    clamped to C - 1, so the weight loads need no mask: those lanes are never stored). The
+    filter's taps along W are contiguous (the plan copies a weight whose are not): the tap
+    offsets are then immediates of the loads. With the stride as a runtime value (sm_90 SASS,
+    16x64 w4, window 7, run 2) ptxas kept a 64-bit pointer per (channel, tap), 255 registers
     and spills, against 113 registers and 411 instead of 511 instructions a filter row.
     """
     wts = ()
     for s in tl.static_range(WINDOW):
-        tap = WINDOW - 1 - s if FLIP else s
-        wts = wts + (tl.load(w_row + tap).to(tl.float32)[None, :],)  # taps contiguous: see below
+        wts = wts + (tl.load(w_row + s).to(tl.float32)[None, :],)  # taps contiguous: see above
     first = src[:, None] + offs_c[None, :]
-    for j in tl.static_range(RUN + WINDOW - 1):
+    for j in tl.static_range(window_columns(RUN, WINDOW, STEP, TRANSPOSED)):
         ok = row_ok & inside(col0 + j, cols)
         xv = _widen(tl.load(first + j * col_stride, mask=ok[:, None] & in_c[None, :], other=0.0))
         for s in tl.static_range(WINDOW):
-            if j - s >= 0 and j - s < RUN:
-                acc = _set(acc, j - s, acc[j - s] + xv * wts[s])
+            t: tl.constexpr = window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED)
+            if t >= 0:
+                acc = _set(acc, t, acc[t] + xv * wts[s])
     return acc
 
 
@@ -298,8 +324,8 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                            VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
-                           RUN: tl.constexpr, WINDOW: tl.constexpr):
-    """Depthwise forward (C/G = K/G = 1, FX = WINDOW, stride and dilation 1 along W).
+                           RUN: tl.constexpr, WINDOW: tl.constexpr, WINDOW_STRIDE: tl.constexpr):
+    """Depthwise forward (C/G = K/G = 1, FX = WINDOW, stride WINDOW_STRIDE and dilation 1 along W).
 
     Rows of the tile are runs of RUN output pixels along W, (n, od, oh, run) flattened
     with the runs fastest; lanes are channels.
@@ -317,7 +343,7 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     sxd_v, sxh_v, sxw_v = sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
     d0 = od * SD - PD
     h0 = oh * SH - PH
-    w0 = ow0 - PW
+    w0 = ow0 * WINDOW_STRIDE - PW
     src0 = x_ptr + (n.to(tl.int64) * (sxn // VEC * VEC) + d0 * sxd_v + h0 * sxh_v + w0 * sxw_v)
     w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
 
@@ -328,7 +354,7 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
             row_ok = ok_d & inside(h0 + fy * DH, H)
             src = src0 + ((fz * DD) * sxd_v + (fy * DH) * sxh_v)
             acc = _window_row(acc, src, row_ok, w0, W, sxw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
-                              RUN, WINDOW, False)
+                              RUN, WINDOW, WINDOW_STRIDE, False)
 
     y_row = (n.to(tl.int64) * (syn // VEC * VEC) + od * (syd // VEC * VEC) + oh * (syh // VEC * VEC)
              + ow0 * (syw // VEC * VEC))
@@ -355,26 +381,29 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                                 HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                                 VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
-                                RUN: tl.constexpr, WINDOW: tl.constexpr):
-    """Depthwise backward-data: the forward window over dy with the filter flipped along W.
+                                RUN: tl.constexpr, WINDOW: tl.constexpr, WINDOW_STRIDE: tl.constexpr):
+    """Depthwise backward-data: the window over dy, each dy column into the outputs it reaches.
 
-    With stride 1 along W, dx[iw] = sum_x w[x] dy[iw + PW - x]: output t of the run at
-    iw0 takes dy column iw0 + PW - (WINDOW - 1) + t + s times tap WINDOW - 1 - s. Along D
-    and H any stride and dilation: each filter row finds its dy row (or none) as the
-    per-tap kernel does.
+    Along W, dx[iw] = sum_x w[x] dy[(iw + PW - x) / S] over the x that divide (S = WINDOW_STRIDE).
+    The run of RUN input columns at iw0 reads dy columns col0 + j, col0 = (iw0 + PW - (WINDOW - 1)) / S,
+    and column j reaches output t = S j + x - (WINDOW - 1) through tap x. At S = 2 that needs
+    iw0 + PW - (WINDOW - 1) even: the runs start `shift` (0 or 1) columns before a multiple of
+    RUN (RUN even, rules.py), so the first one may begin at column -1, masked. Along D and H
+    any stride and dilation: each filter row finds its dy row (or none) as the per-tap kernel does.
     """
     C = G // VEC * VEC
     pid_p, pid_c = _program_tile(C, BLOCK_C)
-    runs = tl.cdiv(W, RUN)
+    shift = (PW + WINDOW + 1) % WINDOW_STRIDE  # (PW - (WINDOW - 1)) mod S, kept non-negative
+    runs = tl.cdiv(W + shift, RUN)
     Q = N * D * H * runs
     offs_q = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     in_q = offs_q < Q
     in_c = offs_c < C
     n, idd, ih, r = split_pixel(offs_q, D, H, runs)
-    iw0 = r * RUN
+    iw0 = r * RUN - shift
     syd_v, syh_v, syw_v = syd // VEC * VEC, syh // VEC * VEC, syw // VEC * VEC
-    col0 = iw0 + PW - (WINDOW - 1)
+    col0 = (iw0 + PW - (WINDOW - 1)) // WINDOW_STRIDE  # exact: the numerator is a multiple of S
     dy_n = y_ptr + (n.to(tl.int64) * (syn // VEC * VEC) + col0 * syw_v)
     w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
 
@@ -395,12 +424,12 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                 row_ok = ok_d & ok_h
             src = dy_n + (od * syd_v + oh * syh_v)
             acc = _window_row(acc, src, row_ok, col0, OW, syw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
-                              RUN, WINDOW, True)
+                              RUN, WINDOW, WINDOW_STRIDE, True)
 
     x_row = (n.to(tl.int64) * (sxn // VEC * VEC) + idd * (sxd // VEC * VEC) + ih * (sxh // VEC * VEC)
              + iw0 * (sxw // VEC * VEC))
     for t in tl.static_range(RUN):
-        mask = (in_q & (iw0 + t < W))[:, None] & in_c[None, :]
+        mask = (in_q & inside(iw0 + t, W))[:, None] & in_c[None, :]
         at = x_ptr + (x_row + t * (sxw // VEC * VEC))[:, None] + offs_c[None, :]
         tl.store(at, acc[t].to(x_ptr.dtype.element_ty), mask=mask)
 
@@ -434,15 +463,17 @@ def _widen(v):
 def _weight_window_tile(acc, in_q, n, od, ohb, r, fz, fy0, x_ptr, y_ptr, offs_c, in_c,
                         D, H, W, OH, OW, SD, SH, PD, PH, PW, DD, DH,
                         sxn_v, sxd_v, sxh_v, sxw_v, syn_v, syd_v, syh_v, syw_v,
-                        RUN: tl.constexpr, WINDOW: tl.constexpr, ROWS: tl.constexpr, BAND: tl.constexpr):
+                        RUN: tl.constexpr, WINDOW: tl.constexpr, ROWS: tl.constexpr, BAND: tl.constexpr,
+                        STEP: tl.constexpr):
     """Adds one tile of blocks (BAND output rows x RUN output pixels along W each) into the
     ROWS x WINDOW tap accumulators of filter rows fy0 .. fy0 + ROWS - 1 of plane fz.
 
     Output (b, t) of a block meets input row u = b + i at filter row i (BAND > 1 is taken at
-    stride and dilation 1 along H only) and input column ow0 - PW + t + s at tap s: the
-    BAND + ROWS - 1 input rows a block sees are loaded once each, and column j of row u feeds
-    taps (i, s) = (u - b, j - t) for the (b, t) in reach. dy past OH or OW loads as zero, so
-    those products add nothing; sums of rows past FY (ROWS not dividing FY) are not stored.
+    stride and dilation 1 along H only) and input column ow0 STEP - PW + t STEP + s at tap s
+    (STEP: the stride along W): the BAND + ROWS - 1 input rows a block sees are loaded once
+    each, and column j of row u feeds taps (i, s) = (u - b, j - t STEP) for the (b, t) in
+    reach. dy past OH or OW loads as zero, so those products add nothing; sums of rows past
+    FY (ROWS not dividing FY) are not stored.
     """
     oh0 = ohb * BAND
     ow0 = r * RUN
@@ -455,21 +486,22 @@ def _weight_window_tile(acc, in_q, n, od, ohb, r, fz, fy0, x_ptr, y_ptr, offs_c,
             at = dy_row[:, None] + (b * syh_v + t * syw_v + offs_c)[None, :]
             dys = dys + (_widen(tl.load(at, mask=ok[:, None] & in_c[None, :], other=0.0)),)
     idd = od * SD - PD + fz * DD
-    col0 = ow0 - PW
+    col0 = ow0 * STEP - PW
     ok_d = in_q & inside(idd, D)
     x_run = x_ptr + (n64 * sxn_v + idd * sxd_v + col0 * sxw_v)
     for u in tl.static_range(BAND + ROWS - 1):
         ih = oh0 * SH - PH + (fy0 + u) * DH
         row_ok = ok_d & inside(ih, H)
         src = x_run + ih * sxh_v
-        for j in tl.static_range(RUN + WINDOW - 1):
+        for j in tl.static_range(window_columns(RUN, WINDOW, STEP, False)):
             ok = row_ok & inside(col0 + j, W)
             xv = _widen(tl.load(src[:, None] + (j * sxw_v + offs_c)[None, :], mask=ok[:, None] & in_c[None, :],
                                 other=0.0))
             for b in tl.static_range(BAND):
                 for s in tl.static_range(WINDOW):
-                    if u - b >= 0 and u - b < ROWS and j - s >= 0 and j - s < RUN:
-                        acc = _set(acc, (u - b) * WINDOW + s, acc[(u - b) * WINDOW + s] + xv * dys[b * RUN + j - s])
+                    t: tl.constexpr = window_output(j, s, RUN, WINDOW, STEP, False)
+                    if u - b >= 0 and u - b < ROWS and t >= 0:
+                        acc = _set(acc, (u - b) * WINDOW + s, acc[(u - b) * WINDOW + s] + xv * dys[b * RUN + t])
     return acc
 
 
@@ -482,8 +514,8 @@ def conv_bwd_weight_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr
                                   HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                                   VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
                                   RUN: tl.constexpr, WINDOW: tl.constexpr, ROWS: tl.constexpr,
-                                  BAND: tl.constexpr):
-    """Depthwise backward-weight (C/G = K/G = 1, FX = WINDOW, stride and dilation 1 along W).
+                                  BAND: tl.constexpr, WINDOW_STRIDE: tl.constexpr):
+    """Depthwise backward-weight (C/G = K/G = 1, FX = WINDOW, stride WINDOW_STRIDE and dilation 1 along W).
 
     Grid: (channel blocks, SPLIT_K). Rows of the tile are blocks of BAND output rows x RUN
     output pixels along W, (n, od, oh / BAND, run) flattened with the runs fastest; program
@@ -524,7 +556,7 @@ def conv_bwd_weight_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr
                 acc = _weight_window_tile(acc, offs_q < Q, n, od, ohb, r, fz, fy0, x_ptr, y_ptr, offs_c, in_c,
                                           D, H, W, OH, OW, SD, SH, PD, PH, PW, DD, DH,
                                           sxn_v, sxd_v, sxh_v, sxw_v, syn_v, syd_v, syh_v, syw_v,
-                                          RUN, WINDOW, ROWS, BAND)
+                                          RUN, WINDOW, ROWS, BAND, WINDOW_STRIDE)
                 od, ohb, r, wrap_d, _wrap_h, _wrap_r = advance_pixel(od, ohb, r, step_d, step_h, step_r, OD, OHB,
                                                                      runs)
                 n += step_n + wrap_d.to(tl.int32)
