@@ -149,11 +149,20 @@ WINDOW_CAPPED_UP_TO = 200
 
 
 def window_registers(config: DirectConfig, vector: int) -> int:
-    """The fit's registers a thread for a sliding-window tile; `vector`: channels a 16-byte load holds."""
+    """The fit's registers a thread for a sliding-window tile; `vector`: channels a 16-byte load holds.
+
+    The fit is of stride-1 builds, whose run + window - 1 source columns a filter row grow with
+    the run. A stride-2 run holds config.window_columns of them, a 16-byte register quad each of
+    its vectors: forward's 2 (run - 1) + window held more (16x64 w4 run 8, window 3: 17 columns,
+    168 registers and 120 bytes of stack under the cap, against 24 at stride 1), backward-data's
+    (run + window - 1) / 2 fewer (run 4: 122 registers against 143).
+    """
     elements = max(1.0, config.block_p * config.block_c / (config.num_warps * 32))
     channels = min(elements, vector, config.block_c)  # the distinct channels a thread holds: its weights
+    extra_columns = config.window_columns - (config.run + config.window - 1)
     return int(WINDOW_REGISTERS_PER_ACCUMULATOR * accumulator_registers(config)
-               + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels + WINDOW_REGISTER_BASE)
+               + WINDOW_REGISTERS_PER_WEIGHT * config.window * channels + WINDOW_REGISTER_BASE
+               + extra_columns * 4 * math.ceil(elements / vector))
 
 
 def window_register_cap(config: DirectConfig, vector: int) -> int | None:

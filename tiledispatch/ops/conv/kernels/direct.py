@@ -262,6 +262,12 @@ def _set(acc, i: tl.constexpr, value):
 
 
 @triton.jit
+def _add(acc, i: tl.constexpr, value):
+    """The tuple `acc` with `value` added into item i."""
+    return _set(acc, i, acc[i] + value)
+
+
+@triton.jit
 def _zeros(BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, RUN: tl.constexpr):
     acc = ()
     for _t in tl.static_range(RUN):
@@ -310,9 +316,8 @@ def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
         ok = row_ok & inside(col0 + j, cols)
         xv = _widen(tl.load(first + j * col_stride, mask=ok[:, None] & in_c[None, :], other=0.0))
         for s in tl.static_range(WINDOW):
-            t: tl.constexpr = window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED)
-            if t >= 0:
-                acc = _set(acc, t, acc[t] + xv * wts[s])
+            if window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED) >= 0:  # (a name would make it a tensor)
+                acc = _add(acc, window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED), xv * wts[s])
     return acc
 
 
@@ -499,9 +504,9 @@ def _weight_window_tile(acc, in_q, n, od, ohb, r, fz, fy0, x_ptr, y_ptr, offs_c,
                                 other=0.0))
             for b in tl.static_range(BAND):
                 for s in tl.static_range(WINDOW):
-                    t: tl.constexpr = window_output(j, s, RUN, WINDOW, STEP, False)
-                    if u - b >= 0 and u - b < ROWS and t >= 0:
-                        acc = _set(acc, (u - b) * WINDOW + s, acc[(u - b) * WINDOW + s] + xv * dys[b * RUN + t])
+                    if u - b >= 0 and u - b < ROWS and window_output(j, s, RUN, WINDOW, STEP, False) >= 0:
+                        acc = _add(acc, (u - b) * WINDOW + s,
+                                   xv * dys[b * RUN + window_output(j, s, RUN, WINDOW, STEP, False)])
     return acc
 
 
