@@ -288,3 +288,16 @@ def test_a_gluon_unit_is_refused_by_the_interpreter(tiny90):
     with pytest.raises(BuildError, match="Gluon kernel: Triton's interpreter cannot run it"):
         kernel.InterpretedLauncher(unit)
     assert UnitKind.GLUON.compiled and UnitKind.TRITON.compiled and not UnitKind.PYTHON.compiled
+
+
+def test_a_unit_must_list_its_kernels_parameters_in_order(tiny90):
+    """The interpreter binds a launch's arguments by position, constexprs included: a unit whose
+    signature swaps two of them would hand the kernel one's value for the other, so it is refused."""
+    from dataclasses import replace
+
+    unit = kernel.units(tiny90.get(PLAIN))[0]
+    assert kernel._function(unit)  # the rule set's own units are in order
+    signature = list(unit.signature)
+    signature[-1], signature[-2] = signature[-2], signature[-1]
+    with pytest.raises(BuildError, match="list them in the kernel's order"):
+        kernel._function(replace(unit, signature=tuple(signature)))

@@ -11,6 +11,7 @@ per-tap kernel.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -336,3 +337,24 @@ def test_rules_take_the_weight_window_for_the_suites_depthwise_cases(sm90_dispat
     config = triton[0].config
     assert triton[0].family == "direct" and config.window == filt[-1], triton[0].name
     assert config.rows == (filt[0] if len(filt) > 1 else 1), triton[0].name  # one pass over the pixels
+
+
+@pytest.mark.parametrize("direction", Direction, ids=lambda d: d.value)
+def test_window_columns_agree_with_the_kernels(direction):
+    """The host's count of a run's source columns (ranking, registers) is the kernels' loop bound."""
+    from tiledispatch.ops.conv.kernels.direct import window_columns, window_output
+
+    for window, run, stride in itertools.product((1, 2, 3, 5, 7), (1, 2, 4, 7, 8, 14), (1, 2)):
+        if direction is Direction.BWD_DATA and run % stride:
+            continue
+        sig = ConvSignature(direction, ConvTypes(DType.FP16))
+        config = DirectConfig(sig, 16, 64, 4, window=window, run=run, window_stride=stride)
+        transposed = direction is Direction.BWD_DATA
+        columns = window_columns(run, window, stride, transposed)
+        assert config.window_columns == columns
+        # every (output, tap) pair of the run is met exactly once over those columns
+        met = sorted((window_output(j, s, run, window, stride, transposed), s)
+                     for j in range(columns) for s in range(window)
+                     if window_output(j, s, run, window, stride, transposed) >= 0)
+        assert met == [(t, s) for t in range(run) for s in range(window)
+                       if not transposed or (t + window - 1 - s) % stride == 0]
