@@ -552,7 +552,10 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     # overlap (window - stride of them): the loads past the first come from L1/L2, so short runs
     # cost (mamba's 1-D k4 on the H200: run 4 210 us, run 14 167).
     source_bytes = p.n * p.c * math.prod(p.input_size if p.direction is Direction.FORWARD else p.output_size) * item
-    spanned = config.run * config.window_stride ** (-1 if p.direction is Direction.BWD_DATA else 1)
+    if p.direction is Direction.BWD_DATA:  # source columns a run's outputs span: dy's at 1 / stride
+        spanned = config.run / config.window_stride
+    else:
+        spanned = config.run * config.window_stride
     reloads = math.prod(p.filter_size[:-1]) * config.window_columns / spanned - 1
     memory_s = (p.bytes() + source_bytes * reloads / L2_REUSE) / (bandwidth * efficiency) * WINDOW_MEMORY_FIT
     # Issue time follows the busiest SM, whose resident programs share its schedulers: it

@@ -251,9 +251,11 @@ DEFAULT_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
 ) + weight_windows((DirectTile(16, 64, 4, run=16),), ((1, 3), (1, 5), (1, 7)), (32,))
 DEFAULT_DIRECT = DEFAULT_DIRECT + DEFAULT_WEIGHT_WINDOWS
 # Stride 2 along W: the downsampling depthwise layers of MobileNet (3x3) and EfficientNet (3x3, 5x5),
-# off the stride-1 windows above, ran on cuDNN or the per-tap kernels at 0.2-2 TB/s. Forward and
-# backward-data windows of even runs (backward-data's rule) covering their 7-56 wide outputs;
-# backward-weight one output row a block (a band shares input rows only at stride 1 along H).
+# off the stride-1 windows above, ran on cuDNN (backward-data at 0.2-0.4 TB/s) before these. Forward
+# and backward-data windows of even runs (backward-data's rule) covering their 7-56 wide outputs;
+# backward-weight one output row a block (a band shares input rows only at stride 1 along H). On the
+# H100 (results/h100/conv_depthwise_strided.csv) backward-data ran 2.2-5.6x cuDNN, forward 1.0-1.5x,
+# backward-weight 0.45-0.75x (cuDNN keeps it).
 STRIDED_WINDOW_TILES = (DirectTile(16, 64, 4, run=4), DirectTile(16, 64, 4, run=8), DirectTile(16, 64, 4, run=14),
                         DirectTile(8, 64, 4, run=14), DirectTile(8, 32, 2, run=14))
 STRIDED_WINDOW_WIDTHS = (3, 5)

@@ -316,7 +316,8 @@ def _window_row(acc, src, row_ok, col0, cols, col_stride, offs_c, in_c, w_row,
         ok = row_ok & inside(col0 + j, cols)
         xv = _widen(tl.load(first + j * col_stride, mask=ok[:, None] & in_c[None, :], other=0.0))
         for s in tl.static_range(WINDOW):
-            if window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED) >= 0:  # (a name would make it a tensor)
+            # called twice, not named: a name bound to it would hold a tensor, which cannot index a tuple
+            if window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED) >= 0:
                 acc = _add(acc, window_output(j, s, RUN, WINDOW, STEP, TRANSPOSED), xv * wts[s])
     return acc
 
