@@ -108,9 +108,12 @@ VENDOR_DEPTHWISE_WEIGHT_FMA = 0.43
 VENDOR_DEPTHWISE_WEIGHT_HALF_TAPS = 25
 # At stride 2 its depthwise forward ran 1.0-1.7x (mean 1.41x) the time the stride-1 fit above
 # models, on the 7 downsampling layers of suites/conv_depthwise_strided.json (H100, in turns), where
-# the stride-2 window kernels' best ran 0.8-1.3x (mean 1.07x) theirs: its strided forward time is
-# scaled by this. (No H200 timing yet: this session's device calls all drew H100s.)
+# the stride-2 window kernels' best ran 0.8-1.3x (mean 1.07x) theirs: its strided forward's bytes
+# take this much longer. On the two 5x5 layers, FMA-bound in the fit, it ran 1.9x and 2.3x the
+# fit's FMA time: there it makes FMAs at half its stride-1 rate. (No H200 timing yet: this
+# session's device calls all drew H100s.)
 VENDOR_DEPTHWISE_STRIDED_FORWARD = 1.4
+VENDOR_DEPTHWISE_STRIDED_FMA = 0.5
 # The dispatcher takes a Triton kernel over cuDNN only when the model says it is faster by
 # more than its own error: modelled / measured of the Triton kernels the rules pick on
 # conv.csv spans 0.8-1.9x (grouped implicit GEMMs with narrow N run 1.2-1.9x slower than
@@ -266,9 +269,10 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
         if p.direction is Direction.BWD_WEIGHT:
             taps = math.prod(p.filter_size)
             fraction_of_fma = VENDOR_DEPTHWISE_WEIGHT_FMA * taps / (taps + VENDOR_DEPTHWISE_WEIGHT_HALF_TAPS)
-        conv_s = max(conv_s, p.flops() / (_fma_rate(arch) * fraction_of_fma))
         if p.direction is Direction.FORWARD and not p.unit_stride:
             conv_s *= VENDOR_DEPTHWISE_STRIDED_FORWARD
+            fraction_of_fma *= VENDOR_DEPTHWISE_STRIDED_FMA
+        conv_s = max(conv_s, p.flops() / (_fma_rate(arch) * fraction_of_fma))
     steps = int(p.epilogue.activation.value != "none") + int(p.epilogue.residual)
     y_bytes = p.n * p.k * math.prod(p.output_size) * p.types.dtype.itemsize
     step_s = 2 * y_bytes / _bandwidth(arch) + LAUNCH_SECONDS
