@@ -360,7 +360,8 @@ def test_rules_take_the_weight_window_for_the_suites_depthwise_cases(sm90_dispat
 
 @pytest.mark.parametrize("direction", Direction, ids=lambda d: d.value)
 def test_window_columns_agree_with_the_kernels(direction):
-    """The host's count of a run's source columns (ranking, registers) is the kernels' loop bound."""
+    """The host's count of a run's source columns (ranking, registers) is the kernels' loop bound for
+    the config's direction, and those columns meet every (output, tap) pair of the run once."""
     from tiledispatch.ops.conv.kernels.direct import window_columns, window_output
 
     for window, run, stride in itertools.product((1, 2, 3, 5, 7), (1, 2, 4, 7, 8, 14), (1, 2)):

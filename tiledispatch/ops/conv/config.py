@@ -199,10 +199,11 @@ class DirectConfig:
     def window_columns(self) -> int:
         """Source columns a window kernel's run loads once each, a filter row: input columns
         (run - 1) x stride + window wide for forward and backward-weight, dy columns that reach the
-        run's input columns for backward-data."""
-        if self.signature.direction is Direction.BWD_DATA:
-            return -(-(self.run + self.window - 1) // self.window_stride)
-        return (self.run - 1) * self.window_stride + self.window
+        run's input columns for backward-data. The kernels' own count (their loops' bound)."""
+        from .kernels.direct import window_columns
+
+        return window_columns(self.run, self.window, self.window_stride,
+                              self.signature.direction is Direction.BWD_DATA)
 
     @property
     def workspace_slabs(self) -> int:

@@ -31,6 +31,7 @@ from .config import (
 from .kernels.toeplitz import KW as TOEPLITZ_KW
 from .kernels.toeplitz import MAX_WIDTH as TOEPLITZ_MAX_WIDTH
 from .kernels.toeplitz import NW as TOEPLITZ_NW
+from .kernels.toeplitz import weight_taps as toeplitz_weight_taps
 from .problem import ConvProblem, Direction
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
@@ -358,11 +359,6 @@ def _window_findings(config: DirectConfig, error) -> None:
         error(ConvRule.WINDOW, f"run={config.run} at window_stride={config.window_stride}: a backward-data run starts "
               "where its first dy column's taps begin, which needs runs of a multiple of the stride",
               f"use run={config.run + config.window_stride - config.run % config.window_stride}")
-
-
-def toeplitz_weight_taps(filter_rows: int) -> int:
-    """Taps along W the backward-weight walk holds: its filter_rows rounded up to pairs, then to a power of 2."""
-    return 1 << (2 * ((filter_rows + 1) // 2) - 1).bit_length()
 
 
 def toeplitz_registers(config: ToeplitzConfig) -> int:

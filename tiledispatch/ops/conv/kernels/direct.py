@@ -230,7 +230,7 @@ def conv_bwd_weight_direct(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
 
 @triton.constexpr_function
 def window_columns(run, window, stride, transposed):
-    """Source columns a run reads a filter row (config.DirectConfig.window_columns on the host)."""
+    """Source columns a run reads a filter row (the host's DirectConfig.window_columns calls this)."""
     if transposed:
         return (run + window - 2) // stride + 1
     return (run - 1) * stride + window

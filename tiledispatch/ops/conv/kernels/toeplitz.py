@@ -190,8 +190,9 @@ def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
 
 
 @gluon.constexpr_function
-def _weight_taps(filter_rows):
-    """Taps along W a backward-weight walk holds: the pairs of a square filter's width, to a power of 2."""
+def weight_taps(filter_rows):
+    """Taps along W a backward-weight walk holds: the pairs of a square filter's width, to a power of 2
+    (rules and ranking call it on the host too)."""
     return triton.next_power_of_2(2 * ((filter_rows + 1) // 2))
 
 
@@ -223,9 +224,9 @@ def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX,
     G: gl.constexpr = gl.num_warps()
     gl.static_assert(BLOCK_C == 8 * G, "a warp's 8 channels are the MMA's diagonal")
     CHUNKS: gl.constexpr = BLOCK_M // 16
-    T: gl.constexpr = _weight_taps(FY)
+    T: gl.constexpr = weight_taps(FY)
     PAIRS: gl.constexpr = T // 2
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[G, 1, 1], instr_shape=[1, 16, 8])
+    mma: gl.constexpr = _mma_layout(G)
     a_layout: gl.constexpr = _operand_layout(mma, 0)
     b_layout: gl.constexpr = _operand_layout(mma, 1)
     x_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 32 // T, T],
