@@ -1,8 +1,8 @@
 """The toeplitz family: depthwise 2-D convolution on tensor cores, every direction (kernels/toeplitz.py).
 
-The walk is a Gluon kernel (GPU only); its filter stage is Triton and runs here under the
-interpreter against a float64 construction of the banded matrices. On the GPU every default
-tile runs odd shapes (widths off the 8-column chunks, channels off the channel blocks, no
+The walk is a Gluon kernel (GPU only), which builds its banded filters itself; here its plan
+and rules are checked, and its sm_90 build in test_build.py. On the GPU every default tile runs
+odd shapes (widths off the 8-column chunks, channels off the channel blocks, no
 padding, padding past the filter) against PyTorch's float64 convolution, output NaN-poisoned.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from tiledispatch import Dispatcher, Registry, arch
 from tiledispatch.core.dtypes import DType
@@ -34,7 +33,7 @@ from tiledispatch.ops.conv.rulesets import WEIGHT_TOEPLITZ
 from tiledispatch.ops.gemm.problem import Activation
 
 from ...conftest import requires_gpu
-from .helpers import ARCH, DEVICE, ON_GPU, problem, run_and_check
+from .helpers import ARCH, DEVICE, problem, run_and_check
 
 SM90 = arch.load("sm_90")
 FWD = ConvSignature(Direction.FORWARD, ConvTypes(DType.BF16))
@@ -42,34 +41,6 @@ BWDD = dataclasses.replace(FWD, direction=Direction.BWD_DATA)
 BWDW = dataclasses.replace(FWD, direction=Direction.BWD_WEIGHT)
 TILE = ToeplitzConfig(FWD, 16, 32, 16, 28, 7)
 WEIGHT_TILE = ToeplitzConfig(BWDW, 16, 8, 1, 28, 7, split_k=16)
-
-
-def banded(w: torch.Tensor, flip: bool) -> torch.Tensor:
-    """The filter rows as [C, FY, KW, NW] banded matrices, built by indexing in float64."""
-    c, _, fy, fx = w.shape
-    w = w.double()
-    if flip:
-        w = w.flip(2, 3)
-    out = torch.zeros(c, fy, kernels.KW, kernels.NW, dtype=torch.float64)
-    for k in range(kernels.KW):
-        for j in range(kernels.NW):
-            if 0 <= k - j < fx:
-                out[:, :, k, j] = w[:, 0, :, k - j]
-    return out
-
-
-@pytest.mark.skipif(ON_GPU, reason="the interpreter's run of the filter stage; the GPU runs it inside every walk")
-@pytest.mark.parametrize("flip", [False, True], ids=["forward", "flipped"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(19, 3, 3), (40, 5, 5), (7, 7, 4), (16, 2, 9)], ids=str)
-def test_filter_stage_builds_the_banded_matrices(shape, dtype, flip):
-    c, fy, fx = shape
-    w = torch.randn(c, 1, fy, fx * 2, dtype=dtype)[..., ::2]  # taps strided along W: read by strides
-    t = torch.full((c, fy, kernels.KW, kernels.NW), float("nan"), dtype=dtype)
-    grid = (-(-c // kernels.FILTER_BLOCK_C), fy)
-    kernels.conv_toeplitz_filter[grid](w, t, c, fy, fx, w.stride(0), w.stride(2), w.stride(3), FLIP=flip,
-                                       BLOCK_C=kernels.FILTER_BLOCK_C, KW=kernels.KW, NW=kernels.NW)
-    assert torch.equal(t.double(), banded(w, flip))
 
 
 def test_rules():
@@ -126,25 +97,28 @@ def test_supports_says_why_not():
 
 
 def test_plan_walks_dy_with_the_flipped_filter_for_backward_data():
-    """Backward-data at stride 1 is the forward walk over dy: the filter stage flips the filter,
-    padding becomes F - 1 - P, and the walk reads dy's rows into dx's."""
+    """Backward-data at stride 1 is the forward walk over dy: the walk flips the filter (FLIP),
+    padding becomes F - 1 - P, and it reads dy's rows into dx's. One launch: the walk gathers its
+    banded filters from w by w's strides."""
     for direction in (Direction.FORWARD, Direction.BWD_DATA):
         config = dataclasses.replace(TILE, signature=dataclasses.replace(FWD, direction=direction), filter_rows=5)
-        build, walk = kernel_units(config, ConvSpecialization())
-        assert (build.stage, walk.stage) == ("filter", "main") and walk.kind.value == "gluon"
-        assert dict(build.constexprs)["FLIP"] is (direction is Direction.BWD_DATA)
+        (walk,) = kernel_units(config, ConvSpecialization())
+        assert walk.stage == "main" and walk.kind.value == "gluon"
+        assert dict(walk.constexprs)["FLIP"] is (direction is Direction.BWD_DATA)
         p = problem(direction, 3, 40, 40, 40, (9, 21), (5, 3), 1, (1, 2), 1, "fp16")
         inputs = make_inputs(p, device="cpu")
         ops = check_operands(direction, **inputs.kwargs(p))
         launches = plan(dataclasses.replace(config, signature=dataclasses.replace(
             config.signature, types=ConvTypes(DType.FP16))), ops).launches
-        assert [launch.stage for launch in launches] == ["filter", "main"]
-        args = dict(zip([name for name, _ in walk.signature], launches[1].args))
+        assert [launch.stage for launch in launches] == ["main"]
+        args = dict(zip([name for name, _ in walk.signature], launches[0].args))
         pads = (1, 2) if direction is Direction.FORWARD else (5 - 1 - 1, 3 - 1 - 2)
         assert (args["PH"], args["PW"]) == pads
+        assert args["w_ptr"] is ops.w and args["FX"] == 3
+        assert (args["swk"], args["swy"], args["swx"]) == (ops.w.stride(0), ops.w.stride(2), ops.w.stride(3))
         out_h, out_w = (p.output_size if direction is Direction.FORWARD else p.input_size)
         assert (args["OH"], args["OW"]) == (out_h, out_w)
-        assert launches[1].grid == (-(-3 * -(-out_w // kernels.NW) // 16), -(-40 // 32), -(-out_h // 28))
+        assert launches[0].grid == (-(-3 * -(-out_w // kernels.NW) // 16), -(-40 // 32), -(-out_h // 28))
 
 
 def test_plan_sums_backward_weights_slabs():

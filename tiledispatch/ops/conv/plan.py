@@ -4,7 +4,7 @@ Every pointer-based Triton kernel of the op takes one argument list (tensors, 3-
 geometry, strides of the non-channel dims), so one binder serves the igemm and direct
 families in all directions; the igemm-tma family takes tensor descriptors instead
 (`_tma_unit`, `_tma_bound`), and the toeplitz family (Gluon, depthwise 2-D) a list of its
-own, after a stage that builds its banded filters (`_toeplitz_units`, `_toeplitz_plan`). A
+own (`_toeplitz_units`, `_toeplitz_plan`). A
 split backward-weight adds the `conv_weight_reduce` stage; a config with `pad_channels` runs
 its unpadded twin's stages on padded copies (`_padded_plan`).
 """
@@ -469,13 +469,14 @@ def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
     return (taps * tiles, p.groups, config.split_k)
 
 
-# -- the toeplitz family: a filter-building stage, then the Gluon walk -----------------------------
+# -- the toeplitz family: the Gluon walk (and, for backward-weight, the sum of its slabs) ----------
 TOEPLITZ_STRIDES = ("sxn", "sxh", "sxw", "syn", "syh", "syw", "srn", "srh", "srw")
+TOEPLITZ_FILTER_STRIDES = ("swk", "swy", "swx")  # the weight [C, 1, FY, FX]
 
 
 def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) -> tuple[KernelUnit, ...]:
-    """Forward and backward-data: the filter stage, then the walk. Backward-weight: the walk into
-    the workspace, then weight_reduce's sum of its slabs."""
+    """Forward and backward-data: the walk, which builds its banded filters itself. Backward-weight:
+    the walk into the workspace, then weight_reduce's sum of its slabs."""
     t = config.signature.types.dtype.triton
     k = toeplitz_kernels
     direction = config.signature.direction
@@ -491,36 +492,32 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
         function = "conv_depthwise_toeplitz_weight"
     else:
         epilogue = config.signature.epilogue
-        walk |= {"KW": k.KW, "NW": k.NW, "VEC": vector, "HAS_BIAS": epilogue.bias,
-                 "ACTIVATION": ACTIVATION_CODES[epilogue.activation], "HAS_RESIDUAL": epilogue.residual}
-        tensors = [(n, f"*{t}") for n in ("x_ptr", "t_ptr", "y_ptr", "bias_ptr", "res_ptr")]
-        scalars = ("N", "C", "H", "W", "OH", "OW", "PH", "PW")
-        strides = TOEPLITZ_STRIDES
-        aligned = (("x_ptr", 16), ("t_ptr", 16), ("y_ptr", 16), ("res_ptr", 16))
+        walk |= {"KW": k.KW, "NW": k.NW, "VEC": vector, "FLIP": direction is Direction.BWD_DATA,
+                 "HAS_BIAS": epilogue.bias, "ACTIVATION": ACTIVATION_CODES[epilogue.activation],
+                 "HAS_RESIDUAL": epilogue.residual}
+        tensors = [(n, f"*{t}") for n in ("x_ptr", "w_ptr", "y_ptr", "bias_ptr", "res_ptr")]
+        scalars = ("N", "C", "H", "W", "OH", "OW", "FX", "PH", "PW")
+        strides = TOEPLITZ_FILTER_STRIDES + TOEPLITZ_STRIDES
+        aligned = (("x_ptr", 16), ("y_ptr", 16), ("res_ptr", 16))
         function = "conv_depthwise_toeplitz"
     signature = (tensors + [(n, "i32") for n in scalars] + [(n, "i64") for n in strides]
                  + [(n, "constexpr") for n in walk])
     # Unaligned data is refused (rules.supports): channels move as 16-byte vectors.
-    divisibility = (aligned + tuple((n, vector) for n in strides) + (("C", vector),)) if specialization.aligned else ()
+    divisibility = (aligned + tuple((n, vector) for n in strides if n not in TOEPLITZ_FILTER_STRIDES)
+                    + (("C", vector),)) if specialization.aligned else ()
     main = KernelUnit(
         stage="main", module=_TOEPLITZ_MODULE, function=function, signature=tuple(signature),
         constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
         modules=(_TOEPLITZ_MODULE, _EPILOGUE_MODULE), divisibility=divisibility, kind=UnitKind.GLUON)
     if direction is Direction.BWD_WEIGHT:
         return main, _reduce_unit(config, specialization)
-    build = {"FLIP": direction is Direction.BWD_DATA, "BLOCK_C": k.FILTER_BLOCK_C, "KW": k.KW, "NW": k.NW}
-    filter_unit = KernelUnit(
-        stage="filter", module=_TOEPLITZ_MODULE, function="conv_toeplitz_filter",
-        signature=tuple([("w_ptr", f"*{t}"), ("t_ptr", f"*{t}")] + [(n, "i32") for n in ("C", "FY", "FX")]
-                        + [(n, "i64") for n in ("swk", "swy", "swx")] + [(n, "constexpr") for n in build]),
-        constexprs=tuple(sorted(build.items())), num_warps=4, num_stages=1, modules=(_TOEPLITZ_MODULE,))
-    return filter_unit, main
+    return (main,)
 
 
 def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
-    """Forward: the filter rows as banded matrices, then the walk over x. Backward-data walks dy into
-    dx with the filter flipped (the filter stage's FLIP) and padding F - 1 - P (stride and dilation
-    are 1). Backward-weight walks x and dy into fp32 slabs, then sums them into dw."""
+    """Forward: the walk over x. Backward-data walks dy into dx with the filter flipped (the walk's
+    FLIP) and padding F - 1 - P (stride and dilation are 1). Backward-weight walks x and dy into
+    fp32 slabs, then sums them into dw."""
     p = ops.problem
     k = toeplitz_kernels
     fy, fx = p.filter_size
@@ -540,21 +537,17 @@ def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor)
     src = ops.x if forward else ops.dy
     if not forward:
         pad_h, pad_w = fy - 1 - pad_h, fx - 1 - pad_w
-    filters = torch.empty((p.c, fy, k.KW, k.NW), dtype=p.types.dtype.torch, device=out.device)
     w = ops.w
-    build, walk = units
-    filter_bound = {"w_ptr": w, "t_ptr": filters, "C": p.c, "FY": fy, "FX": fx, "swk": w.stride(0),
-                    "swy": w.stride(2), "swx": w.stride(3)}
     (in_h, in_w), (out_h, out_w) = src.shape[2:], out.shape[2:]
     res_n, _, res_h, res_w = _strides(ops.residual)
-    walk_bound = {"x_ptr": src, "t_ptr": filters, "y_ptr": out, "bias_ptr": ops.bias, "res_ptr": ops.residual,
-                  "N": p.n, "C": p.c, "H": in_h, "W": in_w, "OH": out_h, "OW": out_w, "PH": pad_h, "PW": pad_w,
+    walk_bound = {"x_ptr": src, "w_ptr": w, "y_ptr": out, "bias_ptr": ops.bias, "res_ptr": ops.residual,
+                  "N": p.n, "C": p.c, "H": in_h, "W": in_w, "OH": out_h, "OW": out_w, "FX": fx,
+                  "PH": pad_h, "PW": pad_w, "swk": w.stride(0), "swy": w.stride(2), "swx": w.stride(3),
                   **dict(zip(TOEPLITZ_STRIDES, (src.stride(0), src.stride(2), src.stride(3), out.stride(0),
                                                 out.stride(2), out.stride(3), res_n, res_h, res_w)))}
     grid = (triton.cdiv(p.n * triton.cdiv(out_w, k.NW), config.block_m), triton.cdiv(p.c, config.block_c),
             triton.cdiv(out_h, config.rows))
-    return Plan((Launch("filter", (triton.cdiv(p.c, k.FILTER_BLOCK_C), fy, 1), _values(build, filter_bound)),
-                 Launch("main", grid, _values(walk, walk_bound))), out)
+    return Plan((Launch("main", grid, _values(units[0], walk_bound)),), out)
 
 
 def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int, int, int]:

@@ -8,8 +8,9 @@ fy, though, the outputs of one row are a small matrix product:
 
 with m = (image, chunk of NW output columns), j the column within the chunk and k the
 KW = NW + 8 input columns the chunk reads. T_fy is banded (Toeplitz), zero off the filter's
-width, and built once a call by `conv_toeplitz_filter` ([C, FY, KW, NW]). The MMA's batch is
-the channel, spread over the warps. A program walks down the rows once: each input row is
+width; each program gathers its channels' T_fy straight from w once, as MMA operands kept in
+registers (a filter-building kernel before the walk cost its launch: 2-4 us of a 16 us 5x5
+layer). The MMA's batch is the channel, spread over the warps. A program walks down the rows once: each input row is
 loaded once and feeds the FY output rows it touches, held as FY accumulators, one of which
 is finished (stored and cleared) a row, through the forward's epilogue (bias, activation,
 residual, as the GEMM's). Backward-data at stride 1 is the same walk over dy with the filter
@@ -23,7 +24,6 @@ registers for the program's whole walk, which `tl.dot` of a 3-D block did not ke
 """
 
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -34,7 +34,6 @@ _activate = gluon.jit(activate.fn)  # the GEMM epilogue's activations, compiled 
 NW = 8  # output columns of a chunk: the MMA's N
 KW = 16  # input columns a chunk reads: the MMA's K; a filter up to KW - NW + 1 wide fits
 MAX_WIDTH = KW - NW + 1
-FILTER_BLOCK_C = 16  # channels a program of the filter builder
 
 
 @gluon.constexpr_function
@@ -59,29 +58,6 @@ def _vector_layout(block_c, vec, columns, warps):
                             warps_per_cta=[1, warps, 1], order=[0, 2, 1])
 
 
-@triton.jit
-def conv_toeplitz_filter(w_ptr, t_ptr, C, FY, FX, swk, swy, swx, FLIP: tl.constexpr, BLOCK_C: tl.constexpr,
-                         KW: tl.constexpr, NW: tl.constexpr):
-    """T[c, fy, k, j] = w[c, fy, k - j] inside the filter's width, else 0 (FLIP: the filter turned
-    by 180 degrees, backward-data's). Grid: (channel blocks, FY)."""
-    fy = tl.program_id(1)
-    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    k = tl.arange(0, KW)
-    j = tl.arange(0, NW)
-    tap = k[:, None] - j[None, :]
-    inside = (tap >= 0) & (tap < FX)
-    if FLIP:
-        row = FY - 1 - fy
-        tap = FX - 1 - tap
-    else:
-        row = fy
-    in_c = offs_c < C
-    src = w_ptr + (offs_c.to(tl.int64) * swk + row * swy)[:, None, None] + (tap * swx)[None, :, :]
-    values = tl.load(src, mask=in_c[:, None, None] & inside[None, :, :], other=0.0)
-    dst = t_ptr + ((offs_c.to(tl.int64) * FY + fy) * (KW * NW))[:, None, None] + (k[:, None] * NW + j[None, :])[None, :, :]
-    tl.store(dst, values, mask=in_c[:, None, None])
-
-
 @gluon.jit
 def _finish(acc, bias, res_rows, res_ok, out_layout: gl.constexpr, out_dtype: gl.constexpr,
             HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
@@ -99,12 +75,14 @@ def _finish(acc, bias, res_rows, res_ok, out_layout: gl.constexpr, out_dtype: gl
 
 
 @gluon.jit
-def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, OH, OW, PH, PW,
-                            sxn, sxh, sxw, syn, syh, syw, srn, srh, srw,
+def conv_depthwise_toeplitz(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, OH, OW, FX, PH, PW,
+                            swk, swy, swx, sxn, sxh, sxw, syn, syh, syw, srn, srh, srw,
                             BLOCK_M: gl.constexpr, BLOCK_C: gl.constexpr, ROWS: gl.constexpr,
                             FILTER_ROWS: gl.constexpr, KW: gl.constexpr, NW: gl.constexpr, VEC: gl.constexpr,
-                            HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, HAS_RESIDUAL: gl.constexpr):
-    """y = the depthwise correlation of x with the filter rows in t (stride and dilation 1).
+                            FLIP: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
+                            HAS_RESIDUAL: gl.constexpr):
+    """y = the depthwise correlation of x with w (stride and dilation 1); FLIP: with w turned by
+    180 degrees, which is backward-data's walk over dy.
 
     Grid: (blocks of BLOCK_M (image, chunk) rows, channel blocks, bands of ROWS output rows).
     The loop over input rows is unrolled by FILTER_ROWS, so that each accumulator keeps its
@@ -149,15 +127,22 @@ def conv_depthwise_toeplitz(x_ptr, t_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
         c_acc = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, mma)))
         bias = gl.load(bias_ptr + c_acc, mask=c_acc < C, other=0.0).to(gl.float32)[:, None, None]
 
-    # The filter rows as B operands, in registers for the whole walk (channels past C read C - 1's).
+    # The filter rows as banded B operands, T_fy[k, j] = w[fy, k - j] inside the filter's width, gathered
+    # from w and kept in registers for the whole walk (channels past C read C - 1's).
     tc = gl.minimum(pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, filter_layout))),
                     C - 1)
     tk = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, filter_layout)))
     tj = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, filter_layout)))
-    t_rows = t_ptr + (tc.to(gl.int64) * (FY * KW * NW))[:, None, None] + (tk * NW)[None, :, None] + tj[None, None, :]
+    tap = tk[None, :, None] - tj[None, None, :]
+    in_band = (tap >= 0) & (tap < FX)
+    if FLIP:
+        tap = FX - 1 - tap
+    w_rows = w_ptr + (tc.to(gl.int64) * swk)[:, None, None] + tap * swx
     filters = ()
     for fy in gl.static_range(FY):
-        filters = filters + (gl.convert_layout(gl.load(t_rows + fy * (KW * NW)), b_layout),)
+        row = FY - 1 - fy if FLIP else fy
+        band = gl.load(w_rows + row * swy, mask=in_band, other=0.0)
+        filters = filters + (gl.convert_layout(band, b_layout),)
 
     # Input row r (from oh_first) adds into output rows r - fy: output row q sits in slot q % FY.
     slots = ()
