@@ -710,22 +710,25 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     return Score(ideal / modelled, terms)
 
 
-# The toeplitz kernel (kernels/toeplitz.py) on the H200 (conv.csv and conv_depthwise_extra.csv,
-# bf16 forward, its two default tiles on 7 depthwise shapes from 14x14 to 112x112 maps, 3x3 to
-# 7x7): a program's time is its rows walked (its band plus the filter's rows of halo) at a rate set
-# by the row's load, staging and store latency, not by its MMAs or bytes; an SM runs its share of
-# the programs one after another. A row took 0.65-0.89 us (mean 0.77) for a block of 16 (image,
-# chunk) rows x 32 channels on 16 warps, 0.40-0.57 (0.45) for 16 x 16 on 8 warps: the time of a
-# row scales as the block's size to the 0.78th power. Both launches count as one: the filter
-# stage is a kernel of a few microseconds queued right before the walk.
-TOEPLITZ_ROW_SECONDS = 0.77e-6  # a program's row of a 16 x 32 block
+# The toeplitz kernel (kernels/toeplitz.py), fitted to 36 H100 timings (bf16 forward, its two default
+# tiles on 18 depthwise shapes from 7x7 to 112x112 maps, 3x3 to 7x7; benchmarks/results/h100/
+# conv_toeplitz_fit_*.csv): a program's time is its rows walked (its band plus the filter's rows of
+# halo) at a rate set by the row's load, staging and store latency, not by its MMAs; an SM runs its
+# share of the programs one after another. A row takes 0.53 us for a block of 16 (image, chunk) rows
+# x 32 channels on 16 warps, and scales as the block's size to the 0.78th power (16 x 16 on 8 warps:
+# 0.31). Where many programs walk at once the bytes set the time instead: the walks move them at a
+# third of the bandwidth (MobileNet's 112x112 3x3 ran 88 us, its rows alone would take 48). Within
+# 0.74-1.27x of the timings (launch included); the fit before the walk built its own filters (the
+# filter stage took 2-2.5 us) read 0.77 us a row and no bytes term.
+TOEPLITZ_ROW_SECONDS = 0.53e-6  # a program's row of a 16 x 32 block
+TOEPLITZ_FRACTION = 0.34  # of the bandwidth, where the walks' bytes bound them
 TOEPLITZ_ROW_BLOCK = 16 * 32
 TOEPLITZ_BLOCK_EXPONENT = 0.78
 # Its margin against cuDNN, the same as the window kernel's, so that between the two only their
 # modelled times decide: at 1.25 the refitted window model kept the window kernel on EfficientNet's
 # 28x28 5x5 (22.6 against the walk's 18.4 us), at 1.1 (window 1.15) the walk took EfficientNet's
-# 14x14 5x5 (1.18x cuDNN, the window kernel 1.45x). On the 18 measured forward shapes the two agree
-# with the faster but on ConvNeXt-T's 14x14 (the walk, 0.94 of the window kernel).
+# 14x14 5x5 (1.18x cuDNN, the window kernel 1.45x). On the 18 shapes of the fit the two agree with
+# the faster but on MobileNet's 112x112 (32 channels) and 56x56 3x3, where the walk ran 2 % faster.
 TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
 # Backward-weight (the channel on the MMA's diagonal), fitted to 80 H200 timings (5 depthwise shapes,
 # 3x3 to 7x7 and 14x14 to 56x56 maps, x 16 tiles of block_m, warps and splits; weighted towards each
@@ -756,7 +759,8 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
         walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
         reduce_s = 0.0
         terms = {"programs": float(programs), "busiest_sm_programs": float(busiest), "rows_walked": float(walked)}
-    memory_s = p.bytes() / (_bandwidth(arch) * DIRECT_FRACTION)
+    fraction = DIRECT_FRACTION if p.direction is Direction.BWD_WEIGHT else TOEPLITZ_FRACTION
+    memory_s = p.bytes() / (_bandwidth(arch) * fraction)
     modelled = max(walk_s, memory_s) + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     terms |= {"walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6,
