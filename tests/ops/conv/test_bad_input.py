@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import tiledispatch
 from tiledispatch import InvalidProblemError, UnsupportedError
 from tiledispatch.ops.conv import ConvProblem, ConvTypes, Direction, check_operands
-from tiledispatch.ops.conv.problem import ConvEpilogue, output_size
+from tiledispatch.ops.conv.problem import ConvEpilogue, ConvSpecialization, output_size
 from tiledispatch.ops.gemm.problem import Activation
 
 from .helpers import ON_GPU, problem
@@ -70,6 +72,20 @@ def test_bad_problems(kwargs, words):
                     args["stride"], args["padding"], args["dilation"])
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+@pytest.mark.parametrize("claim", ["pointwise", "depthwise", "unit_stride", "one_row"])
+def test_a_specialization_claiming_what_the_conv_is_not(claim):
+    """Kernels built on a specialisation skip work (the filter's other rows, the group loop, bounds):
+    a problem whose shape contradicts its claim is refused, not run wrong."""
+    p = problem("forward", 2, 8, 8, 2, (9, 9), (3, 3), 2, 1, 1)
+    with pytest.raises(InvalidProblemError) as info:
+        dataclasses.replace(p, specialization=ConvSpecialization(**{claim: True}))
+    assert claim in str(info.value) and "dense_specialization" in str(info.value)
+    one_row = problem("forward", 2, 8, 8, 8, (1, 9), (1, 3), 1, (0, 1), 1)
+    assert one_row.one_row and one_row.dense_specialization().one_row and one_row.dense_specialization().depthwise
+    assert one_row.dense_specialization().tag.endswith("-dw-s1-r1")
+    assert not p.dense_specialization().one_row
 
 
 def test_bad_dtypes_and_flags():

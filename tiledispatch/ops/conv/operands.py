@@ -241,7 +241,7 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
                           ConvSpecialization(aligned, groups_aligned, probe.pointwise,
                                              probe.one_channel_per_group, probe.unit_stride,
                                              channel_multiple(probe.c_per_group, probe.k_per_group),
-                                             outputs_aligned),
+                                             outputs_aligned, probe.one_row),
                           SourceLayout.CONVERTED if converted else SourceLayout.CHANNELS_LAST)
     return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out,
                         tuple(converted))

@@ -106,6 +106,8 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
             if sig.direction is Direction.BWD_WEIGHT:
                 constexprs |= {"ROWS": config.rows, "BAND": config.band}
             constexprs |= {"WINDOW_STRIDE": config.window_stride}  # in the kernels' order of parameters
+            if sig.direction is not Direction.BWD_WEIGHT:
+                constexprs |= {"ONE_ROW": specialization.one_row}
         warps, stages = config.num_warps, 1
     module = FAMILY_MODULES[config.family]
     windowed = isinstance(config, DirectConfig) and config.window > 0

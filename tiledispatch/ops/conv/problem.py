@@ -98,8 +98,11 @@ class ConvSpecialization:
     channel blocks and drops the channel mask from its loop. `outputs_aligned`: the
     output-channel side alone (y or dy and the residual: pointers and pixel strides; K and
     K/G) is 16-byte aligned, as in a stem of C=3 and K=64, whose implicit GEMM then moves
-    dy and y in vectors though x and w take element loads. Every kernel serves every
-    specialisation.
+    dy and y in vectors though x and w take element loads. `one_row`: the filter is one row
+    (1 along D and H: 1-D convs, 1xK filters), so a window kernel runs straight through it
+    and frees each output's registers once stored (Mamba's conv1d: 253 -> 142 registers a
+    thread). Every kernel serves every specialisation; a problem claiming a fact about its
+    shape that it lacks is refused (ConvProblem).
     """
 
     aligned: bool = True
@@ -109,6 +112,7 @@ class ConvSpecialization:
     unit_stride: bool = False
     channel_multiple: int = 1
     outputs_aligned: bool = True
+    one_row: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups_aligned", self.groups_aligned and self.aligned)
@@ -122,7 +126,7 @@ class ConvSpecialization:
         return (f"al{int(self.aligned)}{int(self.groups_aligned)}" + ("-pw" if self.pointwise else "")
                 + ("-dw" if self.depthwise else "") + ("-s1" if self.unit_stride else "")
                 + (f"-c{self.channel_multiple}" if self.channel_multiple > 1 else "")
-                + ("-ya" if self.outputs_aligned and not self.groups_aligned else ""))
+                + ("-ya" if self.outputs_aligned and not self.groups_aligned else "") + ("-r1" if self.one_row else ""))
 
     def vector(self, dtype: DType, per_group: bool) -> int:
         """Elements per guaranteed 16-byte run of channels (1: no guarantee), across or within groups."""
@@ -140,7 +144,7 @@ class ConvSpecialization:
         """What a problem of this specialisation becomes with its input channels padded to whole 16-byte
         vectors (ConvProblem.channels_padded): its x and w fresh copies, y / dy its own (16-byte aligned)."""
         vector = 16 // dtype.itemsize
-        return ConvSpecialization(True, True, self.pointwise, False, self.unit_stride, vector, True)
+        return ConvSpecialization(True, True, self.pointwise, False, self.unit_stride, vector, True, self.one_row)
 
 
 def _as_tuple(value, dims: int, what: str) -> tuple[int, ...]:
@@ -220,6 +224,14 @@ class ConvProblem:
                  self.k * self.c_per_group * math.prod(self.filter_size))
         if max(sizes) >= 2**31:
             raise InvalidProblemError(f"a conv tensor has {max(sizes)} elements; stay below 2**31 (split the batch)")
+        claimed = {"pointwise": self.pointwise, "depthwise": self.one_channel_per_group,
+                   "unit_stride": self.unit_stride, "one_row": self.one_row}
+        false = [name for name, holds in claimed.items() if getattr(self.specialization, name) and not holds]
+        if false:
+            raise InvalidProblemError(
+                f"the specialization claims {', '.join(false)}, which this conv is not (filter {self.filter_size}, "
+                f"stride {self.stride}, C/G={self.c_per_group}, K/G={self.k_per_group}): kernels built on it would "
+                "skip work this conv needs; use problem.dense_specialization() or drop the claim")
 
     # -- derived sizes -------------------------------------------------------------------
     @property
@@ -258,6 +270,11 @@ class ConvProblem:
     def unit_stride(self) -> bool:
         return all(s == 1 for s in self.stride)
 
+    @property
+    def one_row(self) -> bool:
+        """The filter is one row: 1 along every dim but W (1-D convs, 1xK filters)."""
+        return all(f == 1 for f in self.filter_size[:-1])
+
     def dense_specialization(self) -> ConvSpecialization:
         """The specialisation of freshly allocated (dense channels-last) tensors for this problem."""
         item = self.types.dtype.itemsize
@@ -265,7 +282,8 @@ class ConvProblem:
         per_group = (self.c_per_group * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
         outputs = (self.k * item) % 16 == 0 and (self.k_per_group * item) % 16 == 0
         return ConvSpecialization(aligned, per_group, self.pointwise, self.one_channel_per_group,
-                                  self.unit_stride, channel_multiple(self.c_per_group, self.k_per_group), outputs)
+                                  self.unit_stride, channel_multiple(self.c_per_group, self.k_per_group), outputs,
+                                  self.one_row)
 
     def channels_padded(self) -> ConvProblem:
         """The same conv with C rounded up to whole 16-byte vectors (zero channels in x and w add nothing).

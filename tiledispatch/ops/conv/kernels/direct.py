@@ -330,7 +330,8 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                            BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                            HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                            VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
-                           RUN: tl.constexpr, WINDOW: tl.constexpr, WINDOW_STRIDE: tl.constexpr):
+                           RUN: tl.constexpr, WINDOW: tl.constexpr, WINDOW_STRIDE: tl.constexpr,
+                           ONE_ROW: tl.constexpr):
     """Depthwise forward (C/G = K/G = 1, FX = WINDOW, stride WINDOW_STRIDE and dilation 1 along W).
 
     Rows of the tile are runs of RUN output pixels along W, (n, od, oh, run) flattened
@@ -354,9 +355,11 @@ def conv_fwd_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
 
     acc = _zeros(BLOCK_P, BLOCK_C, RUN)
-    for fz in range(FZ):
+    # ONE_ROW (a filter of one row): the loops are one iteration the compiler drops, so each output's
+    # registers are free once it is stored, not held across a loop (Mamba's k4 run of 14: 142, not 253).
+    for fz in range(1 if ONE_ROW else FZ):
         ok_d = in_q & inside(d0 + fz * DD, D)
-        for fy in range(FY):
+        for fy in range(1 if ONE_ROW else FY):
             row_ok = ok_d & inside(h0 + fy * DH, H)
             src = src0 + ((fz * DD) * sxd_v + (fy * DH) * sxh_v)
             acc = _window_row(acc, src, row_ok, w0, W, sxw_v, offs_c, in_c, w_ch + (fz * swz + fy * swy),
@@ -387,7 +390,8 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
                                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT_K: tl.constexpr,
                                 HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                                 VEC: tl.constexpr, DEPTHWISE: tl.constexpr, UNIT_STRIDE: tl.constexpr,
-                                RUN: tl.constexpr, WINDOW: tl.constexpr, WINDOW_STRIDE: tl.constexpr):
+                                RUN: tl.constexpr, WINDOW: tl.constexpr, WINDOW_STRIDE: tl.constexpr,
+                                ONE_ROW: tl.constexpr):
     """Depthwise backward-data: the window over dy, each dy column into the outputs it reaches.
 
     Along W, dx[iw] = sum_x w[x] dy[(iw + PW - x) / S] over the x that divide (S = WINDOW_STRIDE).
@@ -414,14 +418,14 @@ def conv_bwd_data_direct_window(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     w_ch = w_ptr + tl.minimum(offs_c, C - 1).to(tl.int64) * swk  # clamped: see _window_row
 
     acc = _zeros(BLOCK_P, BLOCK_C, RUN)
-    for fz in range(FZ):
+    for fz in range(1 if ONE_ROW else FZ):  # see conv_fwd_direct_window
         if UNIT_STRIDE:
             od = idd + PD - fz * DD
             ok_d = in_q & inside(od, OD)
         else:
             od, ok_d = target_of(idd, fz, OD, SD, PD, DD)
             ok_d = in_q & ok_d
-        for fy in range(FY):
+        for fy in range(1 if ONE_ROW else FY):
             if UNIT_STRIDE:
                 oh = ih + PH - fy * DH
                 row_ok = ok_d & inside(oh, OH)
