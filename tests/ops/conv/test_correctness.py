@@ -201,12 +201,14 @@ def test_groups(dispatcher, direction, groups):
 def test_specialisations_are_detected(dispatcher):
     ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 2, (4, 4), (1, 1)))
     assert ops.problem.specialization.aligned and ops.problem.specialization.pointwise
-    assert ops.problem.specialization.tag == "al11-pw-s1-c8"
+    assert ops.problem.specialization.tag == "al11-pw-s1-c8-r1"  # a 1x1 filter is one row too
     ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 16, (4, 4), (3, 3), 1, 1))
     assert ops.problem.specialization.depthwise and not ops.problem.specialization.groups_aligned
     assert ops.problem.specialization.tag == "al10-dw-s1"
     ops, _ = run_and_check(dispatcher, problem("forward", 1, 3, 5, 1, (4, 4), (3, 3)))
-    assert not ops.problem.specialization.aligned
+    assert not ops.problem.specialization.aligned and not ops.problem.specialization.one_row
+    ops, _ = run_and_check(dispatcher, problem("forward", 2, 16, 16, 16, (9,), (4,), 1, 1))
+    assert ops.problem.specialization.tag == "al10-dw-s1-r1"
 
 
 def test_tf32(dispatcher):
