@@ -4,9 +4,9 @@ Every pointer-based Triton kernel of the op takes one argument list (tensors, 3-
 geometry, strides of the non-channel dims), so one binder serves the igemm and direct
 families in all directions; the igemm-tma family takes tensor descriptors instead
 (`_tma_unit`, `_tma_bound`), and the toeplitz family (Gluon, depthwise 2-D) a list of its
-own (`_toeplitz_units`, `_toeplitz_plan`). A
-split backward-weight adds the `conv_weight_reduce` stage; a config with `pad_channels` runs
-its unpadded twin's stages on padded copies (`_padded_plan`).
+own (`_toeplitz_units`, `_toeplitz_plan`). A split backward-weight adds the
+`conv_weight_reduce` stage; a config with `pad_channels` runs its unpadded twin's stages on
+padded copies (`_padded_plan`).
 """
 
 from __future__ import annotations
