@@ -103,11 +103,10 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
                       "VEC": vec, "DEPTHWISE": specialization.depthwise, "UNIT_STRIDE": specialization.unit_stride}
         if config.window:
             constexprs |= {"RUN": config.run, "WINDOW": config.window}
-            if sig.direction is Direction.BWD_WEIGHT:
-                constexprs |= {"ROWS": config.rows, "BAND": config.band}
-            constexprs |= {"WINDOW_STRIDE": config.window_stride}  # in the kernels' order of parameters
-            if sig.direction is not Direction.BWD_WEIGHT:
-                constexprs |= {"ONE_ROW": specialization.one_row}
+            if sig.direction is Direction.BWD_WEIGHT:  # each in the kernels' order of parameters
+                constexprs |= {"ROWS": config.rows, "BAND": config.band, "WINDOW_STRIDE": config.window_stride}
+            else:
+                constexprs |= {"WINDOW_STRIDE": config.window_stride, "ONE_ROW": specialization.one_row}
         warps, stages = config.num_warps, 1
     module = FAMILY_MODULES[config.family]
     windowed = isinstance(config, DirectConfig) and config.window > 0

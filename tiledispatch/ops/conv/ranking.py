@@ -110,8 +110,8 @@ VENDOR_DEPTHWISE_WEIGHT_HALF_TAPS = 25
 # models, on the 7 downsampling layers of suites/conv_depthwise_strided.json (H100, in turns), where
 # the stride-2 window kernels' best ran 0.8-1.3x (mean 1.07x) theirs: its strided forward's bytes
 # take this much longer. On the two 5x5 layers, FMA-bound in the fit, it ran 1.9x and 2.3x the
-# fit's FMA time: there it makes FMAs at half its stride-1 rate. (No H200 timing yet: this
-# session's device calls all drew H100s.)
+# fit's FMA time: there it makes FMAs at half its stride-1 rate. (Fitted on the H100: no H200
+# timing of these layers yet.)
 VENDOR_DEPTHWISE_STRIDED_FORWARD = 1.4
 VENDOR_DEPTHWISE_STRIDED_FMA = 0.5
 # The dispatcher takes a Triton kernel over cuDNN only when the model says it is faster by
@@ -749,6 +749,7 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     if p.direction is Direction.BWD_WEIGHT:
         walk_s, terms = _toeplitz_weight_seconds(config, p, arch)
         reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch)
+        fraction = DIRECT_FRACTION
     else:
         oh, ow = p.input_size if p.direction is Direction.BWD_DATA else p.output_size
         blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
@@ -758,8 +759,8 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
         block = config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK
         walk_s = busiest * walked * TOEPLITZ_ROW_SECONDS * block**TOEPLITZ_BLOCK_EXPONENT
         reduce_s = 0.0
+        fraction = TOEPLITZ_FRACTION
         terms = {"programs": float(programs), "busiest_sm_programs": float(busiest), "rows_walked": float(walked)}
-    fraction = DIRECT_FRACTION if p.direction is Direction.BWD_WEIGHT else TOEPLITZ_FRACTION
     memory_s = p.bytes() / (_bandwidth(arch) * fraction)
     modelled = max(walk_s, memory_s) + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
