@@ -1,9 +1,9 @@
-"""Depthwise convolution on the H200: every direct candidate of a rule set against cuDNN and a copy, in turns.
+"""Depthwise convolution: every direct (or toeplitz) candidate of a rule set against cuDNN and a copy, in turns.
 
-For the four depthwise cases of benchmarks/suites/conv.json (bf16, channels-last) and each
-direction, every direct-family kernel of the `full` rule set that supports the problem
-(the sliding-window kernels all; the per-tap kernels the best --per-tap by the rules,
-0 for all) is compiled up front in parallel, checked against fp32 cuDNN (relative error),
+For the four depthwise cases of benchmarks/suites/conv.json (or --cases from --suite files; bf16,
+channels-last) and each direction, every direct-family kernel of the `full` rule set that supports
+the problem (the sliding-window kernels all; the per-tap kernels the best --per-tap by the rules,
+0 for all), or with --family toeplitz every toeplitz kernel, is compiled up front in parallel, checked against fp32 cuDNN (relative error),
 then timed as CUDA-graph replays in turns with cuDNN's own call
 (bench.timing.interleaved_medians), so each ratio compares the same moments of the GPU's
 clock. The best few are timed again in FINAL_ROUNDS turns with cuDNN and with a
@@ -13,6 +13,7 @@ tail included, where the 4.25 TB/s of a large copy is out of reach. Each row als
 the `rules` model's time and rank, to calibrate ranking.py.
 
     python benchmarks/conv_depthwise.py --out DIR [--cases a,b] [--directions forward,...] [--per-tap 12]
+    python benchmarks/conv_depthwise.py --out DIR --family toeplitz [--suite S.json] [--rule-set default]
     python benchmarks/conv_depthwise.py --dry-run          # no GPU: lists the candidates and the model's times
 
 Writes DIR/conv_depthwise.csv (one row per case, direction and kernel; cuDNN and the copy included).
@@ -36,7 +37,7 @@ import tiledispatch  # noqa: E402,F401  (first: it picks the backend)
 from tiledispatch import arch as arch_facts  # noqa: E402
 from tiledispatch.core.dispatcher import Dispatcher  # noqa: E402
 from tiledispatch.core.registry import Registry  # noqa: E402
-from tiledispatch.ops.conv import Direction  # noqa: E402
+from tiledispatch.ops.conv import Direction, ToeplitzConfig  # noqa: E402
 
 CASES = ("depthwise_mbv2_3x3", "depthwise_5x5", "convnext_dw7x7", "conv1d_depthwise_k4_mamba")
 SCREEN_ROUNDS = 3  # per candidate, each in turn with cuDNN
@@ -47,13 +48,13 @@ FIELDS = ["case", "direction", "kernel", "window", "rows", "band", "run", "split
           "cudnn_ms_same_turns", "copy_fraction", "rel_error", "final", "model_us", "model_rank", "status"]
 
 
-def candidates(dispatcher: Dispatcher, p, per_tap: int):
-    """The direct kernels that take p, best modelled first: every window kernel, and the
-    best `per_tap` per-tap kernels (0: all), each with the model's time and rank."""
-    ranked = [c for c in dispatcher.explain(p).ranked if c.spec.family == "direct"]
+def candidates(dispatcher: Dispatcher, p, per_tap: int, family: str = "direct"):
+    """The kernels of `family` that take p, best modelled first, each with the model's time and
+    rank; of the direct family every window kernel and the best `per_tap` per-tap kernels (0: all)."""
+    ranked = [c for c in dispatcher.explain(p).ranked if c.spec.family == family]
     out, taps = [], 0
     for rank, c in enumerate(ranked):
-        window = c.spec.config.window > 0
+        window = getattr(c.spec.config, "window", 1) > 0
         taps += not window
         if window or not per_tap or taps <= per_tap:
             out.append((c.spec, c.score.terms.get("modelled_us"), rank))
@@ -62,6 +63,8 @@ def candidates(dispatcher: Dispatcher, p, per_tap: int):
 
 def describe(spec) -> dict:
     c = spec.config
+    if isinstance(c, ToeplitzConfig):
+        return {"rows": c.rows, "split_k": c.split_k, "tile": f"{c.block_m}x{c.block_c}w{c.num_warps}"}
     return {"window": c.window, "rows": c.rows, "band": c.band, "run": c.run, "split_k": c.split_k,
             "tile": f"{c.block_p}x{c.block_c}w{c.num_warps}"}
 
@@ -72,6 +75,9 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--directions", default=",".join(d.value for d in Direction))
     parser.add_argument("--rule-set", default="full")
+    parser.add_argument("--family", default="direct", choices=("direct", "toeplitz"))
+    parser.add_argument("--suite", type=Path, action="append", default=[],
+                        help="more suites whose cases --cases may name (besides benchmarks/suites/conv.json)")
     parser.add_argument("--per-tap", type=int, default=12, help="per-tap kernels timed per case, by the rules (0: all)")
     parser.add_argument("--jobs", type=int, default=16)
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop screening new candidates after this")
@@ -81,7 +87,9 @@ def main() -> int:
 
     from conv import problem_of  # benchmarks/conv.py
 
-    suite = {c["name"]: c for c in json.loads((ROOT / "benchmarks/suites/conv.json").read_text())["cases"]}
+    suite = {}
+    for path in [ROOT / "benchmarks/suites/conv.json", *args.suite]:
+        suite |= {c["name"]: c for c in json.loads(path.read_text())["cases"]}
     if args.dry_run:
         arch = arch_facts.load("sm_90")
     else:
@@ -92,11 +100,10 @@ def main() -> int:
     for name, direction in itertools.product(args.cases.split(","), args.directions.split(",")):
         p = problem_of(suite[name], Direction(direction), "bf16")
         p = replace(p, specialization=p.dense_specialization())
-        work.append((name, p, candidates(dispatcher, p, args.per_tap)))
-        cands = work[-1][2]
-        print(f"{name} {direction}: {len(cands)} candidates ({sum(s.config.window > 0 for s, _, _ in cands)} window)", flush=True)
+        work.append((name, p, candidates(dispatcher, p, args.per_tap, args.family)))
+        print(f"{name} {direction}: {len(work[-1][2])} {args.family} candidates", flush=True)
         if args.dry_run:
-            for spec, model_us, rank in cands:
+            for spec, model_us, rank in work[-1][2]:
                 print(f"   {rank:4d} {model_us:9.1f} us  {spec.name}")
     if args.dry_run:
         return 0

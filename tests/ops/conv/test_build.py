@@ -44,7 +44,7 @@ BUILDS = {  # kernel -> the specialisations built for it
     "conv_bwdw_bf16_igemm-flat_64x64x64_w4_s3_g8_k16ws_pc_none_sm90": (STEM,),
     "conv_fwd_bf16_toeplitz_16x32_w16_r28_f7_bias-gelu-res_sm90": (DEPTHWISE,),
     "conv_bwdd_fp16_toeplitz_16x16_w8_r14_f3_none_sm90": (DEPTHWISE,),
-    "conv_bwdw_bf16_toeplitz_32x16_w2_r28_f7_k16_none_sm90": (DEPTHWISE,),
+    "conv_bwdw_bf16_toeplitz_16x32_w16_r56_f7_k8_none_sm90": (DEPTHWISE,),
 }
 
 
@@ -184,13 +184,12 @@ def test_toeplitz_walk_is_a_gluon_kernel_on_mma_sync_with_16_byte_rows(built):
         assert "mma.sync.aligned.m16n8k16" in walk and "ld.global.v4" in walk, name
 
 
-def test_toeplitz_weight_walk_reads_its_operands_by_ldmatrix_from_async_copied_rows(built):
-    """Backward-weight's walk: x and dy rows come by 16-byte cp.async into shared memory, both MMA
-    operands by ldmatrix.trans from there (no layout conversion a row), then the sum of its slabs."""
+def test_toeplitz_weight_walk_is_the_forward_walk_with_the_pixels_as_reduction(built):
+    """Backward-weight's walk: x and dy rows as 16-byte loads, mma.sync over the pixels, the band's
+    diagonals gathered within the warp at the end, then the sum of its slabs."""
     cache, registry, _ = built
-    spec = registry.get("conv_bwdw_bf16_toeplitz_32x16_w2_r28_f7_k16_none_sm90")
+    spec = registry.get("conv_bwdw_bf16_toeplitz_16x32_w16_r56_f7_k8_none_sm90")
     assert [u.stage for u in kernel.units(spec, DEPTHWISE)] == ["main", "reduce"]
     walk = ptx(cache, spec, DEPTHWISE)
-    assert "mma.sync.aligned.m16n8k16" in walk and "cp.async.cg.shared.global" in walk
-    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in walk
-    assert "ld.global" not in walk  # every row arrives by cp.async
+    assert "mma.sync.aligned.m16n8k16" in walk and "ld.global.v4" in walk
+    assert "shfl.sync" in walk and "cp.async" not in walk

@@ -483,7 +483,7 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
     direction = config.signature.direction
     vector = 16 // config.signature.types.dtype.itemsize
     walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
-            "FILTER_ROWS": config.filter_rows}
+            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector}
     if direction is Direction.BWD_WEIGHT:
         walk |= {"SPLIT_K": config.split_k}
         tensors = [("x_ptr", f"*{t}"), ("y_ptr", f"*{t}"), ("ws_ptr", "*fp32")]
@@ -493,7 +493,7 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
         function = "conv_depthwise_toeplitz_weight"
     else:
         epilogue = config.signature.epilogue
-        walk |= {"KW": k.KW, "NW": k.NW, "VEC": vector, "FLIP": direction is Direction.BWD_DATA,
+        walk |= {"FLIP": direction is Direction.BWD_DATA,
                  "HAS_BIAS": epilogue.bias, "ACTIVATION": ACTIVATION_CODES[epilogue.activation],
                  "HAS_RESIDUAL": epilogue.residual}
         tensors = [(n, f"*{t}") for n in ("x_ptr", "w_ptr", "y_ptr", "bias_ptr", "res_ptr")]

@@ -31,7 +31,6 @@ from .config import (
 from .kernels.toeplitz import KW as TOEPLITZ_KW
 from .kernels.toeplitz import MAX_WIDTH as TOEPLITZ_MAX_WIDTH
 from .kernels.toeplitz import NW as TOEPLITZ_NW
-from .kernels.toeplitz import weight_taps as toeplitz_weight_taps
 from .problem import ConvProblem, Direction
 
 BLOCK_CHOICES = (16, 32, 64, 128, 256)
@@ -64,10 +63,7 @@ TOEPLITZ_MIN_SM = 80
 TOEPLITZ_BLOCK_M = (16, 32, 64)
 TOEPLITZ_BLOCK_C = (8, 16, 32)
 TOEPLITZ_MAX_FILTER_ROWS = 9
-TOEPLITZ_REGISTER_BASE = 40  # addresses, masks and the row in flight, besides the operands and accumulators
-# Backward-weight's besides its MMA tiles and dy operands (sm_90 builds: 7x7 one chunk 167-213, 3x3 two 72-99)
-TOEPLITZ_WEIGHT_REGISTER_BASE = 80
-TOEPLITZ_WEIGHT_BLOCK_M = (16, 32)  # output columns a backward-weight item: one or two MMA chunks of 16
+TOEPLITZ_REGISTER_BASE = 40  # addresses, masks and the rows in flight, besides the operands and accumulators
 
 
 class ConvRule(enum.Enum):
@@ -362,18 +358,16 @@ def _window_findings(config: DirectConfig, error) -> None:
 
 
 def toeplitz_registers(config: ToeplitzConfig) -> int:
-    """Registers a thread of the toeplitz kernel holds. Forward and backward-data, for each of its
-    warp's channels: the filter_rows accumulators (fp32), filter operands (16-bit pairs) and the row
-    operand. Backward-weight (8 channels a warp on the MMA's diagonal): a [16, 8] fp32 MMA tile (4 a
-    thread) for each filter row and pair of taps, and a dy operand (2) for each filter row and
-    16-column chunk."""
-    rows = config.filter_rows
-    if config.signature.direction is Direction.BWD_WEIGHT:
-        chunks = max(config.block_m // 16, 1)
-        return rows * toeplitz_weight_taps(rows) // 2 * 4 + rows * chunks * 2 + TOEPLITZ_WEIGHT_REGISTER_BASE
-    kw, nw = TOEPLITZ_KW, TOEPLITZ_NW
+    """Registers a thread of the toeplitz kernel holds, for each of its warp's channels. Forward and
+    backward-data: the filter_rows accumulators (fp32 [block_m, 8]), filter operands (16-bit pairs
+    [16, 8]) and the row operand ([block_m, 16]). Backward-weight: the filter_rows sums (fp32 [16, 8]),
+    dy operands ([block_m, 8]) and the x row operand ([16, block_m])."""
+    rows, kw, nw, m = config.filter_rows, TOEPLITZ_KW, TOEPLITZ_NW, config.block_m
     channels = max(config.block_c // config.num_warps, 1)
-    per_channel = rows * config.block_m * nw // 32 + rows * kw * nw // 64 + config.block_m * kw // 64
+    if config.signature.direction is Direction.BWD_WEIGHT:
+        per_channel = rows * kw * nw // 32 + rows * m * nw // 64 + m * kw // 64
+    else:
+        per_channel = rows * m * nw // 32 + rows * kw * nw // 64 + m * kw // 64
     return channels * per_channel + TOEPLITZ_REGISTER_BASE
 
 
@@ -391,14 +385,8 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
     elif config.split_k > 1 and sig.direction is not Direction.BWD_WEIGHT:
         error(ConvRule.SPLIT_K, f"split_k={config.split_k} on {sig.direction.value}: only backward-weight "
               "splits its reduction (over pixels) across programs", "use split_k=1")
-    weight = sig.direction is Direction.BWD_WEIGHT
-    if config.block_m not in (TOEPLITZ_WEIGHT_BLOCK_M if weight else TOEPLITZ_BLOCK_M):
-        error(ConvRule.TILE_POWER_OF_TWO, f"block_m={config.block_m} is not one of "
-              f"{TOEPLITZ_WEIGHT_BLOCK_M if weight else TOEPLITZ_BLOCK_M}" + (" (output columns of a backward-weight "
-                                                                          "item: 1 or 2 MMA chunks)" if weight else ""))
-    if weight and config.block_c != 8 * config.num_warps:
-        error(ConvRule.WARPS_FOR_TILE, f"backward-weight keeps a warp's 8 channels on the MMA's diagonal: block_c="
-              f"{config.block_c} must be 8 x num_warps={config.num_warps}", f"use block_c={8 * config.num_warps}")
+    if config.block_m not in TOEPLITZ_BLOCK_M:
+        error(ConvRule.TILE_POWER_OF_TWO, f"block_m={config.block_m} is not one of {TOEPLITZ_BLOCK_M}")
     if config.block_c not in TOEPLITZ_BLOCK_C:
         error(ConvRule.VECTOR_WIDTH, f"block_c={config.block_c} is not one of {TOEPLITZ_BLOCK_C} (1-4 lanes of "
               "16-byte vectors a pixel)")
@@ -407,7 +395,7 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
     elif config.block_c % config.num_warps:
         error(ConvRule.WARPS_FOR_TILE, f"the MMA's batch is the channel, whole channels a warp: block_c="
               f"{config.block_c} is not a multiple of num_warps={config.num_warps}", "use fewer warps")
-    elif not weight and config.block_c in TOEPLITZ_BLOCK_C and config.block_m < config.num_warps * max(
+    elif config.block_c in TOEPLITZ_BLOCK_C and config.block_m < config.num_warps * max(
             1, 32 * 8 // config.block_c // TOEPLITZ_NW):  # a warp's rows: 32 lanes of 8-channel vectors
         warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps move {config.block_c} channels of a "
                 f"{config.block_m}-row block of output rows by 16-byte vectors: some lanes repeat others' loads",
@@ -419,10 +407,9 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
         error(ConvRule.WINDOW, f"rows={config.rows}: a program walks at least one output row", "use rows >= 1")
     registers = toeplitz_registers(config)
     if registers > arch.registers_per_thread_max:
-        held = "sums" if weight else f"{config.block_c // max(config.num_warps, 1)} channels a warp"
-        error(ConvRule.REGISTER_BUDGET, f"{held} of {config.filter_rows} filter rows need ~{registers} registers "
-              f"a thread; at most {arch.registers_per_thread_max}",
-              "a smaller block_m" if weight else "more warps or a smaller block_m")
+        error(ConvRule.REGISTER_BUDGET, f"{config.block_c // max(config.num_warps, 1)} channels a warp of "
+              f"{config.filter_rows} filter rows need ~{registers} registers a thread; at most "
+              f"{arch.registers_per_thread_max}", "more warps or a smaller block_m")
 
 
 # Fields the corrector may move, with the values it may choose from.
@@ -587,9 +574,6 @@ def _toeplitz_refusal(config: ToeplitzConfig, problem: ConvProblem) -> str | Non
     if width > TOEPLITZ_MAX_WIDTH:
         return (f"toeplitz's banded matrices hold filters up to {TOEPLITZ_MAX_WIDTH} wide; the filter is {width} "
                 "(the direct family serves it)")
-    if problem.direction is Direction.BWD_WEIGHT and width > toeplitz_weight_taps(rows):
-        return (f"toeplitz's backward-weight holds taps for filters up to {toeplitz_weight_taps(rows)} wide at "
-                f"{rows} rows; the filter is {width} wide (the direct family serves it)")
     if not problem.specialization.aligned:
         return (f"toeplitz moves channels as 16-byte vectors: C and the pointers and pixel strides must be "
                 f"multiples of 16 bytes (of {16 // problem.types.dtype.itemsize} {problem.types.dtype.value}); this "

@@ -336,30 +336,23 @@ FULL_TMA = tuple(
 
 # The toeplitz family (kernels/toeplitz.py): Gluon, GPU only, so no tiny tiles. Timed on the H200 on
 # the suite's depthwise 3x3, 5x5 and 7x7 maps (28x28, 14x14): 16 rows x 32 channels over 16 warps
-# walking 28 rows was the fastest forward (7x7 1.8x the window kernel), 16 x 16 over 8 warps next.
-# Backward-weight keeps a warp's 8 channels on the MMA's diagonal (block_c = 8 x warps): block_m is
-# 16 or 32 output columns an item, split_k the programs a channel block. One-warp programs walking
-# the whole map (28 rows) over 16 or 64 shares of the items were the fastest of 2 x 2 x 4 (block_m,
-# warps, splits). In the suite's benchmark (inputs beyond L2, benchmarks/results/h200/
-# conv_toeplitz_weight_shapes.csv) the best of them ran 0.51-1.23x cuDNN: 1.23x on ConvNeXt's 14x14
-# stage, 1.02-1.06x on the suite's 5x5, 0.94-0.97x on its 7x7, 0.88x on ConvNeXt's 56x56 stage, and
-# its model (ranking.py), fitted on L2-warm timings, cannot tell those apart yet: only `full` lists
-# them. At 3x3 (0.71x, L2-warm) a row's 6 MMAs do not cover its fixed cost.
+# walking 28 rows was the fastest forward (7x7 1.8x the window kernel), 16 x 16 over 8 warps next;
+# on the H100 tiles of 1 channel a warp (16 x 8 over 8 warps, 3 programs an SM) ran 1.4x slower.
+# Backward-weight walks the same tiles, the pixels its MMAs' reduction: of 56 tiles x splits on the
+# H100 (benchmarks/results/h100/conv_toeplitz_weight_banded.csv) 16 x 32 over 16 warps was the
+# fastest at 5x5 and 7x7 (1.39x and 1.46x cuDNN) with a program a block of (image, chunk) rows
+# (4 and 8 of them there); at 3x3 none beat cuDNN. Walking 56 rows with 16 programs a channel
+# block took ConvNeXt's 56x56 7x7 at 1.35x cuDNN (conv_toeplitz_weight_banded_shapes.csv).
 TOEPLITZ_FILTER_ROWS = (3, 5, 7)
 _WEIGHT = (Direction.BWD_WEIGHT,)
-TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14))
-WEIGHT_TOEPLITZ = (ToeplitzTile(16, 8, 1, 28, 16, _WEIGHT), ToeplitzTile(32, 16, 2, 14, 8, _WEIGHT))  # GPU tests'
-# the fastest of the (L2-warm) sweep behind the model in ranking.py, first in `full`
-FASTEST_WEIGHT_TOEPLITZ = (ToeplitzTile(16, 8, 1, 28, 16, _WEIGHT), ToeplitzTile(32, 8, 1, 28, 16, _WEIGHT),
-                           ToeplitzTile(16, 8, 1, 28, 64, _WEIGHT), ToeplitzTile(32, 8, 1, 28, 64, _WEIGHT),
-                           ToeplitzTile(32, 16, 2, 28, 16, _WEIGHT))
-DEFAULT_TOEPLITZ = TESTS_TOEPLITZ
-FULL_TOEPLITZ = DEFAULT_TOEPLITZ + FASTEST_WEIGHT_TOEPLITZ + tuple(
-    ToeplitzTile(m, c, w, r) for m, c, w, r in itertools.product((16, 32), (16, 32), (8, 16), (14, 28, 56))
-    if c % w == 0 and c // w <= 2 and ToeplitzTile(m, c, w, r) not in DEFAULT_TOEPLITZ) + tuple(
-    ToeplitzTile(m, 8 * w, w, r, k, _WEIGHT) for m, w, r, k in itertools.product((16, 32), (1, 2, 4), (14, 28, 56),
-                                                                                 (8, 16, 32, 64))
-    if ToeplitzTile(m, 8 * w, w, r, k, _WEIGHT) not in FASTEST_WEIGHT_TOEPLITZ)
+_ROWS = (Direction.FORWARD, Direction.BWD_DATA)
+TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14),
+                  ToeplitzTile(16, 32, 16, 28, 4, _WEIGHT), ToeplitzTile(32, 16, 8, 14, 3, _WEIGHT))
+DEFAULT_TOEPLITZ = TESTS_TOEPLITZ[:2] + tuple(ToeplitzTile(16, 32, 16, 56, k, _WEIGHT) for k in (4, 8, 16))
+FULL_TOEPLITZ = DEFAULT_TOEPLITZ + tuple(
+    ToeplitzTile(m, c, w, r, k, directions) for m, c, w, r, (k, directions) in itertools.product(
+        (16, 32), (16, 32), (8, 16), (14, 28, 56), ((1, _ROWS),) + tuple((k, _WEIGHT) for k in (2, 4, 8, 16)))
+    if c % w == 0 and c // w <= 2 and ToeplitzTile(m, c, w, r, k, directions) not in DEFAULT_TOEPLITZ)
 
 _CPU_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.FP32), ConvTypes(DType.FP32, allow_tf32=True))
 TYPES = _CPU_TYPES + (ConvTypes(DType.BF16),)  # no bf16 tl.dot in the interpreter: its arch drops them

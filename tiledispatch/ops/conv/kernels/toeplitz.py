@@ -14,19 +14,18 @@ The MMA's batch is the channel, spread over the warps. A program walks down the 
 input row is loaded once and feeds the FY output rows it touches, held as FY accumulators, one of which
 is finished (stored and cleared) a row, through the forward's epilogue (bias, activation,
 residual, as the GEMM's). Backward-data at stride 1 is the same walk over dy with the filter
-flipped in both directions and padding F - 1 - P. Backward-weight is another walk
-(`conv_depthwise_toeplitz_weight`): MMAs whose reduction is the pixels and whose diagonal is
-the channel, their operands read by ldmatrix from channels-last rows in shared memory.
+flipped in both directions and padding F - 1 - P. Backward-weight (`conv_depthwise_toeplitz_weight`)
+is the same walk with the pixels as the reduction: S_fy[k, j] = sum over m of X[m, k] * dY[m, j],
+whose diagonals k - j = s are dw[fy, s].
 
-The main kernel is Gluon (mma_v2 with explicit layouts): the FY filter operands stay in
+The kernels are Gluon (mma_v2 with explicit layouts): the FY filter (or dy) operands stay in
 registers for the program's whole walk, which `tl.dot` of a 3-D block did not keep there
 (it re-read them from shared memory every row and ran at 90 % of the L1 pipe). GPU only.
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from ...gemm.kernels.epilogue import activate
 
@@ -174,142 +173,97 @@ def conv_depthwise_toeplitz(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
                                   else summed[slot]),)
 
 
-@gluon.constexpr_function
-def weight_taps(filter_rows):
-    """Taps along W a backward-weight walk holds: the pairs of a square filter's width, to a power of 2
-    (rules and ranking call it on the host too)."""
-    return triton.next_power_of_2(2 * ((filter_rows + 1) // 2))
-
-
 @gluon.jit
 def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX, PH, PW,
                                    sxn, sxh, sxw, syn, syh, syw,
                                    BLOCK_M: gl.constexpr, BLOCK_C: gl.constexpr, ROWS: gl.constexpr,
-                                   FILTER_ROWS: gl.constexpr, SPLIT_K: gl.constexpr):
-    """Backward-weight on tensor cores, the channel kept on the MMA's diagonal.
+                                   FILTER_ROWS: gl.constexpr, KW: gl.constexpr, NW: gl.constexpr,
+                                   VEC: gl.constexpr, SPLIT_K: gl.constexpr):
+    """Backward-weight: the forward's walk with the pixels as the MMA's reduction. Per channel and
+    filter row fy,
+        S_fy[k, j] += sum over m of x[row u, chunk column k][m] * dy[row u - fy, chunk column j][m]
+    is one MMA a row (A = the x row transposed, B = the dy row), and dw[fy, s] is the sum of S_fy
+    along its diagonal k - j = s, taken once at the end: a band of FX diagonals of the 16 x 8 tile.
 
-    For a warp's 8 channels, a pair of taps (s, s + 1) and 16 output columns k:
-        D[(j, c'), c] += sum_k x[row, ow0 + k + s + j - PW, c'] * dy[row', ow0 + k, c]
-    is one m16n8k16 MMA; its c' = c diagonal holds dw[c, fy, s + j] and the rest is discarded
-    (1/8 of the MMA is useful, still ~2x what the CUDA-core FMAs of the direct family reach,
-    in a tenth of their instructions). Both operands come straight from channels-last rows in
-    shared memory by ldmatrix.trans, so no layout conversion sits in the walk: the x row is
-    stored once a tap, shifted (a [pixel, (tap, channel)] tile, XOR-swizzled), and dy's row
-    as it is; both arrive by cp.async a row ahead, in two slots.
-
-    Grid: (channel blocks of BLOCK_C = 8 x warps, SPLIT_K). The work items are (image, block of
-    BLOCK_M output columns, band of ROWS output rows); program pid_s walks items pid_s,
-    pid_s + SPLIT_K, ... down their x rows, with the last FILTER_ROWS dy rows held as B operands
-    (one replaced a row: the loop is unrolled by FILTER_ROWS), and the sums of every item in
-    its registers; then it writes its slab pid_s of the workspace [SPLIT_K, C, FY * FX]
-    (weight_reduce.conv_weight_reduce sums the slabs in order). Rows of the padding load as
-    zeros and skip their MMAs. The filter is at most FILTER_ROWS (rounded up to even) wide.
+    Grid: (channel blocks, SPLIT_K). The work items are (BLOCK_M block of (image, chunk) rows, band
+    of ROWS output rows); program pid_s walks items pid_s, pid_s + SPLIT_K, ... down their input
+    rows, each x and dy row loaded a row ahead and converted to its operand once. The last FY dy
+    rows stay in registers as B operands, one replaced a row (the loop is unrolled by FY, as the
+    forward's); the FY sums stay for all the program's items, then go to slab pid_s of the
+    workspace [SPLIT_K, C, FY * FX] (weight_reduce.conv_weight_reduce sums the slabs in order).
     """
     FY: gl.constexpr = FILTER_ROWS
-    G: gl.constexpr = gl.num_warps()
-    gl.static_assert(BLOCK_C == 8 * G, "a warp's 8 channels are the MMA's diagonal")
-    CHUNKS: gl.constexpr = BLOCK_M // 16
-    T: gl.constexpr = weight_taps(FY)
-    PAIRS: gl.constexpr = T // 2
-    mma: gl.constexpr = _mma_layout(G)
+    WARPS: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = _mma_layout(WARPS)
     a_layout: gl.constexpr = _operand_layout(mma, 0)
     b_layout: gl.constexpr = _operand_layout(mma, 1)
-    x_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 32 // T, T],
-                                              warps_per_cta=[G, 1, 1], order=[2, 1, 0])
-    dy_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 8], threads_per_warp=[1, 32, 1],
-                                               warps_per_cta=[G, 1, 1], order=[2, 1, 0])
-    # rows of T 16-byte vectors, swizzled so that the 8 rows an ldmatrix reads fall in different banks
-    x_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=8 // T, max_phase=T, order=[2, 1, 0])
-    dy_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-    xs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2, G, BLOCK_M, T * 8], x_smem)
-    ds = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [2, G, BLOCK_M, 8], dy_smem)
+    rows_layout: gl.constexpr = _vector_layout(BLOCK_C, VEC, KW, WARPS)
+    dy_layout: gl.constexpr = _vector_layout(BLOCK_C, VEC, NW, WARPS)
 
     pid_c = gl.program_id(0)
     pid_s = gl.program_id(1)
-    col_blocks = gl.cdiv(OW, BLOCK_M)
-    bands = gl.cdiv(OH, ROWS)
-    # x as [warp, output column k, (tap t, channel c)]: column k + t - PW of channel 8 warp + c
-    wx = gl.arange(0, G, gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))[:, None, None]
-    kx = gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))[None, :, None]
-    tc = gl.arange(0, T * 8, gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))[None, None, :]
-    cx = pid_c * BLOCK_C + wx * 8 + tc % 8
-    wd = gl.arange(0, G, gl.SliceLayout(1, gl.SliceLayout(2, dy_layout)))[:, None, None]
-    kd = gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, dy_layout)))[None, :, None]
-    cd = pid_c * BLOCK_C + wd * 8 + gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, dy_layout)))[None, None, :]
+    chunks = gl.cdiv(OW, NW)
+    M = N * chunks
+    blocks = gl.cdiv(M, BLOCK_M)
+    m_x = gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, rows_layout)))
+    c_x = (pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, rows_layout))))[:, None, None]
+    k = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(1, rows_layout)))[None, None, :]
+    m_d = gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, dy_layout)))
+    c_d = (pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, dy_layout))))[:, None, None]
+    j = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, dy_layout)))[None, None, :]
 
-    sums = ()  # sums[fy * PAIRS + q]: taps (fy, 2q) and (fy, 2q + 1)
-    for _i in gl.static_range(FY * PAIRS):
-        sums = sums + (gl.zeros([G, 16, 8], gl.float32, mma),)
-    for item in range(pid_s, N * col_blocks * bands, SPLIT_K):
-        n = item // (col_blocks * bands)
-        oh_first = (item // col_blocks % bands) * ROWS
+    sums = ()
+    for _i in gl.static_range(FY):
+        sums = sums + (gl.zeros([BLOCK_C, KW, NW], gl.float32, mma),)
+    for item in range(pid_s, blocks * gl.cdiv(OH, ROWS), SPLIT_K):
+        oh_first = (item // blocks) * ROWS
         oh_end = gl.minimum(oh_first + ROWS, OH)
-        ow0 = (item % col_blocks) * BLOCK_M
-        col = ow0 - PW + kx + tc // 8
-        x_ok = (col >= 0) & (col < W) & (tc // 8 < FX) & (cx < C)
-        x_rows = x_ptr + n.to(gl.int64) * sxn + cx + col * sxw
-        dy_ok = (ow0 + kd < OW) & (cd < C)
-        dy_rows = y_ptr + n.to(gl.int64) * syn + cd + (ow0 + kd) * syw
-        dys = ()  # dys[slot * CHUNKS + k]: dy row u + PH - fy of x row u in slot (u - u_first - fy) % FY
-        for _i in gl.static_range(FY * CHUNKS):
-            dys = dys + (gl.zeros([G, 16, 8], y_ptr.dtype.element_ty, b_layout),)
-        # x row u and dy row u + PH (the newest it meets) go to slot (u - u_first) % 2, a step ahead
-        u_first = oh_first - PH
-        u_end = oh_end - PH + FY - 1
-        async_copy.async_copy_global_to_shared(xs.index(0), x_rows + u_first * sxh,
-                                               mask=(u_first >= 0) & (u_first < H) & x_ok)
-        async_copy.async_copy_global_to_shared(ds.index(0), dy_rows + oh_first * syh, mask=dy_ok)
-        async_copy.commit_group()
-        for base in range(u_first, u_end, FY):
+        mx = (item % blocks) * BLOCK_M + m_x
+        col = ((mx % chunks) * NW - PW)[None, :, None] + k
+        x_ok = (col >= 0) & (col < W) & (mx < M)[None, :, None] & (c_x < C)
+        x_rows = x_ptr + ((mx // chunks).to(gl.int64)[None, :, None] * sxn + col * sxw) + c_x
+        md = (item % blocks) * BLOCK_M + m_d
+        ow = ((md % chunks) * NW)[None, :, None] + j
+        dy_ok = (ow < OW) & (md < M)[None, :, None] & (c_d < C)
+        dy_rows = y_ptr + ((md // chunks).to(gl.int64)[None, :, None] * syn + ow * syw) + c_d
+        # Step u (from oh_first) takes x row u - PH and dy row u (past oh_end: zeros), which sits in
+        # slot u % FY; x row u meets dy rows u - fy, those before oh_first the slots' zeros.
+        dys = ()
+        for _i in gl.static_range(FY):
+            dys = dys + (gl.zeros([BLOCK_C, BLOCK_M, NW], y_ptr.dtype.element_ty, b_layout),)
+        u_end = oh_end + FY - 1
+        ih = oh_first - PH
+        x_next = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H), other=0.0)
+        dy_next = gl.load(dy_rows + oh_first * syh, mask=dy_ok, other=0.0)
+        for base in range(oh_first, u_end, FY):
             for s in gl.static_range(FY):
                 u = base + s
-                slot = (u - u_first) % 2
-                un = u + 1
-                async_copy.async_copy_global_to_shared(xs.index(1 - slot), x_rows + un * sxh,
-                                                       mask=(un >= 0) & (un < H) & (un < u_end) & x_ok)
-                async_copy.async_copy_global_to_shared(ds.index(1 - slot), dy_rows + (un + PH) * syh,
-                                                       mask=(un + PH < oh_end) & dy_ok)
-                async_copy.commit_group()
-                async_copy.wait_group(1)
-                gl.thread_barrier()
-                x_tile = xs.index(slot)
-                newest = ()
-                for k in gl.static_range(CHUNKS):
-                    newest = newest + (ds.index(slot).slice(16 * k, 16, dim=1).load(b_layout),)
+                x_row = x_next
+                dy_row = dy_next
+                ih = u + 1 - PH
+                x_next = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (u + 1 < u_end), other=0.0)
+                dy_next = gl.load(dy_rows + (u + 1) * syh, mask=dy_ok & (u + 1 < oh_end), other=0.0)
+                newest = gl.convert_layout(dy_row, b_layout)
                 rolled = ()
                 for t in gl.static_range(FY):
-                    for k in gl.static_range(CHUNKS):
-                        rolled = rolled + ((newest[k] if t == s else dys[t * CHUNKS + k]),)
+                    rolled = rolled + ((newest if t == s else dys[t]),)
                 dys = rolled
-                if (u >= 0) & (u < H):  # rows of the padding are zeros: no MMA
-                    by_pair = ()
-                    for q in gl.static_range(PAIRS):
-                        a = ()
-                        for k in gl.static_range(CHUNKS):
-                            a = a + (x_tile.slice(16 * k, 16, dim=1).slice(16 * q, 16, dim=2).permute([0, 2, 1])
-                                     .load(a_layout),)
-                        for fy in gl.static_range(FY):  # x row u meets dy row u + PH - fy through filter row fy
-                            acc = sums[fy * PAIRS + q]
-                            for k in gl.static_range(CHUNKS):
-                                acc = mma_v2(a[k], dys[((s - fy + FY) % FY) * CHUNKS + k], acc)
-                            by_pair = by_pair + (acc,)
-                    regrouped = ()
+                if (u >= PH) & (u < H + PH):  # rows of the padding are zeros: no MMAs
+                    a = gl.convert_layout(gl.permute(x_row, [0, 2, 1]), a_layout)
+                    summed = ()
                     for fy in gl.static_range(FY):
-                        for q in gl.static_range(PAIRS):
-                            regrouped = regrouped + (by_pair[q * FY + fy],)
-                    sums = regrouped
-                gl.thread_barrier()  # the slot is refilled a step later: its reads are done
-        async_copy.wait_group(0)  # the walk's last (empty) copies land before the next walk's first
-        gl.thread_barrier()
+                        summed = summed + (mma_v2(a, dys[(s - fy + FY) % FY], sums[fy]),)
+                    sums = summed
 
-    # Row (j, c') of a pair's MMA is channel c' at tap 2q + j; its diagonal element sits in column c'.
-    m = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(2, mma)))
-    col_c = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, mma)))[None, None, :]
-    wo = gl.arange(0, G, gl.SliceLayout(1, gl.SliceLayout(2, mma)))[:, None]
-    c_out = pid_c * BLOCK_C + wo * 8 + (m % 8)[None, :]
-    slab = ws_ptr + (pid_s * C + c_out).to(gl.int64) * (FY * FX)
+    # dw[c, fy, s] = the sum of S_fy along its diagonal k - j = s, into this program's slab: a gather
+    # within the warp turns each diagonal into a row (D[s, j] = S[j + s, j]), then one sum along j.
+    s = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, mma)))[None, :, None]
+    jj = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, mma)))[None, None, :]
+    on_band = s + jj < KW
+    diagonal = gl.zeros([BLOCK_C, KW, NW], gl.int32, mma) + gl.where(on_band, s + jj, 0)
+    cc = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, mma)))
+    tap = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, mma)))[None, :]
+    slab = ws_ptr + (pid_s * C + cc).to(gl.int64)[:, None] * (FY * FX) + tap
     for fy in gl.static_range(FY):
-        for q in gl.static_range(PAIRS):
-            diagonal = gl.sum(gl.where((m % 8)[None, :, None] == col_c, sums[fy * PAIRS + q], 0.0), axis=2)
-            tap = 2 * q + (m // 8)[None, :]
-            gl.store(slab + fy * FX + tap, diagonal, mask=(c_out < C) & (tap < FX))
+        total = gl.sum(gl.where(on_band, gl.gather(sums[fy], diagonal, 1), 0.0), axis=2)
+        gl.store(slab + fy * FX, total, mask=(cc < C)[:, None] & (tap < FX))
