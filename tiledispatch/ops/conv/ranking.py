@@ -739,13 +739,14 @@ TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
 # no store), each program its share of the blocks one after another, then the sum of the slabs.
 # Rows of the padding skip their MMAs and cost next to nothing; a row of the map costs the
 # forward's row x (TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR x its filter_rows MMAs).
-# Fitted to an H100 sweep of 56 tiles x splits on the suite's 3x3, 5x5 and 7x7
-# (benchmarks/results/h100/conv_toeplitz_weight_banded.csv), then checked on 15 other depthwise
-# layers (conv_toeplitz_weight_banded_shapes.csv): the default tiles modelled 0.75-1.07x their
-# times, never more than 7 % optimistic (the 56x56 maps the most pessimistic). So its margin
-# against cuDNN is none (TOEPLITZ_WEIGHT_MODEL_ERROR): cuDNN's model, within 0.84-1.25x, is the
-# comparison's error. There the rules pick within 0.92-1.0 of the faster of the two (mean 0.99);
-# at 1.15, the forward's margin, they kept cuDNN on the suite's 5x5 (the walk 1.38x faster).
+# Fitted to the suite's 3x3, 5x5 and 7x7 on the H100 (benchmarks/results/h100/
+# conv_toeplitz_weight_banded.csv: the 72 tiles of `full`, their fastest modelled within 0.93-1.0x
+# of their times), then checked on 15 other depthwise layers (conv_toeplitz_weight_banded_shapes.csv,
+# the default tiles): 0.76-1.2x, the picks 0.76-1.08x, the 56x56 and 112x112 maps the most
+# pessimistic. So its margin against cuDNN is none (TOEPLITZ_WEIGHT_MODEL_ERROR): cuDNN's model,
+# within 0.84-1.25x, is the comparison's error. On those 18 layers the rules pick within 0.92-1.0 of
+# the faster of the two (mean 0.99); at 1.15, the forward's margin, they kept cuDNN on the suite's
+# 5x5, where the walk ran 1.38x faster.
 TOEPLITZ_WEIGHT_ROW_FACTOR = 1.32
 TOEPLITZ_WEIGHT_MMA_FACTOR = 0.094
 TOEPLITZ_WEIGHT_MODEL_ERROR = 1.0

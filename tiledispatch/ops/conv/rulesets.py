@@ -338,9 +338,9 @@ FULL_TMA = tuple(
 # the suite's depthwise 3x3, 5x5 and 7x7 maps (28x28, 14x14): 16 rows x 32 channels over 16 warps
 # walking 28 rows was the fastest forward (7x7 1.8x the window kernel), 16 x 16 over 8 warps next;
 # on the H100 tiles of 1 channel a warp (16 x 8 over 8 warps, 3 programs an SM) ran 1.4x slower.
-# Backward-weight walks the same tiles, the pixels its MMAs' reduction: of 56 tiles x splits on the
+# Backward-weight walks the same tiles, the pixels its MMAs' reduction: of the 72 of `full` on the
 # H100 (benchmarks/results/h100/conv_toeplitz_weight_banded.csv) 16 x 32 over 16 warps was the
-# fastest at 5x5 and 7x7 (1.39x and 1.46x cuDNN) with a program a block of (image, chunk) rows
+# fastest at 5x5 and 7x7 (1.38x and 1.45x cuDNN) with a program a block of (image, chunk) rows
 # (4 and 8 of them there); at 3x3 none beat cuDNN. Walking 56 rows with 16 programs a channel
 # block took ConvNeXt's 56x56 7x7 at 1.35x cuDNN (conv_toeplitz_weight_banded_shapes.csv).
 TOEPLITZ_FILTER_ROWS = (3, 5, 7)
