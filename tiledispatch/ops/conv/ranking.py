@@ -736,19 +736,16 @@ TOEPLITZ_BLOCK_EXPONENT = 0.78
 # the faster but on MobileNet's 112x112 (32 channels) and 56x56 3x3, where the walk ran 2 % faster.
 TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
 # Backward-weight walks its rows as the forward does (an x and a dy row loaded and converted a row,
-# no store), each program its share of the blocks one after another, then the sum of the slabs.
-# Rows of the padding skip their MMAs and cost next to nothing; a row of the map costs the
-# forward's row x (TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR x its filter_rows MMAs).
-# Fitted to the suite's 3x3, 5x5 and 7x7 on the H100 (benchmarks/results/h100/
-# conv_toeplitz_weight_banded.csv: the 72 tiles of `full`, their fastest modelled within 0.93-1.0x
-# of their times), then checked on 15 other depthwise layers (conv_toeplitz_weight_banded_shapes.csv,
-# the default tiles): 0.76-1.2x, the picks 0.76-1.08x, the 56x56 and 112x112 maps the most
-# pessimistic. So its margin against cuDNN is none (TOEPLITZ_WEIGHT_MODEL_ERROR): cuDNN's model,
-# within 0.84-1.25x, is the comparison's error. On those 18 layers the rules pick within 0.92-1.0 of
-# the faster of the two (mean 0.99); at 1.15, the forward's margin, they kept cuDNN on the suite's
-# 5x5, where the walk ran 1.38x faster.
-TOEPLITZ_WEIGHT_ROW_FACTOR = 1.32
-TOEPLITZ_WEIGHT_MMA_FACTOR = 0.094
+# no store), each program its share of the blocks one after another, then the sum of the slabs:
+# a row costs the forward's x (TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR x its
+# filter_rows MMAs). Fitted on the H100 to the default tiles' 57 timings on 18 depthwise layers, 3x3
+# to 7x7 on 7x7 to 112x112 maps (benchmarks/results/h100/conv_toeplitz_weight_banded*.csv): within
+# 0.91-1.14x of every one. So its margin against cuDNN is none (TOEPLITZ_WEIGHT_MODEL_ERROR):
+# cuDNN's model, within 0.84-1.25x, is the comparison's error. On those layers the rules pick within
+# 0.86-1.0 of the faster of the two (mean 0.99); at 1.15, the forward's margin, they kept cuDNN on
+# the suite's 5x5, where the walk ran 1.5x faster.
+TOEPLITZ_WEIGHT_ROW_FACTOR = 0.96
+TOEPLITZ_WEIGHT_MMA_FACTOR = 0.03
 TOEPLITZ_WEIGHT_MODEL_ERROR = 1.0
 
 
@@ -759,14 +756,13 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
     channel_blocks = math.ceil(p.c / config.block_c)
     row_s = TOEPLITZ_ROW_SECONDS * (config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK)**TOEPLITZ_BLOCK_EXPONENT
+    walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
     if p.direction is Direction.BWD_WEIGHT:  # a program walks its share of the blocks one after another
         programs, walks = channel_blocks * min(config.split_k, blocks), math.ceil(blocks / config.split_k)
-        walked = min(min(config.rows, oh) + config.filter_rows - 1, p.input_size[0])  # rows of the map
         row_s *= TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR * config.filter_rows
         reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch) + LAUNCH_SECONDS
     else:
         programs, walks, reduce_s = channel_blocks * blocks, 1, 0.0
-        walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
     busiest = max(walks, math.ceil(channel_blocks * blocks / arch.sm_count))  # the busiest SM's walks
     walk_s = busiest * walked * row_s
     fraction = TOEPLITZ_FRACTION

@@ -340,15 +340,15 @@ FULL_TMA = tuple(
 # on the H100 tiles of 1 channel a warp (16 x 8 over 8 warps, 3 programs an SM) ran 1.4x slower.
 # Backward-weight walks the same tiles, the pixels its MMAs' reduction: of the 72 of `full` on the
 # H100 (benchmarks/results/h100/conv_toeplitz_weight_banded.csv) 16 x 32 over 16 warps was the
-# fastest at 5x5 and 7x7 (1.38x and 1.45x cuDNN) with a program a block of (image, chunk) rows
-# (4 and 8 of them there); at 3x3 none beat cuDNN. Walking 56 rows with 16 programs a channel
-# block took ConvNeXt's 56x56 7x7 at 1.35x cuDNN (conv_toeplitz_weight_banded_shapes.csv).
+# fastest at 5x5 and 7x7 (1.5x and 1.6x cuDNN) with a program a block of (image, chunk) rows (4
+# and 8 of them there), and at 3x3 (0.98x). Walking 56 rows with 16 programs a channel block took
+# ConvNeXt's 56x56 7x7 at 1.58x cuDNN (conv_toeplitz_weight_banded_shapes.csv).
 TOEPLITZ_FILTER_ROWS = (3, 5, 7)
 _WEIGHT = (Direction.BWD_WEIGHT,)
 _ROWS = (Direction.FORWARD, Direction.BWD_DATA)
 TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14),
-                  ToeplitzTile(16, 32, 16, 28, 4, _WEIGHT), ToeplitzTile(32, 16, 8, 14, 3, _WEIGHT))
-DEFAULT_TOEPLITZ = TESTS_TOEPLITZ[:2] + tuple(ToeplitzTile(16, 32, 16, 56, k, _WEIGHT) for k in (4, 8, 16))
+                  ToeplitzTile(16, 32, 16, 56, 4, _WEIGHT), ToeplitzTile(16, 32, 16, 14, 3, _WEIGHT))
+DEFAULT_TOEPLITZ = TESTS_TOEPLITZ + tuple(ToeplitzTile(16, 32, 16, 56, k, _WEIGHT) for k in (8, 16))
 FULL_TOEPLITZ = DEFAULT_TOEPLITZ + tuple(
     ToeplitzTile(m, c, w, r, k, directions) for m, c, w, r, (k, directions) in itertools.product(
         (16, 32), (16, 32), (8, 16), (14, 28, 56), ((1, _ROWS),) + tuple((k, _WEIGHT) for k in (2, 4, 8, 16)))

@@ -248,12 +248,11 @@ def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX,
                 for t in gl.static_range(FY):
                     rolled = rolled + ((newest if t == s else dys[t]),)
                 dys = rolled
-                if (u >= PH) & (u < H + PH):  # rows of the padding are zeros: no MMAs
-                    a = gl.convert_layout(gl.permute(x_row, [0, 2, 1]), a_layout)
-                    summed = ()
-                    for fy in gl.static_range(FY):
-                        summed = summed + (mma_v2(a, dys[(s - fy + FY) % FY], sums[fy]),)
-                    sums = summed
+                a = gl.convert_layout(gl.permute(x_row, [0, 2, 1]), a_layout)
+                summed = ()
+                for fy in gl.static_range(FY):
+                    summed = summed + (mma_v2(a, dys[(s - fy + FY) % FY], sums[fy]),)
+                sums = summed
 
     # dw[c, fy, s] = the sum of S_fy along its diagonal k - j = s, into this program's slab: a gather
     # within the warp turns each diagonal into a row (D[s, j] = S[j + s, j]), then one sum along j.
