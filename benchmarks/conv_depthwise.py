@@ -3,8 +3,8 @@
 For the four depthwise cases of benchmarks/suites/conv.json (or --cases from --suite files; bf16,
 channels-last) and each direction, every direct-family kernel of the `full` rule set that supports
 the problem (the sliding-window kernels all; the per-tap kernels the best --per-tap by the rules,
-0 for all), or with --family toeplitz every toeplitz kernel, is compiled up front in parallel, checked against fp32 cuDNN (relative error),
-then timed as CUDA-graph replays in turns with cuDNN's own call
+0 for all), or with --family toeplitz every toeplitz kernel, is compiled up front in parallel,
+checked against fp32 cuDNN (relative error), then timed as CUDA-graph replays in turns with cuDNN's own call
 (bench.timing.interleaved_medians), so each ratio compares the same moments of the GPU's
 clock. The best few are timed again in FINAL_ROUNDS turns with cuDNN and with a
 kernel copy of the bytes the convolution must move (half read, half written; bench/copy.py):

@@ -227,7 +227,7 @@ def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX,
         dy_ok = (ow < OW) & (md < M)[None, :, None] & (c_d < C)
         dy_rows = y_ptr + ((md // chunks).to(gl.int64)[None, :, None] * syn + ow * syw) + c_d
         # Step u (from oh_first) takes x row u - PH and dy row u (past oh_end: zeros), which sits in
-        # slot u % FY; x row u meets dy rows u - fy, those before oh_first the slots' zeros.
+        # slot (u - oh_first) % FY; x row u meets dy rows u - fy, those before oh_first the slots' zeros.
         dys = ()
         for _i in gl.static_range(FY):
             dys = dys + (gl.zeros([BLOCK_C, BLOCK_M, NW], y_ptr.dtype.element_ty, b_layout),)
@@ -256,10 +256,10 @@ def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX,
 
     # dw[c, fy, s] = the sum of S_fy along its diagonal k - j = s, into this program's slab: a gather
     # within the warp turns each diagonal into a row (D[s, j] = S[j + s, j]), then one sum along j.
-    s = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, mma)))[None, :, None]
+    d = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, mma)))[None, :, None]
     jj = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, mma)))[None, None, :]
-    on_band = s + jj < KW
-    diagonal = gl.zeros([BLOCK_C, KW, NW], gl.int32, mma) + gl.where(on_band, s + jj, 0)
+    on_band = d + jj < KW
+    diagonal = gl.zeros([BLOCK_C, KW, NW], gl.int32, mma) + gl.where(on_band, d + jj, 0)
     cc = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, mma)))
     tap = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(2, mma)))[None, :]
     slab = ws_ptr + (pid_s * C + cc).to(gl.int64)[:, None] * (FY * FX) + tap
