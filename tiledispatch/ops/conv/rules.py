@@ -63,7 +63,11 @@ TOEPLITZ_MIN_SM = 80
 TOEPLITZ_BLOCK_M = (16, 32, 64)
 TOEPLITZ_BLOCK_C = (8, 16, 32)
 TOEPLITZ_MAX_FILTER_ROWS = 9
-TOEPLITZ_REGISTER_BASE = 40  # addresses, masks and the rows in flight, besides the operands and accumulators
+# Addresses, masks and the rows in flight, besides the operands and accumulators: with it the estimate
+# of sm_90 builds that fit is at most their count (16 x 32 over 16 warps at 7 rows: 128, as built) and
+# those past the cap of their warps spilled (32 x 32 over 16 warps at 5 rows: 152, a 176-byte stack;
+# it ran 2.3x slower than 16 x 32, 18x at 7 rows: benchmarks/results/h100/conv_toeplitz_small_tiles.csv).
+TOEPLITZ_REGISTER_BASE = 36
 
 
 class ConvRule(enum.Enum):
@@ -406,10 +410,11 @@ def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
     if config.rows < 1:
         error(ConvRule.WINDOW, f"rows={config.rows}: a program walks at least one output row", "use rows >= 1")
     registers = toeplitz_registers(config)
-    if registers > arch.registers_per_thread_max:
+    cap = min(arch.registers_per_thread_max, arch.registers_per_sm // (32 * max(config.num_warps, 1)))
+    if registers > cap:
         error(ConvRule.REGISTER_BUDGET, f"{config.block_c // max(config.num_warps, 1)} channels a warp of "
-              f"{config.filter_rows} filter rows need ~{registers} registers a thread; at most "
-              f"{arch.registers_per_thread_max}", "more warps or a smaller block_m")
+              f"{config.filter_rows} filter rows need ~{registers} registers a thread; a program of "
+              f"{config.num_warps} warps has {cap} (past that the walk spills)", "a smaller block_c or block_m")
 
 
 # Fields the corrector may move, with the values it may choose from.
