@@ -54,9 +54,9 @@ def candidates(dispatcher: Dispatcher, p, per_tap: int, family: str = "direct"):
     ranked = [c for c in dispatcher.explain(p).ranked if c.spec.family == family]
     out, taps = [], 0
     for rank, c in enumerate(ranked):
-        window = getattr(c.spec.config, "window", 1) > 0
-        taps += not window
-        if window or not per_tap or taps <= per_tap:
+        per_tap_kernel = family == "direct" and c.spec.config.window == 0
+        taps += per_tap_kernel
+        if not per_tap_kernel or not per_tap or taps <= per_tap:
             out.append((c.spec, c.score.terms.get("modelled_us"), rank))
     return out
 

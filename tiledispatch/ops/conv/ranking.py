@@ -761,18 +761,17 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
         programs, walks = channel_blocks * min(config.split_k, blocks), math.ceil(blocks / config.split_k)
         row_s *= TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR * config.filter_rows
         reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch) + LAUNCH_SECONDS
+        error = TOEPLITZ_WEIGHT_MODEL_ERROR
     else:
-        programs, walks, reduce_s = channel_blocks * blocks, 1, 0.0
+        programs, walks, reduce_s, error = channel_blocks * blocks, 1, 0.0, TOEPLITZ_MODEL_ERROR
     busiest = max(walks, math.ceil(channel_blocks * blocks / arch.sm_count))  # the busiest SM's walks
     walk_s = busiest * walked * row_s
-    fraction = TOEPLITZ_FRACTION
     terms = {"programs": float(programs), "busiest_sm_walks": float(busiest), "rows_walked": float(walked)}
-    memory_s = p.bytes() / (_bandwidth(arch) * fraction)
+    memory_s = p.bytes() / (_bandwidth(arch) * TOEPLITZ_FRACTION)
     modelled = max(walk_s, memory_s) + LAUNCH_SECONDS + reduce_s
     ideal = ideal_seconds(p, arch)
     terms |= {"walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6,
               "modelled_us": modelled * 1e6}
-    error = TOEPLITZ_WEIGHT_MODEL_ERROR if p.direction is Direction.BWD_WEIGHT else TOEPLITZ_MODEL_ERROR
     return Score(ideal / modelled * VENDOR_TRUST / error, terms)
 
 
