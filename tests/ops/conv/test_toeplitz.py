@@ -29,6 +29,8 @@ from tiledispatch.ops.conv.inputs import make_inputs
 from tiledispatch.ops.conv.kernels import toeplitz as kernels
 from tiledispatch.ops.conv.plan import kernel_units, plan
 from tiledispatch.ops.conv.problem import ConvEpilogue, ConvSpecialization
+from tiledispatch.ops.conv.ranking import TOEPLITZ_FINISH_STEPS, toeplitz_walk_steps
+from tiledispatch.ops.conv.rules import toeplitz_register_cap
 from tiledispatch.ops.gemm.problem import Activation
 
 from ...conftest import requires_gpu
@@ -142,6 +144,41 @@ def test_plan_sums_backward_weights_slabs():
                                      "NW": kernels.NW, "VEC": 8, "SPLIT_K": 4}
 
 
+def test_small_walks_are_capped_so_that_their_programs_share_an_sm():
+    """A walk of fewer than 16 warps compiles under the cap that lets the most programs its register
+    estimate allows share an SM (uncapped, ptxas spent more: 16x16 over 8 warps at 3 rows took 92
+    registers, two programs an SM instead of three). One program an SM, or backward-weight: ptxas's own."""
+    registers = SM90.registers_per_sm
+
+    def cap(m, c, w, rows, signature=FWD):
+        return toeplitz_register_cap(ToeplitzConfig(signature, m, c, w, 14, rows), registers)
+
+    assert (cap(16, 16, 8, 3), cap(16, 16, 8, 5), cap(16, 16, 8, 7)) == (80, 128, 128)
+    assert cap(16, 16, 8, 9) is None  # its estimate passes 128: one program an SM
+    assert cap(16, 32, 16, 5) is None and cap(16, 16, 8, 3, BWDW) is None
+    assert cap(16, 16, 8, 3, BWDD) == 80
+    (walk,) = kernel_units(ToeplitzConfig(FWD, 16, 16, 8, 14, 3), ConvSpecialization())
+    assert walk.max_registers == 80
+
+
+@pytest.mark.parametrize(("size", "filt", "pad", "rows", "steps", "finishes"), [
+    ((14, 14), 5, 2, 28, 15, 1),  # the suite's 5x5: 20 steps before padding's were skipped
+    ((28, 28), 7, 3, 28, 28, 3),  # ConvNeXt's 7x7: 35 steps
+    ((28, 28), 3, 1, 28, 30, 0),  # 28 real rows are 10 turns of 3 that finish every row
+    ((56, 56), 7, 3, 28, 35, 0),  # two bands: each walks its 28 rows and 6 of halo, as before
+    ((5, 9), 3, 4, 28, 9, 2),  # padding past the filter: 9 steps finish rows 0-8, rows 9 and 10 after
+])
+def test_the_walks_model_counts_its_steps_as_the_kernel_takes_them(size, filt, pad, rows, steps, finishes):
+    """The forward walk starts at the first real input row and stops after the last, in whole turns of
+    filter_rows steps; the output rows still in its slots are finished after it (no load, no MMA)."""
+    for direction in (Direction.FORWARD, Direction.BWD_DATA)[:1 if pad > filt - 1 else 2]:
+        # backward-data walks dy with padding F - 1 - P: the same walk for the problem's padding P
+        p = problem(direction, 2, 32, 32, 32, size, (filt, filt), 1, pad if direction is Direction.FORWARD
+                    else filt - 1 - pad, 1, "bf16")
+        config = ToeplitzConfig(dataclasses.replace(FWD, direction=direction), 16, 32, 16, rows, filt)
+        assert toeplitz_walk_steps(config, p) == pytest.approx(steps + TOEPLITZ_FINISH_STEPS * finishes)
+
+
 SM90_SUITE = {  # benchmarks' conv.json depthwise 2-D cases: N, C, spatial, filter, padding; the walk wins at 5x5 and 7x7
     "depthwise_mbv2_3x3": ((32, 384, (28, 28), (3, 3), 1), "direct"),
     "depthwise_5x5": ((32, 672, (14, 14), (5, 5), 2), "toeplitz"),
@@ -189,6 +226,8 @@ GPU_CASES = {  # N, C, spatial, filter, padding
     "5x5-odd": (3, 40, (14, 13), (5, 5), 2),  # 40 channels: a partial channel block
     "3x3-tall-no-pad": (2, 24, (61, 10), (3, 3), 0),  # several bands of rows, 8-column chunks past the edge
     "7x5-wide-pad": (1, 16, (9, 30), (7, 5), (4, 3)),  # padding past the filter's reach
+    # padding deeper than the filter: the first and last two output rows see no input row at all
+    "3x3-deep-pad": (2, 16, (5, 9), (3, 3), (4, 1)),
 }
 
 

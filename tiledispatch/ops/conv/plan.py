@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 import triton
 
+from ... import arch as arch_facts
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
@@ -34,7 +35,7 @@ from .config import (
 from .kernels import toeplitz as toeplitz_kernels
 from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
-from .rules import window_register_cap
+from .rules import toeplitz_register_cap, window_register_cap
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
@@ -509,7 +510,8 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
     main = KernelUnit(
         stage="main", module=_TOEPLITZ_MODULE, function=function, signature=tuple(signature),
         constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
-        modules=(_TOEPLITZ_MODULE, _EPILOGUE_MODULE), divisibility=divisibility, kind=UnitKind.GLUON)
+        modules=(_TOEPLITZ_MODULE, _EPILOGUE_MODULE), divisibility=divisibility, kind=UnitKind.GLUON,
+        max_registers=toeplitz_register_cap(config, arch_facts.load("sm_90").registers_per_sm))
     if direction is Direction.BWD_WEIGHT:
         return main, _reduce_unit(config, specialization)
     return (main,)

@@ -747,6 +747,33 @@ TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
 TOEPLITZ_WEIGHT_ROW_FACTOR = 0.96
 TOEPLITZ_WEIGHT_MMA_FACTOR = 0.03
 TOEPLITZ_WEIGHT_MODEL_ERROR = 1.0
+# The forward's walk skips the steps only padding feeds, and finishes the output rows it leaves in
+# its slots after the walk (kernels/toeplitz.py): such a finish (a row's staging and store, no load
+# or MMA) counts as TOEPLITZ_FINISH_STEPS of a step, a guess that the timings cannot pin down. With
+# the rates above (fitted to the walk before it skipped padding) the model is within 0.81-1.39x of
+# the default tiles' 36 timings since (benchmarks/results/h100/conv_toeplitz_trim_shapes.csv); the
+# 1.39 is 16 x 16 over 8 warps on ConvNeXt's 7x7, which the rules do not pick.
+TOEPLITZ_FINISH_STEPS = 0.65
+
+
+def toeplitz_walk_steps(config: ToeplitzConfig, p: ConvProblem) -> float:
+    """The longest band's walk in steps of one input row (backward-weight: an item's walk), as
+    kernels/toeplitz.py takes them: whole unrolled turns of filter_rows steps."""
+    fy = config.filter_rows
+    source_h, out_h = (p.output_size[0], p.input_size[0]) if p.direction is Direction.BWD_DATA else (
+        p.input_size[0], p.output_size[0])
+    if p.direction is Direction.BWD_WEIGHT:
+        return math.ceil((min(config.rows, out_h) + fy - 1) / fy) * fy
+    pad = p.padding[0] if p.direction is Direction.FORWARD else fy - 1 - p.padding[0]
+    longest = 0.0
+    for first in range(0, out_h, config.rows):
+        end = min(first + config.rows, out_h)
+        u_first = first + min(max(pad - first, 0), fy - 1)
+        u_real = min(max(source_h + pad, end), end + fy - 1)
+        steps = math.ceil((u_real - u_first) / fy) * fy
+        finishes = max(end - (u_first + steps - fy + 1), 0)  # rows the walk left in its slots
+        longest = max(longest, steps + TOEPLITZ_FINISH_STEPS * finishes)
+    return longest
 
 
 def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
@@ -756,7 +783,7 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
     channel_blocks = math.ceil(p.c / config.block_c)
     row_s = TOEPLITZ_ROW_SECONDS * (config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK)**TOEPLITZ_BLOCK_EXPONENT
-    walked = math.ceil((min(config.rows, oh) + config.filter_rows - 1) / config.filter_rows) * config.filter_rows
+    walked = toeplitz_walk_steps(config, p)
     if p.direction is Direction.BWD_WEIGHT:  # a program walks its share of the blocks one after another
         programs, walks = channel_blocks * min(config.split_k, blocks), math.ceil(blocks / config.split_k)
         row_s *= TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR * config.filter_rows

@@ -375,6 +375,21 @@ def toeplitz_registers(config: ToeplitzConfig) -> int:
     return channels * per_channel + TOEPLITZ_REGISTER_BASE
 
 
+def toeplitz_register_cap(config: ToeplitzConfig, registers_per_sm: int) -> int | None:
+    """The register cap a forward or backward-data walk compiles with: the most programs an SM can
+    hold at the walk's estimated registers, and no fewer (None: one program an SM, ptxas's own).
+    Uncapped, ptxas spent what an 8-warp walk did not need: 16x16 over 8 warps took 92 registers at
+    3 filter rows (two programs an SM, where 74 had let three share it) and 134 at 7 (one), and ran
+    1.28x and 1.07x slower (H100, MobileNet's and ConvNeXt's layers of the suite)."""
+    if config.signature.direction is Direction.BWD_WEIGHT:
+        return None
+    registers = toeplitz_registers(config)
+    threads = 32 * config.num_warps
+    programs = registers_per_sm // (threads * registers)
+    cap = registers_per_sm // (max(programs, 1) * threads) // 8 * 8
+    return cap if programs >= 2 and cap < 255 else None
+
+
 def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
     sig = config.signature
     if arch.sm is None or arch.sm < TOEPLITZ_MIN_SM:

@@ -143,22 +143,31 @@ def conv_depthwise_toeplitz(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
         band = gl.load(w_rows + row * swy, mask=in_band, other=0.0)
         filters = filters + (gl.convert_layout(band, b_layout),)
 
-    # Input row r (from oh_first) adds into output rows r - fy: output row q sits in slot q % FY.
+    # Step u (u - PH the input row) adds into output rows u - fy, output row q in slot (q - u_first) % FY.
+    # The walk skips what only padding would feed: it starts at the band's first input row that is
+    # no padding above the image (the output rows those steps would finish lie above the band), and
+    # stops after the last real input row, rounded up to whole unrolled turns (and not before oh_end,
+    # should the padding pass the filter); the rows then left in the slots see only padding below,
+    # so they are complete, and are finished without further steps. At 5x5 and 7x7 with `same`
+    # padding over a whole map, this takes 15 steps and 1 finish instead of 20 steps, 28 and 3
+    # instead of 35.
     slots = ()
     for _i in gl.static_range(FY):
         slots = slots + (gl.zeros([BLOCK_C, BLOCK_M, NW], gl.float32, mma),)
-    u_end = oh_end + FY - 1  # input rows oh_first .. u_end - 1 (relative to the padding)
-    ih = oh_first - PH
-    pending = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (oh_first < u_end), other=0.0)
-    for base in range(oh_first, u_end, FY):
+    u_first = oh_first + gl.minimum(gl.maximum(PH - oh_first, 0), FY - 1)
+    u_real = gl.minimum(gl.maximum(H + PH, oh_end), oh_end + FY - 1)  # steps u_first .. u_real - 1 matter
+    u_last = u_first + gl.cdiv(u_real - u_first, FY) * FY - 1  # the walk's last step
+    ih = u_first - PH
+    pending = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (u_first < u_real), other=0.0)
+    for base in range(u_first, u_last + 1, FY):
         for s in gl.static_range(FY):
             u = base + s
             ih = u + 1 - PH
             current = pending
-            pending = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (u + 1 < u_end), other=0.0)
+            pending = gl.load(x_rows + ih * sxh, mask=x_ok & (ih >= 0) & (ih < H) & (u + 1 < u_real), other=0.0)
             a = gl.convert_layout(current, a_layout)
             summed = ()
-            for slot in gl.static_range(FY):  # this row meets output row (r - fy) through filter row fy
+            for slot in gl.static_range(FY):  # this row meets output row (u - fy) through filter row fy
                 summed = summed + (mma_v2(a, filters[(s - slot + FY) % FY], slots[slot]),)
             # Output row u - FY + 1 has all its rows now: slot (s + 1) % FY. (Constexpr slot indices
             # are written out: Gluon turned one bound to a name into a tensor.)
@@ -171,6 +180,15 @@ def conv_depthwise_toeplitz(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
             for slot in gl.static_range(FY):
                 slots = slots + ((gl.zeros([BLOCK_C, BLOCK_M, NW], gl.float32, mma) if slot == (s + 1) % FY
                                   else summed[slot]),)
+    # The walk ends on a turn's last step (s = FY - 1): output row u_last - FY + 1 + i sits in slot i,
+    # finished if the band has it (where the walk was not cut short, it has none of them).
+    for i in gl.static_range(1, FY):
+        oh = u_last - FY + 1 + i
+        if oh < oh_end:
+            ok = y_ok & (oh >= oh_first)
+            out = _finish(slots[i], bias, r_rows + oh * srh, ok, out_layout, y_ptr.dtype.element_ty,
+                          HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            gl.store(y_rows + oh * syh, out, mask=ok)
 
 
 @gluon.jit
