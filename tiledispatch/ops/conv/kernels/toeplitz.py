@@ -74,6 +74,19 @@ def _finish(acc, bias, res_rows, res_ok, out_layout: gl.constexpr, out_dtype: gl
 
 
 @gluon.jit
+def _chunk_rows(ptr, m_first, c_first, M, C, chunks, shift, width, s_image, s_column, BLOCK_M: gl.constexpr,
+                BLOCK_C: gl.constexpr, NW: gl.constexpr, COLUMNS: gl.constexpr, layout: gl.constexpr):
+    """Pointers (at row 0) and mask of a block's rows in `layout`: [channels, (image, chunk), column],
+    column j of chunk q at q * NW + shift + j (an input row's: shift = -padding), inside 0 .. width."""
+    m = m_first + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    c = (c_first + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, layout))))[:, None, None]
+    j = gl.arange(0, COLUMNS, gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    col = ((m % chunks) * NW + shift)[None, :, None] + j[None, None, :]
+    ok = (col >= 0) & (col < width) & (m < M)[None, :, None] & (c < C)
+    return ptr + ((m // chunks).to(gl.int64)[None, :, None] * s_image + col * s_column) + c, ok
+
+
+@gluon.jit
 def conv_depthwise_toeplitz(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, OH, OW, FX, PH, PW,
                             swk, swy, swx, sxn, sxh, sxw, syn, syh, syw, srn, srh, srw,
                             BLOCK_M: gl.constexpr, BLOCK_C: gl.constexpr, ROWS: gl.constexpr,
@@ -104,23 +117,15 @@ def conv_depthwise_toeplitz(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, N, C, H, W, 
     chunks = gl.cdiv(OW, NW)
     M = N * chunks
 
-    # Source rows: [channels, (image, chunk), input column] pointers at input row 0.
-    m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, rows_layout)))
-    c = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, rows_layout)))
-    k = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(1, rows_layout)))
-    col = ((m % chunks) * NW - PW)[None, :, None] + k[None, None, :]
-    c3 = c[:, None, None]
-    x_ok = (col >= 0) & (col < W) & (m < M)[None, :, None] & (c3 < C)
-    x_rows = x_ptr + ((m // chunks).to(gl.int64)[None, :, None] * sxn + col * sxw) + c3
-
-    # Output rows: [channels, (image, chunk), output column] pointers at output row 0.
-    m_out = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, out_layout)))
-    c_out = (pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, out_layout))))[:, None, None]
-    j = gl.arange(0, NW, gl.SliceLayout(0, gl.SliceLayout(1, out_layout)))
-    ow = ((m_out % chunks) * NW)[None, :, None] + j[None, None, :]
-    y_rows = y_ptr + ((m_out // chunks).to(gl.int64)[None, :, None] * syn + ow * syw) + c_out
-    y_ok = (ow < OW) & (m_out < M)[None, :, None] & (c_out < C)
-    r_rows = res_ptr + ((m_out // chunks).to(gl.int64)[None, :, None] * srn + ow * srw) + c_out
+    # Input rows (KW columns a chunk, from its first output column less the padding) and output rows.
+    m_first = pid_m * BLOCK_M
+    c_first = pid_c * BLOCK_C
+    x_rows, x_ok = _chunk_rows(x_ptr, m_first, c_first, M, C, chunks, -PW, W, sxn, sxw, BLOCK_M, BLOCK_C, NW, KW,
+                               rows_layout)
+    y_rows, y_ok = _chunk_rows(y_ptr, m_first, c_first, M, C, chunks, 0, OW, syn, syw, BLOCK_M, BLOCK_C, NW, NW,
+                               out_layout)
+    r_rows, _ = _chunk_rows(res_ptr, m_first, c_first, M, C, chunks, 0, OW, srn, srw, BLOCK_M, BLOCK_C, NW, NW,
+                            out_layout)
     bias = 0.0
     if HAS_BIAS:  # one value a channel, where the accumulators are
         c_acc = pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, mma)))
@@ -223,6 +228,9 @@ def conv_depthwise_toeplitz_weight(x_ptr, y_ptr, ws_ptr, N, C, H, W, OH, OW, FX,
     chunks = gl.cdiv(OW, NW)
     M = N * chunks
     blocks = gl.cdiv(M, BLOCK_M)
+
+    # The rows' pointers as the forward's _chunk_rows builds them, with what does not change from item
+    # to item built once: built whole inside the item loop they spilled (a 72-byte stack at 7 rows).
     m_x = gl.arange(0, BLOCK_M, gl.SliceLayout(0, gl.SliceLayout(2, rows_layout)))
     c_x = (pid_c * BLOCK_C + gl.arange(0, BLOCK_C, gl.SliceLayout(1, gl.SliceLayout(2, rows_layout))))[:, None, None]
     k = gl.arange(0, KW, gl.SliceLayout(0, gl.SliceLayout(1, rows_layout)))[None, None, :]
