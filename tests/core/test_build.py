@@ -194,6 +194,23 @@ def test_unit_key_changes_with_the_source_hash(tiny90, monkeypatch):
     assert kernel.unit_key(spec, unit) != before
 
 
+def test_unit_key_changes_with_what_the_compiler_is_handed(tiny90):
+    """Two units of one kernel name that differ in a constexpr or a compile option never share an
+    artifact: a plan module's constant (not in the kernel's sources) reaches the key through the unit."""
+    from dataclasses import replace
+
+    spec = tiny90.get(SPLIT)
+    reduce = kernel.units(spec)[1]
+    constexprs = dict(reduce.constexprs)
+    other_block = replace(reduce, constexprs=tuple(sorted({**constexprs,
+                                                            "BLOCK_N": constexprs["BLOCK_N"] // 2}.items())))
+    keys = {kernel.unit_key(spec, reduce), kernel.unit_key(spec, other_block),
+            kernel.unit_key(spec, replace(reduce, num_warps=reduce.num_warps * 2)),
+            kernel.unit_key(spec, replace(reduce, divisibility=reduce.divisibility + (("N", 8),)))}
+    assert len(keys) == 4
+    assert kernel.unit_key(spec, replace(reduce)) == kernel.unit_key(spec, reduce)  # equal units, one key
+
+
 def test_source_hash_follows_the_file_text(tmp_path, monkeypatch):
     module = tmp_path / "td_fake_kernel_module.py"
     module.write_text("X = 1\n")

@@ -66,11 +66,16 @@ def units(spec: KernelSpec, specialization: Any | None = None) -> tuple[KernelUn
 
 
 def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None) -> str:
-    """Kernel name, specialisation and stage, plus the hash of the sources and the toolchain."""
+    """Kernel name, specialisation and stage, plus the hash of the sources, of the unit itself and of
+    the toolchain. The unit's own fields (signature, constexprs, warps, stages, divisibility, cap) are
+    what the compiler is handed: a constant of a plan module that feeds them (a reduction's block) is
+    not in the kernel's sources, and without them an edit there would load a binary built for the old
+    value."""
     name = f"{spec.name}.{_specialization(spec, specialization).tag}.{unit.stage}"
     if unit.max_registers is not None:  # a compile option the name does not spell
         name += f".r{unit.max_registers}"
-    return KernelCache.make_key(name, source_hash(unit.modules), toolchain())
+    compiled_as = hashlib.sha256(repr(unit).encode()).hexdigest()
+    return KernelCache.make_key(name, f"{source_hash(unit.modules)}:{compiled_as}", toolchain())
 
 
 def _function(unit: KernelUnit):

@@ -70,7 +70,11 @@ GEOMETRY = ("N", "G", "CG", "KG", "D", "H", "W", "OD", "OH", "OW", "FZ", "FY", "
             "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
 STRIDES = ("sxn", "sxd", "sxh", "sxw", "swk", "swz", "swy", "swx", "syn", "syd", "syh", "syw",
            "srn", "srd", "srh", "srw")
-REDUCE_BLOCK = 1024  # the reduction is a streaming pass: 1K elements per program
+# The split reductions' block: an element a thread. At 1K elements a program the depthwise
+# layers' dw (C x taps: 3.5K-19K values) made 4-19 programs, latency-bound (ncu: 5.3 us on the
+# suite's 5x5); at 128 their walks ran 4-9 % faster and the dense splits 2-4 % (H100,
+# benchmarks/results/h100/conv_reduce_block_ab.csv).
+REDUCE_BLOCK = 128
 PAD_BLOCK_ROWS = 128  # channel padding: rows (pixels) of 8 channels per program
 MAX_GRID_YZ = 65535
 CHANNELS_FASTEST_PIXEL_BYTES = 2048  # pixels this long: window kernels step channel blocks fastest
