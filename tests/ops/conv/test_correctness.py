@@ -247,6 +247,24 @@ def test_split_workspace_is_deterministic_and_atomic_agrees(dispatcher):
     torch.testing.assert_close(atomic, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_an_atomic_split_lists_its_workspace_as_zeroed():
+    """Atomic adds need their one fp32 slab made as zeros, on every replay of the plan too (the plan's
+    `zeroed`); slabs each written whole need no zeroing, and an unsplit plan has no workspace."""
+    from tiledispatch.ops.conv.plan import kernel_units, plan
+
+    p = problem("bwd_weight", 2, 8, 8, 2, (7, 6), (3, 3), 1, 1, 1, "fp32")
+    ops = check_operands(p.direction, **make_inputs(p, device="cpu").kwargs(p))
+    sig = ConvSignature(p.direction, p.types)
+    config = ImplicitGemmConfig(sig, 16, 32, 32, 1, 2, 2, 2, SplitMode.ATOMIC)
+    atomic = plan(config, ops)
+    (workspace,) = atomic.zeroed
+    assert workspace.dtype == torch.float32 and workspace.numel() == 8 * 9 * 4 and not workspace.any()
+    names = [name for name, _ in kernel_units(config, ops.problem.specialization)[0].signature]
+    assert dict(zip(names, atomic.launches[0].args))["ws_ptr"] is workspace
+    assert plan(ImplicitGemmConfig(sig, 32, 16, 16, 2, 2, 2, 3, SplitMode.WORKSPACE), ops).zeroed == ()
+    assert plan(ImplicitGemmConfig(sig, 32, 32, 32, 4, 4, 2), ops).zeroed == ()
+
+
 # -- layouts, the public functions and the output --------------------------------------------------
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
 def test_contiguous_inputs_are_converted_and_said_so(dispatcher, direction):

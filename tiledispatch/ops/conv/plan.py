@@ -375,11 +375,7 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     stride, pad, dil = p.padded3(p.stride, 1), p.padded3(p.padding, 0), p.padded3(p.dilation, 1)
     taps = math.prod(p.filter_size)
     split = splits(config)
-    workspace = None
-    if split:
-        slabs = config.workspace_slabs
-        make = torch.zeros if slabs == 1 else torch.empty  # atomic adds need a zeroed buffer
-        workspace = make(slabs * p.k * taps * p.c_per_group, dtype=torch.float32, device=out.device)
+    workspace, zeroed = _workspace(config, p, taps, out.device) if split else (None, ())
     dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
     bound = {
         "x_ptr": x, "w_ptr": w, "y_ptr": y,
@@ -401,7 +397,17 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     launches = [Launch("main", grid, _values(units[0], bound))]
     if split:
         launches.append(_reduce_launch(units[1], workspace, w, p, taps))
-    return Plan(tuple(launches), out)
+    return Plan(tuple(launches), out, zeroed)
+
+
+def _workspace(config: ImplicitGemmConfig | TmaConfig, p, taps: int, device) -> tuple[torch.Tensor, tuple]:
+    """A split backward-weight's fp32 workspace, and the plan's `zeroed`: atomic adds need their one
+    slab made as zeros (on every replay too); slabs written whole need nothing."""
+    size = config.workspace_slabs * p.k * taps * p.c_per_group
+    if config.atomic_split:
+        workspace = torch.zeros(size, dtype=torch.float32, device=device)
+        return workspace, (workspace,)
+    return torch.empty(size, dtype=torch.float32, device=device), ()
 
 
 def _padded_plan(config: ImplicitGemmConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
@@ -449,11 +455,7 @@ def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     p = ops.problem
     taps = math.prod(p.filter_size)
     split = splits(config)
-    workspace = None
-    if split:
-        make = torch.zeros if config.workspace_slabs == 1 else torch.empty  # atomic adds need a zeroed buffer
-        workspace = make(config.workspace_slabs * p.k * taps * p.c_per_group, dtype=torch.float32,
-                         device=out.device)
+    workspace, zeroed = _workspace(config, p, taps, out.device) if split else (None, ())
     units = kernel_units(config, p.specialization)
     grid = _tma_grid(config, p, taps)
     if grid[1] > MAX_GRID_YZ or grid[2] > MAX_GRID_YZ:
@@ -462,7 +464,7 @@ def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     launches = [Launch("main", grid, _values(units[0], _tma_bound(config, ops, out, workspace)))]
     if split:
         launches.append(_reduce_launch(units[1], workspace, out, p, taps))
-    return Plan(tuple(launches), out)
+    return Plan(tuple(launches), out, zeroed)
 
 
 def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
