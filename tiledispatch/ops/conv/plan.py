@@ -429,7 +429,7 @@ def _padded_plan(config: ImplicitGemmConfig, ops: ConvOperands, out: torch.Tenso
     launches += inner.launches
     if p.direction is Direction.BWD_WEIGHT:
         launches.append(Launch("unpad", (1, 1, 1), (inner_out, out)))
-    return Plan(tuple(launches), out)
+    return Plan(tuple(launches), out, inner.zeroed)
 
 
 def _pad_launch(unit: KernelUnit, src: torch.Tensor, dst: torch.Tensor) -> Launch:
