@@ -263,6 +263,12 @@ def test_an_atomic_split_lists_its_workspace_as_zeroed():
     assert dict(zip(names, atomic.launches[0].args))["ws_ptr"] is workspace
     assert plan(ImplicitGemmConfig(sig, 32, 16, 16, 2, 2, 2, 3, SplitMode.WORKSPACE), ops).zeroed == ()
     assert plan(ImplicitGemmConfig(sig, 32, 32, 32, 4, 4, 2), ops).zeroed == ()
+    # channels padded first: the inner plan's zeroed workspace is the outer plan's
+    p = problem("bwd_weight", 2, 3, 16, 1, (9, 7), (3, 3), 1, 1, 1, "fp32")
+    ops = check_operands(p.direction, **make_inputs(p, device="cpu").kwargs(p))
+    padded = plan(ImplicitGemmConfig(ConvSignature(p.direction, p.types), 32, 16, 32, 4, 2, 2, 2, SplitMode.ATOMIC,
+                                     family=Family.IMPLICIT_GEMM_FLAT, pad_channels=True), ops)
+    assert len(padded.zeroed) == 1 and not padded.zeroed[0].any()
 
 
 # -- layouts, the public functions and the output --------------------------------------------------
