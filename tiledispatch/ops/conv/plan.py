@@ -400,11 +400,13 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     return Plan(tuple(launches), out, zeroed)
 
 
-def _workspace(config: ImplicitGemmConfig | TmaConfig, p, taps: int, device) -> tuple[torch.Tensor, tuple]:
-    """A split backward-weight's fp32 workspace, and the plan's `zeroed`: atomic adds need their one
-    slab made as zeros (on every replay too); slabs written whole need nothing."""
-    size = config.workspace_slabs * p.k * taps * p.c_per_group
-    if config.atomic_split:
+def _workspace(config: ImplicitGemmConfig | TmaConfig | DirectConfig, p, taps: int,
+               device) -> tuple[torch.Tensor, tuple]:
+    """A split backward-weight's fp32 workspace, and the plan's `zeroed`. A split into one slab is
+    atomic adds, which need it made as zeros (on every replay too); slabs written whole need nothing."""
+    slabs = config.workspace_slabs
+    size = slabs * p.k * taps * p.c_per_group
+    if slabs == 1:
         workspace = torch.zeros(size, dtype=torch.float32, device=device)
         return workspace, (workspace,)
     return torch.empty(size, dtype=torch.float32, device=device), ()
