@@ -763,11 +763,12 @@ def toeplitz_walk_steps(config: ToeplitzConfig, p: ConvProblem) -> float:
     """The longest band's walk in steps of one input row (backward-weight: an item's walk), as
     kernels/toeplitz.py takes them: whole unrolled turns of filter_rows steps."""
     fy = config.filter_rows
-    source_h, out_h = (p.output_size[0], p.input_size[0]) if p.direction is Direction.BWD_DATA else (
-        p.input_size[0], p.output_size[0])
     if p.direction is Direction.BWD_WEIGHT:
-        return math.ceil((min(config.rows, out_h) + fy - 1) / fy) * fy
-    pad = p.padding[0] if p.direction is Direction.FORWARD else fy - 1 - p.padding[0]
+        return math.ceil((min(config.rows, p.output_size[0]) + fy - 1) / fy) * fy
+    if p.direction is Direction.FORWARD:
+        source_h, out_h, pad = p.input_size[0], p.output_size[0], p.padding[0]
+    else:  # backward-data walks dy into dx with padding F - 1 - P
+        source_h, out_h, pad = p.output_size[0], p.input_size[0], fy - 1 - p.padding[0]
     longest = 0.0
     for first in range(0, out_h, config.rows):
         end = min(first + config.rows, out_h)

@@ -383,11 +383,12 @@ def toeplitz_register_cap(config: ToeplitzConfig, registers_per_sm: int) -> int 
     1.28x and 1.07x slower (H100, MobileNet's and ConvNeXt's layers of the suite)."""
     if config.signature.direction is Direction.BWD_WEIGHT:
         return None
-    registers = toeplitz_registers(config)
     threads = 32 * config.num_warps
-    programs = registers_per_sm // (threads * registers)
-    cap = registers_per_sm // (max(programs, 1) * threads) // 8 * 8
-    return cap if programs >= 2 and cap < 255 else None
+    programs = registers_per_sm // (threads * toeplitz_registers(config))
+    if programs < 2:
+        return None
+    cap = registers_per_sm // (programs * threads) // 8 * 8
+    return cap if cap < 255 else None
 
 
 def _toeplitz_findings(config: ToeplitzConfig, arch, error, warning) -> None:
