@@ -5,15 +5,18 @@ forward and backward-data of ConvNeXt's 7x7, the 5x5 case and MobileNet's 3x3 (b
 default dispatcher's pick and the `full` set's best-ranked window tiles are each compiled with
 no cap (ptxas's own allocation), 168 and 128 registers, checked against fp32 cuDNN, and timed
 as CUDA-graph replays in turns (benchmarks/conv.py's samplers). `--cases` times other
-case:direction pairs, e.g. the backward-weight windows, which the cap does not yet cover.
+case:direction pairs, e.g. the backward-weight windows (rules.weight_window_register_cap), and
+`--dtypes` other dtypes.
 
     python benchmarks/conv_window_cap.py [--top 2] [--caps 0,168,128] [--cases convnext_dw7x7:bwd_weight,...]
+                                         [--dtypes bf16,fp16]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import sys
 from dataclasses import replace
@@ -48,15 +51,17 @@ def main() -> int:
     parser.add_argument("--caps", default="0,168,128", help="register caps; 0: none")
     parser.add_argument("--cases", default=",".join(f"{name}:{d.value}" for name, d in CASES),
                         help="comma-separated case:direction pairs of the suite")
+    parser.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16")
     args = parser.parse_args()
     arch = current_arch()
     default = Dispatcher(Registry.from_rule_set("conv", "default", arch), arch)
     full = Dispatcher(Registry.from_rule_set("conv", "full", arch), arch)
     cases = {c["name"]: c for c in json.loads(bench.SUITE.read_text())["cases"]}
     original = plan._main_unit
-    for name, direction in (pair.split(":") for pair in args.cases.split(",")):
+    pairs = [pair.split(":") for pair in args.cases.split(",")]
+    for (name, direction), dtype in itertools.product(pairs, args.dtypes.split(",")):
         direction = Direction(direction)
-        p = bench.problem_of(cases[name], direction, "bf16")
+        p = bench.problem_of(cases[name], direction, dtype)
         p = replace(p, specialization=p.dense_specialization())
         sets = bench.make_sets(p)
         ref = bench.reference(p, sets[0])
@@ -72,7 +77,7 @@ def main() -> int:
             for spec in specs:
                 fn = bench.call(capped, spec)
                 error = bench.rel_error(fn(sets[0]), ref)
-                if error <= bench.TOLERANCE["bf16"]:
+                if error <= bench.TOLERANCE[dtype]:
                     samplers[f"{spec.name.split('_direct_')[-1]} cap {cap or '-'}"] = bench.sampler(fn, sets)
                 else:
                     print(f"WRONG {spec.name} cap {cap}: relative error {error:.2e}", flush=True)
@@ -81,7 +86,7 @@ def main() -> int:
         copy, copies = bench.copy_fn(p.bytes(), len(sets))
         samplers["copy"] = bench.sampler(copy, copies)
         medians = interleaved_medians(samplers, 15)
-        print(f"{name} {direction.value} bf16 (default pick {pick.name})", flush=True)
+        print(f"{name} {direction.value} {dtype} (default pick {pick.name})", flush=True)
         for label, ms in sorted(medians.items(), key=lambda kv: kv[1]):
             print(f"    {label:<44} {ms * 1e3:8.2f} us  copy fraction {medians['copy'] / ms:.3f}", flush=True)
     return 0

@@ -202,11 +202,32 @@ def test_window_kernels_compile_under_a_register_cap_where_they_fit_it():
         assert main.max_registers == WINDOW_REGISTER_CAP
         [main] = kernel_units(dataclasses.replace(large, signature=signature), aligned)
         assert main.max_registers is None
-    weight = DirectConfig(dataclasses.replace(bf16, direction=Direction.BWD_WEIGHT), 4, 64, 4, window=3, run=7, rows=3)
-    assert all(u.max_registers is None for u in kernel_units(weight, aligned))
+    weight = dataclasses.replace(bf16, direction=Direction.BWD_WEIGHT)
+    wide = DirectConfig(weight, 16, 64, 4, window=3, run=4, rows=3, band=2)  # the fit's 226: 1.49x slower at 168
+    assert all(u.max_registers is None for u in kernel_units(wide, aligned))
     assert validate(small, SM90).ok
     spec = next(s for s in Registry.from_rule_set("conv", "default", SM90) if s.config == small)
     assert ".r168" in unit_key(spec, kernel_units(small, aligned)[0], aligned)
+
+
+def test_backward_weight_windows_are_capped_to_keep_sixteen_warps_where_they_fit():
+    """A backward-weight window tile the register fit puts at <= 128 compiles capped at 128, so an SM
+    holds 16 warps of it (Mamba's 8x64 tile took 168 registers in fp16 uncapped, 12 warps); one the
+    fit puts above keeps ptxas's own allocation."""
+    from tiledispatch.ops.conv.plan import kernel_units
+    from tiledispatch.ops.conv.problem import ConvSpecialization
+    from tiledispatch.ops.conv.rules import weight_window_register_cap, weight_window_registers
+
+    weight = ConvSignature(Direction.BWD_WEIGHT, ConvTypes.parse("fp16"))
+    mamba = DirectConfig(weight, 8, 64, 4, split_k=16, window=4, run=16)
+    wider = DirectConfig(weight, 16, 64, 4, split_k=16, window=4, run=16)
+    assert weight_window_registers(mamba) <= 128 < weight_window_registers(wider)
+    assert weight_window_register_cap(mamba, SM90.registers_per_sm) == 128
+    assert weight_window_register_cap(wider, SM90.registers_per_sm) is None
+    assert 128 * 32 * 16 == SM90.registers_per_sm  # 16 warps an SM at the cap
+    main = kernel_units(mamba, ConvSpecialization())[0]
+    assert main.max_registers == 128
+    assert kernel_units(wider, ConvSpecialization())[0].max_registers is None
 
 
 SUITE_DEPTHWISE = {  # benchmarks' conv.json: N, C, spatial, filter, padding

@@ -35,7 +35,7 @@ from .config import (
 from .kernels import toeplitz as toeplitz_kernels
 from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
-from .rules import toeplitz_register_cap, window_register_cap
+from .rules import toeplitz_register_cap, weight_window_register_cap, window_register_cap
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
@@ -121,8 +121,14 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
         modules=(module, *_FAMILY_IMPORTS.get(config.family, ()), *_SHARED_MODULES),
-        divisible_by_16=aligned_pointers, max_registers=window_register_cap(config, vec) if windowed else None,
+        divisible_by_16=aligned_pointers, max_registers=_window_cap(config, vec) if windowed else None,
     )
+
+
+def _window_cap(config: DirectConfig, vector: int) -> int | None:
+    if config.signature.direction is Direction.BWD_WEIGHT:
+        return weight_window_register_cap(config, arch_facts.load("sm_90").registers_per_sm)
+    return window_register_cap(config, vector)
 
 
 def channels_fastest(config: DirectConfig, p) -> bool:

@@ -37,9 +37,11 @@ from .kernels.toeplitz import NW as TOEPLITZ_NW
 from .problem import ConvProblem, Direction
 from .rules import (
     REGISTER_RESERVE,
+    WEIGHT_WINDOW_WARPS_TO_OVERLAP,
     accumulator_registers,
     register_a_operand,
     shared_memory_bytes,
+    weight_window_registers,
     window_register_cap,
     window_registers,
 )
@@ -591,12 +593,6 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
 WEIGHT_WINDOW_LOAD_INSTRUCTIONS = 7
 WEIGHT_WINDOW_TILE_INSTRUCTIONS = 60
 WEIGHT_WINDOW_SUM_INSTRUCTIONS = 15
-# Registers of the same builds: ~the accumulators and the held dy block (dy of a one-row kernel is
-# consumed as it streams: a quarter of it counted), plus ~90 for addresses and loads in flight.
-WEIGHT_WINDOW_REGISTER_BASE = 90
-# Warps an SM needs for its loads and its FMAs to overlap: with fewer, a tile's loads wait while no
-# other warp computes (a guess to check with .probe/dw_bwdw.py on the H200).
-WEIGHT_WINDOW_WARPS_TO_OVERLAP = 16
 
 
 def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
@@ -621,8 +617,7 @@ def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     per_tile = loads * (WEIGHT_WINDOW_LOAD_INSTRUCTIONS + widen * vector) + fmas + WEIGHT_WINDOW_TILE_INSTRUCTIONS
     accumulators = config.rows * config.window * per_thread
     per_program = passes * (per_split * per_tile + accumulators * WEIGHT_WINDOW_SUM_INSTRUCTIONS)
-    held_dy = config.band * config.run * per_thread * (1.0 if config.rows > 1 else 0.25)
-    registers = int(accumulators + held_dy + WEIGHT_WINDOW_REGISTER_BASE)
+    registers = weight_window_registers(config)
     spills = registers > arch.registers_per_thread_max
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=0,
                              registers_per_thread=min(registers, arch.registers_per_thread_max))

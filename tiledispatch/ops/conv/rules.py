@@ -173,6 +173,34 @@ def window_register_cap(config: DirectConfig, vector: int) -> int | None:
     return WINDOW_REGISTER_CAP if window_registers(config, vector) <= WINDOW_CAPPED_UP_TO else None
 
 
+# The backward-weight window kernel's registers a thread (kernels/direct.py, counted on sm_90 SASS of bf16
+# builds): ~the accumulators and the held dy block (dy of a one-row kernel is consumed as it streams: a
+# quarter of it counted), plus ~90 for addresses and loads in flight.
+WEIGHT_WINDOW_REGISTER_BASE = 90
+# Warps an SM needs for its loads and its FMAs to overlap: with fewer, a tile's loads wait while no
+# other warp computes (a guess to check with .probe/dw_bwdw.py on the H200).
+WEIGHT_WINDOW_WARPS_TO_OVERLAP = 16
+
+
+def weight_window_registers(config: DirectConfig) -> int:
+    """The fit's registers a thread for a backward-weight window tile."""
+    per_thread = max(1.0, config.block_p * config.block_c / (config.num_warps * 32))
+    held_dy = config.band * config.run * per_thread * (1.0 if config.rows > 1 else 0.25)
+    return int(config.rows * config.window * per_thread + held_dy + WEIGHT_WINDOW_REGISTER_BASE)
+
+
+def weight_window_register_cap(config: DirectConfig, registers_per_sm: int) -> int | None:
+    """The register cap a backward-weight window kernel compiles with: the most registers that leave an
+    SM the WEIGHT_WINDOW_WARPS_TO_OVERLAP warps its loads need, where the fit puts the tile under them
+    (None: ptxas's own). Uncapped, ptxas gave Mamba's one-row 8x64 tile 168 registers in fp16 (128 in
+    bf16, no spill under the cap): three programs of 4 warps an SM, not four, and 0.89 of a copy against
+    bf16's 0.97 (H100). Tiles the fit puts above the cap stay uncapped: the 2-D ones ran 1.0-1.49x slower
+    at 168 (benchmarks/results/h100/conv_window_cap_bwdw.txt), and a cap above ptxas's own choice is no
+    ceiling but a budget it spends (a 16x64 one-row tile went from 114 registers to 168)."""
+    cap = registers_per_sm // (WEIGHT_WINDOW_WARPS_TO_OVERLAP * 32) // 8 * 8
+    return cap if weight_window_registers(config) <= cap else None
+
+
 def _power_of_two(x: int) -> bool:
     return x >= 1 and x & (x - 1) == 0
 
