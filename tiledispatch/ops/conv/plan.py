@@ -35,7 +35,7 @@ from .config import (
 from .kernels import toeplitz as toeplitz_kernels
 from .operands import ConvOperands, channels_last_empty, to_channels_last
 from .problem import ConvSpecialization, Direction
-from .rules import toeplitz_register_cap, weight_window_register_cap, window_register_cap
+from .rules import ToeplitzWalk, toeplitz_register_cap, weight_window_register_cap, window_register_cap
 
 _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
@@ -538,10 +538,9 @@ def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor)
     p = ops.problem
     k = toeplitz_kernels
     fy, fx = p.filter_size
-    pad_h, pad_w = p.padded3(p.padding, 0)[1:]
     units = kernel_units(config, p.specialization)
     if p.direction is Direction.BWD_WEIGHT:
-        (out_h, out_w), (in_h, in_w) = p.output_size, p.input_size
+        (out_h, out_w), (in_h, in_w), (pad_h, pad_w) = p.output_size, p.input_size, p.padding
         workspace = torch.empty(config.split_k * p.c * fy * fx, dtype=torch.float32, device=out.device)
         bound = {"x_ptr": ops.x, "y_ptr": ops.dy, "ws_ptr": workspace, "N": p.n, "C": p.c, "H": in_h, "W": in_w,
                  "OH": out_h, "OW": out_w, "FX": fx, "PH": pad_h, "PW": pad_w,
@@ -550,12 +549,10 @@ def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor)
         grid = (triton.cdiv(p.c, config.block_c), config.split_k, 1)
         return Plan((Launch("main", grid, _values(units[0], bound)),
                      _reduce_launch(units[1], workspace, out, p, fy * fx)), out)
-    forward = p.direction is Direction.FORWARD
-    src = ops.x if forward else ops.dy
-    if not forward:
-        pad_h, pad_w = fy - 1 - pad_h, fx - 1 - pad_w
+    walk = ToeplitzWalk.of(p)
+    src = ops.x if p.direction is Direction.FORWARD else ops.dy
     w = ops.w
-    (in_h, in_w), (out_h, out_w) = src.shape[2:], out.shape[2:]
+    (in_h, in_w), (out_h, out_w), (pad_h, pad_w) = walk.source, walk.output, walk.padding
     res_n, _, res_h, res_w = _strides(ops.residual)
     walk_bound = {"x_ptr": src, "w_ptr": w, "y_ptr": out, "bias_ptr": ops.bias, "res_ptr": ops.residual,
                   "N": p.n, "C": p.c, "H": in_h, "W": in_w, "OH": out_h, "OW": out_w, "FX": fx,

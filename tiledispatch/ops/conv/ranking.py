@@ -38,6 +38,7 @@ from .problem import ConvProblem, Direction
 from .rules import (
     REGISTER_RESERVE,
     WEIGHT_WINDOW_WARPS_TO_OVERLAP,
+    ToeplitzWalk,
     accumulator_registers,
     register_a_operand,
     shared_memory_bytes,
@@ -760,10 +761,8 @@ def toeplitz_walk_steps(config: ToeplitzConfig, p: ConvProblem) -> float:
     fy = config.filter_rows
     if p.direction is Direction.BWD_WEIGHT:
         return math.ceil((min(config.rows, p.output_size[0]) + fy - 1) / fy) * fy
-    if p.direction is Direction.FORWARD:
-        source_h, out_h, pad = p.input_size[0], p.output_size[0], p.padding[0]
-    else:  # backward-data walks dy into dx with padding F - 1 - P
-        source_h, out_h, pad = p.output_size[0], p.input_size[0], fy - 1 - p.padding[0]
+    walk = ToeplitzWalk.of(p)
+    source_h, out_h, pad = walk.source[0], walk.output[0], walk.padding[0]
     longest = 0.0
     for first in range(0, out_h, config.rows):
         end = min(first + config.rows, out_h)
@@ -778,7 +777,7 @@ def toeplitz_walk_steps(config: ToeplitzConfig, p: ConvProblem) -> float:
 def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     """The busiest SM's programs, one after another, each walking its rows (backward-weight: its
     items' rows, then the sum of the slabs)."""
-    oh, ow = p.input_size if p.direction is Direction.BWD_DATA else p.output_size
+    oh, ow = p.output_size if p.direction is Direction.BWD_WEIGHT else ToeplitzWalk.of(p).output
     blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
     channel_blocks = math.ceil(p.c / config.block_c)
     row_s = TOEPLITZ_ROW_SECONDS * (config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK)**TOEPLITZ_BLOCK_EXPONENT

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 
 from ...arch import Feature
 from ...core.dtypes import DType
@@ -387,6 +387,23 @@ def _window_findings(config: DirectConfig, error) -> None:
         error(ConvRule.WINDOW, f"run={config.run} at window_stride={config.window_stride}: a backward-data run starts "
               "where its first dy column's taps begin, which needs runs of a multiple of the stride",
               f"use run={config.run + config.window_stride - config.run % config.window_stride}")
+
+
+@dataclass(frozen=True)
+class ToeplitzWalk:
+    """What a forward or backward-data toeplitz walk reads and writes, (H, W) each: backward-data walks
+    dy (the source) into dx with the filter flipped and padding F - 1 - P (stride and dilation 1)."""
+
+    source: tuple[int, int]
+    output: tuple[int, int]
+    padding: tuple[int, int]
+
+    @classmethod
+    def of(cls, p: ConvProblem) -> ToeplitzWalk:
+        if p.direction is Direction.BWD_DATA:
+            flipped = tuple(f - 1 - pad for f, pad in zip(p.filter_size, p.padding))
+            return cls(tuple(p.output_size), tuple(p.input_size), flipped)
+        return cls(tuple(p.input_size), tuple(p.output_size), tuple(p.padding))
 
 
 def toeplitz_registers(config: ToeplitzConfig) -> int:
