@@ -20,6 +20,10 @@ class Plan:
     # Scratch tensors the kernels expect as zeros (stream-K's flags): a replay of the plan
     # on new operands must make these anew as zeros, not merely allocate them.
     zeroed: tuple = ()
+    # Every tensor the plan made for its launches to fill before they read it (split workspaces,
+    # padded copies; `zeroed` among them), where an op's replay says which tensors it may make anew:
+    # one the plan filled on the host instead (a copy of an operand) is not listed, so not replayable.
+    scratch: tuple = ()
 
 
 def execute(plan: Plan, launchers: Mapping[str, Any], stream: int | None) -> Any:

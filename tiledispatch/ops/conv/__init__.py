@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
+from . import fastpath
 from .config import (
     AnyConvConfig,
     ConvSignature,
@@ -90,12 +91,27 @@ def conv_backward_weight(x, dy, weight_size, *, stride=1, padding=0, dilation=1,
 
 
 def _run(direction: Direction, dispatcher, kernel, **arguments):
+    """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
     from ...core.dispatcher import default_dispatcher
 
     dispatcher = dispatcher or default_dispatcher()
+    tensors = tuple(arguments.get(role) for role in fastpath.ROLES)
+    key = None
+    if kernel is None or type(kernel) is str:
+        options = tuple(item for item in arguments.items() if item[0] not in fastpath.ROLES) + (kernel,)
+        key = fastpath.call_key(direction, tensors, options)
+    if key is not None:
+        bound = dispatcher.memo(key, lambda: fastpath.bind(dispatcher, _checked(direction, dispatcher, arguments),
+                                                           kernel))
+        if bound is not fastpath.UNBOUND:
+            return bound(tensors)
+    return dispatcher.run(_checked(direction, dispatcher, arguments), kernel=kernel)
+
+
+def _checked(direction: Direction, dispatcher, arguments: dict) -> ConvOperands:
     operands = check_operands(direction, **arguments)
     check_dtype_on_arch(operands.problem.types, dispatcher.arch)
-    return dispatcher.run(operands, kernel=kernel)
+    return operands
 
 
 def check_dtype_on_arch(types: ConvTypes, arch) -> None:

@@ -403,7 +403,12 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     launches = [Launch("main", grid, _values(units[0], bound))]
     if split:
         launches.append(_reduce_launch(units[1], workspace, w, p, taps))
-    return Plan(tuple(launches), out, zeroed)
+    return Plan(tuple(launches), out, zeroed, _made(workspace))
+
+
+def _made(*tensors) -> tuple:
+    """The plan's scratch (`Plan.scratch`): the tensors it made, None for those it did not need."""
+    return tuple(t for t in tensors if t is not None)
 
 
 def _workspace(config: ImplicitGemmConfig | TmaConfig | DirectConfig, p, taps: int,
@@ -437,7 +442,8 @@ def _padded_plan(config: ImplicitGemmConfig, ops: ConvOperands, out: torch.Tenso
     launches += inner.launches
     if p.direction is Direction.BWD_WEIGHT:
         launches.append(Launch("unpad", (1, 1, 1), (inner_out, out)))
-    return Plan(tuple(launches), out, inner.zeroed)
+    made = (x, w if p.direction is Direction.FORWARD else inner_out)
+    return Plan(tuple(launches), out, inner.zeroed, _made(*made) + inner.scratch)
 
 
 def _pad_launch(unit: KernelUnit, src: torch.Tensor, dst: torch.Tensor) -> Launch:
@@ -472,7 +478,7 @@ def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     launches = [Launch("main", grid, _values(units[0], _tma_bound(config, ops, out, workspace)))]
     if split:
         launches.append(_reduce_launch(units[1], workspace, out, p, taps))
-    return Plan(tuple(launches), out, zeroed)
+    return Plan(tuple(launches), out, zeroed, _made(workspace))
 
 
 def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
@@ -548,7 +554,7 @@ def _toeplitz_plan(config: ToeplitzConfig, ops: ConvOperands, out: torch.Tensor)
                                                ops.dy.stride(0), ops.dy.stride(2), ops.dy.stride(3))))}
         grid = (triton.cdiv(p.c, config.block_c), config.split_k, 1)
         return Plan((Launch("main", grid, _values(units[0], bound)),
-                     _reduce_launch(units[1], workspace, out, p, fy * fx)), out)
+                     _reduce_launch(units[1], workspace, out, p, fy * fx)), out, scratch=(workspace,))
     walk = ToeplitzWalk.of(p)
     src = ops.x if p.direction is Direction.FORWARD else ops.dy
     w = ops.w

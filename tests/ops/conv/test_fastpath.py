@@ -1,0 +1,163 @@
+"""The conv fast path (ops/conv/fastpath.py): a bound plan replayed on new tensors of the same signature.
+
+A call is bound on one set of inputs and replayed on a fresh one (other values, NaN-poisoned out),
+which must match the float64 reference, for each family the interpreter runs and the vendor, split
+workspaces (written whole and atomic) and padded channels among them. Public calls bind only
+GPU tensors; here `bind` is driven directly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiledispatch
+from tiledispatch import Dispatcher, Registry
+from tiledispatch.core.errors import InvalidProblemError
+from tiledispatch.ops.conv import (
+    ConvSignature,
+    Direction,
+    Family,
+    ImplicitGemmConfig,
+    SplitMode,
+    VendorConfig,
+    check_operands,
+    fastpath,
+    plan,
+)
+from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.reference import compare
+
+from .helpers import ARCH, DEVICE, ON_GPU, problem, spec_name
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+
+
+CASES = {  # direction, n, c, k, g, size, filter, stride, padding, dilation
+    "forward-grouped": ("forward", 2, 8, 12, 2, (7, 6), (3, 3), 1, 1, 1),
+    "forward-depthwise": ("forward", 2, 16, 16, 16, (9, 10), (3, 3), 1, 1, 1),
+    "bwd_data-strided": ("bwd_data", 2, 8, 8, 2, (9, 7), (3, 3), 2, 1, 1),
+    "bwd_weight-grouped": ("bwd_weight", 2, 8, 8, 2, (7, 6), (3, 3), 1, 1, 1),
+    "forward-stem": ("forward", 2, 3, 8, 1, (9, 9), (3, 3), 2, 1, 1),
+}
+
+
+def _first_of_each_family(dispatcher, p) -> list[str]:
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    first: dict[str, str] = {}
+    for candidate in dispatcher.explain(ops.problem).ranked:
+        first.setdefault(candidate.spec.family, candidate.spec.name)
+    return sorted(first.values())
+
+
+def _kernels() -> list[tuple[str, str]]:
+    picked = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+    out = []
+    for case, args in CASES.items():
+        p = problem(*args, dtype="fp32")
+        out += [(case, name) for name in _first_of_each_family(picked, p)]
+    weight = problem(*CASES["bwd_weight-grouped"], dtype="fp32")
+    sig = ConvSignature(weight.direction, weight.types)
+    for config in (ImplicitGemmConfig(sig, 32, 16, 16, 2, 2, 2, 3, SplitMode.WORKSPACE),
+                   ImplicitGemmConfig(sig, 16, 32, 32, 1, 2, 2, 2, SplitMode.ATOMIC)):
+        out.append(("bwd_weight-grouped", spec_name(config)))
+    stem = problem(*CASES["forward-stem"], dtype="fp32")
+    out.append(("forward-stem", spec_name(ImplicitGemmConfig(ConvSignature(stem.direction, stem.types), 32, 16, 32,
+                                                             4, 2, 2, family=Family.IMPLICIT_GEMM_FLAT,
+                                                             pad_channels=True))))
+    return out
+
+
+def _tensors(inputs, out) -> tuple:
+    return tuple(out if role == "out" else getattr(inputs, role) for role in fastpath.ROLES)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU's own calls bind through the public functions (test below)")
+@pytest.mark.parametrize(("case", "kernel"), _kernels(), ids=lambda v: v.split("_fp32_")[-1] if "_" in v else v)
+@pytest.mark.parametrize("own_out", [True, False], ids=["out", "allocated"])
+def test_a_bound_call_replays_on_new_tensors(dispatcher, case, kernel, own_out):
+    p = problem(*CASES[case], dtype="fp32")
+    first = make_inputs(p, device=DEVICE, seed=0)
+    kwargs = first.kwargs(p) | ({} if own_out else {"out": None})
+    bound = fastpath.bind(dispatcher, check_operands(p.direction, **kwargs), kernel)
+    assert isinstance(bound, fastpath.BoundConv)
+    for seed in (1, 2):  # twice: the second call finds the workspaces, descriptors and pointers of the first
+        fresh = make_inputs(p, device=DEVICE, seed=seed)  # out poisoned with NaN
+        result = bound(_tensors(fresh, fresh.out if own_out else None))
+        if own_out:
+            assert result is fresh.out
+        assert result.shape == fresh.out.shape
+        cmp = compare(result, check_operands(p.direction, **fresh.kwargs(p)))
+        assert cmp.passed, f"{kernel} replayed: {cmp.to_dict()}"
+
+
+def test_a_call_whose_operands_were_copied_is_not_bound(dispatcher):
+    """A contiguous (NC...) x is copied into channels-last by the checks: the plan reads the copy,
+    which a replay would not refresh, so the signature takes the checked path each time."""
+    p = problem(*CASES["forward-grouped"], dtype="fp32")
+    inputs = make_inputs(p, device=DEVICE, channels_last=False)
+    ops = check_operands(p.direction, **inputs.kwargs(p))
+    assert "x" in ops.converted
+    assert fastpath.bind(dispatcher, ops, None) is fastpath.UNBOUND
+
+
+def test_a_replay_checks_aliasing_where_the_pointers_change(dispatcher):
+    p = problem("forward", 2, 8, 8, 1, (5, 5), (1, 1), 1, 0, 1, dtype="fp32")  # out is shaped as x
+    inputs = make_inputs(p, device=DEVICE)
+    bound = fastpath.bind(dispatcher, check_operands(p.direction, **inputs.kwargs(p)), None)
+    assert isinstance(bound, fastpath.BoundConv)
+    with pytest.raises(InvalidProblemError, match="out shares memory with x"):
+        bound(_tensors(inputs, inputs.x))
+
+
+def test_plans_list_the_tensors_they_make():
+    """Plan.scratch: what a replay may make anew (split workspaces, padded copies)."""
+    weight = problem(*CASES["bwd_weight-grouped"], dtype="fp32")
+    ops = check_operands(weight.direction, **make_inputs(weight, device=DEVICE).kwargs(weight))
+    sig = ConvSignature(weight.direction, weight.types)
+    split = plan(ImplicitGemmConfig(sig, 32, 16, 16, 2, 2, 2, 3, SplitMode.WORKSPACE), ops)
+    (workspace,) = split.scratch
+    assert workspace.dtype == torch.float32 and split.zeroed == ()
+    assert plan(ImplicitGemmConfig(sig, 32, 32, 32, 4, 4, 2), ops).scratch == ()
+    stem = problem(*CASES["forward-stem"], dtype="fp32")
+    ops = check_operands(stem.direction, **make_inputs(stem, device=DEVICE).kwargs(stem))
+    padded = plan(ImplicitGemmConfig(ConvSignature(stem.direction, stem.types), 32, 16, 32, 4, 2, 2,
+                                     family=Family.IMPLICIT_GEMM_FLAT, pad_channels=True), ops)
+    assert [t.shape[1] for t in padded.scratch] == [4, 4]  # x and w, C = 3 padded to a 16-byte fp32 vector
+
+
+def test_only_gpu_tensors_and_hashable_options_have_a_signature():
+    x = torch.zeros(1, 8, 4, 4)
+    assert fastpath.call_key(Direction.FORWARD, (x, x, None, None, None, None), (("stride", 1),)) is None
+
+
+PUBLIC = {  # each direction's function and its positional arguments
+    Direction.FORWARD: (tiledispatch.conv, ("x", "w")),
+    Direction.BWD_DATA: (tiledispatch.conv_backward_data, ("dy", "w", "input_size")),
+    Direction.BWD_WEIGHT: (tiledispatch.conv_backward_weight, ("x", "dy", "weight_size")),
+}
+
+
+@pytest.mark.skipif(not ON_GPU, reason="public calls bind GPU tensors only")
+@pytest.mark.parametrize("vendor", [False, True], ids=["selected", "vendor"])
+@pytest.mark.parametrize("own_out", [True, False], ids=["out", "allocated"])
+@pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
+def test_public_calls_bind_once_and_replay(direction, own_out, vendor):
+    """The second and third calls of a signature replay the first one's bound plan, on their own tensors."""
+    d = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+    p = problem(direction.value, 2, 16, 16, 16, (9, 10), (3, 3), 1, 1, 1, dtype="bf16")
+    function, positional = PUBLIC[direction]
+    kernel = spec_name(VendorConfig(ConvSignature(p.direction, p.types))) if vendor else None
+    for seed in (0, 1, 2):
+        inputs = make_inputs(p, device=DEVICE, seed=seed)
+        kwargs = inputs.kwargs(p)
+        args = [kwargs.pop(name) for name in positional]
+        keywords = {k: v for k, v in kwargs.items() if k in ("stride", "padding", "dilation", "groups")}
+        result = function(*args, **keywords, out=inputs.out if own_out else None, kernel=kernel, dispatcher=d)
+        assert result is inputs.out or not own_out
+        cmp = compare(result, check_operands(p.direction, **inputs.kwargs(p)))
+        assert cmp.passed, cmp.to_dict()
+    assert [type(b) for b in d._bound.values()] == [fastpath.BoundConv]

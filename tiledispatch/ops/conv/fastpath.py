@@ -1,0 +1,188 @@
+"""The fast path of `conv()` and its two gradients on a GPU: a call signature seen before skips all checks.
+
+The first call with a given signature (the direction; each tensor's shape, strides, dtype, device
+and 16-byte alignment; the geometry, epilogue and dtype options) runs every check, selects the
+kernel, loads its launchers and plans once. Every later call with the same signature swaps its
+tensors into the plan's argument slots, makes the plan's scratch anew and launches: everything the
+checks looked at is part of the signature, except aliasing, which is re-checked whenever the
+pointers differ from the last call's. The checked path costs ~150 us of host time a call (checks
+~85, plan ~65 on this project's CPU host), more than the GPU time of a depthwise layer.
+
+A plan the swap cannot replay binds nothing, and its signature takes the checked path each time:
+one that reads a copy of an operand (a tensor the caller gave in PyTorch's contiguous layout, a
+filter copied on the host), which the swap would not refresh.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ...core.dispatcher import stream_getter
+from ...core.kernel import CudaLauncher
+from ...core.launch import Plan
+from ...core.tensors import check_no_alias
+from .operands import ConvOperands
+
+ROLES = ("x", "w", "dy", "bias", "residual", "out")  # the order of `BoundConv.__call__`'s tensors
+_OPERANDS = -1  # a slot that takes the whole ConvOperands (the vendor stage)
+
+
+def _meta(t) -> tuple | None:
+    """What the checks looked at: shape, strides, dtype, device index, 16-byte alignment."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
+
+
+def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
+    """The signature of a call (tensors in ROLES order, options hashable: the geometry, epilogue,
+    dtype options and forced kernel), or None where only the checked path can handle it."""
+    if any(t is not None and type(t) is not torch.Tensor for t in tensors):
+        return None
+    first = next((t for t in tensors if t is not None), None)
+    if first is None or not first.is_cuda:
+        return None  # the interpreter reads whole tensors, not just their pointers
+    key = ("conv", direction, tuple(_meta(t) for t in tensors), options)  # "conv": memos are per dispatcher
+    try:
+        hash(key)
+    except TypeError:  # a list among the options: the checked path takes it
+        return None
+    return key
+
+
+@dataclass(frozen=True)
+class _Scratch:
+    """Argument `index` takes a tensor the plan made (`Plan.scratch`), or a descriptor over it;
+    `key` numbers those tensors, so that the stages that shared one at planning share one a call."""
+
+    index: int
+    key: int
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    zeroed: bool
+    descriptor: TensorDescriptor | None = None
+
+    def make(self, device) -> torch.Tensor:
+        tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+        return tensor.zero_() if self.zeroed else tensor
+
+
+def _over(descriptor: TensorDescriptor | None, tensor: torch.Tensor):
+    """`tensor`, or a copy of the planned `descriptor` on it (its checks passed at planning)."""
+    if descriptor is None:
+        return tensor
+    moved = copy.copy(descriptor)
+    moved.base = tensor
+    return moved
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One launch: its launcher and grid, its arguments with holes, and what fills them."""
+
+    launcher: Any
+    grid: tuple
+    template: list
+    slots: tuple[tuple[int, int, TensorDescriptor | None], ...]  # (argument index, role or _OPERANDS, descriptor)
+    scratch: tuple[_Scratch, ...]
+
+
+class Unbindable(Exception):
+    """The plan reads a tensor that is neither the caller's nor its own scratch."""
+
+
+class BoundConv:
+    """A checked, selected and planned call, replayable on new tensors of the same signature."""
+
+    def __init__(self, operands: ConvOperands, plan: Plan, launchers: dict) -> None:
+        if operands.converted:
+            raise Unbindable(f"{', '.join(operands.converted)} copied into channels-last")
+        by_id = {id(getattr(operands, role)): i for i, role in enumerate(ROLES) if getattr(operands, role) is not None}
+        self._allocates = operands.out is None
+        if self._allocates:
+            by_id[id(plan.output)] = ROLES.index("out")
+        made: dict[int, int] = {}  # id of each tensor the plan made -> its scratch key
+        zeroed, scratch = {id(t) for t in plan.zeroed}, {id(t) for t in plan.scratch}
+        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, made, zeroed, scratch)
+                             for launch in plan.launches)
+        out = plan.output
+        self._out = (tuple(out.shape), out.stride(), out.dtype)
+        self._operands = operands
+        self._device = operands.device
+        self._stream = stream_getter(operands.device)
+        self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
+
+    @staticmethod
+    def _stage(launch, launcher, by_id: dict, made: dict, zeroed: set, scratch: set) -> _Stage:
+        slots, scratches = [], []
+        for j, value in enumerate(launch.args):
+            if isinstance(value, ConvOperands):
+                slots.append((j, _OPERANDS, None))
+                continue
+            descriptor = value if isinstance(value, TensorDescriptor) else None
+            tensor = value if descriptor is None else value.base
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            role = by_id.get(id(tensor))
+            if role is not None:
+                slots.append((j, role, descriptor))
+            elif id(tensor) in scratch:
+                key = made.setdefault(id(tensor), len(made))
+                scratches.append(_Scratch(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype,
+                                          id(tensor) in zeroed, descriptor))
+            else:
+                raise Unbindable(f"stage {launch.stage} reads a tensor the plan copied on the host")
+        # Tensors are filled in per call; holding the planning ones would pin their memory.
+        template = [None if isinstance(v, (torch.Tensor, TensorDescriptor, ConvOperands)) else v for v in launch.args]
+        run = launcher.launch if isinstance(launcher, CudaLauncher) else launcher  # one frame less a call
+        return _Stage(run, launch.grid, template, tuple(slots), tuple(scratches))
+
+    def __call__(self, tensors: tuple) -> torch.Tensor:
+        out = tensors[-1]
+        if self._allocates:
+            shape, stride, dtype = self._out
+            out = torch.empty_strided(shape, stride, dtype=dtype, device=self._device)
+        else:  # same pointers as a call that passed, and the same shapes (the signature): same answer
+            pointers = tuple(None if t is None else t.data_ptr() for t in tensors)
+            if pointers != self._unaliased:
+                check_no_alias(out, dict(zip(ROLES, tensors[:-1])))
+                self._unaliased = pointers
+        values = (*tensors[:-1], out)
+        operands = None
+        made = {}
+        stream = self._stream()
+        for stage in self._stages:
+            args = stage.template.copy()
+            for index, role, descriptor in stage.slots:
+                if role == _OPERANDS:
+                    if operands is None:  # with the caller's out: None tells the vendor to hand over its own
+                        operands = replace(self._operands, **dict(zip(ROLES, tensors)))
+                    args[index] = operands
+                else:
+                    args[index] = _over(descriptor, values[role])
+            for s in stage.scratch:
+                tensor = made.get(s.key)
+                if tensor is None:
+                    tensor = made[s.key] = s.make(self._device)
+                args[s.index] = _over(s.descriptor, tensor)
+            stage.launcher(stage.grid, args, stream)
+        return out
+
+
+UNBOUND = object()  # a signature whose plan the swap cannot replay: the checked path takes it
+
+
+def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | object:
+    """Selects (or resolves), loads and plans once: a `BoundConv` to replay, or UNBOUND where the plan
+    reads a copy the swap would not refresh."""
+    spec, launchers = dispatcher.prepare(operands, kernel=kernel)
+    try:
+        return BoundConv(operands, spec.definition.plan(spec.config, operands), launchers)
+    except Unbindable:
+        return UNBOUND
