@@ -8,6 +8,8 @@ GPU tensors; here `bind` is driven directly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ import tiledispatch
 from tiledispatch import Dispatcher, Registry
 from tiledispatch.core.errors import InvalidProblemError
 from tiledispatch.ops.conv import (
+    ConvOperands,
     ConvSignature,
     Direction,
     Family,
@@ -127,6 +130,11 @@ def test_plans_list_the_tensors_they_make():
     padded = plan(ImplicitGemmConfig(ConvSignature(stem.direction, stem.types), 32, 16, 32, 4, 2, 2,
                                      family=Family.IMPLICIT_GEMM_FLAT, pad_channels=True), ops)
     assert [t.shape[1] for t in padded.scratch] == [4, 4]  # x and w, C = 3 padded to a 16-byte fp32 vector
+
+
+def test_the_roles_are_the_operands_fields_in_order():
+    """The vendor stage's operands are rebuilt as ConvOperands(problem, *tensors)."""
+    assert fastpath.ROLES == tuple(f.name for f in dataclasses.fields(ConvOperands))[1:7]
 
 
 def test_only_gpu_tensors_and_hashable_options_have_a_signature():

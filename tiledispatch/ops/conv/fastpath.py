@@ -16,7 +16,7 @@ filter copied on the host), which the swap would not refresh.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +28,9 @@ from ...core.launch import Plan
 from ...core.tensors import check_no_alias
 from .operands import ConvOperands
 
-ROLES = ("x", "w", "dy", "bias", "residual", "out")  # the order of `BoundConv.__call__`'s tensors
+# The order of `BoundConv.__call__`'s tensors: ConvOperands' fields after the problem, so that the vendor
+# stage's operands are ConvOperands(problem, *tensors).
+ROLES = ("x", "w", "dy", "bias", "residual", "out")
 _OPERANDS = -1  # a slot that takes the whole ConvOperands (the vendor stage)
 
 
@@ -113,7 +115,7 @@ class BoundConv:
                              for launch in plan.launches)
         out = plan.output
         self._out = (tuple(out.shape), out.stride(), out.dtype)
-        self._operands = operands
+        self._problem = operands.problem
         self._device = operands.device
         self._stream = stream_getter(operands.device)
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
@@ -162,7 +164,7 @@ class BoundConv:
             for index, role, descriptor in stage.slots:
                 if role == _OPERANDS:
                     if operands is None:  # with the caller's out: None tells the vendor to hand over its own
-                        operands = replace(self._operands, **dict(zip(ROLES, tensors)))
+                        operands = ConvOperands(self._problem, *tensors)  # ROLES are its fields' order
                     args[index] = operands
                 else:
                     args[index] = _over(descriptor, values[role])

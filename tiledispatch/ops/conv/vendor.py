@@ -8,9 +8,12 @@ and the ranking charges for it. The interpreter target refuses it: it is a GPU l
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
+from ...core.dtypes import DType
 from ...core.validation import Finding, Severity, ValidationResult
 from ..gemm.problem import Activation
 from .config import VendorConfig
@@ -28,7 +31,7 @@ def run(operands, out: torch.Tensor) -> None:
     would be one more pass over the output.
     """
     p = operands.problem
-    with _tf32(p.types.allow_tf32):
+    with _tf32(p.types.allow_tf32) if p.types.dtype is DType.FP32 else contextlib.nullcontext():
         if p.direction is Direction.FORWARD:
             args = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
             result = CONV[p.spatial_dims](operands.x, operands.w, operands.bias, **args)
@@ -55,7 +58,7 @@ def run(operands, out: torch.Tensor) -> None:
 
 
 class _tf32:
-    """cuDNN's tf32 switch for the duration of one call."""
+    """cuDNN's tf32 switch for the duration of one call (fp32 only: no other dtype reads it)."""
 
     def __init__(self, allow: bool) -> None:
         self.allow = allow
