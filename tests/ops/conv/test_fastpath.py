@@ -29,6 +29,7 @@ from tiledispatch.ops.conv import (
     plan,
 )
 from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.problem import ConvEpilogue
 from tiledispatch.ops.conv.reference import compare
 
 from .helpers import ARCH, DEVICE, ON_GPU, problem, spec_name
@@ -95,6 +96,30 @@ def test_a_bound_call_replays_on_new_tensors(dispatcher, case, kernel, own_out):
         assert result.shape == fresh.out.shape
         cmp = compare(result, check_operands(p.direction, **fresh.kwargs(p)))
         assert cmp.passed, f"{kernel} replayed: {cmp.to_dict()}"
+
+
+@pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
+@pytest.mark.parametrize("own_out", [True, False], ids=["out", "allocated"])
+def test_the_vendor_stage_replays_on_new_tensors(direction, own_out):
+    """cuDNN's stage takes the whole operands, rebuilt a call; its plan is bound by hand here (the
+    interpreter's registry has no vendor), on PyTorch's CPU convolution, with a residual and a bias."""
+    from tiledispatch.core.kernel import PythonLauncher
+    from tiledispatch.ops.conv.plan import kernel_units
+
+    epilogue = {"bias": True, "residual": True} if direction is Direction.FORWARD else {}
+    p = problem(direction.value, 2, 8, 12, 2, (7, 6), (3, 3), 1, 1, 1, dtype="fp32",
+                **({"epilogue": ConvEpilogue(**epilogue)} if epilogue else {}))
+    config = VendorConfig(ConvSignature(p.direction, p.types, p.epilogue))
+    first = make_inputs(p, device=DEVICE, seed=0)
+    ops = check_operands(p.direction, **(first.kwargs(p) | ({} if own_out else {"out": None})))
+    launchers = {unit.stage: PythonLauncher(unit) for unit in kernel_units(config)}
+    bound = fastpath.BoundConv(ops, plan(config, ops), launchers)
+    for seed in (1, 2):
+        fresh = make_inputs(p, device=DEVICE, seed=seed)
+        result = bound(_tensors(fresh, fresh.out if own_out else None))
+        assert result is fresh.out or not own_out
+        cmp = compare(result, check_operands(p.direction, **fresh.kwargs(p)))
+        assert cmp.passed, cmp.to_dict()
 
 
 def test_a_call_whose_operands_were_copied_is_not_bound(dispatcher):
