@@ -5,8 +5,9 @@ and 16-byte alignment; the geometry, epilogue and dtype options) runs every chec
 kernel, loads its launchers and plans once. Every later call with the same signature swaps its
 tensors into the plan's argument slots, makes the plan's scratch anew and launches: everything the
 checks looked at is part of the signature, except aliasing, which is re-checked whenever the
-pointers differ from the last call's. The checked path costs ~150 us of host time a call (checks
-~85, plan ~65 on this project's CPU host), more than the GPU time of a depthwise layer.
+pointers differ from the last call's. The checked path took 142-326 us of host time a call on the
+H100's host, the replay 17-74 (benchmarks/conv_host.py; results/h100/conv_host.txt): a depthwise
+layer's GPU time is 7-30 us.
 
 A plan the swap cannot replay binds nothing, and its signature takes the checked path each time:
 one that reads a copy of an operand (a tensor the caller gave in PyTorch's contiguous layout, a
