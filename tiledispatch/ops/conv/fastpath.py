@@ -16,7 +16,6 @@ filter copied on the host), which the swap would not refresh.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ...core.dispatcher import stream_getter
 from ...core.kernel import CudaLauncher
 from ...core.launch import Plan
+from ...core.replay import Workspace, rebase, tensor_meta
 from ...core.tensors import check_no_alias
 from .operands import ConvOperands
 
@@ -33,13 +33,6 @@ from .operands import ConvOperands
 # stage's operands are ConvOperands(problem, *tensors).
 ROLES = ("x", "w", "dy", "bias", "residual", "out")
 _OPERANDS = -1  # a slot that takes the whole ConvOperands (the vendor stage)
-
-
-def _meta(t) -> tuple | None:
-    """What the checks looked at: shape, strides, dtype, device index, 16-byte alignment."""
-    if t is None:
-        return None
-    return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
 
 
 def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
@@ -50,39 +43,13 @@ def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
     first = next((t for t in tensors if t is not None), None)
     if first is None or not first.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
-    key = ("conv", direction, tuple(_meta(t) for t in tensors), options)  # "conv": memos are per dispatcher
+    metas = tuple(None if t is None else tensor_meta(t) for t in tensors)
+    key = ("conv", direction, metas, options)  # "conv": memos are per dispatcher
     try:
         hash(key)
     except TypeError:  # a list among the options: the checked path takes it
         return None
     return key
-
-
-@dataclass(frozen=True)
-class _Scratch:
-    """Argument `index` takes a tensor the plan made (`Plan.scratch`), or a descriptor over it;
-    `key` numbers those tensors, so that the stages that shared one at planning share one a call."""
-
-    index: int
-    key: int
-    shape: tuple
-    stride: tuple
-    dtype: torch.dtype
-    zeroed: bool
-    descriptor: TensorDescriptor | None = None
-
-    def make(self, device) -> torch.Tensor:
-        tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
-        return tensor.zero_() if self.zeroed else tensor
-
-
-def _over(descriptor: TensorDescriptor | None, tensor: torch.Tensor):
-    """`tensor`, or a copy of the planned `descriptor` on it (its checks passed at planning)."""
-    if descriptor is None:
-        return tensor
-    moved = copy.copy(descriptor)
-    moved.base = tensor
-    return moved
 
 
 @dataclass(frozen=True)
@@ -93,7 +60,7 @@ class _Stage:
     grid: tuple
     template: list
     slots: tuple[tuple[int, int, TensorDescriptor | None], ...]  # (argument index, role or _OPERANDS, descriptor)
-    scratch: tuple[_Scratch, ...]
+    scratch: tuple[Workspace, ...]
 
 
 class Unbindable(Exception):
@@ -137,8 +104,8 @@ class BoundConv:
                 slots.append((j, role, descriptor))
             elif id(tensor) in scratch:
                 key = made.setdefault(id(tensor), len(made))
-                scratches.append(_Scratch(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype,
-                                          id(tensor) in zeroed, descriptor))
+                scratches.append(Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor,
+                                           id(tensor) in zeroed))
             else:
                 raise Unbindable(f"stage {launch.stage} reads a tensor the plan copied on the host")
         # Tensors are filled in per call; holding the planning ones would pin their memory.
@@ -168,12 +135,12 @@ class BoundConv:
                         operands = ConvOperands(self._problem, *tensors)  # ROLES are its fields' order
                     args[index] = operands
                 else:
-                    args[index] = _over(descriptor, values[role])
+                    args[index] = values[role] if descriptor is None else rebase(descriptor, values[role])
             for s in stage.scratch:
                 tensor = made.get(s.key)
                 if tensor is None:
                     tensor = made[s.key] = s.make(self._device)
-                args[s.index] = _over(s.descriptor, tensor)
+                args[s.index] = s.value(tensor)
             stage.launcher(stage.grid, args, stream)
         return out
 

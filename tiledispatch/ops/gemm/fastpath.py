@@ -10,7 +10,6 @@ the pointers differ from the last call's.
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from enum import Enum
@@ -23,6 +22,7 @@ from ...core.dispatcher import stream_getter
 from ...core.errors import BuildError
 from ...core.kernel import CudaLauncher, PythonLauncher
 from ...core.launch import Plan
+from ...core.replay import Workspace, rebase, tensor_meta
 from . import vendor
 from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
@@ -33,16 +33,11 @@ log = logging.getLogger("tiledispatch.gemm")
 ROLES = ("a", "b", "bias", "residual", "out", "scale_a", "scale_b")  # the order of `BoundGemm.__call__`
 
 
-def _meta(t) -> tuple:
-    """What the checks looked at: shape, strides, dtype, device index, 16-byte alignment."""
-    return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
-
-
 _NOT_A_TENSOR = object()  # an optional operand the fast path cannot key: the checked path says why
 
 
 def _optional(t):
-    return None if t is None else _meta(t) if type(t) is torch.Tensor else _NOT_A_TENSOR
+    return None if t is None else tensor_meta(t) if type(t) is torch.Tensor else _NOT_A_TENSOR
 
 
 def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel) -> tuple | None:
@@ -91,35 +86,7 @@ class _Slot:
     def value(self, tensor: torch.Tensor):
         if self.fill is _Fill.BATCHED_VIEW:
             return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor
-        descriptor = copy.copy(self.descriptor)  # its checks passed at planning, for this signature
-        descriptor.base = tensor
-        return descriptor
-
-
-@dataclass(frozen=True)
-class _Workspace:
-    """Argument `index` takes a fresh tensor made by the plan (split-K's partial sums, realigned
-    operands), or a descriptor over it. `key` numbers the plan's own tensors: the stages that
-    shared one at planning (a realign copy and the kernel that reads it) share one per call."""
-
-    index: int
-    key: int
-    shape: tuple
-    stride: tuple
-    dtype: torch.dtype
-    descriptor: TensorDescriptor | None = None
-    zeroed: bool = False  # made as zeros (the plan's `zeroed`: stream-K's flags)
-
-    def make(self, device) -> torch.Tensor:
-        tensor = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
-        return tensor.zero_() if self.zeroed else tensor
-
-    def value(self, tensor: torch.Tensor):
-        if self.descriptor is None:
-            return tensor
-        descriptor = copy.copy(self.descriptor)
-        descriptor.base = tensor
-        return descriptor
+        return rebase(self.descriptor, tensor)
 
 
 @dataclass(frozen=True)
@@ -131,7 +98,7 @@ class _Stage:
     template: list
     plain: tuple[tuple[int, int], ...]  # (argument index, role) of the slots filled with the tensor as it is
     slots: tuple[_Slot, ...]  # the others: views and descriptors
-    workspaces: tuple[_Workspace, ...]
+    workspaces: tuple[Workspace, ...]
 
 
 class BoundGemm:
@@ -168,7 +135,7 @@ class BoundGemm:
             role = by_id.get(id(tensor))
             if role is None:  # made by the plan itself: a workspace
                 key = own.setdefault(id(tensor), len(own))
-                workspaces.append(_Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor,
+                workspaces.append(Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor,
                                              id(tensor) in zeroed))
             elif descriptor is not None:
                 slots.append(_Slot(j, role, _Fill.DESCRIPTOR, descriptor))
