@@ -197,8 +197,13 @@ def weight_window_register_cap(config: DirectConfig, registers_per_sm: int) -> i
     bf16's 0.97 (H100). Tiles the fit puts above the cap stay uncapped: the 2-D ones ran 1.0-1.49x slower
     at 168 (benchmarks/results/h100/conv_window_cap_bwdw.txt), and a cap above ptxas's own choice is no
     ceiling but a budget it spends (a 16x64 one-row tile went from 114 registers to 168)."""
-    cap = registers_per_sm // (WEIGHT_WINDOW_WARPS_TO_OVERLAP * 32) // 8 * 8
+    cap = _registers_a_thread(WEIGHT_WINDOW_WARPS_TO_OVERLAP * 32, registers_per_sm)
     return cap if weight_window_registers(config) <= cap else None
+
+
+def _registers_a_thread(threads_an_sm: int, registers_per_sm: int) -> int:
+    """The most registers a thread that let an SM hold `threads_an_sm` threads (ptxas allocates in 8s)."""
+    return registers_per_sm // threads_an_sm // 8 * 8
 
 
 def _power_of_two(x: int) -> bool:
@@ -432,7 +437,7 @@ def toeplitz_register_cap(config: ToeplitzConfig, registers_per_sm: int) -> int 
     programs = registers_per_sm // (threads * toeplitz_registers(config))
     if programs < 2:
         return None
-    cap = registers_per_sm // (programs * threads) // 8 * 8
+    cap = _registers_a_thread(programs * threads, registers_per_sm)
     return cap if cap < 255 else None
 
 
