@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
-from . import fastpath
+from ..gemm.problem import Activation
 from .config import (
     AnyConvConfig,
     ConvSignature,
@@ -17,6 +16,7 @@ from .config import (
     ToeplitzConfig,
     VendorConfig,
 )
+from .function import ConvCall, ConvFunction, check_dtype_on_arch, needs_grad, run
 from .inputs import tuning_operands
 from .operands import ConvOperands, check_operands
 from .plan import kernel_units, plan
@@ -62,10 +62,20 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
     channels-last memory (a contiguous tensor is copied into it, and `explain` says
     so); bias is (K,), residual shaped as the output. Returns y (N, K, *out spatial),
     channels-last. `kernel` forces a kernel by name; `dispatcher` replaces the default.
+
+    Differentiable where x, w, bias or residual requires grad (function.py): the backward
+    runs the backward-data and backward-weight convs through the dispatcher.
     """
-    return _run(Direction.FORWARD, dispatcher, kernel, x=x, w=w, stride=stride, padding=padding,
-                dilation=dilation, groups=groups, bias=bias, activation=activation, residual=residual, out=out,
-                allow_tf32=allow_tf32)
+    if needs_grad(x, w, bias, residual):
+        if out is not None:
+            raise UnsupportedError("out= cannot take part in autograd, and an input requires grad: call conv "
+                                   "without out, or under torch.no_grad()")
+        call = ConvCall(stride, padding, dilation, groups, Activation.parse(activation), allow_tf32, kernel,
+                        dispatcher)
+        return ConvFunction.apply(x, w, bias, residual, call)
+    return run(Direction.FORWARD, dispatcher, kernel, x=x, w=w, stride=stride, padding=padding,
+               dilation=dilation, groups=groups, bias=bias, activation=activation, residual=residual, out=out,
+               allow_tf32=allow_tf32)
 
 
 def conv_backward_data(dy, w, input_size, *, stride=1, padding=0, dilation=1, groups: int = 1, out=None,
@@ -75,8 +85,8 @@ def conv_backward_data(dy, w, input_size, *, stride=1, padding=0, dilation=1, gr
     `input_size` is x's shape (N, C, *spatial), or its spatial sizes: with stride > 1
     several input sizes give one output size. Returns dx channels-last.
     """
-    return _run(Direction.BWD_DATA, dispatcher, kernel, dy=dy, w=w, input_size=input_size, stride=stride,
-                padding=padding, dilation=dilation, groups=groups, out=out, allow_tf32=allow_tf32)
+    return run(Direction.BWD_DATA, dispatcher, kernel, dy=dy, w=w, input_size=input_size, stride=stride,
+               padding=padding, dilation=dilation, groups=groups, out=out, allow_tf32=allow_tf32)
 
 
 def conv_backward_weight(x, dy, weight_size, *, stride=1, padding=0, dilation=1, groups: int = 1, out=None,
@@ -86,42 +96,8 @@ def conv_backward_weight(x, dy, weight_size, *, stride=1, padding=0, dilation=1,
     `weight_size` is w's shape (K, C/groups, *filter), or the filter sizes. Returns dw
     with its C/G dim contiguous (GKZYXC).
     """
-    return _run(Direction.BWD_WEIGHT, dispatcher, kernel, x=x, dy=dy, weight_size=weight_size, stride=stride,
-                padding=padding, dilation=dilation, groups=groups, out=out, allow_tf32=allow_tf32)
-
-
-def _run(direction: Direction, dispatcher, kernel, **arguments):
-    """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
-    from ...core.dispatcher import default_dispatcher
-
-    dispatcher = dispatcher or default_dispatcher()
-    tensors = tuple(arguments.get(role) for role in fastpath.ROLES)
-    key = None
-    if kernel is None or type(kernel) is str:
-        options = tuple(item for item in arguments.items() if item[0] not in fastpath.ROLES) + (kernel,)
-        key = fastpath.call_key(direction, tensors, options)
-    if key is not None:
-        bound = dispatcher.memo(key, lambda: fastpath.bind(dispatcher, _checked(direction, dispatcher, arguments),
-                                                           kernel))
-        if bound is not fastpath.UNBOUND:
-            return bound(tensors)
-    return dispatcher.run(_checked(direction, dispatcher, arguments), kernel=kernel)
-
-
-def _checked(direction: Direction, dispatcher, arguments: dict) -> ConvOperands:
-    operands = check_operands(direction, **arguments)
-    check_dtype_on_arch(operands.problem.types, dispatcher.arch)
-    return operands
-
-
-def check_dtype_on_arch(types: ConvTypes, arch) -> None:
-    """The DTYPE_ARCH rule, said about the call: no kernel of this arch can take this dtype."""
-    dtype = types.dtype
-    if dtype is not DType.FP32 and not arch.supports_dtype(dtype):
-        where = ("Triton's CPU interpreter (TRITON_INTERPRET=1), which has no " + dtype.value + " tl.dot"
-                 if arch.is_interpreter else arch.name)
-        raise UnsupportedError(f"the tensors are {dtype.value}, but {dtype.value} convolution cannot run on "
-                               f"{where}; use fp16 or fp32" + (", or run on a GPU" if arch.is_interpreter else ""))
+    return run(Direction.BWD_WEIGHT, dispatcher, kernel, x=x, dy=dy, weight_size=weight_size, stride=stride,
+               padding=padding, dilation=dilation, groups=groups, out=out, allow_tf32=allow_tf32)
 
 
 __all__ = [
@@ -143,6 +119,7 @@ __all__ = [
     "ToeplitzConfig",
     "VendorConfig",
     "auto_correct",
+    "check_dtype_on_arch",
     "check_operands",
     "conv",
     "conv_backward_data",

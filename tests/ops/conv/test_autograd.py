@@ -1,0 +1,121 @@
+"""`conv()` under autograd: its gradients against PyTorch's float64 autograd, on fresh random inputs.
+
+The backward runs the backward-data and backward-weight convs through the dispatcher (on the
+CPU interpreter in CI, natively on a GPU), and PyTorch ops for bias, activation and residual.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiledispatch
+from tiledispatch import Dispatcher, Registry
+from tiledispatch.core.errors import UnsupportedError
+
+from .helpers import ARCH, DEVICE, ON_GPU
+
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+ACTIVATIONS = {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+# The interpreter has no bf16 tl.dot: bf16 runs on the GPU only.
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+
+
+def _leaf(shape, generator, dtype, channels_last=True):
+    t = torch.randn(*shape, generator=generator)
+    if channels_last and len(shape) >= 3:
+        t = t.movedim(1, -1).contiguous().movedim(-1, 1)  # channels-last for any rank
+    return t.to(DEVICE, dtype).requires_grad_()
+
+
+def _reference(tensors: dict, activation, dy, **geometry):
+    """y and the gradients of every tensor in `tensors` by PyTorch's autograd in float64 on the CPU."""
+    leaves = {name: t.detach().cpu().double().requires_grad_() for name, t in tensors.items() if t is not None}
+    x, w = leaves["x"], leaves["w"]
+    y = ACTIVATIONS[activation](CONV[x.dim() - 2](x, w, leaves.get("bias"), **geometry))
+    if "residual" in leaves:
+        y = y + leaves["residual"]
+    grads = torch.autograd.grad(y, list(leaves.values()), dy.detach().cpu().double())
+    return y, dict(zip(leaves, grads))
+
+
+def _close(got, want, dtype, what):
+    tol = TOLERANCE[dtype]
+    err = (got.detach().cpu().double() - want).norm() / want.norm()
+    assert torch.isfinite(got).all() and err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+
+
+CASES = [  # (x shape, w shape, geometry, bias, activation, residual)
+    ((2, 6, 7, 5), (4, 3, 3, 2), {"stride": (2, 1), "padding": (1, 0), "dilation": 1, "groups": 2}, True, None, True),
+    ((2, 4, 6, 6), (4, 4, 3, 3), {"stride": 1, "padding": 1, "dilation": 1, "groups": 1}, True, "relu", False),
+    ((2, 4, 6, 6), (8, 1, 3, 3), {"stride": 1, "padding": 2, "dilation": 2, "groups": 4}, True, "gelu", True),
+    ((2, 8, 9), (8, 1, 4), {"stride": 1, "padding": 1, "dilation": 1, "groups": 8}, False, "silu", False),
+    ((1, 4, 4, 5, 4), (4, 2, 3, 3, 3), {"stride": 1, "padding": 1, "dilation": 1, "groups": 2}, True, None, False),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{len(c[0]) - 2}d-{c[4] or 'none'}")
+def test_gradients_match_pytorch(dispatcher, case, dtype):
+    x_shape, w_shape, geometry, has_bias, activation, has_residual = case
+    g = torch.Generator().manual_seed(len(x_shape) + len(geometry))
+    x, w = _leaf(x_shape, g, dtype), _leaf(w_shape, g, dtype)
+    bias = _leaf((w_shape[0],), g, dtype) if has_bias else None
+    with torch.no_grad():
+        shape = CONV[len(x_shape) - 2](x.cpu().double(), w.cpu().double(), **geometry).shape
+    residual = _leaf(shape, g, dtype) if has_residual else None
+    y = tiledispatch.conv(x, w, bias=bias, activation=activation, residual=residual, dispatcher=dispatcher,
+                          **geometry)
+    dy = torch.randn(*shape, generator=g).to(DEVICE, dtype)
+    tensors = {"x": x, "w": w, "bias": bias, "residual": residual}
+    want_y, want = _reference(tensors, activation, dy, **geometry)
+    _close(y, want_y, dtype, "y")
+    given = {name: t for name, t in tensors.items() if t is not None}
+    grads = torch.autograd.grad(y, list(given.values()), dy)
+    for (name, t), grad in zip(given.items(), grads):
+        assert grad.shape == t.shape and grad.dtype == t.dtype, name
+        _close(grad, want[name], dtype, f"d{name}")
+
+
+def test_only_the_gradients_asked_for(dispatcher):
+    g = torch.Generator().manual_seed(1)
+    x = _leaf((2, 4, 5, 5), g, torch.float32)
+    w = _leaf((4, 2, 3, 3), g, torch.float32).requires_grad_(False)
+    y = tiledispatch.conv(x, w, padding=1, groups=2, dispatcher=dispatcher)
+    assert y.grad_fn is not None
+    y.sum().backward()  # dy is an expanded tensor of ones (zero strides): the backward copies it channels-last
+    _, want = _reference({"x": x, "w": w}, None, torch.ones(y.shape), padding=1, groups=2)
+    _close(x.grad, want["x"], torch.float32, "dx")
+    assert w.grad is None
+
+
+def test_no_grad_and_plain_tensors_take_the_plain_call(dispatcher):
+    g = torch.Generator().manual_seed(2)
+    x, w = _leaf((1, 4, 5, 5), g, torch.float32), _leaf((4, 4, 3, 3), g, torch.float32)
+    with torch.no_grad():
+        assert tiledispatch.conv(x, w, dispatcher=dispatcher).grad_fn is None
+    assert tiledispatch.conv(x.detach(), w.detach(), dispatcher=dispatcher).grad_fn is None
+
+
+def test_out_refused_where_autograd_records(dispatcher):
+    g = torch.Generator().manual_seed(3)
+    x, w = _leaf((1, 4, 5, 5), g, torch.float32), _leaf((4, 4, 3, 3), g, torch.float32)
+    out = torch.empty(1, 4, 3, 3, device=DEVICE).to(memory_format=torch.channels_last)
+    with pytest.raises(UnsupportedError, match="out= cannot take part in autograd"):
+        tiledispatch.conv(x, w, out=out, dispatcher=dispatcher)
+
+
+def test_second_derivatives_are_refused(dispatcher):
+    g = torch.Generator().manual_seed(4)
+    x, w = _leaf((1, 4, 5, 5), g, torch.float32), _leaf((4, 4, 3, 3), g, torch.float32)
+    y = tiledispatch.conv(x, w, dispatcher=dispatcher)
+    (dx,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)  # dy = 2y records a graph
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dx.sum().backward()
