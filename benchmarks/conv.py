@@ -60,6 +60,7 @@ from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.conv import ConvProblem, ConvTypes, Direction, check_operands
 from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.operands import channels_last_empty
 
 SUITE = Path(__file__).parent / "suites" / "conv.json"
 L2_BYTES = 60 * 2**20
@@ -111,10 +112,11 @@ def cudnn_fn(p: ConvProblem):
     mask = [p.direction is Direction.BWD_DATA, p.direction is Direction.BWD_WEIGHT, False]
     index = 0 if p.direction is Direction.BWD_DATA else 1
 
-    def backward(s):
+    def backward(s):  # the unread operand stands in uninitialised and channels-last, as in autograd (vendor.py)
         i = s["inputs"]
-        x = i.x if i.x is not None else i.dy.new_empty(1).expand(p.n, p.c, *p.input_size)
-        w = i.w if i.w is not None else i.dy.new_empty(1).expand(p.k, p.c_per_group, *p.filter_size)
+        x = i.x if i.x is not None else channels_last_empty((p.n, p.c, *p.input_size), i.dy.dtype, i.dy.device)
+        w = i.w if i.w is not None else channels_last_empty((p.k, p.c_per_group, *p.filter_size), i.dy.dtype,
+                                                             i.dy.device)
         return torch.ops.aten.convolution_backward(i.dy, x, w, None, list(p.stride), list(p.padding),
                                                    list(p.dilation), False, [0] * p.spatial_dims, p.groups,
                                                    mask)[index]

@@ -78,18 +78,20 @@ def shape_class(p: ConvProblem) -> ShapeClass:
 
 VENDOR_FRACTION = {
     # dense: resnet50 3x3 and 1x1, unet, dilated, conv3d video (forward 0.41-0.71; bwd_data
-    # 0.11-0.24; bwd_weight 0.39-0.61); the C=3 stem is 0.06 / 0.016 / 0.08, but there the
-    # Triton kernels are slower still.
+    # 0.39-0.71; bwd_weight 0.39-0.61); the C=3 stem is 0.06 / 0.016 / 0.08, but there the
+    # Triton kernels are slower still. Backward-data as vendor.py calls it, with a channels-last
+    # stand-in for x (H100 conv.csv at this commit); the expanded one-element stand-in that
+    # torch.nn.grad passes ran 2.2-7x slower (0.11-0.24 here).
     (ShapeClass.DENSE, Direction.FORWARD): 0.55,
-    (ShapeClass.DENSE, Direction.BWD_DATA): 0.17,
+    (ShapeClass.DENSE, Direction.BWD_DATA): 0.5,
     (ShapeClass.DENSE, Direction.BWD_WEIGHT): 0.46,
     # grouped 2-D/3-D: resnext g32 (C/G=8, 16), regnet g8 (56), conv3d g4 (32): forward 0.09-0.23,
-    # bwd_data 0.044-0.08, bwd_weight 0.05-0.22.
+    # bwd_data 0.09-0.19, bwd_weight 0.05-0.22.
     (ShapeClass.GROUPED, Direction.FORWARD): 0.17,
-    (ShapeClass.GROUPED, Direction.BWD_DATA): 0.055,
+    (ShapeClass.GROUPED, Direction.BWD_DATA): 0.16,
     (ShapeClass.GROUPED, Direction.BWD_WEIGHT): 0.12,
     (ShapeClass.GROUPED_1D, Direction.FORWARD): 0.055,
-    (ShapeClass.GROUPED_1D, Direction.BWD_DATA): 0.05,
+    (ShapeClass.GROUPED_1D, Direction.BWD_DATA): 0.035,
     (ShapeClass.GROUPED_1D, Direction.BWD_WEIGHT): 0.047,
     # depthwise 2-D: the memory side of its model (mbv2 3x3 forward reaches 0.40 of the ideal).
     (ShapeClass.DEPTHWISE, Direction.FORWARD): 0.45,
@@ -99,7 +101,7 @@ VENDOR_FRACTION = {
 # cuDNN's depthwise kernels are bound by CUDA-core issue, not bytes: the time grows with the
 # taps (mbv2 3x3, 5x5, convnext 7x7 forward: 4.2, 4.9, 5.8 T output-taps/s). As fractions
 # of the CUDA-core FMA rate (FMA_FRACTION_OF_TF32 of the tf32 peak, 2 FLOPs a tap):
-VENDOR_DEPTHWISE_FMA = {Direction.FORWARD: 0.16, Direction.BWD_DATA: 0.03, Direction.BWD_WEIGHT: 0.11}
+VENDOR_DEPTHWISE_FMA = {Direction.FORWARD: 0.16, Direction.BWD_DATA: 0.1, Direction.BWD_WEIGHT: 0.11}
 # Its backward-weight amortises each pixel's loads over the taps and over a map's pixels, so its
 # rate grows with both: 4-8 TFLOP/s at 3x3, 7-11 at 5x5, 7-18 at 7x7, the small maps slowest
 # (7x7 at 7x7 pixels 7.2, at 28x28 13-18). A rate of VENDOR_DEPTHWISE_WEIGHT_FMA x taps / (taps +
