@@ -1,4 +1,5 @@
-"""The igemm-tma family: stride-1 forward and backward-weight through tensor descriptors.
+"""The igemm-tma family: stride-1 forward, backward-data (the forward over dy) and backward-weight through
+tensor descriptors.
 
 On the CPU the interpreter executes the descriptors, so every tile of the `tests` rule
 set runs (fp16; the family is 16-bit only) on 1-D, 2-D and 3-D convs with padding,
@@ -100,13 +101,14 @@ def _tile_ids():
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+@pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
 def test_every_tile(dispatcher, direction, case):
     n, c, k, g, size, filt, pad, dil = CASES[case]
     p = problem(direction, n, c, k, g, size, filt, 1, pad, dil)
     names = tma_kernels(dispatcher, p)
+    steps = {Direction.FORWARD: c // g, Direction.BWD_DATA: k // g}  # the channels the forward kernel steps through
     tiles = [t for d, t in _tile_ids() if d is direction and (len(size) > 1 or t.tile_h == 1)
-             and (direction is Direction.BWD_WEIGHT or (c // g) % t.block_in == 0)]
+             and (direction is Direction.BWD_WEIGHT or steps[direction] % t.block_in == 0)]
     assert len(names) == len(tiles), names  # every tile that should take it does
     for seed, name in enumerate(names):
         run_and_check(dispatcher, p, name, seed=seed)
@@ -123,7 +125,7 @@ def test_forward_epilogue(dispatcher, epilogue):
 def test_output_channels_past_a_group_are_masked(dispatcher):
     """K/G = 16 with block_out = 32: the box of weights (forward) or dy (backward-weight) runs into the next
     group's channels; those rows and columns of the tile must never reach the output."""
-    for direction in (Direction.FORWARD, Direction.BWD_WEIGHT):
+    for direction in Direction:
         p = problem(direction, 1, 64, 64, 4, (6, 7), (3, 3), 1, 1)  # C/G = K/G = 16
         names = [n for n in tma_kernels(dispatcher, p) if "x32x" in n]
         assert names
@@ -183,6 +185,10 @@ def test_refusals_say_why():
     weight = TmaConfig(BWDW, 4, 8, 16, 32, 4, 2)  # backward-weight: any C/G (its blocks are masked on the store)
     assert supports(weight, problem("bwd_weight", 1, 48, 40, 1, (8, 8), (3, 3), 1, 1)) is None
     assert "bwd_data" in supports(weight, problem("bwd_data", 1, 32, 32, 1, (8, 8), (3, 3), 1, 1))
+    data = TmaConfig(ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16)), 4, 8, 16, 32, 4, 2)
+    assert supports(data, problem("bwd_data", 1, 48, 32, 1, (8, 8), (3, 3), 1, 1)) is None  # any C/G
+    assert "K/G=48" in supports(data, problem("bwd_data", 1, 32, 48, 1, (8, 8), (3, 3), 1, 1))
+    assert "negative" in supports(data, problem("bwd_data", 1, 32, 32, 1, (8, 8), (3, 3), 1, 3))
 
 
 def test_unaligned_and_strided_problems_get_no_tma_kernel(dispatcher):
@@ -206,7 +212,6 @@ def test_unaligned_and_strided_problems_get_no_tma_kernel(dispatcher):
     ({"num_stages": 8}, ConvRule.SHARED_MEMORY),
     ({"tile_h": 16, "block_out": 256, "num_stages": 1}, ConvRule.REGISTER_BUDGET),
     ({"split_k": 2}, ConvRule.SPLIT_K),
-    ({"signature": ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16))}, ConvRule.FAMILY_DIRECTION),
     ({"signature": ConvSignature(Direction.FORWARD, ConvTypes(DType.FP32, True))}, ConvRule.FAMILY_DTYPE),
 ])
 def test_each_rule_breaks_alone(change, rule):
@@ -233,9 +238,6 @@ def test_auto_correct():
     fixed, corrections = auto_correct(bad, SM90)
     assert validate(fixed, SM90).ok and {c.field for c in corrections} >= {"num_stages"}
     assert fixed.pixels <= 256
-    with pytest.raises(Exception, match="family-direction"):
-        auto_correct(dataclasses.replace(GOOD, signature=ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16))),
-                     SM90)
 
 
 def test_names_and_units():
@@ -250,6 +252,10 @@ def test_names_and_units():
     kinds = dict(main.signature)
     assert kinds["dy_desc"] == "tensordesc<fp16[1,1,1,128,128]>" and kinds["ws_ptr"] == "*fp32"
     assert reduce.stage == "reduce" and ("CG", 8) in main.divisibility
+    data = dataclasses.replace(GOOD, signature=ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16)))
+    assert data.name == "conv_bwdd_fp16_igemm-tma_8x16x128x64_w8_s3_k1_none" and validate(data, SM90).ok
+    flip, main = kernel_units(data)  # the filter turned, then the forward's own kernel
+    assert flip.stage == "flip" and main == kernel_units(GOOD)[0]
 
 
 def test_plan_grid():
@@ -263,6 +269,14 @@ def test_plan_grid():
     ops = check_operands(w.direction, **make_inputs(w, device=DEVICE).kwargs(w))
     main, reduce = plan(TmaConfig(BWDW, 8, 16, 16, 32, 4, 2, split_k=3), ops).launches
     assert main.grid == (9 * 2 * 1, 2, 3) and reduce.stage == "reduce"
+    d = problem("bwd_data", 2, 32, 64, 2, (14, 14), (3, 3), 1, 1)  # C/G = 16 outputs of the forward over dy
+    ops = check_operands(d.direction, **make_inputs(d, device=DEVICE).kwargs(d))
+    data = TmaConfig(ConvSignature(Direction.BWD_DATA, ConvTypes(DType.FP16)), 8, 16, 16, 16, 4, 2)
+    made = plan(data, ops)
+    flip, main = made.launches
+    assert flip.stage == "flip" and main.grid == (2 * 2 * 1 * 1, 2, 1)
+    (turned,) = made.scratch  # the turned filter (C, K/G, 3, 3): the plan's own, made anew on a replay
+    assert turned.shape == (32, 32, 3, 3) and turned.stride(1) == 1
 
 
 def test_ranking_prefers_boxes_that_fit_the_map():

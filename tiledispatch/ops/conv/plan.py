@@ -195,6 +195,22 @@ def unpad_weight(padded: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(padded[:, :out.shape[1]])
 
 
+def flip_filter(w: torch.Tensor, out: torch.Tensor, groups: int) -> None:
+    """igemm-tma's backward-data stage 1: w (K, C/G, *filter) turned by 180 degrees, K/G and C/G swapped in
+    each group, into out (C, K/G, *filter), the filter of the forward conv over dy that makes dx."""
+    k, cg, *taps = w.shape
+    spatial = tuple(range(3, 3 + len(taps)))
+    turned = w.view(groups, k // groups, cg, *taps).flip(spatial).transpose(1, 2)
+    out.view(groups, cg, k // groups, *taps).copy_(turned)
+
+
+_FLIP_UNIT = KernelUnit(
+    stage="flip", module="tiledispatch.ops.conv.plan", function="flip_filter",
+    signature=(("w", "python"), ("out", "python"), ("groups", "python")), constexprs=(), num_warps=0, num_stages=0,
+    modules=("tiledispatch.ops.conv.plan",), kind=UnitKind.PYTHON,
+)
+
+
 _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
     signature=tuple((name, "python") for name in ("operands", "out")),
@@ -219,6 +235,8 @@ def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALI
         inner = kernel_units(replace(config, pad_channels=False), padded)
         weight = config.signature.direction is Direction.BWD_WEIGHT
         return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
+    if isinstance(config, TmaConfig) and config.signature.direction is Direction.BWD_DATA:
+        return (_FLIP_UNIT, _tma_unit(_as_forward(config), specialization))
     main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
 
@@ -465,8 +483,27 @@ def _reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p
     return Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), _values(unit, bound))
 
 
+def _as_forward(config: TmaConfig) -> TmaConfig:
+    """A backward-data config as the forward kernel's it runs (ConvProblem.data_gradient_as_forward)."""
+    return replace(config, signature=replace(config.signature, direction=Direction.FORWARD))
+
+
+def _tma_data_gradient_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
+    """Stride-1 backward-data as the forward kernel over dy: the filter turned and transposed into a
+    scratch weight (stage `flip`, one pass over w), then the forward's boxes with dx as their output."""
+    p = ops.problem
+    w = channels_last_empty((p.c, p.k_per_group, *p.filter_size), p.types.dtype.torch, ops.device)
+    forward = ConvOperands(p.data_gradient_as_forward(), ops.dy, w, None, None, None, out)
+    flip = kernel_units(config, p.specialization)[0]
+    inner = _tma_plan(_as_forward(config), forward, out)
+    return Plan((Launch("flip", (1, 1, 1), _values(flip, {"w": ops.w, "out": w, "groups": p.groups})),
+                 *inner.launches), out, inner.zeroed, (w, *inner.scratch))
+
+
 def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     p = ops.problem
+    if p.direction is Direction.BWD_DATA:
+        return _tma_data_gradient_plan(config, ops, out)
     taps = math.prod(p.filter_size)
     split = splits(config)
     workspace, zeroed = _workspace(config, p, taps, out.device) if split else (None, ())

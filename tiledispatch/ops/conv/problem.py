@@ -295,6 +295,19 @@ class ConvProblem:
         return replace(self, c=-(-self.c // vector) * vector,
                        specialization=self.specialization.channels_padded(self.types.dtype))
 
+    @property
+    def flipped_padding(self) -> tuple[int, ...]:
+        """Backward-data at stride 1 as a forward conv over dy: its padding a side, dilation x (filter - 1) -
+        padding (negative where the padding passes the filter's reach: that forward does not exist)."""
+        return tuple(d * (f - 1) - p for d, f, p in zip(self.dilation, self.filter_size, self.padding))
+
+    def data_gradient_as_forward(self) -> ConvProblem:
+        """This stride-1 backward-data as the forward conv that computes it: dx = dy correlated with the
+        filter turned by 180 degrees, K and C swapped within each group, padded by `flipped_padding`."""
+        return ConvProblem(Direction.FORWARD, self.n, self.k, self.c, self.groups, self.output_size, self.filter_size,
+                           self.stride, self.flipped_padding, self.dilation, self.types,
+                           specialization=self.specialization, source_layout=self.source_layout)
+
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""
         return (fill,) * (MAX_SPATIAL_DIMS - len(values)) + tuple(values)

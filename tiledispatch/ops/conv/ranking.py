@@ -453,6 +453,14 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
 
 def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     """The igemm-tma kernels: boxes of pixels on the tensor cores (constants: see TMA_FRACTION)."""
+    if p.direction is Direction.BWD_DATA:  # the forward kernel over dy, after a pass that turns the filter
+        forward = replace(config, signature=replace(config.signature, direction=Direction.FORWARD))
+        inner = tma_score(forward, p.data_gradient_as_forward(), arch)
+        weights = p.k * p.c_per_group * math.prod(p.filter_size) * p.types.dtype.itemsize
+        flip_s = 2 * weights / _bandwidth(arch) + LAUNCH_SECONDS
+        modelled = inner.terms["modelled_us"] * 1e-6 + flip_s
+        return Score(ideal_seconds(p, arch) / modelled,
+                     {**inner.terms, "flip_us": flip_s * 1e6, "modelled_us": modelled * 1e6})
     peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
     od, oh, ow = p.padded3(p.output_size, 1)
     boxes = p.n * od * math.ceil(oh / config.tile_h) * math.ceil(ow / config.tile_w)

@@ -321,9 +321,6 @@ def _tma_findings(config: TmaConfig, arch, error, warning) -> None:
     if not arch.has(Feature.TMA):
         error(ConvRule.FAMILY_ARCH, f"igemm-tma needs the tensor memory accelerator (sm_90+); {arch.name} has none",
               "use the igemm family")
-    if sig.direction is Direction.BWD_DATA:
-        error(ConvRule.FAMILY_DIRECTION, "igemm-tma computes forward and backward-weight; backward-data is the "
-              "igemm family's", "use the igemm family")
     if sig.types.dtype not in TMA_DTYPES:
         error(ConvRule.FAMILY_DTYPE, f"igemm-tma is fp16/bf16 only, not {sig.types.name}: backward-weight's "
               "operands are M- and N-major, which a tf32 wgmma cannot read", "use the igemm family")
@@ -406,8 +403,7 @@ class ToeplitzWalk:
     @classmethod
     def of(cls, p: ConvProblem) -> ToeplitzWalk:
         if p.direction is Direction.BWD_DATA:
-            flipped = tuple(f - 1 - pad for f, pad in zip(p.filter_size, p.padding))
-            return cls(tuple(p.output_size), tuple(p.input_size), flipped)
+            return cls(tuple(p.output_size), tuple(p.input_size), p.flipped_padding)
         return cls(tuple(p.input_size), tuple(p.output_size), tuple(p.padding))
 
 
@@ -623,6 +619,15 @@ def _tma_refusal(config: TmaConfig, problem: ConvProblem) -> str | None:
         return (f"igemm-tma's forward steps through the weight's (tap, channel) rows in blocks of block_in="
                 f"{config.block_in} channels, which must not cross a tap or a group: C/G={problem.c_per_group} "
                 "is not a multiple of it")
+    if problem.direction is Direction.BWD_DATA:
+        if problem.k_per_group % config.block_in:
+            return (f"igemm-tma's backward-data is the forward over dy, stepping through its K/G="
+                    f"{problem.k_per_group} channels in blocks of block_in={config.block_in}: K/G is not a multiple "
+                    "of it")
+        if min(problem.flipped_padding) < 0:
+            return (f"igemm-tma's backward-data is the forward over dy padded by dilation x (filter - 1) - padding "
+                    f"= {problem.flipped_padding} a side, which must not be negative: padding {problem.padding} "
+                    "passes the filter's reach (the igemm family serves it)")
     if problem.spatial_dims == 1 and config.tile_h > 1:
         return (f"a 1-D conv has one row of pixels: a {config.tile_h}x{config.tile_w} tile would compute "
                 f"{config.tile_h - 1} rows of zeros; a 1 x tile_w tile serves it")

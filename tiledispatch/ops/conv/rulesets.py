@@ -76,7 +76,7 @@ class TmaTile:
     num_stages: int
     split_k: int = 1  # > 1: backward-weight only
     split_mode: SplitMode = SplitMode.WORKSPACE
-    directions: tuple[Direction, ...] = (Direction.FORWARD, Direction.BWD_WEIGHT)
+    directions: tuple[Direction, ...] = tuple(Direction)  # backward-data: the forward kernel over dy
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,7 @@ TESTS_TMA = TINY_TMA + (
 # pixels in 1-2 boxes; 28-128 wide: 4x32 and 1-row boxes); forward steps 64 input channels a box
 # (128 bytes: one TMA swizzle line). Backward-weight boxes one row tall keep dy^T in shared memory
 # for wgmma; taller ones copy it to registers (rules.register_a_operand): both are listed.
-DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD,)) for t in (
+DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD, Direction.BWD_DATA)) for t in (
     TmaTile(8, 16, 128, 64, 8, 3),
     TmaTile(8, 16, 128, 64, 8, 4),
     TmaTile(8, 16, 256, 64, 8, 3),
