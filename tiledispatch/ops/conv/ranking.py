@@ -122,6 +122,10 @@ VENDOR_DEPTHWISE_WEIGHT_SECONDS = 3e-6  # besides VENDOR_CALL_SECONDS
 # timing of these layers yet.)
 VENDOR_DEPTHWISE_STRIDED_FORWARD = 1.4
 VENDOR_DEPTHWISE_STRIDED_FMA = 0.5
+# Its stride-2 depthwise backward-data ran 2.5-3.7x (geomean 2.9x) the stride-1 model's time on the same
+# 7 layers (H100, results/h100/conv_depthwise_strided_bwd_data.csv, x given channels-last), where the
+# stride-2 window kernels ran 2.0-3.5x faster than it.
+VENDOR_DEPTHWISE_STRIDED_BWD_DATA = 2.9
 # The dispatcher takes a Triton kernel over cuDNN only when the model says it is faster by
 # more than its own error: modelled / measured of the Triton kernels the rules pick on
 # conv.csv spans 0.8-1.9x (grouped implicit GEMMs with narrow N run 1.2-1.9x slower than
@@ -283,6 +287,8 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
             conv_s *= VENDOR_DEPTHWISE_STRIDED_FORWARD
             fraction_of_fma *= VENDOR_DEPTHWISE_STRIDED_FMA
         conv_s = max(conv_s, fixed_s + p.flops() / (_fma_rate(arch) * fraction_of_fma))
+        if p.direction is Direction.BWD_DATA and not p.unit_stride:
+            conv_s *= VENDOR_DEPTHWISE_STRIDED_BWD_DATA
     steps = int(p.epilogue.activation.value != "none") + int(p.epilogue.residual)
     y_bytes = p.n * p.k * math.prod(p.output_size) * p.types.dtype.itemsize
     step_s = 2 * y_bytes / _bandwidth(arch) + LAUNCH_SECONDS
