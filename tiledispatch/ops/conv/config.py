@@ -105,7 +105,8 @@ class ImplicitGemmConfig(SplitReduction):
 class TmaConfig(SplitReduction):
     """An implicit GEMM over boxes of tile_h x tile_w output pixels that TMA moves (kernels/implicit_gemm_tma.py).
 
-    Forward and backward-weight of stride-1 convs on sm_90+. The channel blocks are
+    Forward and backward-weight of stride-1 convs on sm_90+, and backward-data as the forward
+    kernel over dy (`as_forward`; plan.py turns the filter first). The channel blocks are
     named by what they block, the same in both directions: `block_out` output channels
     (K/G: forward's N, backward-weight's M) and `block_in` input channels (C/G:
     forward's reduction step, backward-weight's N). Forward's M and backward-weight's
@@ -132,6 +133,10 @@ class TmaConfig(SplitReduction):
     def pixels(self) -> int:
         """Output pixels a box holds: forward's M, backward-weight's reduction step."""
         return self.tile_h * self.tile_w
+
+    def as_forward(self) -> TmaConfig:
+        """A backward-data config as the forward kernel it runs over dy (ConvProblem.data_gradient_as_forward)."""
+        return replace(self, signature=replace(self.signature, direction=Direction.FORWARD))
 
     @property
     def gemm_tile(self) -> tuple[int, int, int]:

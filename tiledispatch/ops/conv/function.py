@@ -68,7 +68,7 @@ def needs_grad(*tensors) -> bool:
 @dataclass(frozen=True)
 class ConvCall:
     """The arguments of a differentiable forward call other than its tensors; the backward convs
-    take the geometry, the tf32 flag and the dispatcher (`kernel` names the forward's kernel only)."""
+    take its options and dispatcher (`kernel` names the forward's kernel only)."""
 
     stride: Any
     padding: Any
@@ -79,22 +79,22 @@ class ConvCall:
     kernel: Any
     dispatcher: Any
 
-    def geometry(self) -> dict:
+    def options(self) -> dict:
+        """The keywords every direction's call takes."""
         return {"stride": self.stride, "padding": self.padding, "dilation": self.dilation, "groups": self.groups,
-                "allow_tf32": self.allow_tf32, "dispatcher": self.dispatcher}
+                "allow_tf32": self.allow_tf32}
 
 
 class ConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, bias, residual, call: ConvCall):
         activation = ACTIVATIONS[call.activation]
-        geometry = call.geometry()
-        dispatcher = geometry.pop("dispatcher")
         if activation is None:
-            y = run(Direction.FORWARD, dispatcher, call.kernel, x=x, w=w, bias=bias, residual=residual, **geometry)
+            y = run(Direction.FORWARD, call.dispatcher, call.kernel, x=x, w=w, bias=bias, residual=residual,
+                    **call.options())
             z = None
         else:
-            z = run(Direction.FORWARD, dispatcher, call.kernel, x=x, w=w, bias=bias, **geometry)
+            z = run(Direction.FORWARD, call.dispatcher, call.kernel, x=x, w=w, bias=bias, **call.options())
             out = activation(z.float())
             if residual is not None:
                 out += residual
@@ -114,13 +114,13 @@ class ConvFunction(torch.autograd.Function):
             with torch.enable_grad():
                 z32 = z.detach().float().requires_grad_()
                 dz = torch.autograd.grad(ACTIVATIONS[call.activation](z32), z32, dy.float())[0].to(dy.dtype)
-        geometry = call.geometry()
-        dispatcher = geometry.pop("dispatcher")
         dx = dw = dbias = None
         if ctx.needs_input_grad[0]:
-            dx = run(Direction.BWD_DATA, dispatcher, None, dy=dz, w=w, input_size=tuple(x.shape), **geometry)
+            dx = run(Direction.BWD_DATA, call.dispatcher, None, dy=dz, w=w, input_size=tuple(x.shape),
+                     **call.options())
         if ctx.needs_input_grad[1]:
-            dw = run(Direction.BWD_WEIGHT, dispatcher, None, x=x, dy=dz, weight_size=tuple(w.shape), **geometry)
+            dw = run(Direction.BWD_WEIGHT, call.dispatcher, None, x=x, dy=dz, weight_size=tuple(w.shape),
+                     **call.options())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             dbias = dz.sum(dim=(0, *range(2, dz.dim())), dtype=torch.float32).to(dz.dtype)
         dresidual = dy if ctx.needs_input_grad[3] else None

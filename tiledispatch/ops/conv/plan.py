@@ -236,7 +236,7 @@ def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALI
         weight = config.signature.direction is Direction.BWD_WEIGHT
         return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
     if isinstance(config, TmaConfig) and config.signature.direction is Direction.BWD_DATA:
-        return (_FLIP_UNIT, _tma_unit(_as_forward(config), specialization))
+        return (_FLIP_UNIT, _tma_unit(config.as_forward(), specialization))
     main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
 
@@ -483,11 +483,6 @@ def _reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p
     return Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), _values(unit, bound))
 
 
-def _as_forward(config: TmaConfig) -> TmaConfig:
-    """A backward-data config as the forward kernel's it runs (ConvProblem.data_gradient_as_forward)."""
-    return replace(config, signature=replace(config.signature, direction=Direction.FORWARD))
-
-
 def _tma_data_gradient_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     """Stride-1 backward-data as the forward kernel over dy: the filter turned and transposed into a
     scratch weight (stage `flip`, one pass over w), then the forward's boxes with dx as their output."""
@@ -495,7 +490,7 @@ def _tma_data_gradient_plan(config: TmaConfig, ops: ConvOperands, out: torch.Ten
     w = channels_last_empty((p.c, p.k_per_group, *p.filter_size), p.types.dtype.torch, ops.device)
     forward = ConvOperands(p.data_gradient_as_forward(), ops.dy, w, None, None, None, out)
     flip = kernel_units(config, p.specialization)[0]
-    inner = _tma_plan(_as_forward(config), forward, out)
+    inner = _tma_plan(config.as_forward(), forward, out)
     return Plan((Launch("flip", (1, 1, 1), _values(flip, {"w": ops.w, "out": w, "groups": p.groups})),
                  *inner.launches), out, inner.zeroed, (w, *inner.scratch))
 

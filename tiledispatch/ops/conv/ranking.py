@@ -80,7 +80,7 @@ VENDOR_FRACTION = {
     # dense: resnet50 3x3 and 1x1, unet, dilated, conv3d video (forward 0.41-0.71; bwd_data
     # 0.39-0.71; bwd_weight 0.39-0.61); the C=3 stem is 0.06 / 0.016 / 0.08, but there the
     # Triton kernels are slower still. Backward-data as vendor.py calls it, with a channels-last
-    # stand-in for x (H100 conv.csv at this commit); the expanded one-element stand-in that
+    # stand-in for x (H100, results/h100/conv_replicate_b13d5aa.csv); the expanded one-element stand-in that
     # torch.nn.grad passes ran 2.2-7x slower (0.11-0.24 here).
     (ShapeClass.DENSE, Direction.FORWARD): 0.55,
     (ShapeClass.DENSE, Direction.BWD_DATA): 0.5,
@@ -101,6 +101,7 @@ VENDOR_FRACTION = {
 # cuDNN's depthwise kernels are bound by CUDA-core issue, not bytes: the time grows with the
 # taps (mbv2 3x3, 5x5, convnext 7x7 forward: 4.2, 4.9, 5.8 T output-taps/s). As fractions
 # of the CUDA-core FMA rate (FMA_FRACTION_OF_TF32 of the tf32 peak, 2 FLOPs a tap):
+# (Backward-data 0.1: 0.096-0.119 on the suite's 3x3, 5x5 and 7x7 with x given channels-last, H100.)
 VENDOR_DEPTHWISE_FMA = {Direction.FORWARD: 0.16, Direction.BWD_DATA: 0.1, Direction.BWD_WEIGHT: 0.11}
 # Its backward-weight amortises each pixel's loads over the taps and over a map's pixels, so its
 # rate grows with both: 4-8 TFLOP/s at 3x3, 7-11 at 5x5, 7-18 at 7x7, the small maps slowest
@@ -124,7 +125,7 @@ VENDOR_DEPTHWISE_STRIDED_FORWARD = 1.4
 VENDOR_DEPTHWISE_STRIDED_FMA = 0.5
 # Its stride-2 depthwise backward-data ran 2.5-3.7x (geomean 2.9x) the stride-1 model's time on the same
 # 7 layers (H100, results/h100/conv_depthwise_strided_bwd_data.csv, x given channels-last), where the
-# stride-2 window kernels ran 2.0-3.5x faster than it.
+# stride-2 window kernels ran 2.0-3.6x faster than it.
 VENDOR_DEPTHWISE_STRIDED_BWD_DATA = 2.9
 # The dispatcher takes a Triton kernel over cuDNN only when the model says it is faster by
 # more than its own error: modelled / measured of the Triton kernels the rules pick on
@@ -460,8 +461,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
 def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     """The igemm-tma kernels: boxes of pixels on the tensor cores (constants: see TMA_FRACTION)."""
     if p.direction is Direction.BWD_DATA:  # the forward kernel over dy, after a pass that turns the filter
-        forward = replace(config, signature=replace(config.signature, direction=Direction.FORWARD))
-        inner = tma_score(forward, p.data_gradient_as_forward(), arch)
+        inner = tma_score(config.as_forward(), p.data_gradient_as_forward(), arch)
         weights = p.k * p.c_per_group * math.prod(p.filter_size) * p.types.dtype.itemsize
         flip_s = 2 * weights / _bandwidth(arch) + LAUNCH_SECONDS
         modelled = inner.terms["modelled_us"] * 1e-6 + flip_s
