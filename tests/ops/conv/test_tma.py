@@ -133,6 +133,23 @@ def test_output_channels_past_a_group_are_masked(dispatcher):
             run_and_check(dispatcher, p, name)
 
 
+def test_backward_data_replays_through_a_bound_call(dispatcher):
+    """The fast path replays backward-data's two stages on new tensors: the turn of the new filter into a
+    scratch weight made anew each call, then the forward kernel's descriptors rebased onto it and onto dy."""
+    from tiledispatch.ops.conv import fastpath
+
+    p = problem("bwd_data", 2, 32, 32, 2, (6, 7), (3, 3), 1, 1)
+    name = tma_kernels(dispatcher, p)[0]
+    first = make_inputs(p, device=DEVICE, seed=0)
+    bound = fastpath.bind(dispatcher, check_operands(p.direction, **first.kwargs(p)), name)
+    assert isinstance(bound, fastpath.BoundConv)
+    for seed in (1, 2):
+        fresh = make_inputs(p, device=DEVICE, seed=seed)  # out poisoned with NaN
+        tensors = tuple(fresh.out if role == "out" else getattr(fresh, role) for role in fastpath.ROLES)
+        assert bound(tensors) is fresh.out
+        assert compare(fresh.out, check_operands(p.direction, **fresh.kwargs(p))).passed
+
+
 def test_split_modes_agree_and_the_workspace_is_deterministic(dispatcher):
     p = problem("bwd_weight", 2, 32, 32, 1, (9, 8), (3, 3), 1, 1)
     names = tma_kernels(dispatcher, p)
