@@ -43,3 +43,11 @@ class Workspace:
 
     def value(self, tensor: torch.Tensor):
         return tensor if self.descriptor is None else rebase(self.descriptor, tensor)
+
+    def fill(self, args: list, made: dict, device) -> None:
+        """Puts this call's tensor into argument `index`: made on first use in the call, then shared through
+        `made` (key -> tensor) with the later stages that read the same one."""
+        tensor = made.get(self.key)
+        if tensor is None:
+            tensor = made[self.key] = self.make(device)
+        args[self.index] = self.value(tensor)

@@ -137,10 +137,7 @@ class BoundConv:
                 else:
                     args[index] = values[role] if descriptor is None else rebase(descriptor, values[role])
             for s in stage.scratch:
-                tensor = made.get(s.key)
-                if tensor is None:
-                    tensor = made[s.key] = s.make(self._device)
-                args[s.index] = s.value(tensor)
+                s.fill(args, made, self._device)
             stage.launcher(stage.grid, args, stream)
         return out
 

@@ -168,10 +168,7 @@ class BoundGemm:
             for slot in stage.slots:
                 args[slot.index] = slot.value(values[slot.role])
             for ws in stage.workspaces:
-                tensor = shared.get(ws.key)
-                if tensor is None:
-                    tensor = shared[ws.key] = ws.make(self._device)
-                args[ws.index] = ws.value(tensor)
+                ws.fill(args, shared, self._device)
             stage.launcher(stage.grid, args, stream)
         return result
 
