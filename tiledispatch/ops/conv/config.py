@@ -106,7 +106,7 @@ class TmaConfig(SplitReduction):
     """An implicit GEMM over boxes of tile_h x tile_w output pixels that TMA moves (kernels/implicit_gemm_tma.py).
 
     Forward and backward-weight of stride-1 convs on sm_90+, and backward-data as the forward
-    kernel over dy (`as_forward`; plan.py turns the filter first). The channel blocks are
+    kernel over dy (`as_forward`), which reads the conv's filter turned in place. The channel blocks are
     named by what they block, the same in both directions: `block_out` output channels
     (K/G: forward's N, backward-weight's M) and `block_in` input channels (C/G:
     forward's reduction step, backward-weight's N). Forward's M and backward-weight's

@@ -60,6 +60,7 @@ FUNCTIONS = {
     (Family.IMPLICIT_GEMM_FLAT, Direction.FORWARD): "conv_fwd_igemm_flat",
     (Family.IMPLICIT_GEMM_FLAT, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_flat",
     (Family.IMPLICIT_GEMM_TMA, Direction.FORWARD): "conv_fwd_igemm_tma",
+    (Family.IMPLICIT_GEMM_TMA, Direction.BWD_DATA): "conv_fwd_igemm_tma",  # over dy, the filter read turned
     (Family.IMPLICIT_GEMM_TMA, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_tma",
 }
 # Direct configs with a window (depthwise by sliding windows along W).
@@ -195,22 +196,6 @@ def unpad_weight(padded: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(padded[:, :out.shape[1]])
 
 
-def flip_filter(w: torch.Tensor, out: torch.Tensor, groups: int) -> None:
-    """igemm-tma's backward-data stage 1: w (K, C/G, *filter) turned by 180 degrees, K/G and C/G swapped in
-    each group, into out (C, K/G, *filter), the filter of the forward conv over dy that makes dx."""
-    k, cg, *taps = w.shape
-    spatial = tuple(range(3, 3 + len(taps)))
-    turned = w.view(groups, k // groups, cg, *taps).flip(spatial).transpose(1, 2)
-    out.view(groups, cg, k // groups, *taps).copy_(turned)
-
-
-_FLIP_UNIT = KernelUnit(
-    stage="flip", module="tiledispatch.ops.conv.plan", function="flip_filter",
-    signature=(("w", "python"), ("out", "python"), ("groups", "python")), constexprs=(), num_warps=0, num_stages=0,
-    modules=("tiledispatch.ops.conv.plan",), kind=UnitKind.PYTHON,
-)
-
-
 _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
     signature=tuple((name, "python") for name in ("operands", "out")),
@@ -235,8 +220,6 @@ def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALI
         inner = kernel_units(replace(config, pad_channels=False), padded)
         weight = config.signature.direction is Direction.BWD_WEIGHT
         return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
-    if isinstance(config, TmaConfig) and config.signature.direction is Direction.BWD_DATA:
-        return (_FLIP_UNIT, _tma_unit(config.as_forward(), specialization))
     main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
 
@@ -244,18 +227,24 @@ def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALI
 # -- the igemm-tma family: tensor descriptors ------------------------------------------------------
 TMA_GEOMETRY = ("N", "G", "CG", "KG", "OD", "OH", "OW", "FZ", "FY", "FX", "PD", "PH", "PW", "DD", "DH", "DW")
 # (descriptor or pointer arguments, the stride arguments) of each direction's kernel
+_TMA_FORWARD_ARGUMENTS = (("x_desc", "w_desc", "y_ptr", "bias_ptr", "res_ptr"),
+                          ("syn", "syd", "syh", "syw", "srn", "srd", "srh", "srw"))
 TMA_ARGUMENTS = {
-    Direction.FORWARD: (("x_desc", "w_desc", "y_ptr", "bias_ptr", "res_ptr"),
-                        ("syn", "syd", "syh", "syw", "srn", "srd", "srh", "srw")),
+    Direction.FORWARD: _TMA_FORWARD_ARGUMENTS,
+    Direction.BWD_DATA: _TMA_FORWARD_ARGUMENTS,
     Direction.BWD_WEIGHT: (("x_desc", "dy_desc", "w_ptr", "ws_ptr"), ("swk", "swz", "swy", "swx")),
 }
 
 
 def tma_blocks(config: TmaConfig) -> dict[str, tuple[int, ...]]:
-    """The box each descriptor moves: activations 5-D [N, D, H, W, channels], the forward's weight 2-D."""
+    """The box each descriptor moves: activations 5-D [N, D, H, W, channels], the weight 2-D (backward-data's
+    is the conv's own filter, read turned: its box is [reduction channels, output channels])."""
     box = lambda channels: (1, 1, config.tile_h, config.tile_w, channels)  # noqa: E731
-    if config.signature.direction is Direction.FORWARD:
+    direction = config.signature.direction
+    if direction is Direction.FORWARD:
         return {"x_desc": box(config.block_in), "w_desc": (config.block_out, config.block_in)}
+    if direction is Direction.BWD_DATA:
+        return {"x_desc": box(config.block_in), "w_desc": (config.block_in, config.block_out)}
     return {"x_desc": box(config.block_in), "dy_desc": box(config.block_out)}
 
 
@@ -269,10 +258,10 @@ def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUn
     signature = ([(name, kinds.get(name, f"*{t}")) for name in tensors] + [(n, "i32") for n in TMA_GEOMETRY]
                  + [(n, "i64") for n in strides])
     constexprs = {"TILE_H": config.tile_h, "TILE_W": config.tile_w}  # in the kernel's parameter order
-    if direction is Direction.FORWARD:
+    if direction is not Direction.BWD_WEIGHT:
         constexprs |= {"BLOCK_N": config.block_out, "BLOCK_K": config.block_in, "HAS_BIAS": sig.epilogue.bias,
                        "ACTIVATION": ACTIVATION_CODES[sig.epilogue.activation],
-                       "HAS_RESIDUAL": sig.epilogue.residual}
+                       "HAS_RESIDUAL": sig.epilogue.residual, "TURNED_WEIGHT": direction is Direction.BWD_DATA}
     else:
         constexprs |= {"BLOCK_M": config.block_out, "BLOCK_N": config.block_in, "SPLIT_K": config.split_k,
                        "ATOMIC": config.atomic_split}
@@ -336,27 +325,31 @@ def _dense_weight(w: torch.Tensor) -> bool:
 
 
 def _tma_bound(config: TmaConfig, ops: ConvOperands, out: torch.Tensor, workspace) -> dict:
-    """The arguments of an igemm-tma kernel by name: descriptors, geometry, output and residual strides."""
+    """The arguments of an igemm-tma kernel by name: descriptors, geometry, output and residual strides.
+
+    Backward-data runs the forward kernel over dy, so its geometry is that forward's
+    (`data_gradient_as_forward`); its weight descriptor is over the conv's own filter.
+    """
     p = ops.problem
     blocks = tma_blocks(config)
-    bound = {"x_desc": activation_descriptor(ops.x, blocks["x_desc"]),
-             **dict(zip(("OD", "OH", "OW"), p.padded3(p.output_size, 1))),
-             **dict(zip(("FZ", "FY", "FX"), p.padded3(p.filter_size, 1))),
-             **dict(zip(("PD", "PH", "PW"), p.padded3(p.padding, 0))),
-             **dict(zip(("DD", "DH", "DW"), p.padded3(p.dilation, 1))),
-             "N": p.n, "G": p.groups, "CG": p.c_per_group, "KG": p.k_per_group}
-    if p.direction is Direction.FORWARD:
-        dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
-        bound |= {"w_desc": weight_matrix_descriptor(ops.w, blocks["w_desc"]), "y_ptr": out,
-                  "bias_ptr": ops.bias if ops.bias is not None else dummy,
-                  "res_ptr": ops.residual if ops.residual is not None else dummy,
-                  **dict(zip(("syn", "syd", "syh", "syw"), _strides(out))),
-                  **dict(zip(("srn", "srd", "srh", "srw"), _strides(ops.residual)))}
-    else:
-        bound |= {"dy_desc": activation_descriptor(ops.dy, blocks["dy_desc"]), "w_ptr": out,
-                  "ws_ptr": workspace if workspace is not None else out,
-                  **dict(zip(("swk", "swz", "swy", "swx"), _strides(out)))}
-    return bound
+    turned = p.direction is Direction.BWD_DATA
+    g = p.data_gradient_as_forward() if turned else p
+    bound = {"x_desc": activation_descriptor(ops.dy if turned else ops.x, blocks["x_desc"]),
+             **dict(zip(("OD", "OH", "OW"), g.padded3(g.output_size, 1))),
+             **dict(zip(("FZ", "FY", "FX"), g.padded3(g.filter_size, 1))),
+             **dict(zip(("PD", "PH", "PW"), g.padded3(g.padding, 0))),
+             **dict(zip(("DD", "DH", "DW"), g.padded3(g.dilation, 1))),
+             "N": g.n, "G": g.groups, "CG": g.c_per_group, "KG": g.k_per_group}
+    if p.direction is Direction.BWD_WEIGHT:
+        return bound | {"dy_desc": activation_descriptor(ops.dy, blocks["dy_desc"]), "w_ptr": out,
+                        "ws_ptr": workspace if workspace is not None else out,
+                        **dict(zip(("swk", "swz", "swy", "swx"), _strides(out)))}
+    dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
+    return bound | {"w_desc": weight_matrix_descriptor(ops.w, blocks["w_desc"]), "y_ptr": out,
+                    "bias_ptr": ops.bias if ops.bias is not None else dummy,
+                    "res_ptr": ops.residual if ops.residual is not None else dummy,
+                    **dict(zip(("syn", "syd", "syh", "syw"), _strides(out))),
+                    **dict(zip(("srn", "srd", "srh", "srw"), _strides(ops.residual)))}
 
 
 def _values(unit: KernelUnit, bound: dict) -> tuple:
@@ -483,22 +476,8 @@ def _reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p
     return Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), _values(unit, bound))
 
 
-def _tma_data_gradient_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
-    """Stride-1 backward-data as the forward kernel over dy: the filter turned and transposed into a
-    scratch weight (stage `flip`, one pass over w), then the forward's boxes with dx as their output."""
-    p = ops.problem
-    w = channels_last_empty((p.c, p.k_per_group, *p.filter_size), p.types.dtype.torch, ops.device)
-    forward = ConvOperands(p.data_gradient_as_forward(), ops.dy, w, None, None, None, out)
-    flip = kernel_units(config, p.specialization)[0]
-    inner = _tma_plan(config.as_forward(), forward, out)
-    return Plan((Launch("flip", (1, 1, 1), _values(flip, {"w": ops.w, "out": w, "groups": p.groups})),
-                 *inner.launches), out, inner.zeroed, (w, *inner.scratch))
-
-
 def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     p = ops.problem
-    if p.direction is Direction.BWD_DATA:
-        return _tma_data_gradient_plan(config, ops, out)
     taps = math.prod(p.filter_size)
     split = splits(config)
     workspace, zeroed = _workspace(config, p, taps, out.device) if split else (None, ())
@@ -515,6 +494,8 @@ def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
 
 def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
     cdiv = triton.cdiv
+    if p.direction is Direction.BWD_DATA:  # the forward's grid over dx
+        p = p.data_gradient_as_forward()
     od, oh, ow = p.padded3(p.output_size, 1)
     if p.direction is Direction.FORWARD:
         boxes = p.n * od * cdiv(oh, config.tile_h) * cdiv(ow, config.tile_w)

@@ -81,9 +81,11 @@ VENDOR_FRACTION = {
     # 0.39-0.71; bwd_weight 0.39-0.61); the C=3 stem is 0.06 / 0.016 / 0.08, but there the
     # Triton kernels are slower still. Backward-data as vendor.py calls it, with a channels-last
     # stand-in for x (H100, results/h100/conv_replicate_b13d5aa.csv); the expanded one-element stand-in that
-    # torch.nn.grad passes ran 2.2-7x slower (0.11-0.24 here).
+    # torch.nn.grad passes ran 2.2-7x slower (0.11-0.24 here). cuDNN's backward-data runs within 0.94-1.08x
+    # of its forward on these five, so it shares the forward's fraction: at 0.5 the dispatcher took
+    # igemm-tma's turned-filter kernel on unet_3x3 at 0.89x cuDNN (results/h100/conv_tma_turned_bwd_data.csv).
     (ShapeClass.DENSE, Direction.FORWARD): 0.55,
-    (ShapeClass.DENSE, Direction.BWD_DATA): 0.5,
+    (ShapeClass.DENSE, Direction.BWD_DATA): 0.55,
     (ShapeClass.DENSE, Direction.BWD_WEIGHT): 0.46,
     # grouped 2-D/3-D: resnext g32 (C/G=8, 16), regnet g8 (56), conv3d g4 (32): forward 0.09-0.23,
     # bwd_data 0.09-0.19, bwd_weight 0.05-0.22.
@@ -460,13 +462,8 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
 
 def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     """The igemm-tma kernels: boxes of pixels on the tensor cores (constants: see TMA_FRACTION)."""
-    if p.direction is Direction.BWD_DATA:  # the forward kernel over dy, after a pass that turns the filter
-        inner = tma_score(config.as_forward(), p.data_gradient_as_forward(), arch)
-        weights = p.k * p.c_per_group * math.prod(p.filter_size) * p.types.dtype.itemsize
-        flip_s = 2 * weights / _bandwidth(arch) + LAUNCH_SECONDS
-        modelled = inner.terms["modelled_us"] * 1e-6 + flip_s
-        return Score(ideal_seconds(p, arch) / modelled,
-                     {**inner.terms, "flip_us": flip_s * 1e6, "modelled_us": modelled * 1e6})
+    if p.direction is Direction.BWD_DATA:  # the forward kernel over dy, reading the filter turned
+        return tma_score(config.as_forward(), p.data_gradient_as_forward(), arch)
     peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
     od, oh, ow = p.padded3(p.output_size, 1)
     boxes = p.n * od * math.ceil(oh / config.tile_h) * math.ceil(ow / config.tile_w)

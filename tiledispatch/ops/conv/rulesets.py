@@ -303,7 +303,7 @@ TESTS_TMA = TINY_TMA + (
 # pixels in 1-2 boxes; 28-128 wide: 4x32 and 1-row boxes); forward steps 64 input channels a box
 # (128 bytes: one TMA swizzle line). Backward-weight boxes one row tall keep dy^T in shared memory
 # for wgmma; taller ones copy it to registers (rules.register_a_operand): both are listed.
-DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD,)) for t in (
+DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD, Direction.BWD_DATA)) for t in (
     TmaTile(8, 16, 128, 64, 8, 3),
     TmaTile(8, 16, 128, 64, 8, 4),
     TmaTile(8, 16, 256, 64, 8, 3),
@@ -331,10 +331,6 @@ DEFAULT_TMA = TESTS_TMA + DEFAULT_TMA_FORWARD + splits_of(WEIGHT_TMA_TILES, WEIG
     TmaTile(8, 16, 128, 128, 8, 3, split_k=8, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
     TmaTile(1, 128, 128, 128, 8, 3, split_k=8, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
 )
-# Backward-data (the forward kernel over dy after a pass that turns the filter) is in `full` only: on the
-# H100 (results/h100/conv_tma_bwd_data.csv) its best default tile beat the igemm family's on UNet's 3x3
-# (78.8 against 102.1 us) and lost on ResNet-50's 3x3 and 1x1, the dilated 3x3 and the 3-D video conv
-# (1.1-1.25x slower), where the model ranked it first; cuDNN was faster than both on all five.
 FULL_TMA = tuple(
     TmaTile(h, w, bo, bi, warps, stages, k)
     for (h, w), bo, bi, warps, stages, k in itertools.product(

@@ -79,15 +79,22 @@ def conv_fwd_igemm_tma(x_desc, w_desc, y_ptr, bias_ptr, res_ptr,
                        syn, syd, syh, syw, srn, srd, srh, srw,
                        TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       TURNED_WEIGHT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """y[n, o, g, k] = sum over taps and c of x[n, o - P + tap*D, g, c] * w[g, k, tap, c] (stride 1).
 
     A program owns TILE_H x TILE_W output pixels by BLOCK_N output channels of one group
     and steps over (tap, BLOCK_K input channels). It computes the tile transposed,
     y^T = w @ x^T: wgmma takes its A operand from shared memory only when it is a
-    descriptor load as loaded, and the x box, [1, 1, TILE_H, TILE_W, BLOCK_K] merged into
-    [TILE_H * TILE_W, BLOCK_K], is not; as B it is read where TMA put it. A is the weight
-    box [BLOCK_N, BLOCK_K] of the 2-D descriptor [G*K, taps*C/G] at (g*K/G + k0, tap*C/G + c0).
+    descriptor load as loaded (transposed or not), and the x box, [1, 1, TILE_H, TILE_W,
+    BLOCK_K] merged into [TILE_H * TILE_W, BLOCK_K], is not; as B it is read where TMA put
+    it. A is the weight box [BLOCK_N, BLOCK_K] of the 2-D descriptor [G*K, taps*C/G] at
+    (g*K/G + k0, tap*C/G + c0).
+
+    TURNED_WEIGHT runs backward-data as this forward over dy (ConvProblem.data_gradient_as_forward):
+    its weight is the conv's own filter turned by 180 degrees with K/G and C/G swapped, which
+    the kernel reads in place rather than from a turned copy. Here (CG, KG) are the conv's
+    (K/G, C/G), so the descriptor over the conv's filter is [G*CG, taps*KG], and A is its box
+    [BLOCK_K, BLOCK_N] at (g*CG + c0, (taps - 1 - tap)*KG + k0), transposed.
     """
     BLOCK_M: tl.constexpr = TILE_H * TILE_W
     pid = tl.program_id(0)
@@ -109,8 +116,13 @@ def conv_fwd_igemm_tma(x_desc, w_desc, y_ptr, bias_ptr, res_ptr,
     fx = cb
     w_col = cb  # tap * C/G + c0, carried: the channel blocks of a tap, then the next tap's
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for _ in range(FZ * FY * FX * c_tiles):
-        a = w_desc.load([k_row, w_col])
+    taps = FZ * FY * FX
+    for _ in range(taps * c_tiles):
+        if TURNED_WEIGHT:
+            turned = taps - 1 - (fz * FY + fy) * FX - fx
+            a = w_desc.load([g * CG + cb * BLOCK_K, turned * KG + k0]).T
+        else:
+            a = w_desc.load([k_row, w_col])
         b = x_desc.load([n, d_in + fz * DD, h_in + fy * DH, w_in + fx * DW, c_first + cb * BLOCK_K])
         acc = tl.dot(a, b.reshape(BLOCK_M, BLOCK_K).T, acc, input_precision=DOT_PRECISION)
         cb, fz, fy, fx = next_step(cb, fz, fy, fx, c_tiles, FY, FX)
