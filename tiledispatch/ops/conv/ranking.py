@@ -100,6 +100,12 @@ VENDOR_FRACTION = {
     (ShapeClass.DEPTHWISE, Direction.BWD_DATA): 0.45,
     (ShapeClass.DEPTHWISE, Direction.BWD_WEIGHT): 0.45,
 }
+# Its grouped convs with C/G above 16 and not a multiple of it ran at half the fraction of the others:
+# regnet_g8 (C/G = 56) 0.086 / 0.086 / 0.05 by direction, where resnext g32 (C/G = 8, 16) and conv3d_g4
+# (32) ran 0.17-0.18 / 0.15-0.18 / 0.12-0.18 (H100, results/h100/conv.csv at a00603a). One case: a guess
+# at the rule, which kept the dispatcher on the Triton kernels (2.4x cuDNN) for regnet's backward-weight.
+VENDOR_GROUPED_EVEN = 16
+VENDOR_GROUPED_UNEVEN = 0.5
 # cuDNN's depthwise kernels are bound by CUDA-core issue, not bytes: the time grows with the
 # taps (mbv2 3x3, 5x5, convnext 7x7 forward: 4.2, 4.9, 5.8 T output-taps/s). As fractions
 # of the CUDA-core FMA rate (FMA_FRACTION_OF_TF32 of the tf32 peak, 2 FLOPs a tap):
@@ -225,6 +231,15 @@ TMA_STEP_INSTRUCTIONS = 40
 TMA_REGISTER_A_INSTRUCTIONS = 24
 TMA_REGISTER_A_EFFICIENCY = 0.85
 TMA_BANDWIDTH_FRACTION = 0.80  # gemm's tma-persistent streamed 3.8-4.0 of 4.8 TB/s
+# Backward-weight reads two boxes a step from L2 (TMA has no L1 to share a tap's rows) for one
+# block_out x block_in x pixels MMA, so 64x64 channel blocks take twice the bytes a FLOP of 128x128
+# ones. Without this term the model ranked 64x64 tiles first on the five dense suite convs, which
+# ran 1.2-1.5x slower than the best 128x128 tile; with it the picks ran 1.0-1.2x the best
+# (H100: all 266 igemm-tma backward-weight configs of `full` timed, results/h100/conv_tma_sweep_bwd_weight.csv).
+TMA_WEIGHT_PORT_BYTES_PER_S = 100e9
+# fp32 atomic adds into dw a second (split_k x dw's elements): the same sweep's 8-way atomic splits
+# ran 10-37 us slower than their workspace twins, 1.1-1.5e11 adds a second.
+ATOMIC_ADDS_PER_S = 1.2e11
 # wgmma computes 64 rows a warpgroup: a forward box of fewer pixels pays for 64. conv3d_g4's
 # forward took the 2x16x32x32 box, modelled 30 us, and ran 59 on the H200 (128x32x32 igemm: 32);
 # with this term the Triton-only selection on conv.csv rose 0.962 -> 0.970 mean, its minimum
@@ -278,6 +293,8 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
     ideal = ideal_seconds(p, arch)
     kind = shape_class(p)
     fraction = VENDOR_FRACTION[(kind, p.direction)]
+    if kind is ShapeClass.GROUPED and p.c_per_group > VENDOR_GROUPED_EVEN and p.c_per_group % VENDOR_GROUPED_EVEN:
+        fraction *= VENDOR_GROUPED_UNEVEN
     conv_s = ideal / fraction
     if kind is ShapeClass.DEPTHWISE:
         fraction_of_fma, fixed_s = VENDOR_DEPTHWISE_FMA[p.direction], 0.0
@@ -506,14 +523,21 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     if config.split_k > 1:
         weights = p.k * p.c_per_group * taps
         reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
-    bound_s = (compute_s**3 + memory_s**3 + issue_s**3) ** (1 / 3)
+        if config.atomic_split:
+            reduce_s += config.split_k * weights / ATOMIC_ADDS_PER_S
+    intake_s = 0.0
+    if p.direction is Direction.BWD_WEIGHT:  # the busiest SM's boxes, every one read from L2
+        box_bytes = config.pixels * (config.block_out + config.block_in) * p.types.dtype.itemsize
+        intake_s = math.ceil(tiles / arch.sm_count) * steps * box_bytes / TMA_WEIGHT_PORT_BYTES_PER_S
+    bound_s = (compute_s**3 + memory_s**3 + issue_s**3 + intake_s**3) ** (1 / 3)
     modelled = bound_s / TMA_FRACTION[p.direction] + LAUNCH_SECONDS + reduce_s
     value = ideal_seconds(p, arch) / modelled
     if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
     terms = {**waste, "waves": waves, "latency": latency, "narrow": narrow, "wgmma_rows": wgmma_rows,
              "register_a": float(register_a),
-             "resident": float(resident), "issue_us": issue_s * 1e6, "modelled_us": modelled * 1e6}
+             "resident": float(resident), "issue_us": issue_s * 1e6, "intake_us": intake_s * 1e6,
+             "modelled_us": modelled * 1e6}
     return Score(value, terms)
 
 
