@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import conv as suite_bench  # the suite benchmark's operands, reference and timing
 import torch
 
 import tiledispatch  # noqa: F401  (first: it picks the backend)
@@ -27,8 +28,6 @@ from tiledispatch.core.kernel import build_all
 from tiledispatch.core.registry import Registry
 from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.conv import Direction
-
-import conv as suite_bench  # the suite benchmark's operands, reference and timing
 
 PROFILED = 4  # fastest candidates whose kernels are split by the profiler
 PROFILE_CALLS = 20
