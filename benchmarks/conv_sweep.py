@@ -1,4 +1,4 @@
-"""Every kernel of one conv family in the `full` rule set, timed on suite cases against cuDNN.
+"""Every kernel of one conv family in a rule set (`full` unless told), timed on suite cases against cuDNN.
 
 The suite benchmark (conv.py) times only the rules' best few per family, so it cannot say
 how far the ranking's pick is from the family's best. This sweep times them all (bf16, one
@@ -7,7 +7,8 @@ by kernel with torch.profiler (a split backward-weight's main kernel and its red
 The CSV keeps the model's rank and modelled time beside the measured one, which is what a
 refit of the ranking's constants reads.
 
-    python benchmarks/conv_tma_sweep.py --out DIR --direction bwd_weight --cases resnet50_3x3,unet_3x3
+    python benchmarks/conv_sweep.py --out DIR --direction bwd_weight --cases resnet50_3x3,unet_3x3 \
+        [--family igemm-tma] [--rule-set full]
 """
 
 from __future__ import annotations
@@ -78,14 +79,15 @@ def main() -> None:
     parser.add_argument("--direction", type=Direction, required=True)
     parser.add_argument("--cases", required=True, help="comma-separated suite case names")
     parser.add_argument("--family", default="igemm-tma")
+    parser.add_argument("--rule-set", default="full")
     args = parser.parse_args()
     arch = current_arch()
-    dispatcher = Dispatcher(Registry.from_rule_set("conv", "full", arch), arch)
+    dispatcher = Dispatcher(Registry.from_rule_set("conv", args.rule_set, arch), arch)
     cases = {c["name"]: c for c in json.loads(suite_bench.SUITE.read_text())["cases"]}
     rows = [row for name in args.cases.split(",")
             for row in sweep_case(dispatcher, cases[name], args.direction, args.family)]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"conv_tma_sweep_{args.direction.value}.csv"
+    path = args.out / f"conv_sweep_{args.family}_{args.direction.value}.csv"
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
