@@ -104,22 +104,38 @@ def test_dims_and_geometry(dispatcher, direction, geometry, family):
 
 # -- igemm-flat: few channels a group, the filter's (tap, channel) pairs as one index ------------------
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
-@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
+@pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
 def test_flat_geometry(dispatcher, direction, geometry):
     size, filt, stride, padding, dilation = GEOMETRIES[geometry]
     p = problem(direction, 2, 6, 4, 2, size, filt, stride, padding, dilation)  # C/G = 3
     run_and_check(dispatcher, p, best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT))
 
 
+@pytest.mark.parametrize("family", [Family.IMPLICIT_GEMM_FLAT, Family.IMPLICIT_GEMM], ids=lambda f: f.value)
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
-def test_stem(dispatcher, direction):
+def test_stem(dispatcher, direction, family):
     """An image model's stem in small: 3 channels, 7x7 stride 2 (147 flat pairs: 5 steps of 32, the last
-    ragged). x and w are not 16-byte aligned but dy and y are (K = 16): the kernels' output side is
-    compiled with vectors (VEC_Y), its input side without."""
+    ragged; backward-data's gather meets 16, 12 or 9 taps a pixel by its phase). x and w are not 16-byte
+    aligned but dy and y are (K = 16): the kernels' output side is compiled with vectors (VEC_Y), its
+    input side without."""
     p = problem(direction, 2, 3, 16, 1, (13, 12), (7, 7), 2, 3, 1)
-    family = Family.IMPLICIT_GEMM if direction is Direction.BWD_DATA else Family.IMPLICIT_GEMM_FLAT
     ops, _ = run_and_check(dispatcher, p, best_of(dispatcher, p, family))
     assert ops.problem.specialization.tag == "al00-ya"
+
+
+def test_flat_data_gradient_stages(dispatcher):
+    """The flat backward-data is two launches, the tensor-core columns then the gather, over one fp32
+    column matrix [G, taps x C/G, output pixels] that the plan makes (its scratch)."""
+    from tiledispatch.ops.conv.plan import plan
+
+    p = problem(Direction.BWD_DATA, 2, 6, 4, 2, (9, 8), (5, 3), 2, 1, 1)  # output 4x4 (5x3 taps, stride 2)
+    name = best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT)
+    ops = check_operands(p.direction, **make_inputs(p, device=DEVICE).kwargs(p))
+    made = plan(dispatcher.registry.get(name).config, ops)
+    assert [launch.stage for launch in made.launches] == ["main", "col2im"]
+    assert made.launches[1].grid == (1, 2, 4)  # 2 images x 5 x 4 pixels of a phase in one block; groups; phases
+    (columns,) = made.scratch
+    assert columns.dtype == torch.float32 and columns.numel() == 2 * (2 * 4 * 4) * (15 * 3)
 
 
 # -- igemm-flat on channels padded to 16-byte vectors (pad_channels): x and w copied with zeros, dw cut back
@@ -384,3 +400,10 @@ def test_weight_gradient_pixel_walk(dispatcher, geometry):
                                     tile.split_mode)
         ops, _ = run_and_check(dispatcher, p, spec_name(config))
         assert ops.problem.specialization.channel_multiple == 32
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_flat_data_gradient_channel_passes(dispatcher, dtype):
+    """C/G = 5 takes the gather two passes of 4 channels (the second ragged), in 2 groups and 3-D."""
+    p = problem(Direction.BWD_DATA, 2, 10, 4, 2, (4, 6, 5), (2, 3, 3), (1, 2, 2), 1, 1, dtype)
+    run_and_check(dispatcher, p, best_of(dispatcher, p, Family.IMPLICIT_GEMM_FLAT))

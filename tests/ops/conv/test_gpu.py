@@ -32,8 +32,6 @@ def ranked(dispatcher, p, family: Family):
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_every_family_on_the_gpu(dispatcher, direction, dims, family, dtype):
-    if family is Family.IMPLICIT_GEMM_FLAT and direction is Direction.BWD_DATA:
-        pytest.skip("igemm-flat has no backward-data kernel (rules.py refuses it)")
     size, filt = {1: ((37,), (3,)), 2: ((13, 11), (3, 3)), 3: ((5, 7, 6), (3, 3, 3))}[dims]
     c, k, g = {Family.DIRECT: (16, 16, 16), Family.IMPLICIT_GEMM_FLAT: (6, 32, 2)}.get(family, (48, 32, 2))
     p = problem(direction, 3, c, k, g, size, filt, 1, 1, 1, dtype)

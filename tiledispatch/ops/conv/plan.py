@@ -58,6 +58,7 @@ FUNCTIONS = {
     (Family.DIRECT, Direction.BWD_DATA): "conv_bwd_data_direct",
     (Family.DIRECT, Direction.BWD_WEIGHT): "conv_bwd_weight_direct",
     (Family.IMPLICIT_GEMM_FLAT, Direction.FORWARD): "conv_fwd_igemm_flat",
+    (Family.IMPLICIT_GEMM_FLAT, Direction.BWD_DATA): "conv_bwd_data_igemm_flat",  # then conv_col2im
     (Family.IMPLICIT_GEMM_FLAT, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_flat",
     (Family.IMPLICIT_GEMM_TMA, Direction.FORWARD): "conv_fwd_igemm_tma",
     (Family.IMPLICIT_GEMM_TMA, Direction.BWD_DATA): "conv_fwd_igemm_tma",  # over dy, the filter read turned
@@ -76,6 +77,10 @@ STRIDES = ("sxn", "sxd", "sxh", "sxw", "swk", "swz", "swy", "swx", "syn", "syd",
 # suite's 5x5); at 128 their walks ran 4-9 % faster and the dense splits 2-4 % (H100,
 # benchmarks/results/h100/conv_reduce_block_ab.csv).
 REDUCE_BLOCK = 128
+COL2IM_BLOCK_PIXELS = 128  # the flat backward-data's gather: input pixels a program,
+COL2IM_BLOCK_CHANNELS = 4  # and channels a pass (the stem's 3 in one)
+COL2IM_GEOMETRY = ("N", "G", "CG", "D", "H", "W", "OD", "OH", "OW", "FZ", "FY", "FX",
+                   "SD", "SH", "SW", "PD", "PH", "PW", "DD", "DH", "DW")
 PAD_BLOCK_ROWS = 128  # channel padding: rows (pixels) of 8 channels per program
 MAX_GRID_YZ = 65535
 CHANNELS_FASTEST_PIXEL_BYTES = 2048  # pixels this long: window kernels step channel blocks fastest
@@ -170,6 +175,26 @@ def _reduce_unit(config, specialization: ConvSpecialization) -> KernelUnit:
     )
 
 
+def _col2im_unit(config: ImplicitGemmConfig) -> KernelUnit:
+    """The flat backward-data's second stage: its fp32 columns summed into dx (kernels/implicit_gemm_flat.py)."""
+    t = config.signature.types.dtype.triton
+    constexprs = {"BLOCK_P": COL2IM_BLOCK_PIXELS, "BLOCK_C": COL2IM_BLOCK_CHANNELS}
+    signature = ([("ws_ptr", "*fp32"), ("x_ptr", f"*{t}")] + [(n, "i32") for n in COL2IM_GEOMETRY]
+                 + [(n, "i64") for n in STRIDES[0:4]] + [(n, "constexpr") for n in constexprs])
+    module = FAMILY_MODULES[Family.IMPLICIT_GEMM_FLAT]
+    return KernelUnit(
+        stage="col2im", module=module, function="conv_col2im", signature=tuple(signature),
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
+        modules=(module, *_FAMILY_IMPORTS[Family.IMPLICIT_GEMM_FLAT], *_SHARED_MODULES),
+    )
+
+
+def flat_data_gradient(config: AnyConvConfig) -> bool:
+    """Whether the config is the flat backward-data: columns by tensor cores, then `conv_col2im`."""
+    return (isinstance(config, ImplicitGemmConfig) and config.family is Family.IMPLICIT_GEMM_FLAT
+            and config.signature.direction is Direction.BWD_DATA)
+
+
 def _pad_unit(config: ImplicitGemmConfig) -> KernelUnit:
     t = config.signature.types.dtype.triton
     constexprs = {"BLOCK_R": PAD_BLOCK_ROWS, "BLOCK_C": 16 // config.signature.types.dtype.itemsize}
@@ -220,6 +245,8 @@ def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALI
         inner = kernel_units(replace(config, pad_channels=False), padded)
         weight = config.signature.direction is Direction.BWD_WEIGHT
         return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
+    if flat_data_gradient(config):
+        return (_main_unit(config, specialization), _col2im_unit(config))
     main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
 
@@ -393,6 +420,9 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     taps = math.prod(p.filter_size)
     split = splits(config)
     workspace, zeroed = _workspace(config, p, taps, out.device) if split else (None, ())
+    if flat_data_gradient(config):  # the column matrix [G, taps x C/G, output pixels]
+        workspace = torch.empty(p.groups * p.n * math.prod(p.output_size) * taps * p.c_per_group,
+                                dtype=torch.float32, device=out.device)
     dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
     bound = {
         "x_ptr": x, "w_ptr": w, "y_ptr": y,
@@ -414,6 +444,10 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     launches = [Launch("main", grid, _values(units[0], bound))]
     if split:
         launches.append(_reduce_launch(units[1], workspace, w, p, taps))
+    if flat_data_gradient(config):
+        phase_pixels = p.n * math.prod(triton.cdiv(size, s) for size, s in zip(p.input_size, p.stride))
+        launches.append(Launch("col2im", (triton.cdiv(phase_pixels, COL2IM_BLOCK_PIXELS), p.groups,
+                                          math.prod(p.stride)), _values(units[1], bound)))
     return Plan(tuple(launches), out, zeroed, _made(workspace))
 
 
@@ -590,6 +624,8 @@ def _grid(config: ImplicitGemmConfig | DirectConfig, p, taps: int) -> tuple[int,
     d = p.direction
     if isinstance(config, ImplicitGemmConfig):
         bm, bn, merged = config.block_m, config.block_n, config.groups_per_tile
+        if config.family is Family.IMPLICIT_GEMM_FLAT and d is Direction.BWD_DATA:  # M = output pixels, N = j
+            return (cdiv(pixels_out, bm) * cdiv(taps * p.c_per_group, bn), p.groups, 1)
         if config.family is Family.IMPLICIT_GEMM_FLAT and d is Direction.BWD_WEIGHT:  # N = every tap's channels
             return (cdiv(p.k_per_group, bm) * cdiv(taps * p.c_per_group, bn), p.groups, config.split_k)
         if d is Direction.FORWARD:

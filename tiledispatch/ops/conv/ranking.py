@@ -47,6 +47,13 @@ from .rules import (
     window_registers,
 )
 
+# igemm-flat's backward-data streams its fp32 column matrix out and back. On the stem (H100, results/h100/
+# conv_sweep_igemm-flat_bwd_data.csv) its best tile took 205 us to write the 236 MB and 208 to gather
+# them (the bf16 columns of a scratch probe ran only 1.1-1.25x faster: neither stage is bandwidth-bound),
+# 0.27 of the bandwidth modelled; tiles whose one step covers K/G ran their GEMM stage 1.5-2.1x slower,
+# those of 64x64 1.3x (FLAT_DATA_TILE: the output tile below which a stage pays more per byte).
+FLAT_DATA_BANDWIDTH_FRACTION = 0.27
+FLAT_DATA_TILE = 128 * 64
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
 # of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
@@ -56,6 +63,7 @@ TILED_FRACTION = 0.5
 # fp16. The directions differ by 3x: cuDNN's backward-data is its weak path (dense
 # 0.11-0.24, where the Triton implicit GEMM is 1.6-2.2x faster), its forward and
 # backward-weight its strong ones (dense 0.41-0.71 and 0.39-0.61).
+FEW_CHANNELS = 8  # dense convs with fewer input channels are their own class (ShapeClass.FEW_CHANNELS)
 VENDOR_CALL_SECONDS = 2e-6  # GPU-side fixed cost of a cuDNN call (the benchmark times graph replays)
 
 
@@ -63,6 +71,7 @@ class ShapeClass(enum.Enum):
     """What cuDNN runs a conv as: its measured efficiency follows this, then the direction."""
 
     DENSE = "dense"  # G = 1
+    FEW_CHANNELS = "few-channels"  # G = 1 and C < FEW_CHANNELS: an image model's stem
     GROUPED = "grouped"  # 1 < G, C/G or K/G > 1, 2-D and 3-D
     GROUPED_1D = "grouped-1d"  # grouped or depthwise 1-D (conv1d_g16, mamba): 0.045-0.061 in every direction
     DEPTHWISE = "depthwise"  # C/G = K/G = 1, 2-D and 3-D: CUDA-core bound, see VENDOR_DEPTHWISE_FMA
@@ -70,7 +79,7 @@ class ShapeClass(enum.Enum):
 
 def shape_class(p: ConvProblem) -> ShapeClass:
     if p.groups == 1:
-        return ShapeClass.DENSE
+        return ShapeClass.FEW_CHANNELS if p.c < FEW_CHANNELS else ShapeClass.DENSE
     if p.spatial_dims == 1:
         return ShapeClass.GROUPED_1D
     return ShapeClass.DEPTHWISE if p.one_channel_per_group else ShapeClass.GROUPED
@@ -78,8 +87,7 @@ def shape_class(p: ConvProblem) -> ShapeClass:
 
 VENDOR_FRACTION = {
     # dense: resnet50 3x3 and 1x1, unet, dilated, conv3d video (forward 0.41-0.71; bwd_data
-    # 0.39-0.71; bwd_weight 0.39-0.61); the C=3 stem is 0.06 / 0.016 / 0.08, but there the
-    # Triton kernels are slower still. Backward-data as vendor.py calls it, with a channels-last
+    # 0.39-0.71; bwd_weight 0.39-0.61). Backward-data as vendor.py calls it, with a channels-last
     # stand-in for x (H100, results/h100/conv_replicate_b13d5aa.csv); the expanded one-element stand-in that
     # torch.nn.grad passes ran 2.2-7x slower (0.11-0.24 here). cuDNN's backward-data runs within 0.94-1.08x
     # of its forward on these five, so it shares the forward's fraction: at 0.5 the dispatcher took
@@ -87,6 +95,11 @@ VENDOR_FRACTION = {
     (ShapeClass.DENSE, Direction.FORWARD): 0.55,
     (ShapeClass.DENSE, Direction.BWD_DATA): 0.55,
     (ShapeClass.DENSE, Direction.BWD_WEIGHT): 0.46,
+    # the C=3 stem, 7x7 stride 2 (H100, results/h100/conv.csv at 39137ab): forward 0.15 in fp16, 0.057 in
+    # bf16 (the faster one here: the dispatcher errs towards cuDNN), backward-data 0.026, backward-weight 0.082.
+    (ShapeClass.FEW_CHANNELS, Direction.FORWARD): 0.15,
+    (ShapeClass.FEW_CHANNELS, Direction.BWD_DATA): 0.026,
+    (ShapeClass.FEW_CHANNELS, Direction.BWD_WEIGHT): 0.082,
     # grouped 2-D/3-D: resnext g32 (C/G=8, 16), regnet g8 (56), conv3d g4 (32): forward 0.09-0.23,
     # bwd_data 0.09-0.19, bwd_weight 0.05-0.22.
     (ShapeClass.GROUPED, Direction.FORWARD): 0.17,
@@ -849,6 +862,30 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     return Score(ideal / modelled * VENDOR_TRUST / error, terms)
 
 
+def flat_data_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
+    """igemm-flat's backward-data: the fp32 column matrix written by a GEMM, then read back by col2im.
+
+    For the few channels a group it serves, both stages move the columns (4 bytes a (pixel,
+    tap, channel)) and little else, at a fraction of the bandwidth (FLAT_DATA_BANDWIDTH_FRACTION).
+    The GEMM stage loses its overlap of loads and MMAs when one step covers K/G, and small
+    tiles pay more per byte (FLAT_DATA_TILE).
+    """
+    item = p.types.dtype.itemsize
+    taps, pixels = math.prod(p.filter_size), p.n * math.prod(p.output_size)
+    columns = p.groups * pixels * taps * p.c_per_group * 4
+    dy, dx = p.n * p.k * math.prod(p.output_size) * item, p.n * p.c * math.prod(p.input_size) * item
+    weights = p.k * p.c_per_group * taps * item
+    bandwidth = _bandwidth(arch) * FLAT_DATA_BANDWIDTH_FRACTION
+    steps = math.ceil(p.k_per_group / config.block_k)
+    terms = {"pipelined": min(1.0, steps / 2),
+             "tile": min(1.0, math.sqrt(config.block_m * config.block_n / FLAT_DATA_TILE))}
+    gemm_s = (dy + weights + columns) / bandwidth / math.prod(terms.values())
+    col2im_s = (columns + dx) / bandwidth
+    modelled = gemm_s + col2im_s + 2 * LAUNCH_SECONDS
+    return Score(ideal_seconds(p, arch) / modelled,
+                 {**terms, "gemm_us": gemm_s * 1e6, "col2im_us": col2im_s * 1e6, "modelled_us": modelled * 1e6})
+
+
 def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
@@ -860,4 +897,6 @@ def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
         return tma_score(config, problem, arch)
     if config.pad_channels:
         return padded_score(config, problem, arch)
+    if config.family is Family.IMPLICIT_GEMM_FLAT and problem.direction is Direction.BWD_DATA:
+        return flat_data_score(config, problem, arch)
     return igemm_score(config, problem, arch)

@@ -300,9 +300,9 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
         error(ConvRule.PAD_CHANNELS,
               f"pad_channels is igemm-flat's (few channels a group), not {config.family.value}'s",
               "use family igemm-flat, or pad_channels=False")
-    if config.family is Family.IMPLICIT_GEMM_FLAT and sig.direction is Direction.BWD_DATA:
-        error(ConvRule.FAMILY_DIRECTION, "igemm-flat computes forward and backward-weight; backward-data reduces "
-              "over K/G, which no filter flattening shortens", "use family igemm")
+    if config.pad_channels and sig.direction is Direction.BWD_DATA:
+        error(ConvRule.PAD_CHANNELS, "igemm-flat's backward-data writes dx's own channels: there is no x to pad",
+              "use pad_channels=False")
     smem = shared_memory_bytes(config)
     if smem > arch.shared_memory_per_block_optin:
         error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of {config.block_m}x{config.block_k} and "

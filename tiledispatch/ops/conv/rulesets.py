@@ -40,14 +40,14 @@ class GemmTile:
     split_k: int = 1  # > 1: backward-weight only
     split_mode: SplitMode = SplitMode.WORKSPACE
     groups_per_tile: int = 1  # > 1: forward and backward-data only
-    family: Family = Family.IMPLICIT_GEMM  # or IMPLICIT_GEMM_FLAT: forward and backward-weight only
-    pad_channels: bool = False  # IMPLICIT_GEMM_FLAT only
+    family: Family = Family.IMPLICIT_GEMM  # or IMPLICIT_GEMM_FLAT
+    pad_channels: bool = False  # IMPLICIT_GEMM_FLAT only: forward and backward-weight
 
     def serves(self, direction: Direction) -> bool:
-        """Split tiles are backward-weight's, merged ones not; flat ones have no backward-data."""
+        """Split tiles are backward-weight's, merged ones not; padded ones have no backward-data."""
         weight = direction is Direction.BWD_WEIGHT
-        flat_ok = self.family is not Family.IMPLICIT_GEMM_FLAT or direction is not Direction.BWD_DATA
-        return (self.split_k == 1 or weight) and (self.groups_per_tile == 1 or not weight) and flat_ok
+        padded_ok = not self.pad_channels or direction is not Direction.BWD_DATA
+        return (self.split_k == 1 or weight) and (self.groups_per_tile == 1 or not weight) and padded_ok
 
 
 @dataclass(frozen=True)
