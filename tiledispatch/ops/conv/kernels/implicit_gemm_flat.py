@@ -241,13 +241,13 @@ def conv_col2im(ws_ptr, x_ptr, N, G, CG, D, H, W, OD, OH, OW, FZ, FY, FX,
         in_c = c < CG
         channels = (g * FZ * FY * FX * CG + c).to(tl.int64) * P  # tap 0's column of each channel
         acc = tl.zeros((BLOCK_C, BLOCK_P), dtype=tl.float32)
-        for tz in range(0, nz):
+        for tz in range(nz):
             od = qd + bz - tz * z_step
             fz = fz0 + tz * z_period
-            for ty in range(0, ny):
+            for ty in range(ny):
                 oh = qh + by - ty * y_step
                 fy = fy0 + ty * y_period
-                for tx in range(0, nx):
+                for tx in range(nx):
                     ow = qw + bx - tx * x_step
                     fx = fx0 + tx * x_period
                     ok = in_p & inside(od, OD) & inside(oh, OH) & inside(ow, OW)
