@@ -77,6 +77,9 @@ class BoundConv:
         self._allocates = operands.out is None
         if self._allocates:
             by_id[id(plan.output)] = ROLES.index("out")
+        # The vendor stage hands over its own result's storage (vendor.run): an allocation of y's size
+        # would only be dropped, so it gets an empty tensor to take that storage.
+        self._hands_over = self._allocates and any(launch.stage == "vendor" for launch in plan.launches)
         made: dict[int, int] = {}  # id of each tensor the plan made -> its scratch key
         zeroed, scratch = {id(t) for t in plan.zeroed}, {id(t) for t in plan.scratch}
         self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, made, zeroed, scratch)
@@ -115,7 +118,9 @@ class BoundConv:
 
     def __call__(self, tensors: tuple) -> torch.Tensor:
         out = tensors[-1]
-        if self._allocates:
+        if self._hands_over:
+            out = torch.empty(0, dtype=self._out[2], device=self._device)
+        elif self._allocates:
             shape, stride, dtype = self._out
             out = torch.empty_strided(shape, stride, dtype=dtype, device=self._device)
         else:  # same pointers as a call that passed, and the same shapes (the signature): same answer
