@@ -17,6 +17,7 @@ class Family(enum.Enum):
     IMPLICIT_GEMM_TMA = "igemm-tma"  # the same GEMMs with boxes of pixels moved by TMA (sm_90+, stride 1)
     DIRECT = "direct"  # no tensor cores: channel vectors, for depthwise and few channels per group
     TOEPLITZ = "toeplitz"  # depthwise on tensor cores: each filter row as a banded (Toeplitz) matrix
+    GEMM = "gemm"  # a 1x1, stride-1 dense conv as the GEMM op's plain matrix product (pointwise.py)
     VENDOR = "vendor"  # cuDNN through PyTorch
 
 
@@ -259,4 +260,22 @@ class VendorConfig:
         return f"conv_{self.signature.name}_vendor_{self.signature.epilogue.name}"
 
 
-AnyConvConfig = ImplicitGemmConfig | TmaConfig | DirectConfig | ToeplitzConfig | VendorConfig
+@dataclass(frozen=True)
+class PointwiseConfig:
+    """A 1x1, stride-1, unpadded dense conv run as one GEMM by the GEMM op's Triton kernels.
+
+    Channels-last, such a conv is a matrix product of its tensors' 2-D views (pixels x
+    channels), which the GEMM op's persistent TMA kernels run faster than the conv's
+    implicit GEMMs; the GEMM op's own ranking picks the tile, so there is one config a
+    signature, as for the vendor.
+    """
+
+    signature: ConvSignature
+    family: Family = Family.GEMM
+
+    @property
+    def name(self) -> str:
+        return f"conv_{self.signature.name}_gemm_{self.signature.epilogue.name}"
+
+
+AnyConvConfig = ImplicitGemmConfig | TmaConfig | DirectConfig | ToeplitzConfig | PointwiseConfig | VendorConfig

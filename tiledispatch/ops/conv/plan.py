@@ -28,6 +28,7 @@ from .config import (
     DirectConfig,
     Family,
     ImplicitGemmConfig,
+    PointwiseConfig,
     TmaConfig,
     ToeplitzConfig,
     VendorConfig,
@@ -221,6 +222,13 @@ def unpad_weight(padded: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(padded[:, :out.shape[1]])
 
 
+_POINTWISE_UNIT = KernelUnit(
+    stage="gemm", module="tiledispatch.ops.conv.pointwise", function="run",
+    signature=tuple((name, "python") for name in ("operands", "out")),
+    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.conv.pointwise",), kind=UnitKind.PYTHON,
+)
+
+
 _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
     signature=tuple((name, "python") for name in ("operands", "out")),
@@ -230,14 +238,16 @@ _VENDOR_UNIT = KernelUnit(
 
 def splits(config: AnyConvConfig) -> bool:
     """Whether the config adds a reduction stage (backward-weight split over pixels)."""
-    return (not isinstance(config, VendorConfig) and config.signature.direction is Direction.BWD_WEIGHT
-            and config.split_k > 1)
+    return (not isinstance(config, (VendorConfig, PointwiseConfig))
+            and config.signature.direction is Direction.BWD_WEIGHT and config.split_k > 1)
 
 
 @functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
 def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED) -> tuple[KernelUnit, ...]:
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
+    if isinstance(config, PointwiseConfig):
+        return (_POINTWISE_UNIT,)
     if isinstance(config, ToeplitzConfig):
         return _toeplitz_units(config, specialization)
     if isinstance(config, ImplicitGemmConfig) and config.pad_channels:  # pad, the padded problem's units, unpad
@@ -266,7 +276,7 @@ TMA_ARGUMENTS = {
 def tma_blocks(config: TmaConfig) -> dict[str, tuple[int, ...]]:
     """The box each descriptor moves: activations 5-D [N, D, H, W, channels], the weight 2-D (backward-data's
     is the conv's own filter, read turned: its box is [reduction channels, output channels])."""
-    box = lambda channels: (1, 1, config.tile_h, config.tile_w, channels)  # noqa: E731
+    box = lambda channels: (1, 1, config.tile_h, config.tile_w, channels)
     direction = config.signature.direction
     if direction is Direction.FORWARD:
         return {"x_desc": box(config.block_in), "w_desc": (config.block_out, config.block_in)}
@@ -402,6 +412,8 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     out = output_tensor(ops)
     if isinstance(config, VendorConfig):
         return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
+    if isinstance(config, PointwiseConfig):  # the GEMM op's call, which plans and launches its own kernel
+        return Plan((Launch("gemm", (1, 1, 1), (ops, out)),), out)
     if isinstance(config, TmaConfig):
         return _tma_plan(config, ops, out)
     if isinstance(config, ToeplitzConfig):

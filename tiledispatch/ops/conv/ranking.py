@@ -29,6 +29,7 @@ from .config import (
     DirectConfig,
     Family,
     ImplicitGemmConfig,
+    PointwiseConfig,
     TmaConfig,
     ToeplitzConfig,
     VendorConfig,
@@ -54,6 +55,11 @@ from .rules import (
 # those of 64x64 1.3x (FLAT_DATA_TILE: the output tile below which a stage pays more per byte).
 FLAT_DATA_BANDWIDTH_FRACTION = 0.27
 FLAT_DATA_TILE = 128 * 64
+# The GEMM op's model of its best Triton kernel, against that kernel's time on the suite's 1x1 conv
+# (resnet50_1x1, 3.3 GFLOP a direction, H100, a scratch probe's graphs): forward 10.0 us modelled 12.65,
+# backward-data 10.3 / 11.2, backward-weight 15.8-16.4 / 20.9. Fitted on larger GEMMs, it over-models
+# these by about this much; without it the conv's own TMA kernels, 9-26 % slower, ranked first.
+POINTWISE_GEMM_FIT = 0.83
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
 # of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
@@ -886,9 +892,22 @@ def flat_data_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
                  {**terms, "gemm_us": gemm_s * 1e6, "col2im_us": col2im_s * 1e6, "modelled_us": modelled * 1e6})
 
 
+def pointwise_score(config: PointwiseConfig, p: ConvProblem, arch) -> Score:
+    """The gemm family: the device time the GEMM op's own ranking models for its best Triton kernel."""
+    from . import pointwise
+
+    ranked = pointwise.gemm_dispatcher(arch).explain(pointwise.gemm_problem(p)).ranked
+    if not ranked:
+        return Score(0.0, {"gemm_kernels": 0.0})
+    modelled = ranked[0].score.terms["modelled_us"] * 1e-6 * POINTWISE_GEMM_FIT
+    return Score(ideal_seconds(p, arch) / modelled, {"modelled_us": modelled * 1e6})
+
+
 def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
+    if isinstance(config, PointwiseConfig):
+        return pointwise_score(config, problem, arch)
     if isinstance(config, ToeplitzConfig):
         return toeplitz_score(config, problem, arch)
     if isinstance(config, DirectConfig):

@@ -22,6 +22,7 @@ from .config import (
     DirectConfig,
     Family,
     ImplicitGemmConfig,
+    PointwiseConfig,
     SplitMode,
     SplitReduction,
     TmaConfig,
@@ -226,6 +227,8 @@ def _signature_findings(sig: ConvSignature, arch, error) -> None:
 def validate(config: AnyConvConfig, arch) -> ValidationResult:
     if isinstance(config, VendorConfig):
         return vendor.validate(config, arch)
+    if isinstance(config, PointwiseConfig):  # the GEMM op validates the kernels it picks
+        return ValidationResult()
     out: list[Finding] = []
 
     def error(rule, message, fix=None):
@@ -503,7 +506,7 @@ def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Corr
     if result.ok:
         return config, ()
     semantic = result.broken_rules() & _SEMANTIC
-    if semantic or isinstance(config, VendorConfig):
+    if semantic or isinstance(config, (VendorConfig, PointwiseConfig)):
         semantic = semantic or result.broken_rules()
         raise InvalidConfigError(f"{config.name} cannot be corrected on {arch.name}: "
                                  + "; ".join(str(f) for f in result.errors if f.rule in semantic))
@@ -558,6 +561,8 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
         return _tma_refusal(config, problem)
     if isinstance(config, ToeplitzConfig):
         return _toeplitz_refusal(config, problem)
+    if isinstance(config, PointwiseConfig):
+        return _pointwise_refusal(problem)
     if config.family is Family.IMPLICIT_GEMM_FLAT and problem.c_per_group > FLAT_MAX_CHANNELS_PER_GROUP:
         return (f"igemm-flat serves up to {FLAT_MAX_CHANNELS_PER_GROUP} input channels per group, where igemm "
                 f"would pad each tap's channels; this conv has C/G={problem.c_per_group} (igemm serves it)")
@@ -631,6 +636,16 @@ def _tma_refusal(config: TmaConfig, problem: ConvProblem) -> str | None:
     if problem.spatial_dims == 1 and config.tile_h > 1:
         return (f"a 1-D conv has one row of pixels: a {config.tile_h}x{config.tile_w} tile would compute "
                 f"{config.tile_h - 1} rows of zeros; a 1 x tile_w tile serves it")
+    return None
+
+
+def _pointwise_refusal(problem: ConvProblem) -> str | None:
+    """Why the GEMM op cannot run `problem` as one matrix product (None: it can)."""
+    if problem.groups != 1:
+        return f"the gemm family runs dense convs as one GEMM; this conv has {problem.groups} groups"
+    if not problem.pointwise:
+        return (f"the gemm family runs 1x1 convs of stride 1 and no padding as a GEMM; this conv has filter "
+                f"{problem.filter_size}, stride {problem.stride}, padding {problem.padding}")
     return None
 
 

@@ -21,6 +21,7 @@ from .config import (
     DirectConfig,
     Family,
     ImplicitGemmConfig,
+    PointwiseConfig,
     SplitMode,
     TmaConfig,
     ToeplitzConfig,
@@ -377,6 +378,7 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_
     for sig in signatures(epilogues):
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
+        yield PointwiseConfig(sig)
         if sig.types in TMA_TYPES:  # 16-bit: the TMA and toeplitz families
             for t, rows in itertools.product(toeplitz_tiles, TOEPLITZ_FILTER_ROWS):
                 if sig.direction in t.directions:

@@ -1,0 +1,83 @@
+"""The gemm family: 1x1, stride-1, unpadded dense convs as one call of the GEMM op (pointwise.py).
+
+Each run writes into make_inputs' NaN-poisoned output and is checked against PyTorch's
+CPU convolution in float64, as test_correctness does; the GEMM op's Triton kernels run
+under the interpreter here and natively on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiledispatch import Dispatcher, Registry
+from tiledispatch.ops.conv import ConvSignature, Direction, PointwiseConfig, check_operands
+from tiledispatch.ops.conv.inputs import make_inputs
+from tiledispatch.ops.conv.pointwise import gemm_problem
+from tiledispatch.ops.conv.problem import ConvEpilogue
+from tiledispatch.ops.conv.rules import supports
+from tiledispatch.ops.gemm.problem import Activation
+
+from .helpers import ARCH, DEVICE, problem, run_and_check, spec_name
+
+
+@pytest.fixture(scope="module")
+def dispatcher() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+
+
+def _gemm(p) -> str:
+    return spec_name(PointwiseConfig(ConvSignature(p.direction, p.types, p.epilogue)))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("size", [(7,), (5, 6), (3, 4, 5)], ids=lambda s: f"{len(s)}d")
+@pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
+def test_every_direction_and_dimensionality(dispatcher, direction, size, dtype):
+    # Odd sizes: 2 images of 24 input and 40 output channels.
+    p = problem(direction, 2, 24, 40, 1, size, (1,) * len(size), 1, 0, 1, dtype)
+    run_and_check(dispatcher, p, _gemm(p))
+
+
+@pytest.mark.parametrize("epilogue", [ConvEpilogue(bias=True), ConvEpilogue(activation=Activation.GELU),
+                                      ConvEpilogue(bias=True, activation=Activation.RELU, residual=True)],
+                         ids=lambda e: e.name)
+def test_the_forward_epilogue_is_the_gemm_ops(dispatcher, epilogue):
+    p = problem(Direction.FORWARD, 2, 16, 24, 1, (5, 6), (1, 1), 1, 0, 1, "fp32", epilogue=epilogue)
+    run_and_check(dispatcher, p, _gemm(p))
+
+
+def test_an_output_without_a_matrix_view_is_written_back(dispatcher):
+    """A caller's out whose pixels are not packed (every other W column of a wider tensor) has no
+    2-D view: the product is computed into a copy and written back through its strides."""
+    p = problem(Direction.FORWARD, 2, 16, 24, 1, (5, 6), (1, 1), 1, 0, 1, "fp32")
+    inputs = make_inputs(p, device=DEVICE, seed=3)
+    wide = torch.full((2, 5, 12, 24), float("nan"), device=DEVICE).permute(0, 3, 1, 2)
+    out = wide[:, :, :, ::2]
+    ops = check_operands(p.direction, **(inputs.kwargs(p) | {"out": out}))
+    result = dispatcher.run(ops, kernel=dispatcher.resolve(_gemm(p), ops.problem))
+    reference = torch.nn.functional.conv2d(inputs.x.double(), inputs.w.double())
+    assert result.data_ptr() == out.data_ptr() and torch.allclose(out.double(), reference, rtol=1e-4, atol=1e-4)
+    assert torch.isnan(wide[:, :, :, 1::2]).all(), "the columns between out's must stay untouched"
+
+
+@pytest.mark.parametrize("case, reason", [
+    (("forward", 2, 16, 16, 2, (5, 5), (1, 1), 1, 0, 1), "2 groups"),
+    (("forward", 2, 16, 16, 1, (5, 5), (3, 3), 1, 1, 1), "filter (3, 3)"),
+    (("bwd_data", 2, 16, 16, 1, (6, 6), (1, 1), 2, 0, 1), "stride (2, 2)"),
+    (("bwd_weight", 2, 16, 16, 1, (5, 5), (1, 1), 1, 1, 1), "padding (1, 1)"),
+])
+def test_refusals_say_why(case, reason):
+    p = problem(*case)
+    why = supports(PointwiseConfig(ConvSignature(p.direction, p.types)), p)
+    assert why is not None and reason in why
+
+
+def test_the_gemm_each_direction_is():
+    """Forward is pixels x K over C with the weight read transposed; backward-data pixels x C over K;
+    backward-weight K x C over the pixels, dy read transposed."""
+    shapes = {d: problem(d, 2, 24, 40, 1, (5, 6), (1, 1)) for d in Direction}
+    fwd, data, weight = (gemm_problem(shapes[d]) for d in Direction)
+    assert (fwd.m, fwd.n, fwd.k, fwd.layout.name) == (60, 40, 24, "rcr")
+    assert (data.m, data.n, data.k, data.layout.name) == (60, 24, 40, "rrr")
+    assert (weight.m, weight.n, weight.k, weight.layout.name) == (40, 24, 60, "crr")

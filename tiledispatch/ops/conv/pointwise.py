@@ -1,0 +1,84 @@
+"""Family `gemm`: a 1x1, stride-1, unpadded dense conv as one call of the GEMM op.
+
+Channels-last, each tensor of such a conv is a matrix of pixels x channels (x: P x C,
+dy and y: P x K) and the weight is K x C, so every direction is a plain product:
+forward y = x @ w^T (with the epilogue: the GEMM op fuses bias, activation and residual),
+backward-data dx = dy @ w, backward-weight dw = dy^T @ x. The GEMM op's own ranking
+picks the tile among its Triton kernels only (cuDNN is the conv's vendor candidate; cuBLAS
+is not this family's), and its fast path replays the call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...core.dispatcher import Dispatcher
+from ...core.op import RuleSet
+from ...core.registry import Registry
+from ...core.runtime import current_arch
+from ..gemm import gemm
+from ..gemm.config import Family as GemmFamily
+from ..gemm.problem import GemmLayout, GemmProblem, GemmTypes, Layout
+from ..gemm.rulesets import RULE_SETS as GEMM_RULE_SETS
+from .problem import ConvProblem, Direction
+
+_DISPATCHERS: dict[str, Dispatcher] = {}
+
+
+def gemm_dispatcher(arch) -> Dispatcher:
+    """The GEMM op's default kernels for `arch` without its vendor path (the family runs Triton), one per arch."""
+    if arch.name not in _DISPATCHERS:
+        configs = [c for c in GEMM_RULE_SETS[RuleSet.DEFAULT]() if c.family is not GemmFamily.VENDOR]
+        _DISPATCHERS[arch.name] = Dispatcher(Registry.from_configs("gemm", configs, arch, source="conv's gemm family"),
+                                             arch)
+    return _DISPATCHERS[arch.name]
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    """(A, B, *spatial) channels-last as the (A * pixels) x B matrix: a view where its strides allow."""
+    return t.movedim(1, -1).reshape(-1, t.shape[1])
+
+
+def run(operands, out: torch.Tensor) -> None:
+    """Computes the conv of `operands` (a ConvOperands) into `out` as one GEMM."""
+    p = operands.problem
+    dispatcher = gemm_dispatcher(current_arch())
+    if p.direction is Direction.FORWARD:
+        residual = _matrix(operands.residual) if operands.residual is not None else None
+        a, b = _matrix(operands.x), operands.w.reshape(p.k, p.c).t()
+        kwargs = {"bias": operands.bias, "activation": p.epilogue.activation, "residual": residual}
+    elif p.direction is Direction.BWD_DATA:
+        a, b, kwargs = _matrix(operands.dy), operands.w.reshape(p.k, p.c), {}
+    else:
+        a, b, kwargs = _matrix(operands.dy).t(), _matrix(operands.x), {}
+    target = out.reshape(p.k, p.c) if p.direction is Direction.BWD_WEIGHT else _matrix(out)
+    result = gemm(a, b, out=target, allow_tf32=p.types.allow_tf32, dispatcher=dispatcher, **kwargs)
+    if target.data_ptr() != out.data_ptr() or not _is_view_of(target, out):
+        _write_back(result, out, p)
+
+
+def _is_view_of(matrix: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether the 2-D `matrix` is `t`'s own memory (reshape gave a view, not a copy)."""
+    return matrix.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+
+
+def _write_back(result: torch.Tensor, out: torch.Tensor, p: ConvProblem) -> None:
+    """The product into an `out` whose strides no 2-D view has (a copy was computed instead)."""
+    if p.direction is Direction.BWD_WEIGHT:
+        out.copy_(result.reshape(out.shape))
+    else:
+        out.movedim(1, -1).copy_(result.reshape(out.movedim(1, -1).shape))
+
+
+def gemm_problem(p: ConvProblem) -> GemmProblem:
+    """The GEMM a pointwise conv is, for the ranking (operands dense and channels-last)."""
+    pixels = p.n * math.prod(p.output_size)
+    types = GemmTypes(p.types.dtype, p.types.dtype, p.types.dtype, allow_tf32=p.types.allow_tf32)
+    if p.direction is Direction.FORWARD:  # the conv's epilogue is the GEMM op's own
+        return GemmProblem(pixels, p.k, p.c, types=types, layout=GemmLayout(Layout.ROW, Layout.COL, Layout.ROW),
+                           epilogue=p.epilogue)
+    if p.direction is Direction.BWD_DATA:
+        return GemmProblem(pixels, p.c, p.k, types=types)
+    return GemmProblem(p.k, p.c, pixels, types=types, layout=GemmLayout(Layout.COL, Layout.ROW, Layout.ROW))
