@@ -7,6 +7,7 @@ from ...core.op import OpDefinition, OpKind
 from ..gemm.problem import Activation
 from .config import (
     AnyConvConfig,
+    ColumnsConfig,
     ConvSignature,
     DirectConfig,
     Family,
@@ -103,6 +104,7 @@ def conv_backward_weight(x, dy, weight_size, *, stride=1, padding=0, dilation=1,
 
 __all__ = [
     "OP",
+    "ColumnsConfig",
     "ConvEpilogue",
     "ConvOperands",
     "ConvProblem",
