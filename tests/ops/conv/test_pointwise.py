@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiledispatch import Dispatcher, Registry
-from tiledispatch.ops.conv import ColumnsConfig, ConvSignature, Direction, PointwiseConfig, check_operands
+from tiledispatch.ops.conv import ConvSignature, Direction, PointwiseConfig, check_operands
 from tiledispatch.ops.conv.inputs import make_inputs
 from tiledispatch.ops.conv.pointwise import gemm_problem
 from tiledispatch.ops.conv.problem import ConvEpilogue
@@ -81,33 +81,3 @@ def test_the_gemm_each_direction_is():
     assert (fwd.m, fwd.n, fwd.k, fwd.layout.name) == (60, 40, 24, "rcr")
     assert (data.m, data.n, data.k, data.layout.name) == (60, 24, 40, "rrr")
     assert (weight.m, weight.n, weight.k, weight.layout.name) == (40, 24, 60, "crr")
-
-
-# -- the im2col family: a few-channel conv's windows as a matrix, then one GEMM op call ---------------
-def _columns(p) -> str:
-    return spec_name(ColumnsConfig(ConvSignature(p.direction, p.types, p.epilogue)))
-
-
-@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
-@pytest.mark.parametrize("geometry", [((13, 12), (7, 7), 2, 3, 1), ((11,), (3,), 1, 1, 2),
-                                      ((5, 4, 6), (2, 3, 2), (1, 2, 1), (0, 1, 1), (2, 1, 1))],
-                         ids=["stem", "1d-dilated", "3d-mixed"])
-@pytest.mark.parametrize("direction", [Direction.FORWARD, Direction.BWD_WEIGHT], ids=lambda d: d.value)
-def test_columns_geometry(dispatcher, direction, geometry, dtype):
-    """3 channels (147 window columns for the stem, padded to 152), odd sizes, stride, padding, dilation."""
-    size, filt, stride, padding, dilation = geometry
-    p = problem(direction, 2, 3, 16, 1, size, filt, stride, padding, dilation, dtype)
-    run_and_check(dispatcher, p, _columns(p))
-
-
-def test_columns_forward_epilogue(dispatcher):
-    epilogue = ConvEpilogue(bias=True, activation=Activation.SILU, residual=True)
-    p = problem(Direction.FORWARD, 2, 3, 16, 1, (9, 8), (3, 3), 2, 1, 1, "fp32", epilogue=epilogue)
-    run_and_check(dispatcher, p, _columns(p))
-
-
-def test_columns_refusals():
-    wide = problem(Direction.FORWARD, 2, 16, 16, 1, (9, 8), (3, 3), 1, 1, 1)
-    data = problem(Direction.BWD_DATA, 2, 3, 16, 1, (9, 8), (3, 3), 1, 1, 1)
-    assert "C=16" in supports(ColumnsConfig(ConvSignature(wide.direction, wide.types)), wide)
-    assert "igemm-flat" in supports(ColumnsConfig(ConvSignature(data.direction, data.types)), data)

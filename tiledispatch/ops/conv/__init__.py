@@ -7,7 +7,6 @@ from ...core.op import OpDefinition, OpKind
 from ..gemm.problem import Activation
 from .config import (
     AnyConvConfig,
-    ColumnsConfig,
     ConvSignature,
     DirectConfig,
     Family,
@@ -104,7 +103,6 @@ def conv_backward_weight(x, dy, weight_size, *, stride=1, padding=0, dilation=1,
 
 __all__ = [
     "OP",
-    "ColumnsConfig",
     "ConvEpilogue",
     "ConvOperands",
     "ConvProblem",

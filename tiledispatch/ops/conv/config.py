@@ -18,7 +18,6 @@ class Family(enum.Enum):
     DIRECT = "direct"  # no tensor cores: channel vectors, for depthwise and few channels per group
     TOEPLITZ = "toeplitz"  # depthwise on tensor cores: each filter row as a banded (Toeplitz) matrix
     GEMM = "gemm"  # a 1x1, stride-1 dense conv as the GEMM op's plain matrix product (pointwise.py)
-    IM2COL = "im2col"  # a few-channel dense conv's windows as a matrix, then the GEMM op (columns.py)
     VENDOR = "vendor"  # cuDNN through PyTorch
 
 
@@ -279,24 +278,4 @@ class PointwiseConfig:
         return f"conv_{self.signature.name}_gemm_{self.signature.epilogue.name}"
 
 
-@dataclass(frozen=True)
-class ColumnsConfig:
-    """A dense conv of few input channels (an image model's stem) as im2col and one GEMM op call.
-
-    Forward and backward-weight: the windows of x become a pixels x (taps x C) matrix
-    (kernels/im2col.py), which the GEMM op multiplies by the weight (forward, with its
-    epilogue) or by dy^T (backward-weight), its own ranking picking the tile. The explicit
-    matrix costs a write and a read of taps x C elements a pixel, which pays where the
-    implicit GEMMs' per-element gathers of 3 channels are slower still.
-    """
-
-    signature: ConvSignature
-    family: Family = Family.IM2COL
-
-    @property
-    def name(self) -> str:
-        return f"conv_{self.signature.name}_im2col_{self.signature.epilogue.name}"
-
-
-AnyConvConfig = (ImplicitGemmConfig | TmaConfig | DirectConfig | ToeplitzConfig | PointwiseConfig | ColumnsConfig
-                 | VendorConfig)
+AnyConvConfig = ImplicitGemmConfig | TmaConfig | DirectConfig | ToeplitzConfig | PointwiseConfig | VendorConfig

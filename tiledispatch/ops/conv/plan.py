@@ -23,10 +23,8 @@ from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
 from ..gemm.plan import ACTIVATION_CODES
-from . import columns
 from .config import (
     AnyConvConfig,
-    ColumnsConfig,
     DirectConfig,
     Family,
     ImplicitGemmConfig,
@@ -80,8 +78,6 @@ STRIDES = ("sxn", "sxd", "sxh", "sxw", "swk", "swz", "swy", "swx", "syn", "syd",
 # suite's 5x5); at 128 their walks ran 4-9 % faster and the dense splits 2-4 % (H100,
 # benchmarks/results/h100/conv_reduce_block_ab.csv).
 REDUCE_BLOCK = 128
-IM2COL_BLOCK_PIXELS = 16  # the im2col family's windows: pixels a program,
-IM2COL_BLOCK_COLUMNS = 256  # and (tap, channel) columns (a 7x7x3 stem's 152 in one block)
 COL2IM_BLOCK_PIXELS = 128  # the flat backward-data's gather: input pixels a program,
 COL2IM_BLOCK_CHANNELS = 4  # and channels a pass (the stem's 3 in one)
 COL2IM_GEOMETRY = ("N", "G", "CG", "D", "H", "W", "OD", "OH", "OW", "FZ", "FY", "FX",
@@ -233,54 +229,6 @@ _POINTWISE_UNIT = KernelUnit(
 )
 
 
-_IM2COL_MODULE = f"{_KERNELS}.im2col"
-IM2COL_GEOMETRY = ("N", "C", "D", "H", "W", "OD", "OH", "OW", "FY", "FX", "SD", "SH", "SW", "PD", "PH", "PW",
-                   "DD", "DH", "DW")
-
-
-def _im2col_unit(config: ColumnsConfig) -> KernelUnit:
-    t = config.signature.types.dtype.triton
-    constexprs = {"BLOCK_P": IM2COL_BLOCK_PIXELS, "BLOCK_J": IM2COL_BLOCK_COLUMNS}
-    signature = ([("x_ptr", f"*{t}"), ("cols_ptr", f"*{t}")] + [(n, "i32") for n in IM2COL_GEOMETRY]
-                 + [(n, "i64") for n in STRIDES[0:4]] + [("J", "i32"), ("JP", "i32")]
-                 + [(n, "constexpr") for n in constexprs])
-    return KernelUnit(
-        stage="im2col", module=_IM2COL_MODULE, function="conv_im2col", signature=tuple(signature),
-        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
-        modules=(_IM2COL_MODULE, f"{_KERNELS}.geometry"),
-    )
-
-
-_COLUMNS_GEMM_UNIT = KernelUnit(
-    stage="gemm", module="tiledispatch.ops.conv.columns", function="run",
-    signature=tuple((name, "python") for name in ("cols", "w", "dy", "bias", "residual", "out", "weight_columns",
-                                                  "problem")),
-    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.conv.columns",), kind=UnitKind.PYTHON,
-)
-
-
-def _columns_plan(config: ColumnsConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
-    """im2col of x into cols (pixels x JP), then the GEMM op's call on it (columns.py)."""
-    p = ops.problem
-    j, jp = columns.widths(p)
-    dtype, device = p.types.dtype.torch, ops.device
-    pixels = p.n * math.prod(p.output_size)
-    cols = torch.empty((pixels, jp), dtype=dtype, device=device)
-    weight_columns = torch.empty((p.k, jp), dtype=dtype, device=device)
-    bound = {"x_ptr": ops.x, "cols_ptr": cols, "N": p.n, "C": p.c, "J": j, "JP": jp,
-             **dict(zip(("D", "H", "W"), p.padded3(p.input_size, 1))),
-             **dict(zip(("OD", "OH", "OW"), p.padded3(p.output_size, 1))),
-             **dict(zip(("FY", "FX"), p.padded3(p.filter_size, 1)[1:])),
-             **dict(zip(("SD", "SH", "SW"), p.padded3(p.stride, 1))),
-             **dict(zip(("PD", "PH", "PW"), p.padded3(p.padding, 0))),
-             **dict(zip(("DD", "DH", "DW"), p.padded3(p.dilation, 1))),
-             **dict(zip(STRIDES[0:4], _strides(ops.x)))}
-    grid = (triton.cdiv(pixels, IM2COL_BLOCK_PIXELS), triton.cdiv(jp, IM2COL_BLOCK_COLUMNS), 1)
-    gemm_args = (cols, ops.w, ops.dy, ops.bias, ops.residual, out, weight_columns, p)
-    return Plan((Launch("im2col", grid, _values(_im2col_unit(config), bound)), Launch("gemm", (1, 1, 1), gemm_args)),
-                out, scratch=(cols, weight_columns))
-
-
 _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
     signature=tuple((name, "python") for name in ("operands", "out")),
@@ -290,7 +238,7 @@ _VENDOR_UNIT = KernelUnit(
 
 def splits(config: AnyConvConfig) -> bool:
     """Whether the config adds a reduction stage (backward-weight split over pixels)."""
-    return (not isinstance(config, (VendorConfig, PointwiseConfig, ColumnsConfig))
+    return (not isinstance(config, (VendorConfig, PointwiseConfig))
             and config.signature.direction is Direction.BWD_WEIGHT and config.split_k > 1)
 
 
@@ -300,8 +248,6 @@ def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALI
         return (_VENDOR_UNIT,)
     if isinstance(config, PointwiseConfig):
         return (_POINTWISE_UNIT,)
-    if isinstance(config, ColumnsConfig):
-        return (_im2col_unit(config), _COLUMNS_GEMM_UNIT)
     if isinstance(config, ToeplitzConfig):
         return _toeplitz_units(config, specialization)
     if isinstance(config, ImplicitGemmConfig) and config.pad_channels:  # pad, the padded problem's units, unpad
@@ -468,8 +414,6 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
         return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
     if isinstance(config, PointwiseConfig):  # the GEMM op's call, which plans and launches its own kernel
         return Plan((Launch("gemm", (1, 1, 1), (ops, out)),), out)
-    if isinstance(config, ColumnsConfig):
-        return _columns_plan(config, ops, out)
     if isinstance(config, TmaConfig):
         return _tma_plan(config, ops, out)
     if isinstance(config, ToeplitzConfig):

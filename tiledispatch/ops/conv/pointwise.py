@@ -36,7 +36,7 @@ def gemm_dispatcher(arch) -> Dispatcher:
     return _DISPATCHERS[arch.name]
 
 
-def matrix(t: torch.Tensor) -> torch.Tensor:
+def _matrix(t: torch.Tensor) -> torch.Tensor:
     """(A, B, *spatial) channels-last as the (A * pixels) x B matrix: a view where its strides allow."""
     return t.movedim(1, -1).reshape(-1, t.shape[1])
 
@@ -46,14 +46,14 @@ def run(operands, out: torch.Tensor) -> None:
     p = operands.problem
     dispatcher = gemm_dispatcher(current_arch())
     if p.direction is Direction.FORWARD:
-        residual = matrix(operands.residual) if operands.residual is not None else None
-        a, b = matrix(operands.x), operands.w.reshape(p.k, p.c).t()
+        residual = _matrix(operands.residual) if operands.residual is not None else None
+        a, b = _matrix(operands.x), operands.w.reshape(p.k, p.c).t()
         kwargs = {"bias": operands.bias, "activation": p.epilogue.activation, "residual": residual}
     elif p.direction is Direction.BWD_DATA:
-        a, b, kwargs = matrix(operands.dy), operands.w.reshape(p.k, p.c), {}
+        a, b, kwargs = _matrix(operands.dy), operands.w.reshape(p.k, p.c), {}
     else:
-        a, b, kwargs = matrix(operands.dy).t(), matrix(operands.x), {}
-    target = out.reshape(p.k, p.c) if p.direction is Direction.BWD_WEIGHT else matrix(out)
+        a, b, kwargs = _matrix(operands.dy).t(), _matrix(operands.x), {}
+    target = out.reshape(p.k, p.c) if p.direction is Direction.BWD_WEIGHT else _matrix(out)
     result = gemm(a, b, out=target, allow_tf32=p.types.allow_tf32, dispatcher=dispatcher, **kwargs)
     if target.data_ptr() != out.data_ptr() or not _is_view_of(target, out):
         _write_back(result, out, p)

@@ -26,7 +26,6 @@ from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
 from .config import (
     AnyConvConfig,
-    ColumnsConfig,
     DirectConfig,
     Family,
     ImplicitGemmConfig,
@@ -61,8 +60,6 @@ FLAT_DATA_TILE = 128 * 64
 # backward-data 10.3 / 11.2, backward-weight 15.8-16.4 / 20.9. Fitted on larger GEMMs, it over-models
 # these by about this much; without it the conv's own TMA kernels, 9-26 % slower, ranked first.
 POINTWISE_GEMM_FIT = 0.83
-# The im2col family's window matrix: written at this fraction of the bandwidth (a guess, to be fitted).
-IM2COL_BANDWIDTH_FRACTION = 0.5
 LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
 # of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
@@ -906,31 +903,11 @@ def pointwise_score(config: PointwiseConfig, p: ConvProblem, arch) -> Score:
     return Score(ideal_seconds(p, arch) / modelled, {"modelled_us": modelled * 1e6})
 
 
-def columns_score(config: ColumnsConfig, p: ConvProblem, arch) -> Score:
-    """The im2col family: the window matrix written (and read by the GEMM), the GEMM op's model of its
-    pick for the product, and the weight copy's launches."""
-    from . import columns, pointwise
-
-    _, jp = columns.widths(p)
-    item = p.types.dtype.itemsize
-    written = p.n * math.prod(p.output_size) * jp * item + p.n * p.c * math.prod(p.input_size) * item
-    im2col_s = written / (_bandwidth(arch) * IM2COL_BANDWIDTH_FRACTION) + LAUNCH_SECONDS
-    ranked = pointwise.gemm_dispatcher(arch).explain(columns.gemm_problem(p)).ranked
-    if not ranked:
-        return Score(0.0, {"gemm_kernels": 0.0})
-    gemm_s = ranked[0].score.terms["modelled_us"] * 1e-6 * POINTWISE_GEMM_FIT
-    modelled = im2col_s + gemm_s + 2 * LAUNCH_SECONDS
-    return Score(ideal_seconds(p, arch) / modelled,
-                 {"im2col_us": im2col_s * 1e6, "gemm_us": gemm_s * 1e6, "modelled_us": modelled * 1e6})
-
-
 def rule_score(config: AnyConvConfig, problem: ConvProblem, arch) -> Score:
     if isinstance(config, VendorConfig):
         return vendor_score(config, problem, arch)
     if isinstance(config, PointwiseConfig):
         return pointwise_score(config, problem, arch)
-    if isinstance(config, ColumnsConfig):
-        return columns_score(config, problem, arch)
     if isinstance(config, ToeplitzConfig):
         return toeplitz_score(config, problem, arch)
     if isinstance(config, DirectConfig):

@@ -18,7 +18,6 @@ from ...core.validation import Correction, Finding, Severity, ValidationResult
 from . import vendor
 from .config import (
     AnyConvConfig,
-    ColumnsConfig,
     ConvSignature,
     DirectConfig,
     Family,
@@ -48,9 +47,6 @@ DIRECT_MAX_CHANNELS_PER_GROUP = 16
 # The igemm-flat family walks the filter's (tap, channel) pairs flat: it pays where the igemm
 # family would pad each tap's few channels to a whole block of 16 or more.
 FLAT_MAX_CHANNELS_PER_GROUP = 8
-# The im2col family's window matrix holds taps x C columns a pixel: worth writing for the C=3 stem,
-# where the implicit GEMMs gather 3-channel runs; wider convs gather whole vectors.
-COLUMNS_MAX_CHANNELS = 8
 # The sliding-window kernels unroll the filter width and a thread's run of output pixels:
 # every window x run pair is one FMA per channel in the unrolled body.
 MAX_WINDOW = 11
@@ -231,7 +227,7 @@ def _signature_findings(sig: ConvSignature, arch, error) -> None:
 def validate(config: AnyConvConfig, arch) -> ValidationResult:
     if isinstance(config, VendorConfig):
         return vendor.validate(config, arch)
-    if isinstance(config, (PointwiseConfig, ColumnsConfig)):  # the GEMM op validates the kernels it picks
+    if isinstance(config, PointwiseConfig):  # the GEMM op validates the kernels it picks
         return ValidationResult()
     out: list[Finding] = []
 
@@ -510,7 +506,7 @@ def auto_correct(config: AnyConvConfig, arch) -> tuple[AnyConvConfig, tuple[Corr
     if result.ok:
         return config, ()
     semantic = result.broken_rules() & _SEMANTIC
-    if semantic or isinstance(config, (VendorConfig, PointwiseConfig, ColumnsConfig)):
+    if semantic or isinstance(config, (VendorConfig, PointwiseConfig)):
         semantic = semantic or result.broken_rules()
         raise InvalidConfigError(f"{config.name} cannot be corrected on {arch.name}: "
                                  + "; ".join(str(f) for f in result.errors if f.rule in semantic))
@@ -567,8 +563,6 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
         return _toeplitz_refusal(config, problem)
     if isinstance(config, PointwiseConfig):
         return _pointwise_refusal(problem)
-    if isinstance(config, ColumnsConfig):
-        return _columns_refusal(problem)
     if config.family is Family.IMPLICIT_GEMM_FLAT and problem.c_per_group > FLAT_MAX_CHANNELS_PER_GROUP:
         return (f"igemm-flat serves up to {FLAT_MAX_CHANNELS_PER_GROUP} input channels per group, where igemm "
                 f"would pad each tap's channels; this conv has C/G={problem.c_per_group} (igemm serves it)")
@@ -652,16 +646,6 @@ def _pointwise_refusal(problem: ConvProblem) -> str | None:
     if not problem.pointwise:
         return (f"the gemm family runs 1x1 convs of stride 1 and no padding as a GEMM; this conv has filter "
                 f"{problem.filter_size}, stride {problem.stride}, padding {problem.padding}")
-    return None
-
-
-def _columns_refusal(problem: ConvProblem) -> str | None:
-    """Why the im2col family does not run `problem` (None: it does)."""
-    if problem.groups != 1 or problem.c >= COLUMNS_MAX_CHANNELS:
-        return (f"the im2col family writes the windows of dense convs of fewer than {COLUMNS_MAX_CHANNELS} input "
-                f"channels (an image model's stem); this conv has C={problem.c}, G={problem.groups}")
-    if problem.direction is Direction.BWD_DATA:
-        return "the im2col family computes forward and backward-weight (igemm-flat's backward-data serves this one)"
     return None
 
 

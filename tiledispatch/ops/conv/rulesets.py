@@ -17,7 +17,6 @@ from ...core.op import RuleSet
 from ..gemm.problem import Activation
 from .config import (
     AnyConvConfig,
-    ColumnsConfig,
     ConvSignature,
     DirectConfig,
     Family,
@@ -380,7 +379,6 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_
         weight = sig.direction is Direction.BWD_WEIGHT
         yield VendorConfig(sig)
         yield PointwiseConfig(sig)
-        yield ColumnsConfig(sig)
         if sig.types in TMA_TYPES:  # 16-bit: the TMA and toeplitz families
             for t, rows in itertools.product(toeplitz_tiles, TOEPLITZ_FILTER_ROWS):
                 if sig.direction in t.directions:
