@@ -25,11 +25,17 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def _closest_dataclass(options: tuple, data: dict) -> type:
-    """The option whose fields best match the keys of `data`, so that its error is the one reported."""
+    """The option whose fields best match the keys of `data`, so that its error is the one reported.
 
-    def mismatch(option) -> int:
+    Options with the same fields (two configs of one signature, told apart by their family)
+    are told apart by the enum defaults that `data` repeats.
+    """
+
+    def mismatch(option) -> tuple[int, int]:
         names = {f.name for f in dataclasses.fields(option) if f.init}
-        return len(set(data) ^ names)
+        differing = sum(1 for f in dataclasses.fields(option)
+                        if f.name in data and isinstance(f.default, enum.Enum) and f.default.value != data[f.name])
+        return len(set(data) ^ names), differing
 
     return min(options, key=mismatch)
 

@@ -227,8 +227,6 @@ def _signature_findings(sig: ConvSignature, arch, error) -> None:
 def validate(config: AnyConvConfig, arch) -> ValidationResult:
     if isinstance(config, VendorConfig):
         return vendor.validate(config, arch)
-    if isinstance(config, PointwiseConfig):  # the GEMM op validates the kernels it picks
-        return ValidationResult()
     out: list[Finding] = []
 
     def error(rule, message, fix=None):
@@ -239,6 +237,8 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
 
     sig = config.signature
     _signature_findings(sig, arch, error)
+    if isinstance(config, PointwiseConfig):  # beyond the signature, the GEMM op validates the kernels it picks
+        return ValidationResult(tuple(out))
     if isinstance(config, ToeplitzConfig):
         _toeplitz_findings(config, arch, error, warning)
         return ValidationResult(tuple(out))
