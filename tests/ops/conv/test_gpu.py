@@ -26,8 +26,10 @@ def ranked(dispatcher, p, family: Family):
     return [c.spec for c in dispatcher.explain(ops.problem).ranked if c.spec.family == family.value]
 
 
-@pytest.mark.parametrize("family", [f for f in Family if f not in (Family.IMPLICIT_GEMM_TMA, Family.TOEPLITZ, Family.GEMM)],
-                         ids=lambda f: f.value)  # their own tests: below, test_toeplitz.py and test_pointwise.py
+OWN_TESTS = (Family.IMPLICIT_GEMM_TMA, Family.TOEPLITZ, Family.GEMM)  # below, test_toeplitz.py, test_pointwise.py
+
+
+@pytest.mark.parametrize("family", [f for f in Family if f not in OWN_TESTS], ids=lambda f: f.value)
 @pytest.mark.parametrize("dims", [1, 2, 3])
 @pytest.mark.parametrize("direction", DIRECTIONS, ids=lambda d: d.value)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

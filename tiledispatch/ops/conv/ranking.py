@@ -101,7 +101,7 @@ VENDOR_FRACTION = {
     (ShapeClass.DENSE, Direction.FORWARD): 0.55,
     (ShapeClass.DENSE, Direction.BWD_DATA): 0.55,
     (ShapeClass.DENSE, Direction.BWD_WEIGHT): 0.46,
-    # the C=3 stem, 7x7 stride 2 (H100, results/h100/conv.csv at 39137ab): forward 0.15 in fp16, 0.057 in
+    # the C=3 stem, 7x7 stride 2 (H100, results/h100/conv_replicate_89e2bea.csv): forward 0.15 in fp16, 0.057 in
     # bf16 (the faster one here: the dispatcher errs towards cuDNN), backward-data 0.026, backward-weight 0.082.
     (ShapeClass.FEW_CHANNELS, Direction.FORWARD): 0.15,
     (ShapeClass.FEW_CHANNELS, Direction.BWD_DATA): 0.026,
@@ -121,7 +121,7 @@ VENDOR_FRACTION = {
 }
 # Its grouped convs with C/G above 16 and not a multiple of it ran at half the fraction of the others:
 # regnet_g8 (C/G = 56) 0.086 / 0.086 / 0.05 by direction, where resnext g32 (C/G = 8, 16) and conv3d_g4
-# (32) ran 0.17-0.18 / 0.15-0.18 / 0.12-0.18 (H100, results/h100/conv.csv at a00603a). One case: a guess
+# (32) ran 0.17-0.18 / 0.15-0.18 / 0.12-0.18 (H100, results/h100/conv_replicate_a00603a.csv). One case: a guess
 # at the rule, which kept the dispatcher on the Triton kernels (2.4x cuDNN) for regnet's backward-weight.
 VENDOR_GROUPED_EVEN = 16
 VENDOR_GROUPED_UNEVEN = 0.5
