@@ -22,7 +22,9 @@ from ... import arch as arch_facts
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
+from ...core.runtime import current_arch
 from ..gemm.plan import ACTIVATION_CODES
+from . import pointwise
 from .config import (
     AnyConvConfig,
     DirectConfig,
@@ -224,7 +226,7 @@ def unpad_weight(padded: torch.Tensor, out: torch.Tensor) -> None:
 
 _POINTWISE_UNIT = KernelUnit(
     stage="gemm", module="tiledispatch.ops.conv.pointwise", function="run",
-    signature=tuple((name, "python") for name in ("operands", "out")),
+    signature=tuple((name, "python") for name in ("operands", "out", "dispatcher")),
     constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.conv.pointwise",), kind=UnitKind.PYTHON,
 )
 
@@ -413,7 +415,7 @@ def plan(config: AnyConvConfig, ops: ConvOperands) -> Plan:
     if isinstance(config, VendorConfig):
         return Plan((Launch("vendor", (1, 1, 1), (ops, out)),), out)
     if isinstance(config, PointwiseConfig):  # the GEMM op's call, which plans and launches its own kernel
-        return Plan((Launch("gemm", (1, 1, 1), (ops, out)),), out)
+        return Plan((Launch("gemm", (1, 1, 1), (ops, out, pointwise.gemm_dispatcher(current_arch()))),), out)
     if isinstance(config, TmaConfig):
         return _tma_plan(config, ops, out)
     if isinstance(config, ToeplitzConfig):

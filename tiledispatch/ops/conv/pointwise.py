@@ -17,7 +17,6 @@ import torch
 from ...core.dispatcher import Dispatcher
 from ...core.op import RuleSet
 from ...core.registry import Registry
-from ...core.runtime import current_arch
 from ..gemm import gemm
 from ..gemm.config import Family as GemmFamily
 from ..gemm.problem import GemmLayout, GemmProblem, GemmTypes, Layout
@@ -41,10 +40,10 @@ def _matrix(t: torch.Tensor) -> torch.Tensor:
     return t.movedim(1, -1).reshape(-1, t.shape[1])
 
 
-def run(operands, out: torch.Tensor) -> None:
-    """Computes the conv of `operands` (a ConvOperands) into `out` as one GEMM."""
+def run(operands, out: torch.Tensor, dispatcher: Dispatcher) -> None:
+    """Computes the conv of `operands` (a ConvOperands) into `out` as one GEMM by `dispatcher`
+    (`gemm_dispatcher`, resolved when the conv is planned: a replay does not look it up again)."""
     p = operands.problem
-    dispatcher = gemm_dispatcher(current_arch())
     if p.direction is Direction.FORWARD:
         residual = _matrix(operands.residual) if operands.residual is not None else None
         a, b = _matrix(operands.x), operands.w.reshape(p.k, p.c).t()
@@ -55,7 +54,7 @@ def run(operands, out: torch.Tensor) -> None:
         a, b, kwargs = _matrix(operands.dy).t(), _matrix(operands.x), {}
     target = out.reshape(p.k, p.c) if p.direction is Direction.BWD_WEIGHT else _matrix(out)
     result = gemm(a, b, out=target, allow_tf32=p.types.allow_tf32, dispatcher=dispatcher, **kwargs)
-    if target.data_ptr() != out.data_ptr() or not _is_view_of(target, out):
+    if not _is_view_of(target, out):
         _write_back(result, out, p)
 
 
