@@ -8,7 +8,7 @@ The CSV keeps the model's rank and modelled time beside the measured one, which 
 refit of the ranking's constants reads.
 
     python benchmarks/conv_sweep.py --out DIR --direction bwd_weight --cases resnet50_3x3,unet_3x3 \
-        [--family igemm-tma] [--rule-set full]
+        [--family igemm-tma] [--rule-set full] [--suite FILE]
 """
 
 from __future__ import annotations
@@ -80,10 +80,11 @@ def main() -> None:
     parser.add_argument("--cases", required=True, help="comma-separated suite case names")
     parser.add_argument("--family", default="igemm-tma")
     parser.add_argument("--rule-set", default="full")
+    parser.add_argument("--suite", type=Path, default=suite_bench.SUITE, help="a suite file in conv.json's format")
     args = parser.parse_args()
     arch = current_arch()
     dispatcher = Dispatcher(Registry.from_rule_set("conv", args.rule_set, arch), arch)
-    cases = {c["name"]: c for c in json.loads(suite_bench.SUITE.read_text())["cases"]}
+    cases = {c["name"]: c for c in json.loads(args.suite.read_text())["cases"]}
     rows = [row for name in args.cases.split(",")
             for row in sweep_case(dispatcher, cases[name], args.direction, args.family)]
     args.out.mkdir(parents=True, exist_ok=True)

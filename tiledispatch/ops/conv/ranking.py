@@ -214,6 +214,10 @@ SPILL_PENALTY = 0.15
 # Warps an SM needs issuing wgmma/mma to keep its tensor cores busy: two warpgroups (the
 # 8-warp 128x128 and 128x256 tiles of the GEMM op's fastest H200 kernels).
 WARPS_TO_FILL_SM = 8
+# The igemm-tma kernels' wgmma is one warpgroup's: a 4-warp 128 x 128 tile, one program an SM, ran
+# ResNet's 3x3 forward at 15.8 us on the H100 where 8 warps over 64 x 128 boxes took 18.2
+# (results/h100/conv_sweep_igemm-tma_forward_dense.csv).
+TMA_WARPS_TO_FILL_SM = 4
 # Atomic split-K sums in a different order each run: taken only when clearly faster.
 NONDETERMINISTIC_PENALTY = 0.97
 # Issue cost of one reduction step of an implicit GEMM besides its MMAs, in instructions a
@@ -261,9 +265,19 @@ TMA_BANDWIDTH_FRACTION = 0.80  # gemm's tma-persistent streamed 3.8-4.0 of 4.8 T
 # slower than the best 128x128 tile) and the narrow boxes first on conv3d_g4 and resnext g32 (2.5-2.8x
 # slower than the best). Fitted to the sweeps above with cuDNN's and the igemm family's default
 # kernels (conv_sweep_igemm_bwd_weight.csv): over nine cases the Triton pick ran at 0.91 of the best
-# measured kernel (geomean; 0.78 before), 0.95x cuDNN (0.81x before).
-TMA_WEIGHT_PORT_BYTES_PER_S = 150e9
+# measured kernel (geomean; 0.78 before), 0.95x cuDNN (0.81x before). The forward's boxes pay the
+# same port: fitted to backward-weight alone, it also ranks ResNet's 3x3 forward right, one 128-pixel
+# box an SM (15.8 us) before two 64-pixel ones sharing it (18.2; conv_sweep_igemm-tma_forward_dense.csv).
+TMA_PORT_BYTES_PER_S = 150e9
 TMA_WEIGHT_STEP_SECONDS = 0.5e-6
+# A forward whose input channels fit one box (C/G <= block_in) moves to the next tap every step: the
+# C/G = 64 convs ran 1.4-1.6x their model (2-D and 3-D alike, every box shape of `full`: ncu has the
+# warps waiting on memory 60 % of the time), where C/G >= 256 ran at 0.9-1.05x. Fitted there
+# (results/h100/conv_sweep_tma_c64_probe.csv): the 3-D video conv and ResNet's 56x56 C=64 layer now
+# take igemm's 128x64x64 (129 us against TMA's 144; 31.8 against 33.7); the probe's N=64 twin of that
+# layer, where TMA ran 54 us and igemm 62, takes igemm too: igemm's model is 1.2-1.3x fast on the 2-D
+# convs and 0.9x on the 3-D one, which this term does not separate.
+TMA_TAP_STEP_EFFICIENCY = 0.69
 # fp32 atomic adds into dw a second (split_k x dw's elements): the dense sweep's 8-way atomic splits
 # ran 10-37 us slower than their workspace twins, 1.1-1.5e11 adds a second.
 ATOMIC_ADDS_PER_S = 1.2e11
@@ -345,7 +359,8 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
                                                    "trust": VENDOR_TRUST, "modelled_us": modelled * 1e6})
 
 
-def sm_efficiency(tiles: int, resident: int, num_warps: int, sm_count: int) -> tuple[float, int]:
+def sm_efficiency(tiles: int, resident: int, num_warps: int, sm_count: int,
+                  warps_to_fill: int = WARPS_TO_FILL_SM) -> tuple[float, int]:
     """Busy fraction of the tensor cores, and the programs each SM runs at once.
 
     Time follows the busiest SM: it runs ceil(tiles / SMs) tiles, min(that, resident) at
@@ -356,7 +371,7 @@ def sm_efficiency(tiles: int, resident: int, num_warps: int, sm_count: int) -> t
     per_sm = math.ceil(tiles / sm_count)
     concurrent = min(resident, per_sm)
     balance = tiles / (sm_count * per_sm)
-    return balance * min(1.0, concurrent * num_warps / WARPS_TO_FILL_SM), concurrent
+    return balance * min(1.0, concurrent * num_warps / warps_to_fill), concurrent
 
 
 def _stride_hit_rate(p: ConvProblem) -> float:
@@ -533,7 +548,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
         registers += math.ceil(config.block_out * config.pixels / threads)
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=min(registers, arch.registers_per_thread_max))
-    waves, concurrent = sm_efficiency(tiles, resident, config.num_warps, arch.sm_count)
+    waves, concurrent = sm_efficiency(tiles, resident, config.num_warps, arch.sm_count, TMA_WARPS_TO_FILL_SM)
     latency = 1.0 if concurrent >= 2 else 0.9 if config.num_stages >= 3 else 0.8
     # A box row narrower than a 128-byte swizzle line moves and feeds wgmma at a fraction of the
     # rate: the 16-channel test tiles ran 2-29 TFLOP/s on the H200 where 64-channel ones ran 300-690.
@@ -552,12 +567,17 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
         reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
         if config.atomic_split:
             reduce_s += config.split_k * weights / ATOMIC_ADDS_PER_S
-    intake_s = 0.0
-    if p.direction is Direction.BWD_WEIGHT:  # the busiest SM's boxes, every one read from L2
-        box_bytes = config.pixels * (config.block_out + config.block_in) * p.types.dtype.itemsize
-        intake_s = math.ceil(tiles / arch.sm_count) * steps * box_bytes / TMA_WEIGHT_PORT_BYTES_PER_S
+    # The busiest SM's two boxes a step, every one read from L2 (TMA has no L1 to share them through).
+    if p.direction is Direction.BWD_WEIGHT:  # dy's pixels x block_out and x's pixels x block_in
+        box_elements = config.pixels * (config.block_out + config.block_in)
+    else:  # x's pixels x block_in and the filter's block_out x block_in
+        box_elements = (config.pixels + config.block_out) * config.block_in
+    box_bytes = box_elements * p.types.dtype.itemsize
+    intake_s = math.ceil(tiles / arch.sm_count) * steps * box_bytes / TMA_PORT_BYTES_PER_S
     bound_s = (compute_s**3 + memory_s**3 + issue_s**3 + intake_s**3) ** (1 / 3)
     core_s = bound_s / TMA_FRACTION[p.direction]
+    if p.direction is Direction.FORWARD and taps > 1 and p.c_per_group <= config.block_in:
+        core_s /= TMA_TAP_STEP_EFFICIENCY  # every step a new tap: see TMA_TAP_STEP_EFFICIENCY
     if p.direction is Direction.BWD_WEIGHT:  # the busiest SM's rounds of programs, each step a pipeline's latency
         latency_s = math.ceil(tiles / (arch.sm_count * concurrent)) * steps * TMA_WEIGHT_STEP_SECONDS
         core_s = (core_s**3 + latency_s**3) ** (1 / 3)

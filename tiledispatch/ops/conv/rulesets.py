@@ -306,10 +306,14 @@ TESTS_TMA = TINY_TMA + (
 # for wgmma; taller ones copy it to registers (rules.register_a_operand): both are listed.
 # Backward-data at stride 1 runs the forward's boxes over dy, reading the filter turned in place: on the
 # H100 they ran ResNet's 3x3, UNet's and the dilated 3x3 at 18.1, 73.2 and 28.7 us, where igemm's best
-# took 24.2, 101.7 and 31.3 (results/h100/conv_tma_turned_bwd_data.csv).
+# took 24.2, 101.7 and 31.3 (results/h100/conv_tma_turned_bwd_data.csv). One warpgroup on a 128 x 128
+# tile (4 warps, one program an SM) ran ResNet's 3x3 at 15.8 us forward and 15.7 backward-data on the
+# H100, the fastest of `full` (results/h100/conv_sweep_igemm-tma_forward_dense.csv).
 DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD, Direction.BWD_DATA)) for t in (
     TmaTile(8, 16, 128, 64, 8, 3),
     TmaTile(8, 16, 128, 64, 8, 4),
+    TmaTile(8, 16, 128, 64, 4, 4),
+    TmaTile(16, 8, 128, 64, 4, 4),
     TmaTile(8, 16, 256, 64, 8, 3),
     TmaTile(16, 8, 128, 64, 8, 3),
     TmaTile(4, 32, 128, 64, 8, 3),
