@@ -214,9 +214,9 @@ SPILL_PENALTY = 0.15
 # Warps an SM needs issuing wgmma/mma to keep its tensor cores busy: two warpgroups (the
 # 8-warp 128x128 and 128x256 tiles of the GEMM op's fastest H200 kernels).
 WARPS_TO_FILL_SM = 8
-# The igemm-tma kernels' wgmma is one warpgroup's: a 4-warp 128 x 128 tile, one program an SM, ran
-# ResNet's 3x3 forward at 15.8 us on the H100 where 8 warps over 64 x 128 boxes took 18.2
-# (results/h100/conv_sweep_igemm-tma_forward_dense.csv).
+# The igemm-tma kernels' wgmma is one warpgroup's: a 4-warp 128 x 128 tile alone on its SM ran
+# ResNet's 3x3 forward at 15.8 us on the H100, where two 4-warp programs an SM over 64-pixel boxes
+# took 18.2 (results/h100/conv_sweep_igemm-tma_forward_dense.csv).
 TMA_WARPS_TO_FILL_SM = 4
 # Atomic split-K sums in a different order each run: taken only when clearly faster.
 NONDETERMINISTIC_PENALTY = 0.97
