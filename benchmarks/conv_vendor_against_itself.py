@@ -1,0 +1,68 @@
+"""cuDNN's own call timed as cuDNN and through the dispatcher's vendor candidate, in turns.
+
+The suite benchmark (conv.py) has now and then timed the dispatcher slower than cuDNN on a row
+where the dispatcher runs cuDNN's own call (82.6 against 18.8 us once). This times the two alone,
+with conv.py's samplers, in both orders, and names the kernels each runs: if they match here,
+what slowed the suite's row was the state of that run, not the call.
+
+    python benchmarks/conv_vendor_against_itself.py --rows resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import conv as suite_bench  # the suite benchmark's operands and samplers
+import torch
+
+import tiledispatch  # noqa: F401  (first: it picks the backend)
+from tiledispatch.bench.timing import interleaved_medians
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.registry import Registry
+from tiledispatch.core.runtime import current_arch
+from tiledispatch.ops.conv import Direction
+
+ROWS = "resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16,depthwise_mbv2_3x3:bwd_weight:bf16," \
+       "resnet50_1x1:bwd_data:bf16"
+PROFILED_CALLS = 5
+
+
+def kernel_names(fn, operands) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_CALLS):
+            fn(operands)
+        torch.cuda.synchronize()
+    return sorted({e.key[:60] for e in prof.key_averages() if e.device_time_total > 0})
+
+
+def compare(dispatcher: Dispatcher, case: dict, direction: Direction, dtype: str, repeats: int, rounds: int):
+    p = suite_bench.problem_of(case, direction, dtype)
+    sets = suite_bench.make_sets(p)
+    vendor = next(c.spec for c in dispatcher.explain(p).ranked if c.spec.family == "vendor")
+    calls = {"cudnn": suite_bench.cudnn_fn(p), "dispatcher": suite_bench.call(dispatcher, vendor)}
+    for repeat in range(repeats):
+        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))
+        medians = interleaved_medians({name: suite_bench.sampler(calls[name], sets) for name in order}, rounds)
+        times = ", ".join(f"{name} {medians[name] * 1e3:.1f} us" for name in order)
+        print(f"{case['name']} {direction.value} {dtype} ({order[0]} first): {times}", flush=True)
+    for name, fn in calls.items():
+        print(f"    {name}: {', '.join(kernel_names(fn, sets[0]))}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default=ROWS, help="comma-separated case:direction:dtype")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    arch = current_arch()
+    dispatcher = Dispatcher(Registry.from_rule_set("conv", "default", arch), arch)
+    cases = {c["name"]: c for c in json.loads(suite_bench.SUITE.read_text())["cases"]}
+    for row in args.rows.split(","):
+        name, direction, dtype = row.split(":")
+        compare(dispatcher, cases[name], Direction(direction), dtype, args.repeats, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
