@@ -40,9 +40,16 @@ def compare(dispatcher: Dispatcher, case: dict, direction: Direction, dtype: str
     p = suite_bench.problem_of(case, direction, dtype)
     sets = suite_bench.make_sets(p)
     vendor = next(c.spec for c in dispatcher.explain(p).ranked if c.spec.family == "vendor")
+    # The vendor candidate named, and the dispatcher's own pick as the suite times it (its fast path).
     calls = {"cudnn": suite_bench.cudnn_fn(p), "dispatcher": suite_bench.call(dispatcher, vendor)}
+    suite_bench.call(dispatcher, None)(sets[0])
+    pick = dispatcher.select(sets[0]["ops"].problem)
+    if pick.family == "vendor":
+        calls["dispatcher-pick"] = suite_bench.call(dispatcher, None)
+    else:
+        print(f"{case['name']} {direction.value} {dtype}: the dispatcher picks {pick.name}, not cuDNN", flush=True)
     for repeat in range(repeats):
-        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))
+        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))  # each first in turn
         medians = interleaved_medians({name: suite_bench.sampler(calls[name], sets) for name in order}, rounds)
         times = ", ".join(f"{name} {medians[name] * 1e3:.1f} us" for name in order)
         print(f"{case['name']} {direction.value} {dtype} ({order[0]} first): {times}", flush=True)
