@@ -269,10 +269,11 @@ TMA_BANDWIDTH_FRACTION = 0.80  # gemm's tma-persistent streamed 3.8-4.0 of 4.8 T
 # same port: fitted to backward-weight alone, it also ranks ResNet's 3x3 forward right, one 128-pixel
 # box an SM (15.8 us) before two 64-pixel ones sharing it (18.2; conv_sweep_igemm-tma_forward_dense.csv).
 TMA_PORT_BYTES_PER_S = 150e9
-# 0.5e-6 until b910d73, which ranked the 3-D video conv's 8x16x64x64 over 14 splits first: 378 programs,
-# two rounds on most SMs of two, ran 161 us where 8 splits (216 programs, one round of twice the steps)
-# ran 145 (conv_sweep_igemm-tma_bwd_weight_dense.csv; 0.64 us a step there). Over the committed sweeps
-# and suite tables 0.6e-6 moves that pick and regnet's (16 -> 14 splits, 96.0 -> 95.4 us), no other.
+# 0.5e-6 until b910d73, which ranked the 3-D video conv's 8x16x64x64 over 14 splits first: its 378
+# programs, two a round on an SM, took two rounds and 161 us, where 8 splits (216 programs: one round
+# of twice the steps) took 145 (conv_sweep_igemm-tma_bwd_weight_dense.csv; 0.64 us a step). Over the
+# committed sweeps and suite tables 0.6e-6 moves that pick and regnet's (16 -> 14 splits, 96.0 -> 95.4
+# us), no other.
 TMA_WEIGHT_STEP_SECONDS = 0.6e-6
 # A forward whose input channels fit one box (C/G <= block_in) moves to the next tap every step: the
 # C/G = 64 convs ran 1.4-1.6x their model (2-D and 3-D alike, every box shape of `full`: ncu has the
