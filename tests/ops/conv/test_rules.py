@@ -258,3 +258,24 @@ def test_forward_boxes_of_fewer_pixels_than_a_wgmma_pay_for_its_rows(sm90_dispat
     p = problem("forward", 4, 128, 128, 4, (8, 28, 28), (3, 3, 3), 1, 1, 1, "bf16")
     best = next(s for s in ranked(sm90_dispatcher, p) if s.family != "vendor")
     assert not (best.family == "igemm-tma" and best.config.pixels < 64), best.name
+
+
+def test_one_warpgroup_box_alone_on_its_sm_ranks_first_for_resnet_3x3(sm90_dispatcher):
+    """ResNet's 3x3 on the H100 (conv_sweep_igemm-tma_forward_dense.csv): the 4-warp 128x128 box,
+    one program an SM, ran 15.8 us forward and 15.7 backward-data, two 4-warp 64-pixel programs
+    sharing an SM 18.2 and 19.2: one warpgroup keeps wgmma busy, and the larger box reads its L2
+    port less (ranking.TMA_WARPS_TO_FILL_SM, TMA_PORT_BYTES_PER_S)."""
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        p = problem(direction, 32, 256, 256, 1, (14, 14), (3, 3), 1, 1, 1, "bf16")
+        best = next(s for s in ranked(sm90_dispatcher, p) if s.family != "vendor")
+        assert best.family == "igemm-tma" and best.config.num_warps == 4 and best.config.pixels == 128, best.name
+
+
+def test_a_conv_of_one_channel_box_a_tap_prefers_igemm_in_3d(sm90_dispatcher):
+    """The 3-D video conv (C = K = 64) on the H100: every TMA box of `full` ran 144-147 us, each step
+    a new tap, where igemm's 128x64x64 ran 129 (ranking.TMA_TAP_STEP_EFFICIENCY). ResNet's 3x3, four
+    channel blocks a tap, keeps its TMA box (the test above)."""
+    for direction in (Direction.FORWARD, Direction.BWD_DATA):
+        video = problem(direction, 4, 64, 64, 1, (16, 56, 56), (3, 3, 3), 1, 1, 1, "bf16")
+        best = next(s for s in ranked(sm90_dispatcher, video) if s.family != "vendor")
+        assert best.family == "igemm", best.name
