@@ -30,11 +30,13 @@ from .weight_reduce import store_weight_partial
 
 
 @triton.jit
-def _filter_columns(j, CG, FY, FX, DD, DH, DW):
-    """Flat (tap, channel) index -> the tap's dilated offsets along (D, H, W) and the channel."""
+def _filter_columns(j, CG, FY, FX, DD, DH, DW, swz, swy, swx, VEC: tl.constexpr):
+    """Flat (tap, channel) index -> the tap's dilated offsets along (D, H, W), the channel, and its
+    column offset in a filter row [taps, C/G] (strides in VEC-element units, as the kernels read them)."""
     c = j % CG
     fz, fy, fx = split_tap(j // CG, FY, FX)
-    return fz * DD, fy * DH, fx * DW, c, fz, fy, fx
+    w_col = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC) + c
+    return fz * DD, fy * DH, fx * DW, c, w_col
 
 
 @triton.jit
@@ -72,12 +74,11 @@ def conv_fwd_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     for j0 in range(0, J, BLOCK_K):
         j = j0 + tl.arange(0, BLOCK_K)
         in_j = j < J
-        dz, dy, dx, c, fz, fy, fx = _filter_columns(j, CG, FY, FX, DD, DH, DW)
+        dz, dy, dx, c, w_cols = _filter_columns(j, CG, FY, FX, DD, DH, DW, swz, swy, swx, VEC)
         ok = (in_m[:, None] & in_j[None, :] & inside(d0[:, None] + dz[None, :], D)
               & inside(h0[:, None] + dy[None, :], H) & inside(w0[:, None] + dx[None, :], W))
         x_cols = dz * sxd_v + dy * sxh_v + dx * sxw_v + c
         a = tl.load(x_ptr + x_rows[:, None] + x_cols[None, :], mask=ok, other=0.0)
-        w_cols = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC) + c
         b = tl.load(w_ptr + w_rows[None, :] + w_cols[:, None], mask=in_j[:, None] & in_n[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
@@ -117,7 +118,7 @@ def conv_bwd_weight_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     in_m = offs_m < KG
     in_n = offs_n < J
     sxd_v, sxh_v, sxw_v = sxd // VEC * VEC, sxh // VEC * VEC, sxw // VEC * VEC
-    dz, dy, dx, c, fz, fy, fx = _filter_columns(offs_n, CG, FY, FX, DD, DH, DW)
+    dz, dy, dx, c, w_cols = _filter_columns(offs_n, CG, FY, FX, DD, DH, DW, swz, swy, swx, VEC)
     z_off, y_off, x_off = dz - PD, dy - PH, dx - PW  # each column's input offset from o * S
     x_cols = z_off * sxd_v + y_off * sxh_v + x_off * sxw_v + c
 
@@ -151,7 +152,6 @@ def conv_bwd_weight_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
 
     mask = in_m[:, None] & in_n[None, :]
     if SPLIT_K == 1:
-        w_cols = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC) + c
         w_rows = (g * KG + offs_m).to(tl.int64) * (swk // VEC * VEC)
         tl.store(w_ptr + w_rows[:, None] + w_cols[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
     else:  # the workspace's [K, taps, C/G] rows are [K, J] rows: one "tap" of J columns
@@ -191,8 +191,7 @@ def conv_bwd_data_igemm_flat(x_ptr, w_ptr, y_ptr, bias_ptr, res_ptr, ws_ptr,
     n, od, oh, ow = split_pixel(offs_m, OD, OH, OW)
     dy_rows = (n.to(tl.int64) * (syn // VEC_Y * VEC_Y) + od * (syd // VEC_Y * VEC_Y) + oh * (syh // VEC_Y * VEC_Y)
                + ow * (syw // VEC_Y * VEC_Y) + g * KG)
-    _dz, _dy, _dx, c, fz, fy, fx = _filter_columns(offs_n, CG, FY, FX, DD, DH, DW)
-    w_cols = fz * (swz // VEC * VEC) + fy * (swy // VEC * VEC) + fx * (swx // VEC * VEC) + c
+    _dz, _dy, _dx, _c, w_cols = _filter_columns(offs_n, CG, FY, FX, DD, DH, DW, swz, swy, swx, VEC)
     a_ptrs = y_ptr + dy_rows[:, None] + offs_k[None, :]
     b_ptrs = w_ptr + (g * KG + offs_k).to(tl.int64)[:, None] * (swk // VEC * VEC) + w_cols[None, :]
 
