@@ -8,7 +8,7 @@ The CSV keeps the model's rank and modelled time beside the measured one, which 
 refit of the ranking's constants reads.
 
     python benchmarks/conv_sweep.py --out DIR --direction bwd_weight --cases resnet50_3x3,unet_3x3 \
-        [--family igemm-tma] [--rule-set full] [--suite FILE]
+        [--family igemm-tma] [--rule-set full] [--suite FILE] [--match REGEX]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -44,10 +45,10 @@ def kernel_split(dispatcher: Dispatcher, ops, spec) -> str:
                     for e in prof.key_averages() if e.count >= PROFILE_CALLS and e.device_time_total > 0)
 
 
-def sweep_case(dispatcher: Dispatcher, case: dict, direction: Direction, family: str) -> list[dict]:
+def sweep_case(dispatcher: Dispatcher, case: dict, direction: Direction, family: str, match: str) -> list[dict]:
     p = suite_bench.problem_of(case, direction, "bf16")
     p = replace(p, specialization=p.dense_specialization())
-    ranked = [c for c in dispatcher.explain(p).ranked if c.spec.family == family]
+    ranked = [c for c in dispatcher.explain(p).ranked if c.spec.family == family and re.search(match, c.spec.name)]
     start = time.perf_counter()
     build_all(sorted((c.spec for c in ranked), key=lambda s: s.name), dispatcher.cache, 16,
               specializations=(p.specialization,))
@@ -80,13 +81,14 @@ def main() -> None:
     parser.add_argument("--cases", required=True, help="comma-separated suite case names")
     parser.add_argument("--family", default="igemm-tma")
     parser.add_argument("--rule-set", default="full")
+    parser.add_argument("--match", default="", help="a regular expression the kernels' names must contain")
     parser.add_argument("--suite", type=Path, default=suite_bench.SUITE, help="a suite file in conv.json's format")
     args = parser.parse_args()
     arch = current_arch()
     dispatcher = Dispatcher(Registry.from_rule_set("conv", args.rule_set, arch), arch)
     cases = {c["name"]: c for c in json.loads(args.suite.read_text())["cases"]}
     rows = [row for name in args.cases.split(",")
-            for row in sweep_case(dispatcher, cases[name], args.direction, args.family)]
+            for row in sweep_case(dispatcher, cases[name], args.direction, args.family, args.match)]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"conv_sweep_{args.family}_{args.direction.value}.csv"
     with open(path, "w", newline="") as fh:
