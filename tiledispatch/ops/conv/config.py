@@ -112,10 +112,6 @@ class TmaConfig(SplitReduction):
     (K/G: forward's N, backward-weight's M) and `block_in` input channels (C/G:
     forward's reduction step, backward-weight's N). Forward's M and backward-weight's
     reduction step are the tile's pixels. Name: ``igemm-tma_{tile_h}x{tile_w}x{block_out}x{block_in}``.
-
-    `flat` (backward-weight of a conv whose output is its input's size, tile_h 1): a step is
-    tile_w consecutive pixels of all the images' maps, not a box of one map, so no box
-    overhangs a map's edge; named ``igemm-tma_flat{tile_w}x{block_out}x{block_in}``.
     """
 
     signature: ConvSignature
@@ -127,14 +123,12 @@ class TmaConfig(SplitReduction):
     num_stages: int = 3
     split_k: int = 1  # backward-weight only: programs sharing one tile of dw
     split_mode: SplitMode = SplitMode.WORKSPACE
-    flat: bool = False
     family: Family = Family.IMPLICIT_GEMM_TMA
 
     @property
     def name(self) -> str:
-        pixels = f"flat{self.tile_w}" if self.flat else f"{self.tile_h}x{self.tile_w}"
-        return (f"conv_{self.signature.name}_{self.family.value}_{pixels}x{self.block_out}x{self.block_in}"
-                f"_w{self.num_warps}_s{self.num_stages}_{self.split_tag}_{self.signature.epilogue.name}")
+        return (f"conv_{self.signature.name}_{self.family.value}_{self.tile_h}x{self.tile_w}x{self.block_out}"
+                f"x{self.block_in}_w{self.num_warps}_s{self.num_stages}_{self.split_tag}_{self.signature.epilogue.name}")
 
     @property
     def pixels(self) -> int:

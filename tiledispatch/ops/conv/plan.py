@@ -67,7 +67,6 @@ FUNCTIONS = {
     (Family.IMPLICIT_GEMM_TMA, Direction.BWD_DATA): "conv_fwd_igemm_tma",  # over dy, the filter read turned
     (Family.IMPLICIT_GEMM_TMA, Direction.BWD_WEIGHT): "conv_bwd_weight_igemm_tma",
 }
-FLAT_WEIGHT_FUNCTION = "conv_bwd_weight_igemm_tma_flat"  # igemm-tma's backward-weight over a flat pixel walk
 # Direct configs with a window (depthwise by sliding windows along W).
 WINDOW_FUNCTIONS = {Direction.FORWARD: "conv_fwd_direct_window", Direction.BWD_DATA: "conv_bwd_data_direct_window",
                     Direction.BWD_WEIGHT: "conv_bwd_weight_direct_window"}
@@ -315,8 +314,7 @@ def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUn
         divisibility += tuple((name, vector) for name in (*strides, "CG", "KG"))
     module = FAMILY_MODULES[Family.IMPLICIT_GEMM_TMA]
     return KernelUnit(
-        stage="main", module=module,
-        function=FLAT_WEIGHT_FUNCTION if config.flat else FUNCTIONS[(Family.IMPLICIT_GEMM_TMA, direction)],
+        stage="main", module=module, function=FUNCTIONS[(Family.IMPLICIT_GEMM_TMA, direction)],
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
         modules=(module, *_SHARED_MODULES), divisibility=divisibility,
@@ -341,27 +339,6 @@ def activation_descriptor(t: torch.Tensor, block: tuple[int, ...]):
         if shape[i] == 1:
             strides[i] = triton.cdiv(strides[i + 1] * shape[i + 1], unit) * unit
     return TensorDescriptor(t, shape, strides, list(block))
-
-
-def pixel_run_descriptor(t: torch.Tensor, block: tuple[int, ...]):
-    """A 5-D descriptor [1, 1, 1, pixels, channels] over every pixel of a channels-last (N, C, *spatial) tensor,
-    for the flat walk (TmaConfig.flat). Its pixels must be evenly spaced, as a dense tensor's are; a tensor
-    that is not (a slice of a larger map) is copied into a dense one first."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    def evenly_spaced(t: torch.Tensor) -> bool:
-        step, spatial = t.stride(-1), t.shape[2:]
-        spacing = {0: step * math.prod(spatial)} | {2 + i: step * math.prod(spatial[i + 1:]) for i in range(len(spatial))}
-        return (step * t.element_size()) % 16 == 0 and all(t.shape[d] == 1 or t.stride(d) == spacing[d]
-                                                             for d in spacing)
-
-    if not evenly_spaced(t):
-        t = to_channels_last(t)
-    step = t.stride(-1)
-    pixels = t.numel() // t.shape[1]
-    unit = 16 // t.element_size()
-    outer = triton.cdiv(pixels * step, unit) * unit  # the unit dims are never stepped over (activation_descriptor)
-    return TensorDescriptor(t, [1, 1, 1, pixels, t.shape[1]], [outer, outer, outer, step, 1], list(block))
 
 
 def weight_matrix_descriptor(w: torch.Tensor, block: tuple[int, int]):
@@ -396,15 +373,14 @@ def _tma_bound(config: TmaConfig, ops: ConvOperands, out: torch.Tensor, workspac
     blocks = tma_blocks(config)
     turned = p.direction is Direction.BWD_DATA
     g = p.data_gradient_as_forward() if turned else p
-    descriptor = pixel_run_descriptor if config.flat else activation_descriptor
-    bound = {"x_desc": descriptor(ops.dy if turned else ops.x, blocks["x_desc"]),
+    bound = {"x_desc": activation_descriptor(ops.dy if turned else ops.x, blocks["x_desc"]),
              **dict(zip(("OD", "OH", "OW"), g.padded3(g.output_size, 1))),
              **dict(zip(("FZ", "FY", "FX"), g.padded3(g.filter_size, 1))),
              **dict(zip(("PD", "PH", "PW"), g.padded3(g.padding, 0))),
              **dict(zip(("DD", "DH", "DW"), g.padded3(g.dilation, 1))),
              "N": g.n, "G": g.groups, "CG": g.c_per_group, "KG": g.k_per_group}
     if p.direction is Direction.BWD_WEIGHT:
-        return bound | {"dy_desc": descriptor(ops.dy, blocks["dy_desc"]), "w_ptr": out,
+        return bound | {"dy_desc": activation_descriptor(ops.dy, blocks["dy_desc"]), "w_ptr": out,
                         "ws_ptr": workspace if workspace is not None else out,
                         **dict(zip(("swk", "swz", "swy", "swx"), _strides(out)))}
     dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)

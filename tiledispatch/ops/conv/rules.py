@@ -93,7 +93,6 @@ class ConvRule(enum.Enum):
     FAMILY_DIRECTION = "family-direction"
     FAMILY_DTYPE = "family-dtype"
     PAD_CHANNELS = "pad-channels"
-    FLAT_RUN = "flat-run"
 
 
 def shared_memory_bytes(config: ImplicitGemmConfig | TmaConfig) -> int:
@@ -114,9 +113,8 @@ def register_a_operand(config: TmaConfig) -> bool:
     merged into one reduction dim, is copied into registers each step (ldmatrix, and a
     barrier to free its buffer). Forward takes its pixels as the B operand, which may be
     reshaped in shared memory, so only backward-weight boxes taller than one row pay this.
-    A flat walk masks dy^T's rows in registers (kernels/implicit_gemm_tma.py).
     """
-    return config.signature.direction is Direction.BWD_WEIGHT and (config.tile_h > 1 or config.flat)
+    return config.signature.direction is Direction.BWD_WEIGHT and config.tile_h > 1
 
 
 def accumulator_registers(config: ImplicitGemmConfig | TmaConfig | DirectConfig) -> int:
@@ -333,12 +331,6 @@ def _tma_findings(config: TmaConfig, arch, error, warning) -> None:
         value = getattr(config, field)
         if value not in TMA_TILE_CHOICES:
             error(ConvRule.TILE_POWER_OF_TWO, f"{field}={value} is not one of {TMA_TILE_CHOICES}")
-    if config.flat and sig.direction is not Direction.BWD_WEIGHT:
-        error(ConvRule.FAMILY_DIRECTION, f"a flat walk of the pixels is backward-weight's; this config is "
-              f"{sig.direction.value}", "use a box (flat=False)")
-    if config.flat and config.tile_h != 1:
-        error(ConvRule.FLAT_RUN, f"a flat walk steps over one run of tile_w pixels; tile_h={config.tile_h}",
-              "use tile_h=1")
     for field in ("block_out", "block_in"):
         value = getattr(config, field)
         if not _power_of_two(value):
@@ -641,10 +633,6 @@ def _tma_refusal(config: TmaConfig, problem: ConvProblem) -> str | None:
             return (f"igemm-tma's backward-data is the forward over dy padded by dilation x (filter - 1) - padding "
                     f"= {problem.flipped_padding} a side, which must not be negative: padding {problem.padding} "
                     "passes the filter's reach (the igemm family serves it)")
-    if config.flat and problem.output_size != problem.input_size:
-        return (f"igemm-tma's flat walk finds a tap's input pixel by one shift of the output pixel's flat index, "
-                f"which holds only where the output is the input's size; this conv maps {problem.input_size} to "
-                f"{problem.output_size} (a box walk serves it)")
     if problem.spatial_dims == 1 and config.tile_h > 1:
         return (f"a 1-D conv has one row of pixels: a {config.tile_h}x{config.tile_w} tile would compute "
                 f"{config.tile_h - 1} rows of zeros; a 1 x tile_w tile serves it")

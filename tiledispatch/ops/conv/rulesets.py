@@ -78,7 +78,6 @@ class TmaTile:
     split_k: int = 1  # > 1: backward-weight only
     split_mode: SplitMode = SplitMode.WORKSPACE
     directions: tuple[Direction, ...] = tuple(Direction)  # backward-data: the forward kernel over dy
-    flat: bool = False  # backward-weight only: a flat walk of runs of tile_w pixels (TmaConfig.flat)
 
 
 @dataclass(frozen=True)
@@ -299,8 +298,6 @@ TESTS_TMA = TINY_TMA + (
     TmaTile(2, 16, 32, 32, 4, 3),
     TmaTile(1, 16, 16, 16, 4, 2, split_k=2, directions=(Direction.BWD_WEIGHT,)),
     TmaTile(4, 4, 32, 16, 4, 2, split_k=2, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
-    TmaTile(1, 32, 16, 32, 4, 2, split_k=3, directions=(Direction.BWD_WEIGHT,), flat=True),
-    TmaTile(1, 16, 32, 16, 4, 2, directions=(Direction.BWD_WEIGHT,), flat=True),
 )
 # For sm_90, timed on the H200 (benchmarks/results/h200/conv_tma.csv). Boxes of 128-256
 # pixels shaped for the maps of the suite's dense convs (14x14: 8x16 and 16x16 boxes cover 256
@@ -346,10 +343,7 @@ FULL_TMA = tuple(
     TmaTile(h, w, bo, bi, warps, stages, k)
     for (h, w), bo, bi, warps, stages, k in itertools.product(
         ((1, 64), (1, 128), (4, 32), (8, 16), (16, 8), (16, 16)), (64, 128, 256), (64, 128), (4, 8), (3, 4), (1, 4, 16))
-) + splits_of(tuple(
-    TmaTile(1, w, block, block, warps, stages, flat=True)
-    for w, block, warps, stages in itertools.product((64, 128, 256), (64, 128), (4, 8), (3, 4))
-), WEIGHT_TMA_SPLITS)
+)
 
 # The toeplitz family (kernels/toeplitz.py): Gluon, GPU only, so no tiny tiles. Timed on the H200 on
 # the suite's depthwise 3x3, 5x5 and 7x7 maps (28x28, 14x14): 16 rows x 32 channels over 16 warps
@@ -399,7 +393,7 @@ def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_
             for t in tma_tiles:
                 if sig.direction in t.directions and (t.split_k == 1 or weight):
                     yield TmaConfig(sig, t.tile_h, t.tile_w, t.block_out, t.block_in, t.num_warps, t.num_stages,
-                                    t.split_k, t.split_mode, t.flat)
+                                    t.split_k, t.split_mode)
         for t in gemm_tiles:
             if t.serves(sig.direction):
                 yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
-from .geometry import advance_pixel, inside, next_step, split_pixel, split_tap
+from .geometry import next_step, split_tap
 from .weight_reduce import store_weight_partial
 
 
@@ -143,30 +143,6 @@ def conv_fwd_igemm_tma(x_desc, w_desc, y_ptr, bias_ptr, res_ptr,
 
 
 @triton.jit
-def _weight_tile(pid, KG, CG, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A backward-weight program's (tap, dw tile): taps slowest, then K/G blocks, then C/G blocks."""
-    grid_m = tl.cdiv(KG, BLOCK_M)
-    grid_n = tl.cdiv(CG, BLOCK_N)
-    tiles = grid_m * grid_n
-    return pid // tiles, (pid % tiles) // grid_n, (pid % tiles) % grid_n
-
-
-@triton.jit
-def _store_weight_tile(acc, w_ptr, ws_ptr, g, tap, pid_m, pid_n, pid_s, G, CG, KG, FZ, FY, FX, fz, fy, fx,
-                       swk, swz, swy, swx, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                       ATOMIC: tl.constexpr):
-    """dw's tile of one tap: stored (one split) or handed to the split's fp32 slabs."""
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m < KG)[:, None] & (offs_n < CG)[None, :]
-    if SPLIT_K == 1:
-        w_rows = (g * KG + offs_m).to(tl.int64) * swk + fz * swz + fy * swy + fx * swx
-        tl.store(w_ptr + w_rows[:, None] + offs_n[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
-    else:
-        store_weight_partial(ws_ptr, acc, g * KG + offs_m, offs_n, mask, tap, pid_s, G, KG, CG, FZ * FY * FX, ATOMIC)
-
-
-@triton.jit
 def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr,
                               N, G, CG, KG, OD, OH, OW, FZ, FY, FX, PD, PH, PW, DD, DH, DW,
                               swk, swz, swy, swx,
@@ -186,7 +162,12 @@ def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr,
     pid = tl.program_id(0)
     g = tl.program_id(1)
     pid_s = tl.program_id(2)
-    tap, pid_m, pid_n = _weight_tile(pid, KG, CG, BLOCK_M, BLOCK_N)
+    grid_m = tl.cdiv(KG, BLOCK_M)
+    grid_n = tl.cdiv(CG, BLOCK_N)
+    tiles = grid_m * grid_n
+    tap = pid // tiles
+    pid_m = (pid % tiles) // grid_n
+    pid_n = (pid % tiles) % grid_n
     fz, fy, fx = split_tap(tap, FY, FX)
     z_off = fz * DD - PD  # the tap's input box, relative to the output box
     y_off = fy * DH - PH
@@ -208,58 +189,11 @@ def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr,
                      input_precision=DOT_PRECISION)
         n, od, oh0, ow0 = _next_box(n, od, oh0, ow0, OD, OH, OW, TILE_H, TILE_W)
 
-    _store_weight_tile(acc, w_ptr, ws_ptr, g, tap, pid_m, pid_n, pid_s, G, CG, KG, FZ, FY, FX, fz, fy, fx,
-                       swk, swz, swy, swx, BLOCK_M, BLOCK_N, SPLIT_K, ATOMIC)
-
-
-@triton.jit
-def conv_bwd_weight_igemm_tma_flat(x_desc, dy_desc, w_ptr, ws_ptr,
-                                   N, G, CG, KG, OD, OH, OW, FZ, FY, FX, PD, PH, PW, DD, DH, DW,
-                                   swk, swz, swy, swx,
-                                   TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_M: tl.constexpr,
-                                   BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
-                                   DOT_PRECISION: tl.constexpr):
-    """conv_bwd_weight_igemm_tma's sum for a conv whose output is its input's size, over a flat walk of
-    the pixels: a step is TILE_W consecutive pixels of N x OD x OH x OW, not a box of one image.
-
-    A box wastes what overhangs the map (8x16 boxes on a 14x14 map compute 256 pixels for 196);
-    a flat run wastes nothing. Where output and input maps are the same size, a tap's input
-    pixel is the output pixel's flat index plus one shift, so x's run is one more descriptor
-    load (both descriptors are [1, 1, 1, pixels, channels]). What the shift cannot express is
-    the border: a run crossing a row reads the neighbouring row's pixels where the conv reads
-    padding. The mask of the pixels whose tap lands inside the map zeroes those rows of dy^T,
-    which wgmma then takes from registers (as the taller boxes' do), so they add 0 * x: an
-    inf or NaN in x read only that way would turn this tap's sum NaN, as in the box kernel.
-    TILE_H is 1.
-    """
-    pid = tl.program_id(0)
-    g = tl.program_id(1)
-    pid_s = tl.program_id(2)
-    tap, pid_m, pid_n = _weight_tile(pid, KG, CG, BLOCK_M, BLOCK_N)
-    fz, fy, fx = split_tap(tap, FY, FX)
-    z_off = fz * DD - PD
-    y_off = fy * DH - PH
-    x_off = fx * DW - PW
-    shift = (z_off * OH + y_off) * OW + x_off  # the tap's input pixel, flat, less the output pixel's
-    k_first = g * KG + pid_m * BLOCK_M
-    c_first = g * CG + pid_n * BLOCK_N
-
-    runs = tl.cdiv(N * OD * OH * OW, TILE_W)
-    per_split = tl.cdiv(runs, SPLIT_K)
-    r_first = pid_s * per_split
-    r_last = min(r_first + per_split, runs)
-
-    # The run's pixels (od, oh, ow), carried from run to run by compares (advance_pixel), not divisions.
-    first_n, od, oh, ow = split_pixel(r_first * TILE_W + tl.arange(0, TILE_W), OD, OH, OW)
-    step_n, step_d, step_h, step_w = split_pixel(tl.full((), TILE_W, tl.int32), OD, OH, OW)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r in range(r_first, r_last):
-        a = dy_desc.load([0, 0, 0, r * TILE_W, k_first]).reshape(TILE_W, BLOCK_M)
-        b = x_desc.load([0, 0, 0, r * TILE_W + shift, c_first]).reshape(TILE_W, BLOCK_N)
-        reads = inside(od + z_off, OD) & inside(oh + y_off, OH) & inside(ow + x_off, OW)
-        a = tl.where(reads[:, None], a, 0.0)
-        acc = tl.dot(a.T, b, acc, input_precision=DOT_PRECISION)
-        od, oh, ow, wrap_d, wrap_h, wrap_w = advance_pixel(od, oh, ow, step_d, step_h, step_w, OD, OH, OW)
-
-    _store_weight_tile(acc, w_ptr, ws_ptr, g, tap, pid_m, pid_n, pid_s, G, CG, KG, FZ, FY, FX, fz, fy, fx,
-                       swk, swz, swy, swx, BLOCK_M, BLOCK_N, SPLIT_K, ATOMIC)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < KG)[:, None] & (offs_n < CG)[None, :]
+    if SPLIT_K == 1:
+        w_rows = (g * KG + offs_m).to(tl.int64) * swk + fz * swz + fy * swy + fx * swx
+        tl.store(w_ptr + w_rows[:, None] + offs_n[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
+    else:
+        store_weight_partial(ws_ptr, acc, g * KG + offs_m, offs_n, mask, tap, pid_s, G, KG, CG, FZ * FY * FX, ATOMIC)
