@@ -26,9 +26,6 @@ class SplitMode(enum.Enum):
 
     WORKSPACE = "ws"  # each writes an fp32 slab; a second kernel sums them in a fixed order (deterministic)
     ATOMIC = "at"  # fp32 atomic adds into one zeroed buffer, then a cast (order varies from run to run)
-    # Each writes an fp32 slab; the tile's program that finishes last sums them in a fixed order and
-    # stores dw: no second kernel (igemm-tma only; kernels/weight_reduce.py).
-    LAST = "ls"
 
 
 class SplitReduction:
@@ -39,11 +36,6 @@ class SplitReduction:
     def atomic_split(self) -> bool:
         """The programs of a tile add into one zeroed fp32 buffer instead of each writing a slab."""
         return self.split_mode is SplitMode.ATOMIC and self.split_k > 1
-
-    @property
-    def last_sums(self) -> bool:
-        """The tile's last program to finish sums the slabs (SplitMode.LAST): no reduction kernel."""
-        return self.split_mode is SplitMode.LAST and self.split_k > 1
 
     @property
     def workspace_slabs(self) -> int:

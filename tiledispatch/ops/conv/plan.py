@@ -238,15 +238,10 @@ _VENDOR_UNIT = KernelUnit(
 )
 
 
-def split_workspace(config: AnyConvConfig) -> bool:
-    """Whether the config splits backward-weight's pixels over programs that share an fp32 workspace."""
+def splits(config: AnyConvConfig) -> bool:
+    """Whether the config adds a reduction stage (backward-weight split over pixels)."""
     return (not isinstance(config, (VendorConfig, PointwiseConfig))
             and config.signature.direction is Direction.BWD_WEIGHT and config.split_k > 1)
-
-
-def splits(config: AnyConvConfig) -> bool:
-    """Whether the config adds a reduction stage: a split workspace that no program of the main kernel sums."""
-    return split_workspace(config) and not (isinstance(config, TmaConfig) and config.last_sums)
 
 
 @functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
@@ -276,7 +271,7 @@ _TMA_FORWARD_ARGUMENTS = (("x_desc", "w_desc", "y_ptr", "bias_ptr", "res_ptr"),
 TMA_ARGUMENTS = {
     Direction.FORWARD: _TMA_FORWARD_ARGUMENTS,
     Direction.BWD_DATA: _TMA_FORWARD_ARGUMENTS,
-    Direction.BWD_WEIGHT: (("x_desc", "dy_desc", "w_ptr", "ws_ptr", "count_ptr"), ("swk", "swz", "swy", "swx")),
+    Direction.BWD_WEIGHT: (("x_desc", "dy_desc", "w_ptr", "ws_ptr"), ("swk", "swz", "swy", "swx")),
 }
 
 
@@ -298,8 +293,7 @@ def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUn
     t = sig.types.dtype.triton
     tensors, strides = TMA_ARGUMENTS[direction]
     blocks = tma_blocks(config)
-    kinds = {name: f"tensordesc<{t}[{','.join(map(str, blocks[name]))}]>" for name in blocks} | {
-        "ws_ptr": "*fp32", "count_ptr": "*i32"}
+    kinds = {name: f"tensordesc<{t}[{','.join(map(str, blocks[name]))}]>" for name in blocks} | {"ws_ptr": "*fp32"}
     signature = ([(name, kinds.get(name, f"*{t}")) for name in tensors] + [(n, "i32") for n in TMA_GEOMETRY]
                  + [(n, "i64") for n in strides])
     constexprs = {"TILE_H": config.tile_h, "TILE_W": config.tile_w}  # in the kernel's parameter order
@@ -309,7 +303,7 @@ def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUn
                        "HAS_RESIDUAL": sig.epilogue.residual, "TURNED_WEIGHT": direction is Direction.BWD_DATA}
     else:
         constexprs |= {"BLOCK_M": config.block_out, "BLOCK_N": config.block_in, "SPLIT_K": config.split_k,
-                       "ATOMIC": config.atomic_split, "LAST_SUMS": config.last_sums}
+                       "ATOMIC": config.atomic_split}
     constexprs["DOT_PRECISION"] = "tf32" if sig.types.allow_tf32 else "ieee"
     # `supports` takes only 16-byte aligned data (TMA's rule): pointers, strides and C/G, K/G counts
     # are multiples of 16 bytes, which lets the epilogue store 16-byte vectors.
@@ -369,7 +363,7 @@ def _dense_weight(w: torch.Tensor) -> bool:
     return all(w.shape[d] == 1 or w.stride(d) == expected[d] for d in range(w.dim()))
 
 
-def _tma_bound(config: TmaConfig, ops: ConvOperands, out: torch.Tensor, workspace, counts) -> dict:
+def _tma_bound(config: TmaConfig, ops: ConvOperands, out: torch.Tensor, workspace) -> dict:
     """The arguments of an igemm-tma kernel by name: descriptors, geometry, output and residual strides.
 
     Backward-data runs the forward kernel over dy, so its geometry is that forward's
@@ -388,7 +382,6 @@ def _tma_bound(config: TmaConfig, ops: ConvOperands, out: torch.Tensor, workspac
     if p.direction is Direction.BWD_WEIGHT:
         return bound | {"dy_desc": activation_descriptor(ops.dy, blocks["dy_desc"]), "w_ptr": out,
                         "ws_ptr": workspace if workspace is not None else out,
-                        "count_ptr": counts if counts is not None else out,
                         **dict(zip(("swk", "swz", "swy", "swx"), _strides(out)))}
     dummy = out  # stands in for absent pointers; the kernel never reads them (constexpr flags off)
     return bound | {"w_desc": weight_matrix_descriptor(ops.w, blocks["w_desc"]), "y_ptr": out,
@@ -534,20 +527,17 @@ def _reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p
 def _tma_plan(config: TmaConfig, ops: ConvOperands, out: torch.Tensor) -> Plan:
     p = ops.problem
     taps = math.prod(p.filter_size)
-    workspace, zeroed = _workspace(config, p, taps, out.device) if split_workspace(config) else (None, ())
+    split = splits(config)
+    workspace, zeroed = _workspace(config, p, taps, out.device) if split else (None, ())
     units = kernel_units(config, p.specialization)
     grid = _tma_grid(config, p, taps)
     if grid[1] > MAX_GRID_YZ or grid[2] > MAX_GRID_YZ:
         raise InvalidProblemError(f"{config.name} needs a grid of {grid} programs for this conv; axes 1 and 2 "
                                   f"are limited to {MAX_GRID_YZ}: use fewer groups or another kernel")
-    counts = None
-    if config.last_sums:  # a count for each tile of dw (the programs of grid axes 0 and 1), zero at launch
-        counts = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=out.device)
-        zeroed += (counts,)
-    launches = [Launch("main", grid, _values(units[0], _tma_bound(config, ops, out, workspace, counts)))]
-    if splits(config):
+    launches = [Launch("main", grid, _values(units[0], _tma_bound(config, ops, out, workspace)))]
+    if split:
         launches.append(_reduce_launch(units[1], workspace, out, p, taps))
-    return Plan(tuple(launches), out, zeroed, _made(workspace, counts))
+    return Plan(tuple(launches), out, zeroed, _made(workspace))
 
 
 def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:

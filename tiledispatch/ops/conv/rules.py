@@ -249,12 +249,9 @@ def validate(config: AnyConvConfig, arch) -> ValidationResult:
     elif config.split_k > 1 and sig.direction is not Direction.BWD_WEIGHT:
         error(ConvRule.SPLIT_K, f"split_k={config.split_k} on {sig.direction.value}: only backward-weight "
               "splits its reduction (over pixels) across programs", "use split_k=1")
-    if isinstance(config, SplitReduction) and config.split_mode is not SplitMode.WORKSPACE and config.split_k == 1:
-        error(ConvRule.SPLIT_MODE, f"split_mode {config.split_mode.name.lower()} with split_k=1: there is nothing to "
-              "add up", "use split_mode workspace, or split_k > 1")
-    if isinstance(config, SplitReduction) and config.split_mode is SplitMode.LAST and not isinstance(config, TmaConfig):
-        error(ConvRule.SPLIT_MODE, f"split_mode last (the tile's last program sums the slabs) is igemm-tma's; "
-              f"{config.family.value} sums them in a second kernel", "use split_mode workspace")
+    if isinstance(config, SplitReduction) and config.split_mode is SplitMode.ATOMIC and config.split_k == 1:
+        error(ConvRule.SPLIT_MODE, "split_mode atomic with split_k=1: there is nothing to add up",
+              "use split_mode workspace, or split_k > 1")
     budget = arch.registers_per_thread_max - REGISTER_RESERVE
     regs = accumulator_registers(config)
 

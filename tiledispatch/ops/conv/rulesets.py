@@ -92,11 +92,9 @@ class ToeplitzTile:
     directions: tuple[Direction, ...] = (Direction.FORWARD, Direction.BWD_DATA)
 
 
-def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...],
-              mode: SplitMode = SplitMode.WORKSPACE) -> tuple[TmaTile, ...]:
-    """Each backward-weight tile with each split of its pixel reduction (split_k 1 stays a workspace split)."""
-    return tuple(replace(t, split_k=k, split_mode=mode if k > 1 else SplitMode.WORKSPACE,
-                         directions=(Direction.BWD_WEIGHT,)) for k in split_ks for t in tiles)
+def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...]) -> tuple[TmaTile, ...]:
+    """Each backward-weight tile with each split of its pixel reduction."""
+    return tuple(replace(t, split_k=k, directions=(Direction.BWD_WEIGHT,)) for k in split_ks for t in tiles)
 
 
 def windows(tiles: tuple[DirectTile, ...], widths: tuple[int, ...], stride: int = 1) -> tuple[DirectTile, ...]:
@@ -300,7 +298,6 @@ TESTS_TMA = TINY_TMA + (
     TmaTile(2, 16, 32, 32, 4, 3),
     TmaTile(1, 16, 16, 16, 4, 2, split_k=2, directions=(Direction.BWD_WEIGHT,)),
     TmaTile(4, 4, 32, 16, 4, 2, split_k=2, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
-    TmaTile(4, 8, 16, 32, 4, 2, split_k=3, split_mode=SplitMode.LAST, directions=(Direction.BWD_WEIGHT,)),
 )
 # For sm_90, timed on the H200 (benchmarks/results/h200/conv_tma.csv). Boxes of 128-256
 # pixels shaped for the maps of the suite's dense convs (14x14: 8x16 and 16x16 boxes cover 256
@@ -338,8 +335,7 @@ WEIGHT_TMA_TILES = (
     TmaTile(1, 128, 64, 64, 4, 3),
 )
 WEIGHT_TMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 14, 16)
-DEFAULT_TMA = TESTS_TMA + DEFAULT_TMA_FORWARD + splits_of(WEIGHT_TMA_TILES, WEIGHT_TMA_SPLITS) + splits_of(
-    WEIGHT_TMA_TILES, WEIGHT_TMA_SPLITS[1:], SplitMode.LAST) + (
+DEFAULT_TMA = TESTS_TMA + DEFAULT_TMA_FORWARD + splits_of(WEIGHT_TMA_TILES, WEIGHT_TMA_SPLITS) + (
     TmaTile(8, 16, 128, 128, 8, 3, split_k=8, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
     TmaTile(1, 128, 128, 128, 8, 3, split_k=8, split_mode=SplitMode.ATOMIC, directions=(Direction.BWD_WEIGHT,)),
 )

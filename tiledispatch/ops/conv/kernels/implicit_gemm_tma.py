@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ...gemm.kernels.epilogue import apply_epilogue
 from .geometry import next_step, split_tap
-from .weight_reduce import store_weight_partial, store_weight_tile, sum_slabs_if_last
+from .weight_reduce import store_weight_partial
 
 
 @triton.jit
@@ -143,19 +143,18 @@ def conv_fwd_igemm_tma(x_desc, w_desc, y_ptr, bias_ptr, res_ptr,
 
 
 @triton.jit
-def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr, count_ptr,
+def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr,
                               N, G, CG, KG, OD, OH, OW, FZ, FY, FX, PD, PH, PW, DD, DH, DW,
                               swk, swz, swy, swx,
                               TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_M: tl.constexpr,
                               BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr,
-                              LAST_SUMS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                              DOT_PRECISION: tl.constexpr):
     """dw[g, k, tap, c] = sum over output pixels o of dy[n, o, g, k] * x[n, o - P + tap*D, g, c] (stride 1).
 
     A program owns one tap, BLOCK_M output channels (M) by BLOCK_N input channels (N),
     and a run of the output's pixel boxes (the reduction, split over SPLIT_K programs
     on grid axis 2 as the igemm kernel does: fp32 slabs [SPLIT_K, K, taps, C/G] summed by
-    `conv_weight_reduce`, or by the tile's last program (LAST_SUMS: one int32 count a program
-    of axes 0 and 1 at count_ptr), or ATOMIC adds into one). A step: the dy box [TILE_H*TILE_W,
+    `conv_weight_reduce`, or ATOMIC adds into one). A step: the dy box [TILE_H*TILE_W,
     BLOCK_M], transposed, times the x box shifted by the tap. A box past the output's
     edge reads zeros from dy (its descriptor ends there), so its x rows add nothing.
     """
@@ -193,11 +192,8 @@ def conv_bwd_weight_igemm_tma(x_desc, dy_desc, w_ptr, ws_ptr, count_ptr,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < KG)[:, None] & (offs_n < CG)[None, :]
-    rows = g * KG + offs_m
     if SPLIT_K == 1:
-        store_weight_tile(w_ptr, acc, rows, offs_n, mask, fz, fy, fx, swk, swz, swy, swx)
+        w_rows = (g * KG + offs_m).to(tl.int64) * swk + fz * swz + fy * swy + fx * swx
+        tl.store(w_ptr + w_rows[:, None] + offs_n[None, :], acc.to(w_ptr.dtype.element_ty), mask=mask)
     else:
-        store_weight_partial(ws_ptr, acc, rows, offs_n, mask, tap, pid_s, G, KG, CG, FZ * FY * FX, ATOMIC)
-        if LAST_SUMS:
-            sum_slabs_if_last(ws_ptr, count_ptr + g * tl.num_programs(0) + pid, w_ptr, rows, offs_n, mask, tap,
-                              G, KG, CG, FZ * FY * FX, fz, fy, fx, swk, swz, swy, swx, BLOCK_M, BLOCK_N, SPLIT_K)
+        store_weight_partial(ws_ptr, acc, g * KG + offs_m, offs_n, mask, tap, pid_s, G, KG, CG, FZ * FY * FX, ATOMIC)
