@@ -2,8 +2,9 @@
 
 The suite benchmark (conv.py) has now and then timed the dispatcher slower than cuDNN on a row
 where the dispatcher runs cuDNN's own call (82.6 against 18.8 us once). This times the two alone,
-with conv.py's samplers, in both orders, and names the kernels each runs: if they match here,
-what slowed the suite's row was the state of that run, not the call.
+with conv.py's samplers, in both orders, and lists what each one's graph runs, kernel by kernel
+with its time: if they match here, what slowed the suite's row was the state of that run, not
+the call.
 
     python benchmarks/conv_vendor_against_itself.py --rows resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16
 """
@@ -24,16 +25,20 @@ from tiledispatch.core.runtime import current_arch
 from tiledispatch.ops.conv import Direction
 
 ROWS = "resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16,depthwise_mbv2_3x3:bwd_weight:bf16," \
-       "resnet50_1x1:bwd_data:bf16"
-PROFILED_CALLS = 5
+       "resnet50_1x1:bwd_data:bf16,resnet50_1x1:forward:fp16"
+PROFILED_CALLS = 5  # graph replays
 
 
-def kernel_names(fn, operands) -> list[str]:
+def graph_kernels(sample) -> list[str]:
+    """The GPU work of a sampler's graph replays, as the profiler sees it: each kernel (or memset, copy)
+    with its count a replay and its mean time; where two calls' times differ, this says whether a kernel
+    ran slower or the graph ran something more."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILED_CALLS):
-            fn(operands)
+            sample()
         torch.cuda.synchronize()
-    return sorted({e.key[:60] for e in prof.key_averages() if e.device_time_total > 0})
+    return [f"{e.key[:60]} x{e.count / PROFILED_CALLS:g} {e.device_time_total / e.count:.2f} us"
+            for e in prof.key_averages() if e.device_time_total > 0]
 
 
 def compare(dispatcher: Dispatcher, case: dict, direction: Direction, dtype: str, repeats: int, rounds: int):
@@ -50,11 +55,12 @@ def compare(dispatcher: Dispatcher, case: dict, direction: Direction, dtype: str
         print(f"{case['name']} {direction.value} {dtype}: the dispatcher picks {pick.name}, not cuDNN", flush=True)
     for repeat in range(repeats):
         order = list(calls) if repeat % 2 == 0 else list(reversed(calls))  # each first in turn
-        medians = interleaved_medians({name: suite_bench.sampler(calls[name], sets) for name in order}, rounds)
+        samplers = {name: suite_bench.sampler(calls[name], sets) for name in order}
+        medians = interleaved_medians(samplers, rounds)
         times = ", ".join(f"{name} {medians[name] * 1e3:.1f} us" for name in order)
         print(f"{case['name']} {direction.value} {dtype} ({order[0]} first): {times}", flush=True)
-    for name, fn in calls.items():
-        print(f"    {name}: {', '.join(kernel_names(fn, sets[0]))}", flush=True)
+    for name, sample in samplers.items():
+        print(f"    {name}, a graph replay: {'; '.join(graph_kernels(sample))}", flush=True)
 
 
 def main() -> None:
