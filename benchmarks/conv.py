@@ -175,18 +175,28 @@ def precompile(dispatcher: Dispatcher, work: list, workers: int) -> None:
 
 
 def estimate_ms(fn, s, calls: int = 3) -> float:
-    """The fastest of a few single calls timed with CUDA events, after the caller's warm-up: the
-    estimate that sizes the repeats. The fastest, so that one stalled call does not switch a fast
-    kernel to single-call timing, where the host's time is measured. A suite run at 18d9611 read
-    1.54 ms for the dispatcher and 0.078 for cuDNN on resnet50_3x3 bwd_data fp16, where a rerun
-    read 0.026 and 0.043: what that switch would give; the run did not record the mode. A later row
-    read 0.436 ms against its own screening's 0.184 with this estimate in place (mamba k4 bwd_data
-    fp16 at 6e3ff9d), so the switch is not the only way a final time goes wrong."""
+    """The GPU time of one call, after the caller's warm-up: the estimate that sizes the repeats.
+
+    The fastest of a few replays of a one-call CUDA graph, so the host's time is not in it. A
+    call timed between two events counts the host's time too where it exceeds the GPU's: the
+    dispatcher's call (tens of us of Python) then read slower than cuDNN's on 9-34 us convs and
+    was given a graph of 12-20 calls where cuDNN's had 25. Its time per call then carried a
+    larger share of the replay's own cost, and read 1-4 % slower than the same cuDNN kernel timed
+    as cuDNN (H100, results/h100/conv_vendor_against_itself.txt); an estimate past SLOW_MS would
+    time single calls, host and all (1.54 ms against 0.078 for cuDNN once, at 18d9611). A call
+    that cannot be captured is timed between events instead."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(s)
+        run = graph.replay
+    except RuntimeError:
+        run = lambda: fn(s)
     times = []
     for _ in range(calls):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        fn(s)
+        run()
         end.record()
         end.synchronize()
         times.append(begin.elapsed_time(end))
