@@ -181,7 +181,7 @@ def estimate_ms(fn, s, calls: int = 3) -> float:
     call timed between two events counts the host's time too where it exceeds the GPU's: the
     dispatcher's call (tens of us of Python) then read slower than cuDNN's on 9-34 us convs and
     was given a graph of 12-20 calls where cuDNN's had 25. Its time per call then carried a
-    larger share of the replay's own cost, and read 1-4 % slower than the same cuDNN kernel timed
+    larger share of the replay's own cost, and read 1-8 % slower than the same cuDNN kernel timed
     as cuDNN (H100, results/h100/conv_vendor_against_itself.txt); an estimate past SLOW_MS would
     time single calls, host and all (1.54 ms against 0.078 for cuDNN once, at 18d9611). A call
     that cannot be captured is timed between events instead."""

@@ -330,7 +330,7 @@ DEFAULT_TMA_FORWARD = tuple(replace(t, directions=(Direction.FORWARD, Direction.
 # 106-108), 121-135 over 16, against 144-149 for 8x16's best (H100: results/h100/
 # conv_sweep_igemm-tma_bwd_weight_8x8.csv, conv_8x8_in_default.csv). But the ranking takes them over
 # 16 splits there, and over 14 on regnet's 28x28 maps, which both boxes overhang alike, where they ran
-# 100.6-101.0 us against 94.8-95.0 for the 8x16 pick (conv_sweep_igemm-tma_bwd_weight_8x8_grouped.csv).
+# 100.6-101.0 us against 94.8-95.1 for the 8x16 pick (conv_sweep_igemm-tma_bwd_weight_8x8_grouped.csv).
 # cuDNN keeps the video conv either way, so in `default` they would cost the dispatcher regnet's 6 %.
 WEIGHT_TMA_TILES = (
     TmaTile(1, 128, 128, 128, 8, 3),
