@@ -20,9 +20,13 @@ def overlaps_itself(t: torch.Tensor) -> bool:
     return False
 
 
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are views of one allocation."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def check_no_alias(out: torch.Tensor, reads: Mapping[str, torch.Tensor | None]) -> None:
     """`out` must not share memory with any tensor in `reads` (by role name); None entries are skipped."""
-    storage = out.untyped_storage().data_ptr()
     for name, t in reads.items():
-        if t is not None and t.untyped_storage().data_ptr() == storage:
+        if t is not None and shares_storage(t, out):
             raise InvalidProblemError(f"out shares memory with {name}; pass a separate output tensor")

@@ -17,6 +17,7 @@ import torch
 from ...core.dispatcher import Dispatcher
 from ...core.op import RuleSet
 from ...core.registry import Registry
+from ...core.tensors import shares_storage
 from ..gemm import gemm
 from ..gemm.config import Family as GemmFamily
 from ..gemm.problem import GemmLayout, GemmProblem, GemmTypes, Layout
@@ -54,13 +55,8 @@ def run(operands, out: torch.Tensor, dispatcher: Dispatcher) -> None:
         a, b, kwargs = _matrix(operands.dy).t(), _matrix(operands.x), {}
     target = out.reshape(p.k, p.c) if p.direction is Direction.BWD_WEIGHT else _matrix(out)
     result = gemm(a, b, out=target, allow_tf32=p.types.allow_tf32, dispatcher=dispatcher, **kwargs)
-    if not _is_view_of(target, out):
+    if not shares_storage(target, out):  # reshape gave a copy, not a view
         _write_back(result, out, p)
-
-
-def _is_view_of(matrix: torch.Tensor, t: torch.Tensor) -> bool:
-    """Whether the 2-D `matrix` is `t`'s own memory (reshape gave a view, not a copy)."""
-    return matrix.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
 
 
 def _write_back(result: torch.Tensor, out: torch.Tensor, p: ConvProblem) -> None:
