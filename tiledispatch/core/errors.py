@@ -50,3 +50,7 @@ class BuildError(TiledispatchError):
 
 class ArchError(TiledispatchError):
     """An unknown architecture name, or facts about one that cannot be read."""
+
+
+class InvalidArgumentError(InvalidProblemError, TypeError):
+    """An argument of the wrong type or out of range; the message names the argument."""
