@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the whole test suite (CPU: kernels under Triton's interpreter).
+# Sets up .venv and runs the whole test suite (CPU: kernels under Triton's interpreter),
+# spread over every core by pytest-xdist (TEST_WORKERS=0 runs it in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q "$@"
+python -m pytest -q -n "${TEST_WORKERS:-auto}" "$@"
