@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 from .cache import CacheEntry, KernelCache
 from .errors import BuildError
 from .op import KernelUnit, UnitKind
-from .runtime import Backend, current_backend
+from .runtime import INTERPRETER_LOCK, Backend, current_backend
 from .spec import KernelSpec
 
 CACHE_FORMAT = "triton-cubin-1"
@@ -214,7 +214,8 @@ class PythonLauncher:
 
 
 class InterpretedLauncher:
-    """The same kernel source, run on the CPU by Triton's interpreter."""
+    """The same kernel source, run on the CPU by Triton's interpreter, one launch at a time in
+    the process (`runtime.INTERPRETER_LOCK`: the interpreter patches Triton module-wide)."""
 
     def __init__(self, unit: KernelUnit) -> None:
         if unit.kind is UnitKind.GLUON:  # validation keeps Gluon families off the interpreter arch
@@ -222,7 +223,8 @@ class InterpretedLauncher:
         self._fn = _function(unit)
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int | None) -> None:
-        self._fn[grid](*args)
+        with INTERPRETER_LOCK:
+            self._fn[grid](*args)
 
 
 def load(spec: KernelSpec, cache: KernelCache | None, specialization: Any | None = None) -> dict[str, Any]:

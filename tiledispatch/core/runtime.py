@@ -6,10 +6,12 @@ The choice is made once per process, before any kernel module is imported, becau
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
 import sys
+import threading
 
 
 class Backend(enum.Enum):
@@ -46,6 +48,24 @@ def current_backend() -> Backend:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return Backend.INTERPRETER
     return Backend.CUDA
+
+
+# Triton's interpreter swaps `triton.language`'s functions for its own while a kernel runs
+# and puts them back after, module-wide: two kernels interpreted at once in one process see
+# each other's swaps undone ("Did you forget to add @triton.jit"). Every interpreted launch
+# holds this lock; reentrant, so that a launch made while holding it (a debugging aid
+# calling a kernel) does not deadlock.
+INTERPRETER_LOCK = threading.RLock()
+
+
+def interpreting():
+    """The context every launch of a kernel under Triton's interpreter runs in: one at a time.
+
+    On a GPU there is nothing to serialise, and the lock is not taken.
+    """
+    if current_backend() is Backend.INTERPRETER:
+        return INTERPRETER_LOCK
+    return contextlib.nullcontext()
 
 
 def current_arch():
