@@ -1,11 +1,14 @@
 """The dispatcher: problem -> candidates -> ranking -> kernel -> launch, for every op.
 
 Selections are memoized per problem key, and launchers per kernel name, so a call on
-a problem seen before costs a dict lookup, the plan and the launch.
+a problem seen before costs a table lookup, the plan and the launch. Every memo is safe
+to share between threads and made once per key (`memo.LruTable.get_or_make`); those
+keyed by problem are bounded, so a process that sees millions of shapes stays small.
 """
 
 from __future__ import annotations
 
+import array
 import functools
 import itertools
 import logging
@@ -18,8 +21,9 @@ from . import kernel as kernel_step
 from .choice import Choice
 from .cache import KernelCache
 from ..heuristics import autotune
-from .errors import BuildError, InvalidProblemError, NoKernelError, UnsupportedError
+from .errors import BuildError, CacheError, InsecureCacheError, InvalidProblemError, NoKernelError, UnsupportedError
 from .launch import execute
+from .memo import LruTable
 from .op import OpKind, RuleSet, Score, UnitKind
 from .registry import Registry
 from .runtime import Backend, current_arch, current_backend
@@ -34,7 +38,7 @@ class Strategy(Choice):
     AUTOTUNE = "autotune"  # the rules' finalists timed once per problem, the fastest remembered on disk
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # an explanation holds one per kernel of the registry
 class Candidate:
     spec: KernelSpec
     refused: str | None = None  # why it cannot run the problem; None if it can
@@ -75,7 +79,34 @@ class Explanation:
         }
 
 
-RANKINGS_KEPT = 64
+# The memos' capacities. Selections and bound calls (1-3 KiB each) are kept for the shapes
+# in use: 4096 of each bound a serving process however many shapes it sees. A ranking is
+# read on a problem's first sight only (select, then a launch-bound call's graph replays'
+# pick): a few dozen cover the threads binding at once. Each is about 2 bytes per kernel
+# of the op (the refusals, compactly) plus the accepted candidates and their scores.
+SELECTIONS_KEPT = 4096
+BOUND_KEPT = 4096
+RANKINGS_KEPT = 32
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """One problem's ranking: the accepted candidates, best first, and the refusals, compactly.
+
+    A problem refuses nearly every kernel of the registry (other dtypes, layouts,
+    epilogues), with a few dozen distinct reasons: those are kept once each, and each
+    kernel's by its index in `reasons` (0, whose reason is None, where it was accepted).
+    """
+
+    accepted: tuple[Candidate, ...]
+    specs: tuple[KernelSpec, ...]  # the op's kernels, in registry order (shared, not copied)
+    reasons: tuple[str | None, ...]
+    reason_ids: array.array
+
+    def refused(self) -> tuple[Candidate, ...]:
+        """The refused candidates with their reasons, in registry order."""
+        specs, reasons = self.specs, self.reasons
+        return tuple(Candidate(specs[i], reasons[r]) for i, r in enumerate(self.reason_ids) if r)
 
 
 class Dispatcher:
@@ -85,58 +116,66 @@ class Dispatcher:
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
         self._cache = cache
-        self._by_op: dict[OpKind, list[KernelSpec]] = {}
+        by_op: dict[OpKind, list[KernelSpec]] = {}
         for spec in self.registry:
-            self._by_op.setdefault(spec.op, []).append(spec)
-        self._selected: dict[Any, KernelSpec] = {}
-        self._launchers: dict[tuple[str, Any], dict[str, Any]] = {}
+            by_op.setdefault(spec.op, []).append(spec)
+        self._by_op: dict[OpKind, tuple[KernelSpec, ...]] = {op: tuple(specs) for op, specs in by_op.items()}
+        self._selected = LruTable(SELECTIONS_KEPT)  # problem key -> KernelSpec
+        self._rankings = LruTable(RANKINGS_KEPT)  # see _ranking
+        self._bound = LruTable(BOUND_KEPT)  # an op's bound calls: see memo
+        # (kernel name, specialization) -> launchers by stage. Not bounded by use: the registry
+        # and the op's specializations bound it, and a bound call keeps its launchers' loaded
+        # module alive anyway, so dropping an entry would only load the module a second time.
+        self._launchers = LruTable(None)
+        # Names of kernels that failed to build here: a subset of the registry's names.
         self._broken: set[str] = set()
-        self._rankings: dict[tuple, tuple] = {}  # see _candidates
-        self._bound: dict[Any, Any] = {}
         self._tuning = tuning  # autotune's records; by default beside the kernel cache
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # guards _broken and the lazily made cache and tuning store
+        self._timing = threading.Lock()  # autotune times one problem at a time: see _tuned
 
     @property
     def cache(self) -> KernelCache:
         if self._cache is None:  # made on first build only: the interpreter never needs one
-            self._cache = KernelCache()
+            with self._lock:
+                if self._cache is None:
+                    self._cache = KernelCache()
         return self._cache
 
     # -- candidates and ranking -----------------------------------------------------
-    def _candidates(self, problem) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
-        """The accepted candidates, best first, and the refused ones with their reasons.
+    def _ranking(self, problem) -> Ranking:
+        """The problem's ranking, kept for the last RANKINGS_KEPT problems used.
 
-        Kept for the last RANKINGS_KEPT problems: a call's first sight of a problem ranks it
-        for `select`, and binding a launch-bound call looks again for its graph replays'
-        pick (gemm's `replay_pick`). A kernel that fails to build changes the ranking, so the
-        count of those is part of the key.
+        A call's first sight of a problem ranks it for `select`, and binding a launch-bound
+        call looks again for its graph replays' pick (gemm's `replay_pick`): threads that see
+        a new problem at once wait for one ranking. A kernel that fails to build changes the
+        ranking, so the count of those is part of the key.
         """
         key = (problem.key(), len(self._broken))
-        with self._lock:
-            found = self._rankings.get(key)
-        if found is None:
-            found = self._rank(problem)
-            with self._lock:
-                self._rankings[key] = found
-                if len(self._rankings) > RANKINGS_KEPT:
-                    del self._rankings[next(iter(self._rankings))]  # the oldest
-        return found
+        return self._rankings.get_or_make(key, lambda: self._rank(problem), share_errors=True)
 
-    def _rank(self, problem) -> tuple[tuple[Candidate, ...], tuple[Candidate, ...]]:
-        accepted, refused = [], []
-        for spec in self._by_op.get(problem.op, ()):
+    def _rank(self, problem) -> Ranking:
+        specs = self._by_op.get(problem.op, ())
+        accepted, reasons, reason_ids = [], {None: 0}, []
+        for spec in specs:
             reason = spec.definition.supports(spec.config, problem)
             if reason is None and spec.name in self._broken:
                 reason = "failed to build on this machine"
+            reason_ids.append(reasons.setdefault(reason, len(reasons)))
             if reason is not None:
-                refused.append(Candidate(spec, reason))
-            elif self.strategy is not Strategy.FIRST:
+                continue
+            if self.strategy is not Strategy.FIRST:
                 accepted.append(Candidate(spec, None, spec.definition.rule_score(spec.config, problem, self.arch)))
             else:
                 accepted.append(Candidate(spec))
         if self.strategy is not Strategy.FIRST:
             accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
-        return tuple(accepted), tuple(refused)
+        typecode = "B" if len(reasons) <= 0xFF else "H" if len(reasons) <= 0xFFFF else "L"
+        return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids))
+
+    def ranked(self, problem) -> tuple[Candidate, ...]:
+        """The candidates that accept `problem`, best first: `explain(problem).ranked` without
+        the refusals, which cost an object per kernel of the registry to spell out."""
+        return self._ranking(problem).accepted
 
     def select(self, problem, *, device=None) -> KernelSpec:
         """The kernel for a problem. Under `autotune`, the remembered winner, or one timed now
@@ -145,8 +184,10 @@ class Dispatcher:
         spec = self._selected.get(key)
         if spec is not None:
             return spec
-        accepted, refused = self._candidates(problem)
+        ranking = self._ranking(problem)
+        accepted = ranking.accepted
         if not accepted:
+            refused = ranking.refused()
             reasons = sorted({c.refused for c in refused})[:5]
             dtypes = sorted({c.spec.dtype for c in refused})
             raise NoKernelError(
@@ -160,12 +201,12 @@ class Dispatcher:
             if record is None:
                 return spec  # not remembered: a later call with a device tunes
             spec = self.registry.get(record.winner)
-        with self._lock:
-            self._selected[key] = spec
+        self._selected.put(key, spec)
         return spec
 
     def explain(self, problem) -> Explanation:
-        accepted, refused = self._candidates(problem)
+        ranking = self._ranking(problem)
+        accepted, refused = ranking.accepted, ranking.refused()
         selected = accepted[0].spec if accepted else None
         record = self._tuned(problem, accepted, None) if accepted and self.strategy is Strategy.AUTOTUNE else None
         if record is not None:
@@ -177,7 +218,9 @@ class Dispatcher:
     @property
     def tuning(self) -> autotune.TuningStore:
         if self._tuning is None:  # beside the compiled kernels, under the same private root
-            self._tuning = autotune.TuningStore(self.cache.root)
+            with self._lock:
+                if self._tuning is None:
+                    self._tuning = autotune.TuningStore(self.cache.root)
         return self._tuning
 
     def _tuned(self, problem, accepted: list[Candidate], device) -> autotune.TuningRecord | None:
@@ -187,9 +230,14 @@ class Dispatcher:
         key = self.tuning.key(problem.op.value, self.arch.name, problem, names, _device_name(device))
         record = self.tuning.get(key)
         if record is None and device is not None:
-            record = self._time_finalists(problem, finalists, device)
-            if record is not None:
-                self.tuning.put(key, record)
+            # One timing at a time: kernels timed at once on one device slow each other down,
+            # and threads meeting one new problem together time it once.
+            with self._timing:
+                record = self.tuning.get(key)
+                if record is None:
+                    record = self._time_finalists(problem, finalists, device)
+                    if record is not None:
+                        self.tuning.put(key, record)
         return record if record is not None and record.winner in names else None
 
     def _time_finalists(self, problem, finalists: list[Candidate], device) -> autotune.TuningRecord | None:
@@ -226,8 +274,20 @@ class Dispatcher:
         return autotune.TuningRecord(winner, times, problem.describe())
 
     def resolve(self, kernel: str | KernelSpec, problem) -> KernelSpec:
-        """A forced kernel, checked: it must be registered and must support the problem."""
-        spec = self.registry.get(kernel if isinstance(kernel, str) else kernel.name)
+        """A forced kernel, checked: a name (or a KernelSpec) that is registered, a kernel of the
+        problem's op (another op's support check reads fields this problem lacks), and one that
+        supports the problem."""
+        from .args import as_kernel_name
+        from .errors import InvalidArgumentError
+
+        name = as_kernel_name(kernel, "kernel")
+        if name is None:
+            raise InvalidArgumentError("kernel must name the kernel to force (None selects one)")
+        spec = self.registry.get(name)
+        if spec.op is not problem.op:
+            op = problem.op.value
+            raise UnsupportedError(f"kernel {name} is a {spec.op.value} kernel; {op} takes {op} kernels, "
+                                   f"see `tiledispatch registry list --op {op}`")
         reason = spec.definition.supports(spec.config, problem)
         if reason is not None:
             raise UnsupportedError(f"kernel {spec.name} cannot run this problem: {reason}")
@@ -235,16 +295,17 @@ class Dispatcher:
 
     # -- kernel and launch ------------------------------------------------------------
     def launchers(self, spec: KernelSpec, specialization: Any | None = None) -> dict[str, Any]:
-        key = (spec.name, specialization)
-        found = self._launchers.get(key)
-        if found is None:
-            with self._lock:
-                found = self._launchers.get(key)
-                if found is None:
-                    cache = None if current_backend() is Backend.INTERPRETER else self.cache
-                    found = kernel_step.load(spec, cache, specialization)
-                    self._launchers[key] = found
-        return found
+        """The kernel's launchers by stage, loaded (built if need be) once per specialization.
+
+        Threads asking for one kernel at once wait for its one load, and share its BuildError
+        or CacheError; a thread asking for another kernel meanwhile goes on without waiting.
+        """
+        return self._launchers.get_or_make((spec.name, specialization),
+                                           functools.partial(self._load, spec, specialization), share_errors=True)
+
+    def _load(self, spec: KernelSpec, specialization: Any | None) -> dict[str, Any]:
+        cache = None if current_backend() is Backend.INTERPRETER else self.cache
+        return kernel_step.load(spec, cache, specialization)
 
     def run(self, operands, *, kernel: str | KernelSpec | None = None):
         """Runs the op on checked operands with the selected (or the forced) kernel."""
@@ -256,28 +317,36 @@ class Dispatcher:
         """The kernel for checked operands and its launchers: the first candidate that builds."""
         problem = operands.problem
         _check_device(operands.device)
+        failure: Exception | None = None
         while True:
-            spec = self.resolve(kernel, problem) if kernel is not None else self.select(problem, device=operands.device)
+            try:
+                spec = (self.resolve(kernel, problem) if kernel is not None
+                        else self.select(problem, device=operands.device))
+            except NoKernelError as e:
+                if failure is None:
+                    raise
+                raise e from failure  # every candidate left failed to load: say why the last one did
             try:
                 launchers = self.launchers(spec, spec.definition.specialization_of(problem))
                 break
-            except BuildError:
-                if kernel is not None:
-                    raise
-                log.warning("kernel %s failed to build; selecting the next candidate", spec.name, exc_info=True)
+            except (BuildError, CacheError) as e:
+                if kernel is not None or isinstance(e, InsecureCacheError):
+                    raise  # a forced kernel has no next candidate; an untrusted cache fails them all
+                failure = e
+                log.warning("kernel %s failed to %s; selecting the next candidate", spec.name,
+                            "build" if isinstance(e, BuildError) else "load from the cache", exc_info=True)
                 with self._lock:
                     self._broken.add(spec.name)
-                    self._selected.pop(problem.key(), None)
+                self._selected.pop(problem.key(), None)
         return spec, launchers
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
-        """A per-dispatcher memo for an op's bound calls (its fast path), made once per key."""
-        found = self._bound.get(key)
-        if found is None:
-            found = make()
-            with self._lock:
-                self._bound[key] = found
-        return found
+        """A per-dispatcher memo for an op's bound calls (its fast path), made once per key.
+
+        The last BOUND_KEPT keys used are kept. Where `make` fails, its error is the calling
+        thread's alone: a thread that was waiting on it makes the value itself.
+        """
+        return self._bound.get_or_make(key, make)
 
 
 def _check_device(device) -> None:
@@ -334,10 +403,23 @@ def _no_stream() -> None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def default_dispatcher(rule_set: RuleSet = RuleSet.DEFAULT) -> Dispatcher:
+# One dispatcher per rule set (four at most), made once: threads making their first calls
+# together share one, with one memo of rankings, selections and loaded kernels.
+_DEFAULTS = LruTable(None)
+
+
+def default_dispatcher(rule_set: RuleSet | str = RuleSet.DEFAULT) -> Dispatcher:
     """One per process: the shipped rule sets of every implemented op, for this machine's arch,
-    ranked by `$TILEDISPATCH_STRATEGY` (rules unless it says otherwise)."""
+    ranked by `$TILEDISPATCH_STRATEGY` (rules unless it says otherwise). `cache_clear()` forgets
+    them (tests that change the environment)."""
+    rule_set = RuleSet.parse(rule_set)
+    return _DEFAULTS.get_or_make(rule_set, functools.partial(_make_default, rule_set))
+
+
+default_dispatcher.cache_clear = _DEFAULTS.clear
+
+
+def _make_default(rule_set: RuleSet) -> Dispatcher:
     from .op import get_op
 
     arch = current_arch()
