@@ -1,4 +1,4 @@
-"""The `tiledispatch` command: JSON out, JSON errors with exit code 2, every sub-command."""
+"""The `tiledispatch` command: JSON out, JSON errors with exit code 3 (bad input), every sub-command."""
 
 import json
 import os
@@ -43,8 +43,8 @@ def invoke(*args: str, code: int = 0):
 
 
 def invoke_error(*args: str, error_type: str | None = None) -> dict:
-    doc = invoke(*args, code=2)
-    assert doc["status"] == "error"
+    doc = invoke(*args, code=3)  # ExitCode.BAD_INPUT
+    assert doc["status"] == "error" and doc["exit_code"] == 3
     assert set(doc["error"]) == {"type", "message"} and doc["error"]["message"]
     if error_type is not None:
         assert doc["error"]["type"] == error_type, doc
@@ -301,7 +301,7 @@ def test_cache_in_an_insecure_directory_is_a_json_error(tmp_path, monkeypatch):
     os.chmod(shared, 0o777)
     monkeypatch.setenv("TILEDISPATCH_CACHE_DIR", str(shared))
     error = invoke_error("cache", "info", error_type="InsecureCacheError")
-    assert "chmod 700" in error["message"]
+    assert "700" in error["message"] and "TILEDISPATCH_CACHE_DIR" in error["message"]  # says how to fix it
 
 
 # --- arch and build --------------------------------------------------------------------

@@ -24,7 +24,9 @@ from ..ops.attention import (
 )
 from ..ops.attention.inputs import make_inputs
 from ..ops.attention.reference import compare_tensors, reference_from, tolerance
-from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
+from .common import (RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
+                     repeats_option, seed_option, shown)
+from .limits import attention_footprint, check_fits
 
 ALIGN = {"top-left": "top_left", "bottom-right": "bottom_right"}  # --align: the API's causal= values
 
@@ -34,15 +36,15 @@ def _window(text: Optional[str]) -> Window | None:
         return None
     try:
         left, right = (int(x) for x in text.split(","))
-    except ValueError:
-        raise InvalidProblemError(f"--window {text!r} must be LEFT,RIGHT (e.g. 1024,0; -1 is unbounded)") from None
+    except ValueError:  # not two parts, or not integers (int() also refuses 5,000-digit numbers)
+        raise InvalidProblemError(f"--window {shown(text)} must be LEFT,RIGHT (e.g. 1024,0; -1 is unbounded)") from None
     return Window(left, right)
 
 
 def _causal(causal: bool, align: Optional[str]):
     """The API's causal= for the flags: --causal alone is top-left, as causal=True and torch SDPA."""
     if align is not None and align not in ALIGN:
-        raise InvalidProblemError(f"--align {align!r}: use one of {', '.join(ALIGN)}")
+        raise InvalidProblemError(f"--align {shown(align)}: use one of {', '.join(ALIGN)}")
     if not causal:
         if align is not None:
             raise InvalidProblemError(f"--align {align} aligns the causal mask: add --causal")
@@ -68,9 +70,10 @@ def _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, s
             mask = MaskKind.NONE
     variant = AttentionVariant(band=mask is not MaskKind.NONE, softcap=softcap is not None)
     return AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_kv=skv, head_dim_qk=d,
-                            head_dim_v=dv or d, dtype=DType.parse(dtype),
+                            head_dim_v=d if dv is None else dv, dtype=parse_option("--dtype", DType.parse, dtype),
                             direction=Direction.BACKWARD if backward else Direction.FORWARD,
-                            layout=Layout.parse(layout), mask=mask, window=win, variant=variant)
+                            layout=parse_option("--layout", Layout.parse, layout), mask=mask, window=win,
+                            variant=variant)
 
 
 B = typer.Argument(..., help="batch")
@@ -90,7 +93,6 @@ SOFTCAP = typer.Option(None, "--softcap", help="soft-cap the scores: cap * tanh(
 BACKWARD = typer.Option(False, "--backward", help="forward and backward (the backward plan), gradients validated")
 
 
-@json_errors
 def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, skv: int = SKV, d: int = D,
                       dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT, causal: bool = CAUSAL_OPT,
                       align: Optional[str] = ALIGN_OPT, window: Optional[str] = WINDOW,
@@ -100,8 +102,7 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
                       backward_kernel: Optional[str] = typer.Option(
                           None, help="force the backward kernel by name (with --backward)"),
                       rule_set: str = RULE_SET, strategy: str = STRATEGY,
-                      repeats: int = typer.Option(20, help="timed runs on the GPU (median)"),
-                      seed: int = typer.Option(0, help="seed of the random inputs")) -> None:
+                      repeats: int = repeats_option(20), seed: int = seed_option()) -> None:
     """Run one attention on random inputs; print the problem, kernels, time and validation as JSON."""
     import tiledispatch
 
@@ -110,6 +111,7 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
     backend = current_backend()
     dispatcher = dispatcher_for(OpKind.ATTENTION, rule_set, strategy)
+    check_fits(attention_footprint(problem, validate, backward), on_gpu=backend is Backend.CUDA)
     inputs = make_inputs(problem, device=backend.device, seed=seed)
     q, k, v = (t.requires_grad_(backward) for t in (inputs.q, inputs.k, inputs.v))
     options = _options(causal, align, window, softcap, True)
@@ -118,7 +120,8 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
               "softcap": softcap, "dispatcher": dispatcher, "kernel": kernel, "backward_kernel": backward_kernel}
     operands = check_operands(q.detach(), k.detach(), v.detach(), options=options)
     fwd_spec = dispatcher.resolve(kernel, operands.problem) if kernel else dispatcher.select(operands.problem)
-    grad_out = torch.randn(*q.shape[:-1], problem.head_dim_v, generator=torch.Generator().manual_seed(seed + 1))
+    grad_seed = (seed + 1) % (SEED_MAX + 1)  # a seed of its own, within manual_seed's range
+    grad_out = torch.randn(*q.shape[:-1], problem.head_dim_v, generator=torch.Generator().manual_seed(grad_seed))
     grad_out = grad_out.to(device=q.device, dtype=q.dtype)
 
     def run():
@@ -163,10 +166,9 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
             document["status"] = "failed"
     emit(document)
     if document["status"] != "ok":
-        raise typer.Exit(EXIT_FAILED)
+        raise typer.Exit(ExitCode.FAILED)
 
 
-@json_errors
 def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, skv: int = SKV, d: int = D,
                               dv: Optional[int] = DV, dtype: str = DTYPE, layout: str = LAYOUT,
                               causal: bool = CAUSAL_OPT, align: Optional[str] = ALIGN_OPT,
@@ -174,7 +176,7 @@ def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int 
                               softcap: Optional[float] = SOFTCAP,
                               backward: bool = typer.Option(False, "--backward", help="explain the backward's pick"),
                               rule_set: str = RULE_SET, strategy: str = STRATEGY,
-                              limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
+                              limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for an attention: the ranking with its terms, and why each refused one refused."""
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
     emit(dispatcher_for(OpKind.ATTENTION, rule_set, strategy).explain(problem).to_dict(limit=limit or None))

@@ -7,13 +7,12 @@ from typing import Optional
 import typer
 
 from ..core.cache import CacheEntry, KernelCache
-from .common import emit, json_errors
+from .common import emit, finite_non_negative
 
 cache_app = typer.Typer(help="Inspect and tidy the on-disk kernel cache.", no_args_is_help=True)
 
 
 @cache_app.command("ls")
-@json_errors
 def ls_command() -> None:
     """Every entry: key, size, and whether it verifies."""
     rows = []
@@ -27,7 +26,6 @@ def ls_command() -> None:
 
 
 @cache_app.command("info")
-@json_errors
 def info_command() -> None:
     """Where the cache is, how many entries it holds and how large it is."""
     info = KernelCache().info()
@@ -35,16 +33,15 @@ def info_command() -> None:
 
 
 @cache_app.command("clear")
-@json_errors
 def clear_command() -> None:
     """Remove every entry."""
     emit({"removed": KernelCache().clear()})
 
 
 @cache_app.command("prune")
-@json_errors
 def prune_command(older_than_days: Optional[float] = typer.Option(
-        None, help="also remove entries unused for this many days")) -> None:
+        None, "--older-than-days", callback=finite_non_negative,
+        help="also remove entries unused for this many days (a finite number >= 0)")) -> None:
     """Remove corrupted entries, leftovers of dead builds and, optionally, entries unused for long."""
     seconds = older_than_days * 86400 if older_than_days is not None else None
     emit({"removed": KernelCache().prune(older_than_s=seconds)})

@@ -1,46 +1,224 @@
-"""What every CLI command shares: JSON output, and TiledispatchError as a clean exit."""
+"""What every CLI command shares: JSON output, checked options, and the documented exit codes.
+
+Every outcome of a command line is one JSON document on stdout and one of the `ExitCode`s;
+`--help` alone prints text. The app's top group (`JsonGroup`) runs click without its
+standalone mode, so that click's usage errors, tiledispatch's own errors and any bug all
+reach one handler (`run_guarded`), which turns each into its JSON error document.
+"""
 
 from __future__ import annotations
 
-import functools
+import enum
 import json
+import math
+import os
+import re
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
-from ..core.dispatcher import Dispatcher, Strategy
-from ..core.errors import TiledispatchError
-from ..core.op import OpKind
-from ..core.registry import Registry
-from ..core.runtime import current_arch
+from ..core.errors import TiledispatchError, UnsupportedError
 
-EXIT_ERROR = 2  # bad input or an unusable setup
-EXIT_FAILED = 1  # ran, but validation failed
+try:  # typer vendors click as typer._click; older typers depend on click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors
 
-RULE_SET = typer.Option("default", help="tiny, tests, default, full")
-STRATEGY = typer.Option("rules", help="rules or first")
+T = TypeVar("T")
+
+DEBUG_ENV = "TILEDISPATCH_DEBUG"  # "1": an internal error re-raises, traceback and all
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
+REPEATS_MAX = 100_000
+JOBS_MAX = 1024
+BUG_HINT = ("this is a bug in tiledispatch: please report it with the command line that raised it; "
+            f"{DEBUG_ENV}=1 shows the traceback")
 
 
-def dispatcher_for(op: OpKind, rule_set: str, strategy: str) -> Dispatcher:
+class ExitCode(enum.IntEnum):
+    """The exit status of `tiledispatch`; README's "Exit codes" table lists the same."""
+
+    OK = 0
+    FAILED = 1  # it ran, and the result failed validation (or a build failed)
+    USAGE = 2  # the command line cannot be parsed: unknown option, wrong type, missing argument
+    BAD_INPUT = 3  # a TiledispatchError: the problem, registry or file is invalid or unsupported
+    INTERNAL = 4  # any other exception: a bug
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    BROKEN_PIPE = 141  # the reader of stdout went away (128 + SIGPIPE)
+
+
+# --- options shared by the commands --------------------------------------------------------
+
+RULE_SET = typer.Option("default", "--rule-set", help="tiny, tests, default, full")
+STRATEGY = typer.Option("rules", "--strategy", help="rules, first or autotune")
+
+
+def seed_option() -> Any:
+    return typer.Option(0, "--seed", min=0, max=SEED_MAX, help="seed of the random inputs (0 .. 2**63-1)")
+
+
+def repeats_option(default: int) -> Any:
+    return typer.Option(default, "--repeats", min=1, max=REPEATS_MAX, help="timed runs on the GPU (median)")
+
+
+def limit_option(default: int, what: str) -> Any:
+    return typer.Option(default, "--limit", min=0, help=f"{what} (0: all)")
+
+
+def finite_non_negative(value: Optional[float]) -> Optional[float]:
+    """A typer callback: NaN, infinities and negative numbers are usage errors (NaN compares
+    false with every bound, so a range alone lets it through)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a finite number >= 0; give e.g. 30")
+    return value
+
+
+def shown(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 5] + "...'"
+
+
+def parse_option(option: str, parse: Callable[[Any], T], value: Any) -> T:
+    """`parse(value)`, with an error that names the option: `--dtype: unknown dtype 'x'; use ...`.
+    A ValueError of the parser (not a TiledispatchError) becomes an UnsupportedError."""
+    try:
+        return parse(value)
+    except TiledispatchError as e:
+        message = f"{option} {shown(value)}: {e}"
+        try:
+            renamed = type(e)(message)
+        except Exception:  # an error class whose constructor takes more than a message
+            renamed = UnsupportedError(message)
+        raise renamed from None
+    except (ValueError, TypeError, KeyError) as e:
+        raise UnsupportedError(f"{option} {shown(value)}: {e}") from None
+
+
+_DTYPE_PART = re.compile(r"fp16|bf16|fp32|tf32|fp64|fp8e4m3|fp8e5m2")
+
+
+def check_dtype_name(option: str, value: Optional[str]) -> Optional[str]:
+    """A kernel dtype name as the registries spell it (`fp16`, `fp16-fp32`, `fp8e4m3xfp8e5m2-bf16`),
+    so that a misspelt filter is refused rather than matching nothing."""
+    if value is None:
+        return None
+    parts = re.split(r"[x-]", value)
+    if not all(_DTYPE_PART.fullmatch(p) for p in parts) or len(parts) > 4:
+        raise UnsupportedError(f"{option} {shown(value)} is not a kernel dtype name; use one such as fp16, bf16, "
+                               "fp32, tf32, fp8e4m3, fp16-fp32 or fp8e4m3-bf16 (`registry list` counts them)")
+    return value
+
+
+def dispatcher_for(op, rule_set: str, strategy: str):
     """This machine's dispatcher over one op's rule set, as the op commands' options ask."""
+    from ..core.dispatcher import Dispatcher, Strategy
+    from ..core.op import RuleSet
+    from ..core.registry import Registry
+    from ..core.runtime import current_arch
+
+    rules = parse_option("--rule-set", RuleSet.parse, rule_set)
+    chosen = parse_option("--strategy", Strategy.parse, strategy)
     arch = current_arch()
-    return Dispatcher(Registry.from_rule_set(op, rule_set, arch), arch, strategy=Strategy.parse(strategy))
+    return Dispatcher(Registry.from_rule_set(op, rules, arch), arch, strategy=chosen)
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def _strict(value: Any) -> Any:
+    """`value` with every non-finite float spelt as a string: strict JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def emit(document: Any) -> None:
-    typer.echo(json.dumps(document, indent=2, default=str))
+    typer.echo(json.dumps(_strict(document), indent=2, default=str, allow_nan=False))
 
 
-def json_errors(fn: Callable) -> Callable:
-    """Turns a TiledispatchError into a JSON error document and a non-zero exit, no traceback."""
+def emit_error(code: ExitCode, kind: str, message: str, **extra: str) -> ExitCode:
+    emit({"status": "error", "exit_code": int(code), "error": {"type": kind, "message": message, **extra}})
+    return code
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (TiledispatchError, OSError) as e:  # OSError: a file the user named is unusable
-            emit({"status": "error", "error": {"type": type(e).__name__, "message": str(e)}})
-            sys.exit(EXIT_ERROR)
 
-    return wrapper
+# --- the one place where errors end ---------------------------------------------------------
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """torch's and Python's ways of saying an allocation failed."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(
+        s in text for s in ("not enough memory", "can't allocate", "out of memory", "cannot allocate"))
+
+
+def _usage(e: click_errors.ClickException) -> ExitCode:
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "tiledispatch"
+    if isinstance(e, click_errors.NoArgsIsHelpError):
+        typer.echo(e.format_message(), err=True)  # the help, for the person who typed it
+        names = ", ".join(getattr(ctx.command, "commands", {})) if ctx is not None else ""
+        return emit_error(ExitCode.USAGE, "UsageError", f"{path} needs a command" + (f": {names}" if names else ""),
+                          hint=f"`{path} --help` shows them")
+    return emit_error(ExitCode.USAGE, type(e).__name__, e.format_message(), hint=f"`{path} --help` shows the usage")
+
+
+def _exception(e: Exception) -> ExitCode:
+    """The exit code and JSON error of an exception a command raised."""
+    if isinstance(e, TiledispatchError):
+        return emit_error(ExitCode.BAD_INPUT, type(e).__name__, str(e))
+    if _out_of_memory(e):
+        return emit_error(ExitCode.BAD_INPUT, type(e).__name__,
+                          f"not enough memory for this problem's tensors ({str(e).strip()[:300]}); "
+                          "use smaller sizes, or free memory on the device")
+    if isinstance(e, OSError):  # a file or directory the user named is unusable
+        return emit_error(ExitCode.BAD_INPUT, type(e).__name__, str(e))
+    if os.environ.get(DEBUG_ENV) == "1":
+        raise e
+    return emit_error(ExitCode.INTERNAL, type(e).__name__, str(e)[:2000] or repr(e), hint=BUG_HINT)
+
+
+def run_guarded(call: Callable[[], Any]) -> int:
+    """Runs click (not standalone) and returns the exit code; every error becomes a JSON document."""
+    try:
+        result = call()
+        return result if isinstance(result, int) and not isinstance(result, bool) else ExitCode.OK
+    except KeyboardInterrupt:
+        return ExitCode.INTERRUPTED
+    except typer.Abort:  # click's answer to an EOF at a prompt, or an abort
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return ExitCode.BROKEN_PIPE
+    except click_errors.ClickException as e:
+        return _usage(e)
+    except Exception as e:
+        return _exception(e)
+
+
+def _silence_stdout() -> None:
+    """After EPIPE, flushing stdout at exit would raise again: point it at /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (CliRunner's): nothing to flush
+        pass
+
+
+class JsonGroup(TyperGroup):
+    """The app's top group: click runs without its standalone mode, so that no error prints
+    click's text box or a traceback; `run_guarded` turns each into JSON and an ExitCode.
+    CliRunner calls this `main` too, so tests see what a shell sees."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        code = run_guarded(lambda: super(JsonGroup, self).main(
+            args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False, **extra))
+        if standalone_mode:
+            sys.exit(int(code))
+        return int(code)

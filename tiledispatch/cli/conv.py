@@ -27,7 +27,9 @@ from ..ops.conv import (
 from ..ops.conv.inputs import make_inputs
 from ..ops.conv.reference import compare
 from ..ops.gemm.problem import Activation
-from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
+from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
+                     repeats_option, seed_option, shown)
+from .limits import check_fits, conv_footprint
 
 
 class InputLayout(Choice):
@@ -39,7 +41,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise InvalidProblemError(f"--{what} {text!r} must be an integer or comma-separated integers, "
+        raise InvalidProblemError(f"--{what} {shown(text)} must be an integer or comma-separated integers, "
                                   "e.g. 1 or 2,2") from None
 
 
@@ -50,10 +52,11 @@ def _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, r
             f"got {len(sizes)}: {' '.join(map(str, sizes))}")
     n, c, k, g, *rest = sizes
     dims = len(rest) // 2
-    problem = ConvProblem(Direction.parse(direction), n, c, k, g, tuple(rest[:dims]), tuple(rest[dims:]),
-                          _ints(stride, "stride"), _ints(pad, "pad"), _ints(dilation, "dilation"),
-                          ConvTypes.parse(dtype), ConvEpilogue(bias, Activation.parse(activation), residual))
-    source = (SourceLayout.CONVERTED if InputLayout.parse(layout) is InputLayout.CONTIGUOUS
+    epilogue = ConvEpilogue(bias, parse_option("--activation", Activation.parse, activation), residual)
+    problem = ConvProblem(parse_option("--direction", Direction.parse, direction), n, c, k, g, tuple(rest[:dims]),
+                          tuple(rest[dims:]), _ints(stride, "stride"), _ints(pad, "pad"), _ints(dilation, "dilation"),
+                          parse_option("--dtype", ConvTypes.parse, dtype), epilogue)
+    source = (SourceLayout.CONVERTED if parse_option("--layout", InputLayout.parse, layout) is InputLayout.CONTIGUOUS
               else SourceLayout.CHANNELS_LAST)
     return replace(problem, specialization=problem.dense_specialization(), source_layout=source)
 
@@ -70,19 +73,18 @@ RESIDUAL = typer.Option(False, "--residual", help="forward: add a residual shape
 LAYOUT = typer.Option("channels-last", help="channels-last, or contiguous (converted into channels-last)")
 
 
-@json_errors
 def conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, stride: str = STRIDE, pad: str = PAD,
                  dilation: str = DILATION, dtype: str = DTYPE, bias: bool = BIAS, activation: str = ACTIVATION,
                  residual: bool = RESIDUAL, layout: str = LAYOUT,
                  validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
                  kernel: Optional[str] = typer.Option(None, help="force this kernel by name"),
                  rule_set: str = RULE_SET, strategy: str = STRATEGY,
-                 repeats: int = typer.Option(50, help="timed runs on the GPU (median)"),
-                 seed: int = typer.Option(0, help="seed of the random inputs")) -> None:
+                 repeats: int = repeats_option(50), seed: int = seed_option()) -> None:
     """Run one convolution on random inputs and print the problem, kernel, time and validation as JSON."""
     requested = _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, residual, layout)
     backend = current_backend()
     dispatcher = dispatcher_for(OpKind.CONV, rule_set, strategy)
+    check_fits(conv_footprint(requested, validate), on_gpu=backend is Backend.CUDA)
     contiguous = requested.source_layout is SourceLayout.CONVERTED
     inputs = make_inputs(requested, device=backend.device, seed=seed, channels_last=not contiguous)
     operands = check_operands(requested.direction, **inputs.kwargs(requested))
@@ -113,15 +115,14 @@ def conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, stride: s
             document["status"] = "failed"
     emit(document)
     if document["status"] != "ok":
-        raise typer.Exit(EXIT_FAILED)
+        raise typer.Exit(ExitCode.FAILED)
 
 
-@json_errors
 def explain_conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, stride: str = STRIDE,
                          pad: str = PAD, dilation: str = DILATION, dtype: str = DTYPE, bias: bool = BIAS,
                          activation: str = ACTIVATION, residual: bool = RESIDUAL, layout: str = LAYOUT,
                          rule_set: str = RULE_SET, strategy: str = STRATEGY,
-                         limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
+                         limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for a convolution: the ranking with its terms, and why each refused one refused."""
     problem = _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, residual, layout)
     emit(dispatcher_for(OpKind.CONV, rule_set, strategy).explain(problem).to_dict(limit=limit or None))

@@ -13,20 +13,24 @@ from ..ops.gemm.inputs import make_inputs
 from ..ops.gemm.problem import Activation, Epilogue
 from ..ops.gemm.ranking import replay_pick
 from ..ops.gemm.reference import compare
-from .common import EXIT_FAILED, RULE_SET, STRATEGY, dispatcher_for, emit, json_errors
+from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
+                     repeats_option, seed_option)
+from .limits import check_fits, gemm_footprint
 
 DTYPE_HELP = "fp16, bf16, fp32, tf32, fp8e4m3, fp8e4m3xfp8e5m2 (fp8 gives bf16 out)"
 
 
 def _problem(m, n, k, batch, dtype, layout, bias, activation, residual) -> GemmProblem:
-    return GemmProblem(m=m, n=n, k=k, batch=batch, types=GemmTypes.parse(dtype), layout=GemmLayout.parse(layout),
-                       epilogue=Epilogue(bias, Activation.parse(activation), residual))
+    types = parse_option("--dtype", GemmTypes.parse, dtype)
+    gemm_layout = parse_option("--layout", GemmLayout.parse, layout)
+    epilogue = Epilogue(bias, parse_option("--activation", Activation.parse, activation), residual)
+    return GemmProblem(m=m, n=n, k=k, batch=batch, types=types, layout=gemm_layout, epilogue=epilogue)
 
 
 M = typer.Argument(..., help="rows of A and C")
 N = typer.Argument(..., help="columns of B and C")
 K = typer.Argument(..., help="the reduced dimension")
-BATCH = typer.Option(1, help="batch count")
+BATCH = typer.Option(1, "--batch", help="batch count")
 DTYPE = typer.Option("fp16", help=DTYPE_HELP)
 LAYOUT = typer.Option("rrr", help="r/c/s for A, B, C: row-major, column-major, strided")
 BIAS = typer.Option(False, "--bias", help="add a bias over N")
@@ -34,18 +38,17 @@ ACTIVATION = typer.Option("none", help="none, relu, gelu, silu")
 RESIDUAL = typer.Option(False, "--residual", help="add a residual M x N")
 
 
-@json_errors
 def gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: str = DTYPE,
                  layout: str = LAYOUT, bias: bool = BIAS, activation: str = ACTIVATION, residual: bool = RESIDUAL,
                  validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
                  kernel: Optional[str] = typer.Option(None, help="force this kernel by name"),
                  rule_set: str = RULE_SET, strategy: str = STRATEGY,
-                 repeats: int = typer.Option(50, help="timed runs on the GPU (median)"),
-                 seed: int = typer.Option(0, help="seed of the random inputs")) -> None:
+                 repeats: int = repeats_option(50), seed: int = seed_option()) -> None:
     """Run one GEMM on random inputs and print the problem, kernel, time and validation as JSON."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
     backend = current_backend()
     dispatcher = dispatcher_for(OpKind.GEMM, rule_set, strategy)
+    check_fits(gemm_footprint(problem, validate), on_gpu=backend is Backend.CUDA)
     inputs = make_inputs(problem, device=backend.device, seed=seed)
     operands = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
                               activation=problem.epilogue.activation, **inputs.kwargs())
@@ -73,14 +76,13 @@ def gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: 
             document["status"] = "failed"
     emit(document)
     if document["status"] != "ok":
-        raise typer.Exit(EXIT_FAILED)
+        raise typer.Exit(ExitCode.FAILED)
 
 
-@json_errors
 def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: str = DTYPE,
                          layout: str = LAYOUT, bias: bool = BIAS, activation: str = ACTIVATION,
                          residual: bool = RESIDUAL, rule_set: str = RULE_SET, strategy: str = STRATEGY,
-                         limit: int = typer.Option(10, help="candidates shown per list (0: all)")) -> None:
+                         limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for a GEMM: the ranking with its terms, and why each refused one refused."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
     # As `gemm` poses it on fresh tensors of this layout: rows of 4093 halves are not 16-byte aligned.

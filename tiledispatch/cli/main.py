@@ -1,18 +1,21 @@
-"""The `tiledispatch` command. Every command prints JSON; errors print a JSON error and exit 2."""
+"""The `tiledispatch` command. Every command prints one JSON document; every error too, with
+one of the documented exit codes (`common.ExitCode`, README's "Exit codes")."""
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
 from .. import arch as arch_facts
 from .attention import attention_command, explain_attention_command
 from .cache import cache_app
-from .common import emit, json_errors
+from .common import ExitCode, JsonGroup, emit, parse_option
 from .conv import conv_command, explain_conv_command
 from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
 
-app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.",
+app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.", cls=JsonGroup,
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 explain_app = typer.Typer(help="Show how a problem's kernel is selected.", no_args_is_help=True)
 
@@ -29,16 +32,19 @@ app.command("build")(build_command)
 
 
 @app.command("arch")
-@json_errors
 def arch_command(name: str = typer.Argument(None, help="an arch name; default: this machine's")) -> None:
     """The facts tiledispatch uses about an architecture."""
     from ..core.runtime import current_arch
 
-    emit((arch_facts.load(name) if name else current_arch()).to_dict())
+    emit((parse_option("arch", arch_facts.load, name) if name is not None else current_arch()).to_dict())
 
 
 def main() -> None:
-    app()
+    """The console script: JsonGroup.main exits with the command's ExitCode."""
+    try:
+        app()
+    except KeyboardInterrupt:  # outside click's own handler, in typer's set-up around it
+        sys.exit(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

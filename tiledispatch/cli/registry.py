@@ -13,10 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import arch as arch_facts
 from ..core.cache import KernelCache
 from ..core.kernel import build_all
-from ..core.op import OpKind
+from ..core.op import OpKind, RuleSet
 from ..core.registry import Registry
 from ..core.runtime import current_arch
-from .common import EXIT_FAILED, emit, json_errors
+from .common import JOBS_MAX, ExitCode, check_dtype_name, emit, limit_option, parse_option
 
 registry_app = typer.Typer(help="Generate, inspect, export and import kernel registries.", no_args_is_help=True)
 
@@ -29,20 +29,26 @@ NAME = typer.Option(None, "--name-contains", help="keep kernels whose name conta
 
 
 def _arch(name: Optional[str]):
-    return arch_facts.load(name) if name else current_arch()
+    return parse_option("--arch", arch_facts.load, name) if name is not None else current_arch()
+
+
+def _selection(op, rule_set, dtype) -> tuple[OpKind, RuleSet]:
+    """The op and rule set the options name, each error naming its option."""
+    check_dtype_name("--dtype", dtype)
+    return parse_option("--op", OpKind.parse, op), parse_option("--rule-set", RuleSet.parse, rule_set)
 
 
 def _generate(op, rule_set, arch_name, dtype=None, family=None, contains=None) -> Registry:
-    registry = Registry.from_rule_set(OpKind.parse(op), rule_set, _arch(arch_name))
+    kind, rules = _selection(op, rule_set, dtype)
+    registry = Registry.from_rule_set(kind, rules, _arch(arch_name))
     return registry.filter(lambda s: (dtype is None or s.dtype == dtype) and (family is None or s.family == family)
                            and (contains is None or contains in s.name))
 
 
 @registry_app.command("list")
-@json_errors
 def list_command(op: str = OP, rule_set: str = RULE_SET, arch: Optional[str] = ARCH, dtype: Optional[str] = DTYPE,
                  family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME,
-                 limit: int = typer.Option(50, help="names shown (0: all)")) -> None:
+                 limit: int = limit_option(50, "names shown")) -> None:
     """Counts of a rule set's kernels on an arch, and their names."""
     registry = _generate(op, rule_set, arch, dtype, family, name_contains)
     names = [spec.name for spec in registry]
@@ -50,7 +56,6 @@ def list_command(op: str = OP, rule_set: str = RULE_SET, arch: Optional[str] = A
 
 
 @registry_app.command("export")
-@json_errors
 def export_command(output: Path = typer.Option(Path("registry.json"), "-o", "--output", help="file to write"),
                    op: str = OP, rule_set: str = RULE_SET, arch: Optional[str] = ARCH, dtype: Optional[str] = DTYPE,
                    family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME) -> None:
@@ -61,7 +66,6 @@ def export_command(output: Path = typer.Option(Path("registry.json"), "-o", "--o
 
 
 @registry_app.command("import")
-@json_errors
 def import_command(path: Path = typer.Argument(..., help="a registry JSON file"),
                    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write it back out here")) -> None:
     """Read a registry file, checking every entry; optionally write it back (a round trip)."""
@@ -72,14 +76,15 @@ def import_command(path: Path = typer.Argument(..., help="a registry JSON file")
           **({"written": str(output)} if output else {})})
 
 
-@json_errors
 def build_command(op: str = OP, rule_set: str = RULE_SET,
                   arch: str = typer.Option(..., "--arch", help="target arch, e.g. sm_90 (no GPU needed)"),
-                  jobs: int = typer.Option(os.cpu_count() or 1, "-j", "--jobs", help="worker processes"),
+                  jobs: int = typer.Option(min(os.cpu_count() or 1, JOBS_MAX), "-j", "--jobs", min=1, max=JOBS_MAX,
+                                           help="worker processes"),
                   dtype: Optional[str] = DTYPE, family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME,
-                  limit: int = typer.Option(0, help="build at most this many (0: all)")) -> None:
+                  limit: int = limit_option(0, "build at most this many")) -> None:
     """Compile a rule set ahead of time into the kernel cache, in parallel."""
-    target = arch_facts.load(arch)
+    target = _arch(arch)
+    _selection(op, rule_set, dtype)  # a bad option is refused for the interpreter too
     if target.is_interpreter:
         emit({"status": "ok", "built": 0, "note": "interpreter kernels are not compiled"})
         return
@@ -97,4 +102,4 @@ def build_command(op: str = OP, rule_set: str = RULE_SET,
           "built": len(results) - len(failed), "failed": [{"kernel": r.name, "error": r.error} for r in failed],
           "seconds": round(sum(r.seconds for r in results), 2)})
     if failed:
-        raise typer.Exit(EXIT_FAILED)
+        raise typer.Exit(ExitCode.FAILED)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .. import arch as arch_facts
 from .errors import RegistryFormatError, UnknownKernelError
+from .jsonio import JsonFileError, read_json
 from .op import OpKind, RuleSet, get_op
 from .spec import KernelSpec
 
@@ -200,13 +201,19 @@ class Registry:
 
     @classmethod
     def load(cls, path: str | Path) -> "Registry":
+        """The registry in a JSON file that `save` wrote. The file is untrusted input: it is read
+        through jsonio (a regular file only, bounded in size and nesting, never waited on), and
+        anything wrong with it raises RegistryFormatError naming the file."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = read_json(path)
         except FileNotFoundError:
             raise RegistryFormatError(f"registry file {path} does not exist") from None
-        except OSError as e:  # a directory, no permission, ...
+        except OSError as e:  # no permission, a symlink loop, a name too long, ...
             raise RegistryFormatError(f"cannot read registry file {path}: {e.strerror or e}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RegistryFormatError(f"{path} is not valid JSON ({e}); was it truncated?") from None
+        except JsonFileError as e:  # not a regular file, too large, too deep, not UTF-8, not JSON
+            reason = str(e).removeprefix(f"{path} ")
+            raise RegistryFormatError(
+                f"cannot read registry file {path}: it {reason}; a registry file is the JSON that "
+                "`tiledispatch registry export` writes, whole (was it truncated or edited?)") from None
         return cls.from_json(data, str(path))

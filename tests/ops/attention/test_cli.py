@@ -49,16 +49,16 @@ def test_attention_forces_the_backward_kernel():
     doc = invoke("attention", *shape, "--backward", "--backward-kernel", ranked[1], "--validate")
     assert doc["validation"]["passed"]
     assert doc["kernel"]["backward"]["name"] == ranked[1] and doc["kernel"]["backward"]["forced"] is True
-    doc = invoke("attention", *shape, "--backward-kernel", ranked[1], code=2)
+    doc = invoke("attention", *shape, "--backward-kernel", ranked[1], code=3)
     assert "add --backward" in doc["error"]["message"]
 
 
 def test_bad_input_is_a_json_error():
-    doc = invoke("attention", "1", "3", "2", "8", "8", "32", "--rule-set", "tiny", code=2)
+    doc = invoke("attention", "1", "3", "2", "8", "8", "32", "--rule-set", "tiny", code=3)
     assert doc["status"] == "error" and "heads-group" in doc["error"]["message"]
-    doc = invoke("attention", "1", "2", "2", "8", "8", "32", "--causal", "--align", "sideways", code=2)
+    doc = invoke("attention", "1", "2", "2", "8", "8", "32", "--causal", "--align", "sideways", code=3)
     assert "top-left" in doc["error"]["message"]
-    doc = invoke("explain", "attention", "1", "2", "2", "8", "8", "32", "--align", "bottom-right", code=2)
+    doc = invoke("explain", "attention", "1", "2", "2", "8", "8", "32", "--align", "bottom-right", code=3)
     assert "add --causal" in doc["error"]["message"]
-    doc = invoke("explain", "attention", "1", "2", "2", "8", "8", "48", code=2)
+    doc = invoke("explain", "attention", "1", "2", "2", "8", "8", "48", code=3)
     assert "head-dim" in doc["error"]["message"]

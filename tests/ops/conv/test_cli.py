@@ -1,4 +1,4 @@
-"""`tiledispatch conv` and `tiledispatch explain conv`: JSON out, validation, JSON errors with exit code 2."""
+"""`tiledispatch conv` and `tiledispatch explain conv`: JSON out, validation, JSON errors with exit code 3 (bad input)."""
 
 from __future__ import annotations
 
@@ -65,12 +65,12 @@ def test_forced_kernel_and_explain_agree():
     (("2", "8", "8", "2", "7", "7", "3", "3", "--kernel", "nope"), "UnknownKernelError", ["no kernel named"]),
 ])
 def test_bad_input_is_a_json_error(args, error_type, words):
-    doc = invoke("conv", *args, "--rule-set", "tiny", code=2)
+    doc = invoke("conv", *args, "--rule-set", "tiny", code=3)
     assert doc["status"] == "error" and doc["error"]["type"] == error_type, doc
     for word in words:
         assert word in doc["error"]["message"], (word, doc)
 
 
 def test_explain_bad_input_is_a_json_error():
-    doc = invoke("explain", "conv", "2", "8", "8", "3", "7", "7", "3", "3", code=2)
+    doc = invoke("explain", "conv", "2", "8", "8", "3", "7", "7", "3", "3", code=3)
     assert doc["error"]["type"] == "InvalidProblemError"
