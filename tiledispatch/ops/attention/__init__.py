@@ -8,12 +8,12 @@ window, a boolean or additive tensor), bias, ALiBi, soft-capping, sinks and drop
 
 from __future__ import annotations
 
-import torch
+from dataclasses import replace
 
-from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, OpKind
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .function import FP8_TORCH, AttentionFunction, Call, bound_forward, forward, parse_causal, parse_window
+from .arguments import parse_causal, parse_window
+from .function import AttentionFunction, bound_forward, forward, read_call
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
@@ -71,32 +71,20 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     output is bf16. Masks and windows, soft-cap, sinks and GQA; no mask or bias tensor,
     ALiBi, dropout or varlen.
     """
-    from ...core.dispatcher import default_dispatcher
-
-    if dropout_p and dropout_seed is None:
-        dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in (q, k, v, bias, sinks))
-    if grad and isinstance(q, torch.Tensor) and q.dtype in FP8_TORCH:
-        raise UnsupportedError("[fp8-forward] fp8 attention is forward only (inference): no input may require "
-                               "grad (call it under torch.no_grad(), or train in bf16)")
-    options = AttentionOptions(
-        causal=parse_causal(causal), window=parse_window(window), scale=scale, softcap=softcap,
-        dropout_p=float(dropout_p), dropout_seed=int(dropout_seed or 0), dropout_offset=int(dropout_offset),
-        needs_lse=return_lse or grad, deterministic=deterministic,
-    )
-    dispatcher = dispatcher or default_dispatcher()
+    call, grad, with_lse = read_call(
+        q, k, v, bias, sinks, causal=causal, window=window, scale=scale, softcap=softcap, dropout_p=dropout_p,
+        dropout_seed=dropout_seed, dropout_offset=dropout_offset, return_lse=return_lse,
+        deterministic=deterministic, kernel=kernel, backward_kernel=backward_kernel, dispatcher=dispatcher)
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
                "scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v}
-    call = Call(options, kernel, backward_kernel, dispatcher, bound_forward(dispatcher, q, k, v, tensors, options,
-                                                                            kernel))
+    call = replace(call, bound=bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel))
     if grad:
         out, lse = AttentionFunction.apply(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
     else:
         result = forward(call, q, k, v, tensors)
         out, lse = result.out, result.lse
-    return (out, lse) if return_lse else out
+    return (out, lse) if with_lse else out
 
 
 __all__ = [

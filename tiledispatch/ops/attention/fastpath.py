@@ -11,7 +11,8 @@ plan read is in the signature; what they do not read (the pointers, the seed) is
 
 Varlen calls stay on the checked path: their cu_seqlens are read on the host. fp8 calls bind
 their scale tensors too (a scale left out is a one kept by the bound call). `attention`
-takes no `out=`, so no aliasing needs re-checking. A plan that makes tensors from the inputs
+takes no `out=`, so no aliasing needs re-checking. Negated and conjugated views stay on the
+checked path too: the checks resolve them into copies. A plan that makes tensors from the inputs
 (the negated K of a negative scale on the TMA forward) is not replayed: its signature is
 remembered as checked-only.
 """
@@ -61,11 +62,17 @@ def _meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
 
 
+def _replayable(t) -> bool:
+    """A plain tensor whose memory holds its values: a negated or conjugated view's does not, and
+    the checks resolve it into a copy that a replay, binding the caller's tensor, would not make."""
+    return type(t) in _TENSOR_TYPES and not (t.is_neg() or t.is_conj())
+
+
 def _metas(tensors: tuple) -> tuple | None:
-    """Each tensor's meta, or None where one is not a plain tensor."""
+    """Each tensor's meta, or None where one is not a plain tensor (`_replayable`)."""
     out = []
     for t in tensors:
-        if type(t) not in _TENSOR_TYPES:
+        if not _replayable(t):
             return None
         out.append(_meta(t))
     return tuple(out)
@@ -76,14 +83,14 @@ _NO_OPTIONAL = (None, None, None, None)
 
 def _optional_metas(optional: tuple) -> tuple | None:
     """The metas of (bias, mask, alibi_slopes, sinks), None for a missing one; None where one
-    is not a plain tensor."""
+    is not a plain tensor (`_replayable`)."""
     if optional[0] is None and optional[1] is None and optional[2] is None and optional[3] is None:
         return _NO_OPTIONAL
     out = []
     for t in optional:
         if t is None:
             out.append(None)
-        elif type(t) in _TENSOR_TYPES:
+        elif _replayable(t):
             out.append(_meta(t))
         else:
             return None

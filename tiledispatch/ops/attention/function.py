@@ -12,36 +12,15 @@ from typing import Any
 
 import torch
 
-from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.args import as_bool, as_kernel_name
+from ...core.errors import InvalidArgumentError, UnsupportedError
+from ...core.tensors import check_plain
 from . import fastpath
+from .arguments import dropout_probability, parse_causal, parse_window
 from .operands import AttentionOperands, AttentionOptions, check_operands
-from .problem import FP8_DTYPES, Direction, MaskKind, Window
+from .problem import FP8_DTYPES, Direction
 
 FP8_TORCH = tuple(d.torch for d in FP8_DTYPES)
-
-_CAUSAL = {False: MaskKind.NONE, None: MaskKind.NONE, True: MaskKind.CAUSAL_TOP_LEFT,
-           "top_left": MaskKind.CAUSAL_TOP_LEFT, "bottom_right": MaskKind.CAUSAL_BOTTOM_RIGHT}
-
-
-def parse_causal(causal: Any) -> MaskKind:
-    """False, True (top-left, as torch SDPA), "top_left" or "bottom_right" (as FlashAttention)."""
-    if isinstance(causal, MaskKind) and causal in (MaskKind.NONE, MaskKind.CAUSAL_TOP_LEFT,
-                                                   MaskKind.CAUSAL_BOTTOM_RIGHT):
-        return causal
-    try:
-        return _CAUSAL[causal]
-    except (KeyError, TypeError):
-        raise UnsupportedError(f"causal={causal!r}: use False, True (top-left), 'top_left' or 'bottom_right'") from None
-
-
-def parse_window(window: Any) -> Window | None:
-    if window is None:
-        return None
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise InvalidProblemError(f"[window] window={window!r} must be (left, right); -1 is unbounded") from None
-    return Window(int(left), int(right))
 
 
 @dataclass(frozen=True)
@@ -53,6 +32,34 @@ class Call:
     backward_kernel: str | None
     dispatcher: Any
     bound: Any = None  # the forward's bound call (fastpath.py) when its signature has one
+
+
+def read_call(q, k, v, bias, sinks, *, causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset,
+              return_lse, deterministic, kernel, backward_kernel, dispatcher) -> tuple[Call, bool, bool]:
+    """attention()'s non-tensor arguments, checked: a Call (without its bound forward yet), whether
+    a gradient may follow, and whether the LSE is returned."""
+    from ...core.dispatcher import Dispatcher, default_dispatcher
+
+    dropout_p = dropout_probability(dropout_p)
+    if dropout_p and dropout_seed is None:
+        dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
+    return_lse = as_bool(return_lse, "return_lse")
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (q, k, v, bias, sinks))
+    if grad and isinstance(q, torch.Tensor) and q.dtype in FP8_TORCH:
+        raise UnsupportedError("[fp8-forward] fp8 attention is forward only (inference): no input may require "
+                               "grad (call it under torch.no_grad(), or train in bf16)")
+    options = AttentionOptions(
+        causal=parse_causal(causal), window=parse_window(window), scale=scale, softcap=softcap,
+        dropout_p=dropout_p, dropout_seed=0 if dropout_seed is None else dropout_seed,
+        dropout_offset=dropout_offset, needs_lse=return_lse or grad, deterministic=deterministic,
+    )
+    if dispatcher is not None and not isinstance(dispatcher, Dispatcher):
+        raise InvalidArgumentError(f"dispatcher must be a tiledispatch Dispatcher, or None for the default one; "
+                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
+    call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"),
+                dispatcher or default_dispatcher())
+    return call, grad, return_lse
 
 
 def _checked(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, **extra) -> AttentionOperands:
@@ -122,6 +129,7 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse, bias, sinks, mask, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
         call: Call = ctx.call
+        grad_out = check_plain(grad_out, "grad_out")  # a negated view's memory does not hold its values
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
         bias_grad = bias is not None and ctx.needs_input_grad[3]

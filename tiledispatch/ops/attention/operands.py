@@ -14,12 +14,16 @@ from typing import Any
 
 import torch
 
+from ...core.args import INT64_MAX
 from ...core.dtypes import DType
-from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
+from ...core.tensors import check_plain
+from .arguments import checked_options
 from .problem import (
     DTYPES,
     FP8_DTYPES,
     HEAD_DIMS,
+    INT32_MAX,
     AttentionProblem,
     AttentionVariant,
     Direction,
@@ -27,6 +31,7 @@ from .problem import (
     MaskKind,
     UserMask,
     Window,
+    check_seqlen_limit,
 )
 
 
@@ -43,6 +48,14 @@ class AttentionOptions:
     dropout_offset: int = 0
     needs_lse: bool = False
     deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        # Every field checked and normalised here (a window pair becomes a Window, a NumPy
+        # float a float), so that options built by hand are held to the rules of attention().
+        fields = checked_options(self.causal, self.window, self.scale, self.softcap, self.dropout_p,
+                                 self.dropout_seed, self.dropout_offset, self.needs_lse, self.deterministic)
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -153,14 +166,17 @@ def _check_qkv(q, k, v, varlen: bool) -> None:
 
 def _cu_seqlens(cu: Any, tokens: int, device, what: str) -> tuple[torch.Tensor, tuple[int, ...]]:
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
-        raise _fail("varlen", f"{what} must be a 1-D int32 tensor of batch + 1 cumulative offsets")
+        raise _fail("varlen", f"{what} must be a 1-D int32 tensor of batch + 1 cumulative offsets, got "
+                    f"{_shape(cu) if isinstance(cu, torch.Tensor) else type(cu).__name__}")
     if cu.dtype not in (torch.int32, torch.int64):
         raise _fail("varlen", f"{what} must be int32 (or int64), got {cu.dtype}")
+    cu = check_plain(cu, what)  # the kernels read its memory; the checks below read its values
     values = cu.detach().cpu().tolist()
     lengths = tuple(b - a for a, b in itertools.pairwise(values))
-    if values[0] != 0 or any(n < 0 for n in lengths) or values[-1] > tokens:
-        raise _fail("varlen", f"{what}={values} must start at 0, never decrease, and end at most at the "
-                    f"{tokens} tokens given")
+    if values[0] != 0 or any(n < 0 for n in lengths) or values[-1] > min(tokens, INT32_MAX):
+        shown = values if len(values) <= 8 else [*values[:4], "...", *values[-2:]]
+        raise _fail("varlen", f"{what}={shown} must start at 0, never decrease, and end at most at the "
+                    f"{tokens} tokens given (and below 2**31: the kernels read int32 offsets)")
     return cu.to(device=device, dtype=torch.int32).contiguous(), lengths
 
 
@@ -181,7 +197,7 @@ def _fp8_scales(q, dtype: DType | None, scales: dict) -> dict:
                         f"{' of shape ' + _shape(t) if isinstance(t, torch.Tensor) else ''}")
         if t.device != q.device:
             raise InvalidProblemError(f"{name} is on {t.device} but q is on {q.device}; put every tensor on one device")
-        out[name] = t.reshape(1)
+        out[name] = check_plain(t, name).reshape(1)
     return out
 
 
@@ -202,60 +218,62 @@ def _check_fp8_features(options: AttentionOptions, mask, bias, alibi_slopes, var
                     f"{', '.join(extras)}; use bf16 inputs for those")
 
 
-def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), mask=None, bias=None,
-                   alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                   direction: Direction = Direction.FORWARD, out=None, lse=None, grad_out=None,
-                   bias_grad: bool = False, scale_q=None, scale_k=None, scale_v=None) -> AttentionOperands:
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
-        raise _fail("varlen", "give both cu_seqlens_q and cu_seqlens_k (the key offsets may equal the query ones)")
-    _check_qkv(q, k, v, varlen)
-    try:
-        dtype = DType.from_torch(q.dtype)
-    except UnsupportedError:
-        dtype = None
-    if dtype not in DTYPES + FP8_DTYPES:
-        raise UnsupportedError(f"[dtype] q is {q.dtype}; attention takes "
-                               f"{', '.join(str(d.torch) for d in DTYPES + FP8_DTYPES)} (fp8: forward only)")
-    scales = _fp8_scales(q, dtype, {"scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v})
-    if dtype in FP8_DTYPES:
-        _check_fp8_features(options, mask, bias, alibi_slopes, varlen, direction, (q.shape[-1], v.shape[-1]))
-    d_qk, d_v = q.shape[-1], v.shape[-1]
-    if k.shape[-1] != d_qk:
-        raise _fail("head-dim-match", f"q's head dim is {d_qk} but k's is {k.shape[-1]}; they must agree")
-    for name, d in (("q/k", d_qk), ("v", d_v)):
-        if d not in HEAD_DIMS:
-            raise UnsupportedError(f"[head-dim] the {name} head dim {d} is not supported; use one of {HEAD_DIMS} "
-                                   "(pad the head dim up to the next one)")
-    head_axis = 1
-    heads_q, heads_kv = q.shape[head_axis], k.shape[head_axis]
-    if v.shape[head_axis] != heads_kv:
-        raise _fail("heads-match", f"k has {heads_kv} heads but v has {v.shape[head_axis]}; they must agree")
-    if heads_q % heads_kv:
-        raise _fail("heads-group", f"q has {heads_q} heads, not a multiple of the {heads_kv} key/value heads "
-                    f"(GQA needs heads_q = g * heads_kv; MQA: heads_kv = 1)")
+def _check_types(given: dict[str, Any]) -> None:
+    """mask, bias, alibi_slopes and sinks are tensors or None: checked before anything reads them."""
+    for name, t in given.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"{name} must be a torch.Tensor {_FORMS[name]}, or None; got "
+                                       f"{type(t).__name__}")
 
-    cu_q = cu_k = None
-    seqlens: tuple = ()
-    if varlen:
-        if k.shape[0] != v.shape[0]:
-            raise _fail("seqlen-match", f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
-        cu_q, lengths_q = _cu_seqlens(cu_seqlens_q, q.shape[0], q.device, "cu_seqlens_q")
-        cu_k, lengths_k = _cu_seqlens(cu_seqlens_k, k.shape[0], q.device, "cu_seqlens_k")
-        if len(lengths_q) != len(lengths_k):
-            raise _fail("varlen", f"cu_seqlens_q describes {len(lengths_q)} sequences, cu_seqlens_k {len(lengths_k)}")
-        if min(lengths_q) < 1 or min(lengths_k) < 1:
-            raise _fail("varlen", "every sequence needs at least one query and one key token")
-        batch, seqlen_q, seqlen_kv = len(lengths_q), max(lengths_q), max(lengths_k)
-        seqlens = tuple(zip(lengths_q, lengths_k))
-    else:
+
+def _optional_tensors(given: dict[str, Any]) -> dict[str, torch.Tensor | None]:
+    """The checked tensors of `_check_types`: negated views resolved, slopes and sinks real floats."""
+    out = {}
+    for name, t in given.items():
+        if t is not None and name in _FLOAT_ONLY and not t.dtype.is_floating_point:
+            raise _fail(f"{name.replace('_', '-')}-dtype", f"{name} is {t.dtype}; it must have a real floating "
+                        f"dtype (the kernels read it as float32: pass {name}.float())")
+        out[name] = check_plain(t, name)
+    return out
+
+
+_FORMS = {"mask": "broadcastable to (batch, heads_q, seqlen_q, seqlen_kv), bool or q's dtype",
+          "bias": "broadcastable to (batch, heads_q, seqlen_q, seqlen_kv), of q's dtype",
+          "alibi_slopes": "of shape (heads_q,) or (batch, heads_q), float32",
+          "sinks": "of shape (heads_q,), float (one logit per query head)"}
+_FLOAT_ONLY = ("alibi_slopes", "sinks")  # read as fp32: ints would be a guess, complex would lose a part
+
+
+def _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, varlen: bool) -> tuple:
+    """(batch, seqlen_q, seqlen_kv, seqlens, cu_q, cu_k), the lengths within what the kernels index."""
+    if not varlen:
         batch, seqlen_q, seqlen_kv = q.shape[0], q.shape[2], k.shape[2]
         if k.shape[0] != batch or v.shape[0] != batch:
             raise _fail("batch-match", f"q, k, v batch sizes differ: {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
         if v.shape[2] != seqlen_kv:
             raise _fail("seqlen-match", f"k has {seqlen_kv} keys but v has {v.shape[2]}")
+        check_seqlen_limit(seqlen_q, seqlen_kv)
+        return batch, seqlen_q, seqlen_kv, (), None, None
+    if k.shape[0] != v.shape[0]:
+        raise _fail("seqlen-match", f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
+    cu_q, lengths_q = _cu_seqlens(cu_seqlens_q, q.shape[0], q.device, "cu_seqlens_q")
+    cu_k, lengths_k = _cu_seqlens(cu_seqlens_k, k.shape[0], q.device, "cu_seqlens_k")
+    if len(lengths_q) != len(lengths_k):
+        raise _fail("varlen", f"cu_seqlens_q describes {len(lengths_q)} sequences, cu_seqlens_k {len(lengths_k)}")
+    if min(lengths_q) < 1 or min(lengths_k) < 1:
+        raise _fail("varlen", "every sequence needs at least one query and one key token")
+    check_seqlen_limit(max(lengths_q), max(lengths_k))
+    return len(lengths_q), max(lengths_q), max(lengths_k), tuple(zip(lengths_q, lengths_k)), cu_q, cu_k
 
-    full = (batch, heads_q, seqlen_q, seqlen_kv)
+
+def _features(q, full: tuple[int, int, int, int], varlen: bool, t: dict) -> tuple:
+    """(user mask kind, mask view, bias view, slopes, sinks as fp32) from the checked optional tensors."""
+    batch, heads_q = full[0], full[1]
+    mask, bias, alibi_slopes, sinks = t["mask"], t["bias"], t["alibi_slopes"], t["sinks"]
+    for name, tensor in t.items():
+        if tensor is not None and tensor.device != q.device:
+            raise InvalidProblemError(f"{name} is on {tensor.device} but q is on {q.device}; put every tensor on "
+                                      "one device")
     user_mask, mask_view = UserMask.NONE, None
     if mask is not None:
         if varlen:
@@ -283,18 +301,10 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
         if sinks.shape != (heads_q,):
             raise _fail("sinks-shape", f"sinks must be ({heads_q},): one logit per query head, got {_shape(sinks)}")
         sinks32 = sinks_fp32(sinks)
-    for name, t in (("mask", mask), ("bias", bias), ("alibi_slopes", alibi_slopes), ("sinks", sinks)):
-        if t is not None and t.device != q.device:
-            raise InvalidProblemError(f"{name} is on {t.device} but q is on {q.device}; put every tensor on one device")
+    return user_mask, mask_view, bias_view, slopes, sinks32
 
-    o = options
-    if o.softcap is not None and not (math.isfinite(o.softcap) and o.softcap > 0):
-        raise _fail("softcap", f"softcap={o.softcap} must be a positive number (or None)")
-    if not 0.0 <= o.dropout_p < 1.0:
-        raise _fail("dropout", f"dropout_p={o.dropout_p} must be in [0, 1)")
-    scale = 1.0 / math.sqrt(d_qk) if o.scale is None else float(o.scale)
-    if not math.isfinite(scale):
-        raise _fail("scale", f"scale={o.scale} must be a finite number")
+
+def _position_mask(o: AttentionOptions, seqlen_q: int, seqlen_kv: int, varlen: bool) -> tuple[MaskKind, Window]:
     if o.causal is not MaskKind.NONE and o.window is not None:
         # A causal sliding window: the window, its right side closed at the diagonal.
         mask_kind, window = MaskKind.SLIDING_WINDOW, Window(o.window.left, 0)
@@ -307,11 +317,85 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
         mask_kind, window = o.causal, Window()
     if mask_kind is MaskKind.SLIDING_WINDOW and window == Window():
         mask_kind = MaskKind.NONE  # (-1, -1): unbounded on both sides
+    return mask_kind, window
 
+
+def _check_dropout_counters(o: AttentionOptions, full: tuple[int, int, int, int]) -> None:
+    """Dropout numbers each (batch * heads_q + head, i, j) by a 64-bit Philox counter from
+    `dropout_offset`, its (batch, head) index in 32 bits: all of them must fit."""
+    if o.dropout_p == 0:
+        return
+    batch, heads_q, seqlen_q, seqlen_kv = full
+    pairs = batch * heads_q * seqlen_q * seqlen_kv
+    if batch * heads_q > INT32_MAX or o.dropout_offset + pairs - 1 > INT64_MAX:
+        raise _fail("dropout-offset", f"dropout numbers the {pairs} (batch, head, query, key) positions with 64-bit "
+                    f"counters from dropout_offset={o.dropout_offset}, and batch * heads_q with 32 bits: they do "
+                    "not fit; use a smaller dropout_offset, or split the batch")
+
+
+def _backward_tensors(out, lse, grad_out) -> tuple:
+    for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidProblemError(f"the backward needs {name} as a tensor")
+    return check_plain(out, "out"), check_plain(lse, "lse"), check_plain(grad_out, "grad_out")
+
+
+def _dtype(q) -> DType:
+    try:
+        dtype = DType.from_torch(q.dtype)
+    except UnsupportedError:
+        dtype = None
+    if dtype not in DTYPES + FP8_DTYPES:
+        raise UnsupportedError(f"[dtype] q is {q.dtype}; attention takes "
+                               f"{', '.join(str(d.torch) for d in DTYPES + FP8_DTYPES)} (fp8: forward only)")
+    return dtype
+
+
+def _heads_and_dims(q, k, v) -> tuple[int, int, int, int]:
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != d_qk:
+        raise _fail("head-dim-match", f"q's head dim is {d_qk} but k's is {k.shape[-1]}; they must agree")
+    for name, d in (("q/k", d_qk), ("v", d_v)):
+        if d not in HEAD_DIMS:
+            raise UnsupportedError(f"[head-dim] the {name} head dim {d} is not supported; use one of {HEAD_DIMS} "
+                                   "(pad the head dim up to the next one)")
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if v.shape[1] != heads_kv:
+        raise _fail("heads-match", f"k has {heads_kv} heads but v has {v.shape[1]}; they must agree")
+    if heads_q % heads_kv:
+        raise _fail("heads-group", f"q has {heads_q} heads, not a multiple of the {heads_kv} key/value heads "
+                    f"(GQA needs heads_q = g * heads_kv; MQA: heads_kv = 1)")
+    return d_qk, d_v, heads_q, heads_kv
+
+
+def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), mask=None, bias=None,
+                   alibi_slopes=None, sinks=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                   direction: Direction = Direction.FORWARD, out=None, lse=None, grad_out=None,
+                   bias_grad: bool = False, scale_q=None, scale_k=None, scale_v=None) -> AttentionOperands:
+    if not isinstance(options, AttentionOptions):
+        raise InvalidArgumentError(f"options must be an AttentionOptions, got {type(options).__name__}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise _fail("varlen", "give both cu_seqlens_q and cu_seqlens_k (the key offsets may equal the query ones)")
+    _check_qkv(q, k, v, varlen)
+    dtype = _dtype(q)
+    given = {"mask": mask, "bias": bias, "alibi_slopes": alibi_slopes, "sinks": sinks}
+    _check_types(given)
+    scales = _fp8_scales(q, dtype, {"scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v})
+    if dtype in FP8_DTYPES:
+        _check_fp8_features(options, mask, bias, alibi_slopes, varlen, direction, (q.shape[-1], v.shape[-1]))
+    d_qk, d_v, heads_q, heads_kv = _heads_and_dims(q, k, v)
+    batch, seqlen_q, seqlen_kv, seqlens, cu_q, cu_k = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, varlen)
+    # Negated views are resolved only now: the lengths are known to be within the kernels' reach.
+    q, k, v = check_plain(q, "q"), check_plain(k, "k"), check_plain(v, "v")
+    full = (batch, heads_q, seqlen_q, seqlen_kv)
+    user_mask, mask_view, bias_view, slopes, sinks32 = _features(q, full, varlen, _optional_tensors(given))
+    o = options
+    scale = 1.0 / math.sqrt(d_qk) if o.scale is None else float(o.scale)
+    mask_kind, window = _position_mask(o, seqlen_q, seqlen_kv, varlen)
+    _check_dropout_counters(o, full)
     if direction is Direction.BACKWARD:
-        for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out)):
-            if not isinstance(t, torch.Tensor):
-                raise InvalidProblemError(f"the backward needs {name} as a tensor")
+        out, lse, grad_out = _backward_tensors(out, lse, grad_out)
     variant = AttentionVariant(
         band=mask_kind is not MaskKind.NONE, user_mask=user_mask, bias=bias is not None,
         alibi=alibi_slopes is not None, softcap=o.softcap is not None, sinks=sinks is not None,
@@ -328,6 +412,6 @@ def check_operands(q, k, v, *, options: AttentionOptions = AttentionOptions(), m
     return AttentionOperands(
         problem=problem, q=q, k=k, v=v, bias=bias_view, mask=mask_view, alibi_slopes=slopes, sinks=sinks32,
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, softcap=float(o.softcap or 0.0),
-        dropout_p=float(o.dropout_p), dropout_seed=int(o.dropout_seed), dropout_offset=int(o.dropout_offset),
+        dropout_p=o.dropout_p, dropout_seed=o.dropout_seed, dropout_offset=o.dropout_offset,
         out=out, lse=lse, grad_out=grad_out, **scales,
     )

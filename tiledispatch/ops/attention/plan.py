@@ -371,7 +371,10 @@ def _runtime(ops: AttentionOperands) -> dict:
         "seqlen_q": p.seqlen_q, "seqlen_kv": p.seqlen_kv, "heads_q": p.heads_q, "group": p.group,
         "sm_scale": ops.scale, "softcap": ops.softcap or 1.0,
         "bottom_right": 0 if p.mask in (MaskKind.CAUSAL_TOP_LEFT, MaskKind.NONE) else 1,
-        "window_left": UNBOUNDED if left < 0 else left, "window_right": UNBOUNDED if right < 0 else right,
+        # A side past every key is unbounded; capped, it stays an i32 the kernels add to positions
+        # (problem.MAX_SEQLEN keeps those sums below 2**31).
+        "window_left": UNBOUNDED if left < 0 else min(left, UNBOUNDED),
+        "window_right": UNBOUNDED if right < 0 else min(right, UNBOUNDED),
         "dropout_p": ops.dropout_p, "seed": ops.dropout_seed, "rng_offset": ops.dropout_offset,
     }
 

@@ -12,15 +12,15 @@ kernel serves every alignment, and the artifact in the cache is specialised on i
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import ClassVar
-
-import numpy as np
 
 from ...core.choice import Choice
 from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
+from .counting import band_pairs
 
 HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 DTYPES = (DType.FP16, DType.BF16, DType.FP32)  # fp32: the interpreter's exact path, and tests
@@ -29,6 +29,22 @@ FP8_DTYPES = (DType.FP8E4M3,)
 FP8_OUTPUT = DType.BF16
 # FlashAttention's convention: the backward does 5 matmuls of the forward's 2 -> 2.5x its FLOPs.
 BACKWARD_FLOP_FACTOR = 2.5
+INT32_MAX = 2**31 - 1
+# The longest sequence the kernels index safely. They number queries and keys in 32 bits and
+# stand for an unbounded window side by 2**30 (kernels/scores.py UNBOUNDED): a row of the last
+# block (up to seqlen + a 256-row tile) plus the diagonal offset plus that bound must stay
+# below 2**31, and the bound must exceed every key distance. Memory offsets are 64-bit: long
+# sequences of wide heads are fine up to this length.
+MAX_SEQLEN = 2**30 - 1024
+
+
+def check_seqlen_limit(seqlen_q: int, seqlen_kv: int) -> None:
+    """Refuses sequences longer than MAX_SEQLEN, where the kernels' 32-bit positions would wrap."""
+    if max(seqlen_q, seqlen_kv) > MAX_SEQLEN:
+        raise UnsupportedError(
+            f"[seqlen-limit] {seqlen_q} queries and {seqlen_kv} keys: attention's kernels number the positions "
+            f"of a sequence in 32 bits and take sequences of at most {MAX_SEQLEN} queries and keys; split the "
+            "sequence (e.g. varlen, or chunks of queries combined by their LSE)")
 
 
 class Direction(Choice):
@@ -156,6 +172,10 @@ class AttentionProblem:
             raise InvalidProblemError("a varlen problem has layout thd and its sequence lengths; others neither")
         if self.seqlens and len(self.seqlens) != self.batch:
             raise InvalidProblemError(f"{len(self.seqlens)} sequence lengths for a batch of {self.batch}")
+        check_seqlen_limit(self.seqlen_q, self.seqlen_kv)
+        if self.seqlens and max(self.tokens()) > INT32_MAX:
+            raise UnsupportedError(f"[seqlen-limit] varlen sequences of {max(self.tokens())} tokens in all: the "
+                                   "kernels read int32 cumulative offsets (at most 2**31 - 1 tokens)")
 
     def key(self) -> AttentionProblem:
         """Frozen and hashable: the problem is its own key."""
@@ -181,16 +201,12 @@ class AttentionProblem:
         return 0, -1, -1
 
     def visible_pairs(self) -> int:
-        """(query, key) pairs the mask keeps, summed over sequences (not heads): what FLOPs count."""
-        lengths = self.seqlens or ((self.seqlen_q, self.seqlen_kv),) * self.batch
-        total = 0
-        for sq, skv in lengths:
-            offset, left, right = self.band(sq, skv)
-            i = np.arange(sq, dtype=np.int64)
-            lo = np.zeros_like(i) if left < 0 else np.maximum(i + offset - left, 0)
-            hi = np.full_like(i, skv - 1) if right < 0 else np.minimum(i + offset + right, skv - 1)
-            total += int(np.clip(hi - lo + 1, 0, None).sum())
-        return total
+        """(query, key) pairs the mask keeps, summed over sequences (not heads): what FLOPs count.
+        In closed form: O(1) a distinct sequence, whatever its length."""
+        if not self.seqlens:
+            return self.batch * band_pairs(self.seqlen_q, self.seqlen_kv, *self.band(self.seqlen_q, self.seqlen_kv))
+        lengths = collections.Counter(self.seqlens)
+        return sum(n * band_pairs(sq, skv, *self.band(sq, skv)) for (sq, skv), n in lengths.items())
 
     def forward_flops(self) -> int:
         """2 * (D_qk + D_v) per visible (query, key) pair and query head: Q K^T and P V."""
@@ -246,6 +262,8 @@ __all__ = [
     "FP8_DTYPES",
     "FP8_OUTPUT",
     "HEAD_DIMS",
+    "INT32_MAX",
+    "MAX_SEQLEN",
     "AttentionProblem",
     "AttentionVariant",
     "Direction",
@@ -253,4 +271,5 @@ __all__ = [
     "MaskKind",
     "UserMask",
     "Window",
+    "check_seqlen_limit",
 ]

@@ -8,12 +8,15 @@ wave, and the K/V traffic of small query blocks. Score = ideal time / modelled t
 
 from __future__ import annotations
 
+import collections
+
 import triton
 
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, wave_efficiency
 from .config import AnyAttentionConfig, Family, VendorConfig
+from .counting import block_pairs
 from .problem import AttentionProblem, Direction
 from .rules import REGISTER_RESERVE, accumulator_registers, padded, shared_memory_bytes
 
@@ -123,18 +126,13 @@ def _ideal_seconds(problem: AttentionProblem, arch) -> float:
 
 
 def computed_pairs(problem: AttentionProblem, block_m: int, block_n: int) -> int:
-    """(query, key) pairs the kernel computes: whole blocks over each query block's key range."""
-    lengths = problem.seqlens or ((problem.seqlen_q, problem.seqlen_kv),) * problem.batch
-    total = 0
-    for sq, skv in (lengths if problem.seqlens else lengths[:1]):
-        offset, left, right = problem.band(sq, skv)
-        for m0 in range(0, sq, block_m):
-            last = min(m0 + block_m, sq) - 1
-            lo = 0 if left < 0 else max(m0 + offset - left, 0) // block_n * block_n
-            hi = skv if right < 0 else min(max(last + offset + right + 1, 0), skv)
-            if hi > lo:
-                total += block_m * triton.cdiv(hi - lo, block_n) * block_n
-    return total if problem.seqlens else total * problem.batch
+    """(query, key) pairs the kernel computes: whole blocks over each query block's key range
+    (counting.block_pairs, O(log) a distinct sequence)."""
+    p = problem
+    if not p.seqlens:
+        return p.batch * block_pairs(p.seqlen_q, p.seqlen_kv, *p.band(p.seqlen_q, p.seqlen_kv), block_m, block_n)
+    lengths = collections.Counter(p.seqlens)
+    return sum(n * block_pairs(sq, skv, *p.band(sq, skv), block_m, block_n) for (sq, skv), n in lengths.items())
 
 
 def vendor_head_dim_factor(family: Family, direction: Direction, head_dim: int) -> float:
