@@ -8,20 +8,24 @@ and keeps its bound launcher, so a launch afterwards is a single call.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import importlib
 import importlib.util
+import logging
 import multiprocessing
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .cache import CacheEntry, KernelCache
+from . import jsonio
+from .cache import CacheEntry, KernelCache, StaleEntryError
 from .errors import BuildError
 from .op import KernelUnit, UnitKind
 from .runtime import INTERPRETER_LOCK, Backend, current_backend
@@ -31,6 +35,10 @@ CACHE_FORMAT = "triton-cubin-1"
 METADATA_FILE = "kernel.json"
 BINARY_FILE = "kernel.cubin"
 PTX_FILE = "kernel.ptx"
+LOADED_FILES = (METADATA_FILE, BINARY_FILE)  # what CudaLauncher reads: an entry must list both
+LOAD_ATTEMPTS = 3  # an entry pruned or replaced between its verification and its load is built again
+
+log = logging.getLogger("tiledispatch.kernel")
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,8 +132,44 @@ def check_shared_memory(unit: KernelUnit, shared_bytes: int, arch_facts) -> None
             f"a block; {arch_facts.name} allows {limit} B: use smaller blocks or fewer stages")
 
 
+# Triton reads its cache directory (knobs.cache.dir, else $TRITON_CACHE_DIR, else
+# ~/.triton/cache) each time triton.compile makes a cache manager, and returns a hit from it
+# without compiling: a cubin planted there would be copied into a tiledispatch entry and
+# checksummed as ours. So a build compiles with Triton's cache in a fresh directory of its
+# own (inside the entry's private staging directory), with the file cache manager, no
+# override directory and always_compile on. The knobs are process-wide, so builds in one
+# process take turns (a lock), and Triton's knobs.*.scope() restores them and the
+# environment variables they mirror afterwards. A JIT compile in another thread of the
+# process during that window uses the private directory too: it compiles afresh, and
+# its cache entry is removed with the directory.
+_TRITON_CACHE_LOCK = threading.Lock()
+TRITON_CACHE_SUBDIR = ".triton-cache"
+
+
+@contextlib.contextmanager
+def private_triton_cache(directory: Path):
+    """Triton's cache in `directory` (created empty, removed on exit) for the duration."""
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager
+
+    with _TRITON_CACHE_LOCK, knobs.cache.scope(), knobs.compilation.scope():
+        directory.mkdir(mode=0o700)
+        try:
+            knobs.cache.dir = str(directory)
+            knobs.cache.manager_class = FileCacheManager
+            knobs.compilation.override = False
+            knobs.compilation.always_compile = True
+            yield directory
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, Any]:
-    """Compiles one unit for `arch_name` and writes its cubin, PTX and metadata to out_dir."""
+    """Compiles one unit for `arch_name` and writes its cubin, PTX and metadata to out_dir.
+
+    A full disk (ENOSPC, EDQUOT) passes through as OSError, for the cache to say so; any
+    other failure of the compiler is a BuildError.
+    """
     import triton
     from triton.runtime.jit import JITFunction
 
@@ -137,13 +181,20 @@ def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, A
             "in this process; `tiledispatch build` compiles in worker processes"
         )
     target = arch.load(arch_name).triton_target()
-    try:
-        compiled = triton.compile(_source(unit), target=target, options=_options(unit))
-    except Exception as e:
-        raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} failed: {e}") from e
-    check_shared_memory(unit, compiled.metadata.shared, arch.load(arch_name))
-    metadata_path = next(Path(p) for name, p in compiled.metadata_group.items() if name.endswith(".json"))
-    shutil.copyfile(metadata_path, out_dir / METADATA_FILE)
+    with private_triton_cache(out_dir / TRITON_CACHE_SUBDIR):
+        try:
+            compiled = triton.compile(_source(unit), target=target, options=_options(unit))
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} failed: {e}") from e
+        except Exception as e:
+            raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} failed: {e}") from e
+        check_shared_memory(unit, compiled.metadata.shared, arch.load(arch_name))
+        if not compiled.asm["cubin"].startswith(b"\x7fELF"):
+            raise BuildError(f"compiling {unit.function} ({unit.stage}) for {arch_name} gave no ELF cubin")
+        metadata_path = next(Path(p) for name, p in compiled.metadata_group.items() if name.endswith(".json"))
+        shutil.copyfile(metadata_path, out_dir / METADATA_FILE)
     (out_dir / BINARY_FILE).write_bytes(compiled.asm["cubin"])
     (out_dir / PTX_FILE).write_text(compiled.asm["ptx"])
     return {
@@ -164,8 +215,8 @@ def build(spec: KernelSpec, cache: KernelCache, specialization: Any | None = Non
         if not unit.kind.compiled:
             continue  # nothing to compile
         entries[unit.stage] = cache.get_or_build(
-            unit_key(spec, unit, specialization), functools.partial(compile_unit, unit, spec.arch)
-        )
+            unit_key(spec, unit, specialization), functools.partial(compile_unit, unit, spec.arch),
+            required=LOADED_FILES)
     return entries
 
 
@@ -173,10 +224,7 @@ class CudaLauncher:
     """A cached cubin, loaded once, with Triton's launcher bound to it."""
 
     def __init__(self, unit: KernelUnit, entry: CacheEntry) -> None:
-        from triton.compiler.compiler import CompiledKernel
-
-        group = {METADATA_FILE: str(entry.files[METADATA_FILE]), BINARY_FILE: str(entry.files[BINARY_FILE])}
-        compiled = CompiledKernel(_source(unit), group, entry.metadata.get("hash", ""))
+        compiled = loaded_kernel(_source(unit), entry)
         run = compiled.run  # loads the module and builds the launcher
         function, packed = compiled.function, compiled.packed_metadata
         if _needs_no_scratch(run):
@@ -192,6 +240,35 @@ class CudaLauncher:
     def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int) -> None:
         """`launch` behind one more frame: the fast path of a bound call holds `launch` itself."""
         self.launch(grid, args, stream)
+
+
+def loaded_kernel(src, entry: CacheEntry):
+    """Triton's CompiledKernel of a verified entry, holding exactly the verified bytes.
+
+    CompiledKernel reads the metadata and the cubin through their paths, so what it read
+    is compared with the bytes the cache verified through its checked descriptors (the
+    cubin byte for byte, the metadata by value): a file replaced or removed after the
+    verification is never launched, it raises StaleEntryError and the caller looks the
+    entry up again.
+    """
+    from triton.compiler.compiler import CompiledKernel
+
+    want_binary = entry.read_bytes(BINARY_FILE)  # CacheError if the entry does not list it
+    stale = f"cache entry {entry.key} changed or vanished while it was loaded; look it up again"
+    try:
+        want = jsonio.loads(entry.read_bytes(METADATA_FILE).decode())
+        group = {METADATA_FILE: str(entry.files[METADATA_FILE]), BINARY_FILE: str(entry.files[BINARY_FILE])}
+        compiled = CompiledKernel(src, group, entry.metadata.get("hash", ""))
+        got = compiled.metadata._asdict()
+        target, want_target = got.pop("target"), want.pop("target")
+        same = (compiled.kernel == want_binary and got == want
+                and (target.backend, target.arch, target.warp_size)
+                == (want_target["backend"], want_target["arch"], want_target["warp_size"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise StaleEntryError(f"{stale} ({type(e).__name__}: {e})") from e
+    if not same:
+        raise StaleEntryError(stale)
+    return compiled
 
 
 def _needs_no_scratch(run) -> bool:
@@ -235,9 +312,25 @@ def load(spec: KernelSpec, cache: KernelCache | None, specialization: Any | None
     if current_backend() is Backend.INTERPRETER:
         return {**launchers, **{unit.stage: InterpretedLauncher(unit) for unit in compiled}}
     if compiled:
-        entries = build(spec, cache if cache is not None else KernelCache(), specialization)
-        launchers.update({unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled})
+        launchers.update(_cuda_launchers(spec, compiled, cache if cache is not None else KernelCache(),
+                                         specialization))
     return launchers
+
+
+def _cuda_launchers(spec: KernelSpec, compiled: list[KernelUnit], cache: KernelCache,
+                    specialization: Any | None) -> dict[str, CudaLauncher]:
+    """The compiled stages' launchers; an entry that changes or vanishes between its
+    verification and its load (a concurrent prune or clear) is looked up again, and rebuilt."""
+    def attempt() -> dict[str, CudaLauncher]:
+        entries = build(spec, cache, specialization)
+        return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled}
+
+    for tried in range(1, LOAD_ATTEMPTS):
+        try:
+            return attempt()
+        except StaleEntryError as e:
+            log.warning("loading %s: %s (attempt %d of %d)", spec.name, e, tried, LOAD_ATTEMPTS)
+    return attempt()
 
 
 # -- ahead-of-time builds in worker processes ------------------------------------------

@@ -115,15 +115,23 @@ class TuningStore:
 
     A record is written to a temporary file and renamed into place, so a reader never sees
     half of one; two processes tuning the same problem at once both write a valid winner
-    and the last rename stands. An unreadable record is treated as missing (tuned again).
-    The finalists' names are part of the key: a registry that offers other kernels tunes anew.
+    and the last rename stands. A record that cannot be used is treated as missing, so the
+    problem is tuned again and the record overwritten: an unreadable file (read with
+    bounded size and nesting, never through a symlink), one of another format, or one
+    whose winner is not among its own timed finalists or not among `finalists` when the
+    caller names them. The finalists' names are part of the key: a registry that offers
+    other kernels tunes anew.
     """
 
-    def __init__(self, root: Path) -> None:
-        from ..core.cache import _ensure_private_dir
+    MAX_BYTES = 1 << 20
+    MAX_DEPTH = 8  # a record nests 3 levels
 
+    def __init__(self, root: Path) -> None:
+        from ..core.cache import Access, ensure_private_dir
+
+        self.access = Access.from_env()
         self.dir = Path(root) / f"tuning-v{FORMAT}"
-        _ensure_private_dir(self.dir)
+        ensure_private_dir(self.dir, self.access)
 
     @staticmethod
     def key(op: str, arch: str, problem: Any, names: Sequence[str], device: str) -> str:
@@ -135,22 +143,39 @@ class TuningStore:
                            sorted(toolchain().items())])
         return f"{op}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
 
-    def get(self, key: str) -> TuningRecord | None:
+    def get(self, key: str, finalists: Sequence[str] | None = None) -> TuningRecord | None:
+        """The record of `key`, or None if there is none or it cannot be used (see the class)."""
+        from ..core import jsonio
+
         try:
-            data = json.loads((self.dir / f"{key}.json").read_text())
-            if data.get("format") != FORMAT:
-                return None
-            return TuningRecord(str(data["winner"]), {str(k): float(v) for k, v in data["times_ms"].items()},
-                                data.get("problem") or {})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            data = jsonio.read_json(self.dir / f"{key}.json", max_bytes=self.MAX_BYTES, max_depth=self.MAX_DEPTH,
+                                    follow_symlinks=False)
+        except (OSError, jsonio.JsonFileError):
             return None
+        return _record(data, finalists)
 
     def put(self, key: str, record: TuningRecord) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key}.", suffix=".tmp")
         try:
+            os.fchmod(fd, self.access.file_mode)  # members of a group cache read each other's records
             with os.fdopen(fd, "w") as f:
                 json.dump(record.to_dict(), f, indent=1)
             os.replace(tmp, self.dir / f"{key}.json")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _record(data: Any, finalists: Sequence[str] | None) -> TuningRecord | None:
+    """A stored record, checked; None where it cannot be used."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    winner, times, problem = data.get("winner"), data.get("times_ms"), data.get("problem") or {}
+    if not isinstance(winner, str) or not isinstance(times, dict) or not isinstance(problem, dict):
+        return None
+    if any(not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0
+           for t in times.values()):
+        return None
+    if winner not in times or (finalists is not None and not set(times) <= set(finalists)):
+        return None  # a winner that is not a finalist: tuned again, and the record overwritten
+    return TuningRecord(winner, {str(k): float(v) for k, v in times.items()}, problem)
