@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from ...core.dispatcher import default_dispatcher
+import torch
+
+from ...core.dispatcher import Dispatcher, default_dispatcher
 from ...core.dtypes import DType
-from ...core.errors import UnsupportedError
+from ...core.errors import InvalidArgumentError, UnsupportedError
 from ...core.op import OpDefinition, OpKind
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
@@ -44,7 +46,18 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     scales and give bf16 unless `out_dtype` says otherwise. `kernel` forces a kernel by
     name; `dispatcher` replaces the default one (its registry, strategy and cache).
     """
-    dispatcher = dispatcher or default_dispatcher()
+    if dispatcher is None:
+        dispatcher = default_dispatcher()
+    elif not isinstance(dispatcher, Dispatcher):
+        raise InvalidArgumentError(f"dispatcher must be a tiledispatch.Dispatcher (or None: the default one), "
+                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
+    # Written flat: it runs on every call, and grad mode is on by default (None has no requires_grad).
+    if torch.is_grad_enabled() and (
+            getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+            or getattr(out, "requires_grad", False) or getattr(bias, "requires_grad", False)
+            or getattr(residual, "requires_grad", False) or getattr(scale_a, "requires_grad", False)
+            or getattr(scale_b, "requires_grad", False)):
+        raise UnsupportedError(NOT_DIFFERENTIABLE)
     key = fastpath.call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel)
     if key is not None:  # a GPU call: bound once per signature, then replayed
         bound = dispatcher.memo(key, lambda: fastpath.bind(
@@ -54,6 +67,12 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     operands = _checked(dispatcher, a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b)
     result = dispatcher.run(operands, kernel=kernel)
     return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
+
+
+# No backward is defined, so a result computed from tensors that require grad would silently
+# have no gradient: refused rather than detached behind the caller's back.
+NOT_DIFFERENTIABLE = ("gemm is not differentiable yet: call it under torch.no_grad() or on detached tensors, "
+                      "or use torch.matmul (a tensor argument of this call requires grad)")
 
 
 def _checked(dispatcher, a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b) -> GemmOperands:

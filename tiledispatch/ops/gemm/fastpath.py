@@ -5,7 +5,10 @@ alignment of each pointer, epilogue) runs every check, selects the kernel, loads
 launchers and lays out the launch arguments once. Every later call with the same
 signature only swaps the new tensors into their slots and launches: everything the
 checks looked at is part of the signature, except aliasing, which is re-checked whenever
-the pointers differ from the last call's.
+the pointers differ from the last call's. A call the signature cannot stand for takes the
+checked path every time: a negated view (`x.conj().imag`), whose memory holds values of the
+other sign and which the checks copy, an argument of an unexpected type (the checks say what
+is wrong with it) and an unhashable one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.dispatcher import stream_getter
+from ...core.dtypes import DType
 from ...core.errors import BuildError
 from ...core.kernel import CudaLauncher, PythonLauncher
 from ...core.launch import Plan
@@ -26,6 +30,7 @@ from ...core.replay import Workspace, rebase, tensor_meta
 from . import vendor
 from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
+from .problem import Activation
 from .ranking import replay_pick
 
 log = logging.getLogger("tiledispatch.gemm")
@@ -37,7 +42,15 @@ _NOT_A_TENSOR = object()  # an optional operand the fast path cannot key: the ch
 
 
 def _optional(t):
-    return None if t is None else tensor_meta(t) if type(t) is torch.Tensor else _NOT_A_TENSOR
+    if t is None:
+        return None
+    return tensor_meta(t) if type(t) is torch.Tensor and not t.is_neg() else _NOT_A_TENSOR
+
+
+def _keyable(activation, out_dtype) -> bool:
+    """Whether the options are of the types the checks accept (and hashable): others take the checked path."""
+    return ((activation is None or type(activation) is str or isinstance(activation, Activation))
+            and (out_dtype is None or type(out_dtype) in (str, torch.dtype) or isinstance(out_dtype, DType)))
 
 
 def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel) -> tuple | None:
@@ -51,7 +64,11 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
     """
     if type(a) is not torch.Tensor or type(b) is not torch.Tensor or not a.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
-    if kernel is not None and type(kernel) is not str:
+    if a.is_neg() or b.is_neg():  # (a real dtype has no conjugate bit, and the checks refuse complex ones)
+        return None
+    if (kernel is not None and type(kernel) is not str) or type(allow_tf32) is not bool:
+        return None
+    if (activation is not None or out_dtype is not None) and not _keyable(activation, out_dtype):
         return None
     optional = None
     if bias is not None or residual is not None or scale_a is not None or scale_b is not None:
@@ -59,7 +76,7 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
         if _NOT_A_TENSOR in optional:
             return None
     elif out is not None:  # the common keyword, keyed inline: a tuple of its own, unlike any 5-tuple above
-        if type(out) is not torch.Tensor:
+        if type(out) is not torch.Tensor or out.is_neg():
             return None
         optional = (out.shape, out.stride(), out.dtype, out.get_device(), not out.data_ptr() & 15)
     return ("gemm", a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,  # "gemm": memos are per dispatcher
@@ -152,9 +169,12 @@ class BoundGemm:
             result = torch.empty_like(self._like)
         else:
             # Same pointers as a call that passed, and the same shapes (the signature): same answer.
-            pointers = (out.data_ptr(), a.data_ptr(), b.data_ptr(), None if bias is None else bias.data_ptr())
+            pointers = (out.data_ptr(), a.data_ptr(), b.data_ptr(), None if bias is None else bias.data_ptr(),
+                        None if residual is None else residual.data_ptr(),
+                        None if scale_a is None else scale_a.data_ptr(),
+                        None if scale_b is None else scale_b.data_ptr())
             if pointers != self._unaliased:
-                check_no_alias(out, a, b, bias)
+                check_no_alias(out, a, b, bias, residual, scale_a, scale_b)
                 self._unaliased = pointers
             result = out
         values = (a, b, bias, residual, result, self._scale_a if scale_a is None else scale_a,

@@ -229,12 +229,17 @@ class GemmProblem:
     layout: GemmLayout = GemmLayout()
     epilogue: Epilogue = Epilogue()
     alignment: Alignment = Alignment()
+    # Some operand (or the output) has an element offset of 2**31 or more: past what a 32-bit
+    # index reaches. Triton's pointer kernels index in 32 bits, so only the vendor path takes it.
+    wide_offsets: bool = False
 
     def __post_init__(self) -> None:
         for dim in ("m", "n", "k", "batch"):
             value = getattr(self, dim)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidProblemError(f"GEMM size {dim.upper()}={value!r} must be a positive integer")
+        if not isinstance(self.wide_offsets, bool):
+            raise InvalidProblemError(f"wide_offsets must be True or False, got {self.wide_offsets!r}")
         if max(self.m, self.n, self.k) >= 2**31:
             raise InvalidProblemError(
                 f"GEMM dims must stay below 2**31 (got M={self.m}, N={self.n}, K={self.k}); split the problem"
@@ -270,6 +275,7 @@ class GemmProblem:
             "alignment": self.alignment.tag,
             "types": to_jsonable(self.types),
             "flops": self.flops(),
+            **({"wide_offsets": True} if self.wide_offsets else {}),
         }
 
     @classmethod

@@ -41,6 +41,10 @@ WS_EPILOGUE_REGISTERS = 64
 # (ptxas, Triton 3.6) accumulators of 64 registers per thread compiled to 192-222 registers,
 # those of 128 (128x128 over 4 warps, 128x256 over 8) spilled 100-190 bytes.
 STREAM_K_MAX_ACCUMULATOR_REGISTERS = 64
+# Why no Triton kernel takes a problem with `wide_offsets`: their pointer arithmetic is 32-bit,
+# and an offset past it wraps to an address outside the tensor.
+WIDE_OFFSETS = ("element offsets past 2**31 need 64-bit indexing, and the Triton kernels index in 32 bits; "
+                "the vendor path (torch.matmul, on a GPU) takes it, or split the call into smaller tensors")
 
 
 class GemmRule(enum.Enum):
@@ -333,6 +337,8 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
     """None if this kernel computes `problem`; else why not, in words."""
     if isinstance(config, VendorConfig):
         return vendor.supports(config, problem)
+    if problem.wide_offsets:  # first: every Triton kernel refuses for this one reason, whatever else differs
+        return WIDE_OFFSETS
     if config.types != problem.types:
         return f"built for {config.types.name}, the problem is {problem.types.name}"
     if config.epilogue != problem.epilogue:
