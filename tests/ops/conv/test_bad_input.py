@@ -140,7 +140,7 @@ def test_bad_forward_operands(make, error, words):
 
 def test_out_aliasing_an_input():
     x = cl(2, 8, 3, 3)
-    with pytest.raises(InvalidProblemError, match="out shares memory with x"):
+    with pytest.raises(InvalidProblemError, match="out overlaps x"):
         check_operands("forward", x=x, w=cl(8, 8, 1, 1), out=x)
 
 

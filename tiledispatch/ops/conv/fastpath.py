@@ -5,9 +5,10 @@ and 16-byte alignment; the geometry, epilogue and dtype options) runs every chec
 kernel, loads its launchers and plans once. Every later call with the same signature swaps its
 tensors into the plan's argument slots, makes the plan's scratch anew and launches: everything the
 checks looked at is part of the signature, except aliasing, which is re-checked whenever the
-pointers differ from the last call's. The checked path took 142-326 us of host time a call on the
-H100's host, the replay 17-74 (benchmarks/conv_host.py; results/h100/conv_host.txt): a depthwise
-layer's GPU time is 7-30 us.
+pointers differ from the last call's. A call with a negated or conjugated view has no signature:
+the checks copy such an input (its memory does not hold its values) and refuse such an out. The
+checked path took 142-326 us of host time a call on the H100's host, the replay 17-74
+(benchmarks/conv_host.py; results/h100/conv_host.txt): a depthwise layer's GPU time is 7-30 us.
 
 A plan the swap cannot replay binds nothing, and its signature takes the checked path each time:
 one that reads a copy of an operand (a tensor the caller gave in PyTorch's contiguous layout, a
@@ -36,20 +37,39 @@ _OPERANDS = -1  # a slot that takes the whole ConvOperands (the vendor stage)
 
 
 def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
-    """The signature of a call (tensors in ROLES order, options hashable: the geometry, epilogue,
-    dtype options and forced kernel), or None where only the checked path can handle it."""
-    if any(t is not None and type(t) is not torch.Tensor for t in tensors):
+    """The signature of a call (tensors in ROLES order; options as (name, value) pairs, hashable: the
+    geometry, epilogue, dtype options and forced kernel), or None where only the checked path can
+    handle it."""
+    if not replayable(tensors):
         return None
     first = next((t for t in tensors if t is not None), None)
     if first is None or not first.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
     metas = tuple(None if t is None else tensor_meta(t) for t in tensors)
-    key = ("conv", direction, metas, options)  # "conv": memos are per dispatcher
+    key = ("conv", direction, metas, typed(options))  # "conv": memos are per dispatcher
     try:
         hash(key)
-    except TypeError:  # a list among the options: the checked path takes it
+    except TypeError:  # an unhashable option: the checked path takes it
         return None
     return key
+
+
+def replayable(tensors: tuple) -> bool:
+    """Whether a bound plan may stand in for the checks on these tensors: plain tensors whose memory
+    holds their values (the checks copy a negated or conjugated input, and refuse such an out), and
+    an out that autograd does not track (the checks refuse one that requires grad, in grad mode)."""
+    if any(t is not None and (type(t) is not torch.Tensor or t.is_neg() or t.is_conj()) for t in tensors):
+        return False
+    out = tensors[-1]
+    return out is None or not out.requires_grad
+
+
+def typed(options: tuple) -> tuple:
+    """The (name, value) options with the type of each value and of a tuple's items: options equal as
+    numbers (2 and 2.0, 1 and True) are different calls, since the checks refuse a float or a bool
+    where an integer is meant."""
+    return tuple((name, type(value), tuple(map(type, value)) if type(value) is tuple else None, value)
+                 for name, value in options)
 
 
 @dataclass(frozen=True)
@@ -126,7 +146,7 @@ class BoundConv:
         else:  # same pointers as a call that passed, and the same shapes (the signature): same answer
             pointers = tuple(None if t is None else t.data_ptr() for t in tensors)
             if pointers != self._unaliased:
-                check_no_alias(out, dict(zip(ROLES, tensors[:-1])))
+                check_no_alias(out, dict(zip(ROLES[:4], tensors[:4])), in_place_ok={"residual": tensors[4]})
                 self._unaliased = pointers
         values = (*tensors[:-1], out)
         operands = None

@@ -17,8 +17,10 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from ...core.args import as_kernel_name
 from ...core.dtypes import DType
-from ...core.errors import UnsupportedError
+from ...core.errors import InvalidArgumentError, UnsupportedError
+from ...core.op import OpKind
 from ..gemm.problem import Activation
 from . import fastpath
 from .operands import ConvOperands, check_operands
@@ -28,26 +30,50 @@ from .vendor import ACTIVATIONS
 
 def run(direction: Direction, dispatcher, kernel, **arguments):
     """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
-    from ...core.dispatcher import default_dispatcher
+    from ...core.dispatcher import Dispatcher, default_dispatcher
 
-    dispatcher = dispatcher or default_dispatcher()
+    if dispatcher is None:
+        dispatcher = default_dispatcher()
+    elif not isinstance(dispatcher, Dispatcher):
+        raise InvalidArgumentError(f"dispatcher must be a tiledispatch.Dispatcher, or None for the default one; "
+                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
     tensors = tuple(arguments.get(role) for role in fastpath.ROLES)
     key = None
     if kernel is None or type(kernel) is str:
-        options = tuple(item for item in arguments.items() if item[0] not in fastpath.ROLES) + (kernel,)
+        options = (*(item for item in arguments.items() if item[0] not in fastpath.ROLES), ("kernel", kernel))
         key = fastpath.call_key(direction, tensors, options)
     if key is not None:
-        bound = dispatcher.memo(key, lambda: fastpath.bind(dispatcher, _checked(direction, dispatcher, arguments),
-                                                           kernel))
+        bound = dispatcher.memo(key, lambda: fastpath.bind(
+            dispatcher, _checked(direction, dispatcher, kernel, arguments), kernel))
         if bound is not fastpath.UNBOUND:
             return bound(tensors)
-    return dispatcher.run(_checked(direction, dispatcher, arguments), kernel=kernel)
+    return dispatcher.run(_checked(direction, dispatcher, kernel, arguments), kernel=kernel)
 
 
-def _checked(direction: Direction, dispatcher, arguments: dict) -> ConvOperands:
+def _checked(direction: Direction, dispatcher, kernel, arguments: dict) -> ConvOperands:
+    check_kernel(kernel, direction, dispatcher)
     operands = check_operands(direction, **arguments)
     check_dtype_on_arch(operands.problem.types, dispatcher.arch)
     return operands
+
+
+def check_kernel(kernel, direction: Direction, dispatcher) -> None:
+    """A forced kernel must be a registered conv kernel of this call's direction: another op's kernel
+    or another direction's says so, naming the argument, before any support check reads the problem."""
+    name = as_kernel_name(kernel, "kernel")
+    if name is None:
+        return
+    spec = dispatcher.registry.get(name)
+    if spec.op is not OpKind.CONV:
+        raise InvalidArgumentError(
+            f"kernel={name!r} is a {spec.op.value} kernel; conv takes a conv kernel of its direction "
+            f"(`tiledispatch registry list --op conv`), or kernel=None to select one")
+    built = spec.config.signature.direction
+    if built is not direction:
+        raise UnsupportedError(
+            f"kernel={name!r} computes the {built.value} conv, and this call is {direction.value} (built for "
+            f"{built.value}, the problem is {direction.value}): pass a conv_{direction.short}_* kernel, or "
+            "kernel=None to select one")
 
 
 def check_dtype_on_arch(types: ConvTypes, arch) -> None:

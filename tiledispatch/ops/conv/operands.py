@@ -8,16 +8,22 @@ NC... layout) is copied into channels-last, and the problem records it so that
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
+from ...core.args import as_bool, as_int
 from ...core.dtypes import DType
-from ...core.errors import InvalidProblemError, UnsupportedError
-from ...core.tensors import check_no_alias, overlaps_itself
+from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
+from ...core.tensors import check_no_alias, check_plain, overlaps_itself
 from ..gemm.problem import Activation
 from .problem import (
     DTYPES,
+    INDEX_LIMIT,
+    MAX_DILATION,
+    MAX_PADDING,
+    MAX_STRIDE,
     ConvEpilogue,
     ConvProblem,
     ConvSpecialization,
@@ -25,6 +31,8 @@ from .problem import (
     Direction,
     SourceLayout,
     channel_multiple,
+    positive_int,
+    spatial_tuple,
 )
 
 ROLES = {  # the tensors each direction reads, and the one it writes
@@ -90,43 +98,111 @@ def _aligned(tensors, counts, itemsize: int) -> bool:
 
 
 def _tensor(t, name: str) -> torch.Tensor:
+    """A conv input as the kernels may read it: a tensor of 3-5 dims whose memory holds its values
+    (a negated view, `x.conj().imag`, is resolved into a copy)."""
     if not isinstance(t, torch.Tensor):
         raise InvalidProblemError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not 3 <= t.dim() <= 5:
         raise InvalidProblemError(
             f"{name} has shape {_shape(t)} ({t.dim()} dims); a conv tensor is (N, C, W), (N, C, H, W) or "
             "(N, C, D, H, W), a weight (K, C/G, *filter)")
-    return t
+    return check_plain(t, name)
 
 
-def _sizes(value, dims: int, what: str) -> tuple[int, ...]:
-    """A full shape (leading 2 dims given) or spatial sizes only -> spatial sizes."""
-    value = tuple(int(v) for v in value)
-    if len(value) == dims + 2:
-        return value[2:]
-    if len(value) == dims:
-        return value
-    raise InvalidProblemError(f"{what} {value} must be the full shape ({dims + 2} values) or the "
-                              f"{dims} spatial sizes of a {dims}-D conv")
+def _sizes(value, dims: int, what: str) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """A full shape or the spatial sizes only -> (the leading two sizes if given, the spatial sizes).
+    Each size is an integer >= 1: a float is refused, not truncated."""
+    if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
+        raise InvalidArgumentError(f"{what} must be a tuple of sizes (a full shape or the {dims} spatial sizes), "
+                                   f"got {value!r} ({type(value).__name__})")
+    if len(value) not in (dims, dims + 2):
+        raise InvalidProblemError(f"{what} {tuple(value)} must be the full shape ({dims + 2} values) or the "
+                                  f"{dims} spatial sizes of a {dims}-D conv")
+    sizes = tuple(as_int(v, f"{what}[{i}]", low=1) for i, v in enumerate(value))
+    return (sizes[:2], sizes[2:]) if len(sizes) == dims + 2 else (None, sizes)
 
 
-def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, dilation=1, groups: int = 1,
-                   bias=None, activation=None, residual=None, out=None, input_size=None, weight_size=None,
-                   allow_tf32: bool = False) -> ConvOperands:
-    """Checks a conv call; every mismatch raises InvalidProblemError or UnsupportedError saying the fix.
+def _activation(value) -> Activation:
+    """None, an Activation or its name; a function (torch.relu) or a module is refused, not guessed at."""
+    if value is not None and not isinstance(value, (str, Activation)):
+        raise InvalidArgumentError(
+            f"activation must be None or one of {', '.join(repr(a.value) for a in Activation)} (a name, not a "
+            f"function), got {value!r} ({type(value).__name__})")
+    return Activation.parse(value)
 
-    forward: x, w (-> y); bwd_data: dy, w and input_size (-> dx); bwd_weight: x, dy and
-    weight_size (-> dw). Sizes may be full shapes or spatial sizes only.
-    """
-    direction = Direction.parse(direction)
-    reads, writes = ROLES[direction]
-    given = {"x": x, "w": w, "dy": dy}
+
+def _padding(padding, filt: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+             direction: Direction) -> tuple[int, ...]:
+    """Padding as integers, or 'valid' (none) or 'same' (the output the input's size, at stride 1), as
+    torch.nn.functional.conv2d takes them."""
+    dims = len(filt)
+    if not isinstance(padding, str):
+        return spatial_tuple(padding, dims, "padding", 0, MAX_PADDING)
+    if padding == "valid":
+        return (0,) * dims
+    if padding != "same":
+        raise InvalidArgumentError(f"padding={padding!r} must be 'valid', 'same' or {dims} integers")
+    if any(s != 1 for s in stride):
+        raise InvalidArgumentError(f"padding='same' needs stride 1 (as in torch.nn.functional.conv{dims}d); the "
+                                   f"stride is {stride}: give the padding as integers")
+    totals = tuple(d * (f - 1) for d, f in zip(dilation, filt))
+    if all(t % 2 == 0 for t in totals):
+        return tuple(t // 2 for t in totals)
+    # PyTorch pads t // 2 before and the rest after: one more zero at the end where t is odd.
+    symmetric = tuple(t // 2 for t in totals)
+    hint = ""
+    if direction is Direction.FORWARD:
+        ends = tuple(v for t in reversed(totals) for v in (0, t % 2))
+        hint = f"; the same conv is conv(torch.nn.functional.pad(x, {ends}), w, padding={symmetric})"
+    raise UnsupportedError(
+        f"padding='same' with filter {filt} and dilation {dilation} pads {totals} in all, one more zero after "
+        f"than before where that is odd, and tiledispatch's kernels pad both sides alike{hint}")
+
+
+def _geometry(direction: Direction, tensors: dict, groups: int, input_size, weight_size, dims: int):
+    """(N, C, K, spatial sizes, filter sizes) of the call, each tensor's shape checked against the others."""
+    x, w, dy = tensors.get("x"), tensors.get("w"), tensors.get("dy")
+    if direction is Direction.FORWARD:
+        n, c, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
+        k, filt = w.shape[0], tuple(w.shape[2:])
+        if w.shape[1] * groups != c:
+            raise InvalidProblemError(
+                f"w is {_shape(w)}: its C/G={w.shape[1]} times groups={groups} must equal x's C={c} "
+                f"(x is {_shape(x)}); a weight for this x is ({k}, {c // groups if c % groups == 0 else '?'}, ...)")
+    elif direction is Direction.BWD_DATA:
+        if input_size is None:
+            raise InvalidProblemError("bwd_data needs input_size: the shape of x (N, C, *spatial)")
+        n, k = dy.shape[0], dy.shape[1]
+        c, filt = w.shape[1] * groups, tuple(w.shape[2:])
+        lead, spatial = _sizes(input_size, dims, "input_size")
+        if lead is not None and lead != (n, c):
+            raise InvalidProblemError(f"input_size {tuple(input_size)} must start with (N, C) = ({n}, {c}) "
+                                      f"for dy {_shape(dy)} and w {_shape(w)} with groups={groups}")
+        if w.shape[0] != k:
+            raise InvalidProblemError(f"w is {_shape(w)} but dy is {_shape(dy)}: w's K={w.shape[0]} must equal "
+                                      f"dy's channels {k}")
+    else:
+        if weight_size is None:
+            raise InvalidProblemError("bwd_weight needs weight_size: the shape of w (K, C/G, *filter)")
+        n, c, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
+        k = dy.shape[1]
+        lead, filt = _sizes(weight_size, dims, "weight_size")
+        if lead is not None and (lead[0] != k or lead[1] * groups != c):
+            raise InvalidProblemError(
+                f"weight_size {tuple(weight_size)} must start with (K, C/G) = ({k}, {c}/{groups}) for x "
+                f"{_shape(x)}, dy {_shape(dy)} and groups={groups}")
+        if dy.shape[0] != n:
+            raise InvalidProblemError(f"x is {_shape(x)} and dy is {_shape(dy)}: their batch sizes differ")
+    return n, c, k, spatial, filt
+
+
+def _read_tensors(direction: Direction, given: dict) -> dict:
+    """The tensors `direction` reads, by role, checked alike: type, rank, device, dtype, plain memory."""
+    reads = ROLES[direction][0]
     for role, t in given.items():
         if role not in reads and t is not None:
             raise InvalidProblemError(f"{direction.value} takes {' and '.join(reads)}, not {role}")
-    for role in reads:
-        _tensor(given[role], role)
-    tensors = {role: given[role] for role in reads}
+    tensors = {role: _tensor(given[role], role) for role in reads}
     first = tensors[reads[0]]
     device, dims = first.device, first.dim() - 2
     for role, t in tensors.items():
@@ -141,56 +217,49 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
         if _dtype(t, role) is not dtype:
             raise UnsupportedError(f"{reads[0]} is {dtype.value} but {role} is {_dtype(t, role).value}; "
                                    "give every tensor one dtype")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise InvalidProblemError(f"groups={groups!r} must be a positive integer")
+    return tensors
+
+
+def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, dilation=1, groups: int = 1,
+                   bias=None, activation=None, residual=None, out=None, input_size=None, weight_size=None,
+                   allow_tf32: bool = False) -> ConvOperands:
+    """Checks a conv call; every mismatch raises InvalidProblemError or UnsupportedError saying the fix.
+
+    forward: x, w (-> y); bwd_data: dy, w and input_size (-> dx); bwd_weight: x, dy and
+    weight_size (-> dw). Sizes may be full shapes or spatial sizes only; padding may be
+    'valid' or 'same'.
+    """
+    direction = Direction.parse(direction)
+    tensors = _read_tensors(direction, {"x": x, "w": w, "dy": dy})
+    first = next(iter(tensors.values()))
+    device, dims, dtype = first.device, first.dim() - 2, DType.from_torch(first.dtype)
+    groups = positive_int(groups, "groups")
+    allow_tf32 = as_bool(allow_tf32, "allow_tf32")
+    activation = _activation(activation)
     if direction is not Direction.FORWARD and (bias is not None or residual is not None
-                                              or Activation.parse(activation) is not Activation.NONE):
+                                              or activation is not Activation.NONE):
         raise InvalidProblemError(f"bias, activation and residual apply to the forward conv only, "
                                   f"not {direction.value}")
-
-    if direction is Direction.FORWARD:
-        n, c, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
-        k, filt = w.shape[0], tuple(w.shape[2:])
-        if w.shape[1] * groups != c:
-            raise InvalidProblemError(
-                f"w is {_shape(w)}: its C/G={w.shape[1]} times groups={groups} must equal x's C={c} "
-                f"(x is {_shape(x)}); a weight for this x is ({k}, {c // groups if c % groups == 0 else '?'}, ...)")
-    elif direction is Direction.BWD_DATA:
-        if input_size is None:
-            raise InvalidProblemError("bwd_data needs input_size: the shape of x (N, C, *spatial)")
-        n, k = dy.shape[0], dy.shape[1]
-        c, filt = w.shape[1] * groups, tuple(w.shape[2:])
-        spatial = _sizes(input_size, dims, "input_size")
-        if len(input_size) == dims + 2 and tuple(input_size[:2]) != (n, c):
-            raise InvalidProblemError(f"input_size {tuple(input_size)} must start with (N, C) = ({n}, {c}) "
-                                      f"for dy {_shape(dy)} and w {_shape(w)} with groups={groups}")
-        if w.shape[0] != k:
-            raise InvalidProblemError(f"w is {_shape(w)} but dy is {_shape(dy)}: w's K={w.shape[0]} must equal "
-                                      f"dy's channels {k}")
-    else:
-        if weight_size is None:
-            raise InvalidProblemError("bwd_weight needs weight_size: the shape of w (K, C/G, *filter)")
-        n, c, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
-        k = dy.shape[1]
-        filt = _sizes(weight_size, dims, "weight_size")
-        if len(weight_size) == dims + 2 and (weight_size[0] != k or weight_size[1] * groups != c):
-            raise InvalidProblemError(
-                f"weight_size {tuple(weight_size)} must start with (K, C/G) = ({k}, {c}/{groups}) for x "
-                f"{_shape(x)}, dy {_shape(dy)} and groups={groups}")
-        if dy.shape[0] != n:
-            raise InvalidProblemError(f"x is {_shape(x)} and dy is {_shape(dy)}: their batch sizes differ")
-
-    epilogue = ConvEpilogue(bias is not None, Activation.parse(activation), residual is not None)
+    n, c, k, spatial, filt = _geometry(direction, tensors, groups, input_size, weight_size, dims)
+    stride = spatial_tuple(stride, dims, "stride", 1, MAX_STRIDE)
+    dilation = spatial_tuple(dilation, dims, "dilation", 1, MAX_DILATION)
+    padding = _padding(padding, filt, stride, dilation, direction)
+    epilogue = ConvEpilogue(bias is not None, activation, residual is not None)
     probe = ConvProblem(direction, n, c, k, groups, spatial, filt, stride, padding, dilation,
                         ConvTypes(dtype, allow_tf32), epilogue)  # checks groups, sizes and output >= 1
-    if direction is not Direction.FORWARD:
-        want = probe.output_size
-        if tuple(dy.shape[2:]) != want:
-            raise InvalidProblemError(
-                f"dy is {_shape(dy)} but this conv's output is {'x'.join(map(str, want))} (input "
-                f"{probe.input_size}, filter {probe.filter_size}, stride {probe.stride}, padding {probe.padding}, "
-                f"dilation {probe.dilation}); check the sizes and conv arguments")
+    if direction is not Direction.FORWARD and tuple(tensors["dy"].shape[2:]) != probe.output_size:
+        raise InvalidProblemError(
+            f"dy is {_shape(tensors['dy'])} but this conv's output is {'x'.join(map(str, probe.output_size))} "
+            f"(input {probe.input_size}, filter {probe.filter_size}, stride {probe.stride}, padding "
+            f"{probe.padding}, dilation {probe.dilation}); check the sizes and conv arguments")
+    return _operands(probe, tensors, bias, residual, out)
 
+
+def _operands(probe: ConvProblem, tensors: dict, bias, residual, out) -> ConvOperands:
+    """The checked tensors of a well-formed problem: views the kernels read, the output checked, and the
+    problem specialised on the data (alignment, offsets, layout)."""
+    p, direction = probe, probe.direction
+    dtype, device = p.types.dtype, next(iter(tensors.values())).device
     converted = []
 
     def channels_last(t, role):
@@ -200,51 +269,80 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
         return to_channels_last(t)
 
     views = {role: channels_last(t, role) for role, t in tensors.items()}
-    y_shape = (n, k, *probe.output_size)
+    y_shape = (p.n, p.k, *p.output_size)
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (k,):
-            raise InvalidProblemError(f"bias must be a tensor of shape ({k},) (one value per output channel), "
-                                      f"got {_shape(bias) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
-        _same(bias, "bias", dtype, device)
+        bias = _bias(bias, p.k, dtype, device)
+        if bias.stride(0) != 1 and p.k > 1:  # the kernels read bias[k] at k: a strided bias is copied dense
+            bias = bias.contiguous()
+            converted.append("bias")
     if residual is not None:
-        if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != y_shape:
-            raise InvalidProblemError(f"residual must have the output's shape {'x'.join(map(str, y_shape))}")
+        if not isinstance(residual, torch.Tensor):
+            raise InvalidProblemError(f"residual must be a torch.Tensor shaped as the output, "
+                                      f"{'x'.join(map(str, y_shape))}, got {type(residual).__name__}")
+        if tuple(residual.shape) != y_shape:
+            raise InvalidProblemError(f"residual is {_shape(residual)}; it must have the output's shape "
+                                      f"{'x'.join(map(str, y_shape))}")
         _same(residual, "residual", dtype, device)
-        residual = channels_last(residual, "residual")
-    shape_out = {Direction.FORWARD: y_shape, Direction.BWD_DATA: (n, c, *spatial),
-                 Direction.BWD_WEIGHT: (k, c // groups, *filt)}[direction]
+        residual = channels_last(check_plain(residual, "residual"), "residual")
+    shape_out = {Direction.FORWARD: y_shape, Direction.BWD_DATA: (p.n, p.c, *p.input_size),
+                 Direction.BWD_WEIGHT: (p.k, p.c_per_group, *p.filter_size)}[direction]
     if out is not None:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape_out:
-            raise InvalidProblemError(f"out ({writes}) must have shape {'x'.join(map(str, shape_out))}, got "
-                                      f"{_shape(out) if isinstance(out, torch.Tensor) else type(out).__name__}")
-        _same(out, "out", dtype, device)
-        if not is_channels_last(out):
-            raise InvalidProblemError(
-                f"out has strides {tuple(out.stride())}: its channels (dim 1) must be contiguous; pass "
-                "out.contiguous(memory_format=torch.channels_last) or let tiledispatch allocate it")
-        if overlaps_itself(out):
-            raise InvalidProblemError(f"out (strides {tuple(out.stride())}) overlaps itself; pass a dense tensor")
-        check_no_alias(out, {**views, "bias": bias})
+        _check_out(out, ROLES[direction][1], shape_out, dtype, device)
+        check_no_alias(out, {**views, "bias": bias}, in_place_ok={"residual": residual})
+    return _specialised(p, views, bias, residual, out, tuple(converted))
 
+
+def _bias(bias, k: int, dtype: DType, device) -> torch.Tensor:
+    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (k,):
+        raise InvalidProblemError(f"bias must be a tensor of shape ({k},) (one value per output channel), "
+                                  f"got {_shape(bias) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+    _same(bias, "bias", dtype, device)
+    return check_plain(bias, "bias")
+
+
+def _check_out(out, writes: str, shape: tuple[int, ...], dtype: DType, device) -> None:
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape:
+        raise InvalidProblemError(f"out ({writes}) must have shape {'x'.join(map(str, shape))}, got "
+                                  f"{_shape(out) if isinstance(out, torch.Tensor) else type(out).__name__}")
+    _same(out, "out", dtype, device)
+    check_plain(out, "out", written=True)
+    if out.requires_grad and torch.is_grad_enabled():
+        raise InvalidProblemError("out requires grad, and autograd cannot follow a write into it: pass an out "
+                                  "that does not require grad, or call under torch.no_grad()")
+    if not is_channels_last(out):
+        raise InvalidProblemError(
+            f"out has strides {tuple(out.stride())}: its channels (dim 1) must be contiguous; pass "
+            "out.contiguous(memory_format=torch.channels_last) or let tiledispatch allocate it")
+    if overlaps_itself(out):
+        raise InvalidProblemError(f"out (strides {tuple(out.stride())}) overlaps itself; pass a dense tensor")
+
+
+def largest_offset(t: torch.Tensor) -> int:
+    """The element offset of `t`'s last element from its first (strides are never negative in PyTorch)."""
+    return sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 1)
+
+
+def _specialised(probe: ConvProblem, views: dict, bias, residual, out, converted: tuple[str, ...]) -> ConvOperands:
+    """The problem with the facts of its data: alignment (ConvSpecialization), the source layout and
+    whether an offset needs 64 bits."""
+    p, direction, itemsize = probe, probe.direction, probe.types.dtype.itemsize
     written = [t for t in (out,) if t is not None]
     # Activations (x, y, dx, dy, residual, bias) are read in channel runs across groups; weights
     # only within a group, so their alignment belongs with the per-group channel counts.
     weights = [views[r] for r in views if r == "w"] + (written if direction is Direction.BWD_WEIGHT else [])
     activations = [views[r] for r in views if r != "w"] + ([] if direction is Direction.BWD_WEIGHT else written)
     activations += [t for t in (residual, bias) if t is not None]
-    aligned = _aligned(activations, (c, k), dtype.itemsize)
-    groups_aligned = _aligned(weights, (probe.c_per_group, probe.k_per_group), dtype.itemsize)
+    aligned = _aligned(activations, (p.c, p.k), itemsize)
+    groups_aligned = _aligned(weights, (p.c_per_group, p.k_per_group), itemsize)
     output_side = [views["dy"]] if "dy" in views else written + ([residual] if residual is not None else [])
-    outputs_aligned = _aligned(output_side, (k, probe.k_per_group), dtype.itemsize)
-    problem = ConvProblem(direction, n, c, k, groups, spatial, filt, probe.stride, probe.padding, probe.dilation,
-                          probe.types, epilogue,
-                          ConvSpecialization(aligned, groups_aligned, probe.pointwise,
-                                             probe.one_channel_per_group, probe.unit_stride,
-                                             channel_multiple(probe.c_per_group, probe.k_per_group),
-                                             outputs_aligned, probe.one_row),
-                          SourceLayout.CONVERTED if converted else SourceLayout.CHANNELS_LAST)
-    return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out,
-                        tuple(converted))
+    outputs_aligned = _aligned(output_side, (p.k, p.k_per_group), itemsize)
+    wide = any(largest_offset(t) >= INDEX_LIMIT for t in (*views.values(), bias, residual, out) if t is not None)
+    layout = SourceLayout.CONVERTED if any(role != "bias" for role in converted) else SourceLayout.CHANNELS_LAST
+    specialization = ConvSpecialization(aligned, groups_aligned, p.pointwise, p.one_channel_per_group,
+                                        p.unit_stride, channel_multiple(p.c_per_group, p.k_per_group),
+                                        outputs_aligned, p.one_row)
+    problem = replace(p, specialization=specialization, source_layout=layout, wide_offsets=wide)
+    return ConvOperands(problem, views.get("x"), views.get("w"), views.get("dy"), bias, residual, out, converted)
 
 
 def _dtype(t: torch.Tensor, role: str) -> DType:
@@ -260,5 +358,9 @@ def _dtype(t: torch.Tensor, role: str) -> DType:
 def _same(t: torch.Tensor, role: str, dtype: DType, device) -> None:
     if t.device != device:
         raise InvalidProblemError(f"{role} is on {t.device}, the conv's tensors on {device}; use one device")
-    if _dtype(t, role) is not dtype:
-        raise InvalidProblemError(f"{role} is {_dtype(t, role).value}; it must be {dtype.value} like the inputs")
+    if t.dtype != dtype.torch:
+        try:
+            name = DType.from_torch(t.dtype).value
+        except UnsupportedError:
+            name = str(t.dtype)
+        raise InvalidProblemError(f"{role} is {name}; it must be {dtype.value} like the inputs")

@@ -54,7 +54,9 @@ def run(operands, out: torch.Tensor, dispatcher: Dispatcher) -> None:
     else:
         a, b, kwargs = _matrix(operands.dy).t(), _matrix(operands.x), {}
     target = out.reshape(p.k, p.c) if p.direction is Direction.BWD_WEIGHT else _matrix(out)
-    result = gemm(a, b, out=target, allow_tf32=p.types.allow_tf32, dispatcher=dispatcher, **kwargs)
+    # The conv decides what autograd records (function.py); the GEMM inside one is no op of the caller's.
+    with torch.no_grad():
+        result = gemm(a, b, out=target, allow_tf32=p.types.allow_tf32, dispatcher=dispatcher, **kwargs)
     if not shares_storage(target, out):  # reshape gave a copy, not a view
         _write_back(result, out, p)
 

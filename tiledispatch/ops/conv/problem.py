@@ -14,14 +14,26 @@ import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from ...core.args import as_int
 from ...core.choice import Choice
 from ...core.dtypes import DType
-from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
 from ..gemm.problem import Epilogue
 
 MAX_SPATIAL_DIMS = 3
 DTYPES = (DType.FP16, DType.BF16, DType.FP32)
+# The first value a 32-bit index cannot hold. The Triton kernels compute pixel indices and
+# element offsets in 32 bits: a tensor with an element this far from its first one needs 64-bit
+# indexing (`ConvProblem.wide_offsets`), which only the vendor path has.
+INDEX_LIMIT = 2**31
+# Bounds of the geometry arguments. Backward-data takes t * dilation mod stride for t < stride
+# (geometry.phase_taps) and every kernel o * stride - padding + f * dilation, in 32 bits: with
+# stride and dilation below 2**15 each product stays under 2**30, and a padded extent under
+# INDEX_LIMIT (checked per problem) keeps the sums in range. Any larger value is past every
+# input's extent anyway (an output of one pixel).
+MAX_STRIDE = MAX_DILATION = 2**15
+MAX_PADDING = 2**20
 
 
 class Direction(Choice):
@@ -147,18 +159,43 @@ class ConvSpecialization:
         return ConvSpecialization(True, True, self.pointwise, False, self.unit_stride, vector, True, self.one_row)
 
 
-def _as_tuple(value, dims: int, what: str) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * dims
+def spatial_tuple(value, dims: int, what: str, low: int, high: int) -> tuple[int, ...]:
+    """One integer for every spatial dim, or a sequence of `dims` (or 1) integers, each in [low, high].
+
+    Python and NumPy integers (and 0-d integer tensors) are integers; bools, floats and strings
+    are refused, not converted.
+    """
+    if isinstance(value, (str, bytes)):
+        raise InvalidArgumentError(f"{what} must be an integer or {dims} integers, got the string {value!r}")
     try:
-        out = tuple(value)
-    except TypeError:
-        raise InvalidProblemError(f"{what} must be an int or a sequence of {dims} ints, got {value!r}") from None
-    if len(out) == 1 and dims > 1:
-        out = out * dims
-    if len(out) != dims:
-        raise InvalidProblemError(f"{what} has {len(out)} values ({out}) for a {dims}-D convolution; give {dims}")
+        items = tuple(value)
+        names = [f"{what}[{i}]" for i in range(len(items))]
+    except TypeError:  # a scalar: as_int below says what is wrong with it, if anything
+        items, names = (value,) * dims, [what] * dims
+    if len(items) == 1 and dims > 1:
+        names = names * dims
+        items = items * dims
+    if len(items) != dims:
+        raise InvalidArgumentError(
+            f"{what} has {len(items)} values ({items}) for a {dims}-D convolution; give {dims}")
+    out = tuple(as_int(v, name) for v, name in zip(items, names))
+    if any(v < low for v in out):
+        raise InvalidArgumentError(f"{what} {out} must hold integers >= {low}")
+    if any(v > high for v in out):
+        raise InvalidArgumentError(f"{what} {out} must hold integers <= {high} (the kernels index in 32 bits)")
     return out
+
+
+def positive_int(value, what: str, high: int = INDEX_LIMIT - 1) -> int:
+    """A count (N, C, K, groups): an integer in [1, high]; a bool, a float or a string is refused."""
+    try:
+        number = as_int(value, what)
+    except InvalidArgumentError:
+        number = 0
+    if not 1 <= number <= high:
+        raise InvalidArgumentError(f"{what}={value!r} must be a positive integer"
+                                   + (f" below {high + 1}" if number > high else ""))
+    return number
 
 
 def output_size(size: int, filt: int, stride: int, pad: int, dilation: int) -> int:
@@ -184,24 +221,42 @@ class ConvProblem:
     epilogue: ConvEpilogue = ConvEpilogue()
     specialization: ConvSpecialization = ConvSpecialization()
     source_layout: SourceLayout = SourceLayout.CHANNELS_LAST
+    # Some tensor has an element offset of INDEX_LIMIT or more (a strided view over a large
+    # buffer): the Triton kernels' 32-bit indexing cannot reach it, so only the vendor path runs it.
+    wide_offsets: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "direction", Direction.parse(self.direction))
         for name in ("n", "c", "k", "groups"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidProblemError(f"conv {name}={value!r} must be a positive integer")
-        dims = len(tuple(self.input_size))
+            object.__setattr__(self, name, positive_int(getattr(self, name), f"conv {name}"))
+        if not isinstance(self.wide_offsets, bool):
+            raise InvalidProblemError(f"wide_offsets must be True or False, got {self.wide_offsets!r}")
+        self._set_geometry()
+        self._check_sizes()
+
+    def _set_geometry(self) -> None:
+        """The spatial tuples as tuples of ints, each in its bounds; () is the default of stride,
+        padding and dilation."""
+        try:
+            dims = len(tuple(self.input_size))
+        except TypeError:
+            raise InvalidArgumentError(f"input_size must be a sequence of 1-3 sizes, got {self.input_size!r}") from None
         if not 1 <= dims <= MAX_SPATIAL_DIMS:
             raise InvalidProblemError(
                 f"input_size {tuple(self.input_size)} has {dims} spatial dims; conv takes 1, 2 or 3")
-        fields = {"input_size": (self.input_size, None, 1), "filter_size": (self.filter_size, None, 1),
-                  "stride": (self.stride, 1, 1), "padding": (self.padding, 0, 0), "dilation": (self.dilation, 1, 1)}
-        for name, (value, default, minimum) in fields.items():
-            value = _as_tuple(default if value == () and default is not None else value, dims, name)
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value):
-                raise InvalidProblemError(f"{name} {value} must hold integers >= {minimum}")
-            object.__setattr__(self, name, value)
+        fields = {"input_size": (None, 1, INDEX_LIMIT - 1), "filter_size": (None, 1, INDEX_LIMIT - 1),
+                  "stride": (1, 1, MAX_STRIDE), "padding": (0, 0, MAX_PADDING), "dilation": (1, 1, MAX_DILATION)}
+        for name, (default, low, high) in fields.items():
+            value = getattr(self, name)
+            if default is not None and isinstance(value, tuple) and value == ():
+                value = default
+            object.__setattr__(self, name, spatial_tuple(value, dims, name, low, high))
+        for size, pad in zip(self.input_size, self.padding):
+            if size + 2 * pad >= INDEX_LIMIT:
+                raise InvalidProblemError(f"input size {size} padded by {pad} a side reaches 2**31, past the "
+                                          "kernels' 32-bit indices; use less padding")
+
+    def _check_sizes(self) -> None:
         if self.c % self.groups or self.k % self.groups:
             raise InvalidProblemError(
                 f"C={self.c} and K={self.k} must both be divisible by groups={self.groups} "
@@ -222,7 +277,7 @@ class ConvProblem:
                 f"bias, activation and residual apply to the forward conv only, not {self.direction.value}")
         sizes = (self.n * self.c * math.prod(self.input_size), self.n * self.k * math.prod(out),
                  self.k * self.c_per_group * math.prod(self.filter_size))
-        if max(sizes) >= 2**31:
+        if max(sizes) >= INDEX_LIMIT:
             raise InvalidProblemError(f"a conv tensor has {max(sizes)} elements; stay below 2**31 (split the batch)")
         claimed = {"pointwise": self.pointwise, "depthwise": self.one_channel_per_group,
                    "unit_stride": self.unit_stride, "one_row": self.one_row}
@@ -306,7 +361,8 @@ class ConvProblem:
         filter turned by 180 degrees, K and C swapped within each group, padded by `flipped_padding`."""
         return ConvProblem(Direction.FORWARD, self.n, self.k, self.c, self.groups, self.output_size, self.filter_size,
                            self.stride, self.flipped_padding, self.dilation, self.types,
-                           specialization=self.specialization, source_layout=self.source_layout)
+                           specialization=self.specialization, source_layout=self.source_layout,
+                           wide_offsets=self.wide_offsets)
 
     def padded3(self, values: tuple[int, ...], fill: int) -> tuple[int, int, int]:
         """A spatial tuple as 3-D (D, H, W): leading dims of size `fill`, as the kernels read it."""
@@ -344,4 +400,5 @@ class ConvProblem:
             "layout": layout,
             "flops": self.flops(),
             "bytes": self.bytes(),
+            **({"wide_offsets": True} if self.wide_offsets else {}),
         }

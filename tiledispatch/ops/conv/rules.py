@@ -57,6 +57,11 @@ WINDOW_STRIDES = (1, 2)  # strides along W the window kernels are built for
 TMA_TILE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TMA_BOX_MAXIMUM = 256
 TMA_DTYPES = (DType.FP16, DType.BF16)
+# Why no Triton or Gluon kernel takes a problem with `wide_offsets`: their index arithmetic is
+# 32-bit, and an offset past it wraps to an address outside the tensor.
+WIDE_OFFSETS = ("element offsets past 2**31 need 64-bit indexing, and the Triton kernels index in 32 bits; "
+                "the vendor path (cuDNN through PyTorch, on a GPU) takes it, or pass tensors that span less memory "
+                "(a contiguous copy, or a smaller batch)")
 # The toeplitz family (kernels/toeplitz.py): mma.sync tensor cores through Gluon, 16-bit data in
 # 16-byte vectors of channels (one to four a pixel's lanes), the filter height compiled in.
 TOEPLITZ_DTYPES = (DType.FP16, DType.BF16)
@@ -544,6 +549,8 @@ def supports(config: AnyConvConfig, problem: ConvProblem) -> str | None:
     """None if this kernel computes `problem`; else why not, in words."""
     if isinstance(config, VendorConfig):
         return vendor.supports(config, problem)
+    if problem.wide_offsets:  # first: every Triton kernel refuses for this one reason, whatever else differs
+        return WIDE_OFFSETS
     want = ConvSignature.of(problem)
     sig = config.signature
     if sig.direction is not want.direction:
