@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ...core.args import INT64_MAX, as_bool, as_float, as_int
@@ -45,7 +46,7 @@ def parse_causal(causal: Any) -> MaskKind:
         if causal in _CAUSAL_WORDS:
             return _CAUSAL_WORDS[causal]
         raise UnsupportedError(f"[causal] causal={causal!r}: use {_CAUSAL_VALUES}")
-    if isinstance(causal, bool) or type(causal).__name__ == "bool_":
+    if isinstance(causal, (bool, np.bool_)):
         return MaskKind.CAUSAL_TOP_LEFT if causal else MaskKind.NONE
     raise InvalidArgumentError(f"[causal] causal must be {_CAUSAL_VALUES}, got {causal!r} ({type(causal).__name__})")
 

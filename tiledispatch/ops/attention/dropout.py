@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 import triton
 
+from ...core.args import as_int
+from .arguments import dropout_offset, dropout_probability, dropout_seed
 from .kernels.scores import dropout_mask
+from .problem import check_seqlen_limit
 
 
 def keep_mask(batch: int, heads_q: int, seqlen_q: int, seqlen_kv: int, dropout_p: float, seed: int,
@@ -15,6 +18,10 @@ def keep_mask(batch: int, heads_q: int, seqlen_q: int, seqlen_kv: int, dropout_p
     For varlen, seqlen_q/kv are the longest sequences and sequence b uses [b, :, :len_q, :len_kv].
     Runs Triton's JIT (or the interpreter) directly: this is a debugging aid, not a hot path.
     """
+    dropout_p, seed, offset = dropout_probability(dropout_p), dropout_seed(seed), dropout_offset(offset)
+    sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_kv": seqlen_kv}
+    batch, heads_q, seqlen_q, seqlen_kv = (as_int(n, name, low=1) for name, n in sizes.items())
+    check_seqlen_limit(seqlen_q, seqlen_kv)
     keep = torch.empty((batch, heads_q, seqlen_q, seqlen_kv), dtype=torch.uint8, device=device)
     block_m, block_n = 16, 64
     dropout_mask[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](

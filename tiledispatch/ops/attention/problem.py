@@ -43,8 +43,8 @@ def check_seqlen_limit(seqlen_q: int, seqlen_kv: int) -> None:
     if max(seqlen_q, seqlen_kv) > MAX_SEQLEN:
         raise UnsupportedError(
             f"[seqlen-limit] {seqlen_q} queries and {seqlen_kv} keys: attention's kernels number the positions "
-            f"of a sequence in 32 bits and take sequences of at most {MAX_SEQLEN} queries and keys; split the "
-            "sequence (e.g. varlen, or chunks of queries combined by their LSE)")
+            f"of a sequence in 32 bits and take sequences of at most {MAX_SEQLEN} queries and keys; split it into "
+            "chunks (chunks of queries over the same keys combine exactly by their LSE)")
 
 
 class Direction(Choice):
