@@ -31,13 +31,19 @@ from .limits import attention_footprint, check_fits
 ALIGN = {"top-left": "top_left", "bottom-right": "bottom_right"}  # --align: the API's causal= values
 
 
+WINDOW_MAX = 2**31 - 1  # positions are 32-bit in the kernels; a wider window is -1, unbounded
+
+
 def _window(text: Optional[str]) -> Window | None:
     if text is None:
         return None
+    usage = f"--window {shown(text)} must be LEFT,RIGHT (e.g. 1024,0; -1 is unbounded)"
     try:
         left, right = (int(x) for x in text.split(","))
     except ValueError:  # not two parts, or not integers (int() also refuses 5,000-digit numbers)
-        raise InvalidProblemError(f"--window {shown(text)} must be LEFT,RIGHT (e.g. 1024,0; -1 is unbounded)") from None
+        raise InvalidProblemError(usage) from None
+    if max(left, right) > WINDOW_MAX:
+        raise InvalidProblemError(f"{usage}; each side at most {WINDOW_MAX}, or -1 for unbounded")
     return Window(left, right)
 
 

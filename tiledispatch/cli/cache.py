@@ -7,9 +7,9 @@ from typing import Optional
 import typer
 
 from ..core.cache import CacheEntry, KernelCache
-from .common import emit, finite_non_negative
+from .common import JsonGroup, emit, finite_non_negative
 
-cache_app = typer.Typer(help="Inspect and tidy the on-disk kernel cache.", no_args_is_help=True)
+cache_app = typer.Typer(help="Inspect and tidy the on-disk kernel cache.", cls=JsonGroup)
 
 
 @cache_app.command("ls")

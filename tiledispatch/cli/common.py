@@ -8,6 +8,7 @@ reach one handler (`run_guarded`), which turns each into its JSON error document
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import math
@@ -158,14 +159,24 @@ def _out_of_memory(e: BaseException) -> bool:
         s in text for s in ("not enough memory", "can't allocate", "out of memory", "cannot allocate"))
 
 
+class MissingCommandError(click_errors.UsageError):
+    """A group called without a command; click's no_args_is_help would print the help to stdout."""
+
+    def __init__(self, ctx) -> None:
+        names = ", ".join(getattr(ctx.command, "commands", {}))
+        super().__init__(f"{ctx.command_path} needs a command: {names}", ctx=ctx)
+
+
 def _usage(e: click_errors.ClickException) -> ExitCode:
+    """A command line click cannot parse; a missing command also gets the group's help on stderr,
+    for the person who typed it."""
     ctx = getattr(e, "ctx", None)
     path = ctx.command_path if ctx is not None else "tiledispatch"
-    if isinstance(e, click_errors.NoArgsIsHelpError):
-        typer.echo(e.format_message(), err=True)  # the help, for the person who typed it
-        names = ", ".join(getattr(ctx.command, "commands", {})) if ctx is not None else ""
-        return emit_error(ExitCode.USAGE, "UsageError", f"{path} needs a command" + (f": {names}" if names else ""),
-                          hint=f"`{path} --help` shows them")
+    if isinstance(e, MissingCommandError):
+        with contextlib.redirect_stdout(sys.stderr):  # typer's rich help prints while it formats
+            help_text = ctx.get_help()
+        if help_text:  # click's plain help is returned instead
+            typer.echo(help_text, err=True)
     return emit_error(ExitCode.USAGE, type(e).__name__, e.format_message(), hint=f"`{path} --help` shows the usage")
 
 
@@ -212,9 +223,14 @@ def _silence_stdout() -> None:
 
 
 class JsonGroup(TyperGroup):
-    """The app's top group: click runs without its standalone mode, so that no error prints
-    click's text box or a traceback; `run_guarded` turns each into JSON and an ExitCode.
-    CliRunner calls this `main` too, so tests see what a shell sees."""
+    """Every group of the app. At the top, click runs without its standalone mode, so that no
+    error prints click's text box or a traceback; `run_guarded` turns each into JSON and an
+    ExitCode. CliRunner calls this `main` too, so tests see what a shell sees."""
+
+    def parse_args(self, ctx, args):
+        if not args and not ctx.resilient_parsing:
+            raise MissingCommandError(ctx)
+        return super().parse_args(ctx, args)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         code = run_guarded(lambda: super(JsonGroup, self).main(

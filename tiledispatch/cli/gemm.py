@@ -15,7 +15,7 @@ from ..ops.gemm.ranking import replay_pick
 from ..ops.gemm.reference import compare
 from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
                      repeats_option, seed_option)
-from .limits import check_fits, gemm_footprint
+from .limits import check_addressable, check_fits, gemm_footprint
 
 DTYPE_HELP = "fp16, bf16, fp32, tf32, fp8e4m3, fp8e4m3xfp8e5m2 (fp8 gives bf16 out)"
 
@@ -85,6 +85,7 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
                          limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for a GEMM: the ranking with its terms, and why each refused one refused."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
+    check_addressable(gemm_footprint(problem, validate=False))  # even meta tensors need 64-bit sizes
     # As `gemm` poses it on fresh tensors of this layout: rows of 4093 halves are not 16-byte aligned.
     inputs = make_inputs(problem, device="meta")  # shapes and strides, no memory (so no `out`: no alias check)
     problem = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,

@@ -15,11 +15,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import UnsupportedError
+from ..core.errors import InvalidProblemError, UnsupportedError
 
 FRACTION = 0.5  # of the available memory the tensors a command allocates may take
 F64 = 8  # bytes of a float64 element: the reference's copies, on the host
 F32 = 4  # the float32 draws that make_inputs converts from, on the host
+ADDRESSABLE = 2**62  # bytes: torch's tensor sizes are signed 64-bit, strided layouts double some
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,14 @@ def device_available() -> int | None:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
+
+
+def check_addressable(footprint: Footprint) -> None:
+    """Refuses tensors no machine could hold: torch computes their sizes in signed 64 bits."""
+    if footprint.device >= ADDRESSABLE:
+        raise InvalidProblemError(
+            f"this problem's tensors would take {footprint.device} bytes, past the 2**62 that torch can "
+            "describe; use smaller sizes")
 
 
 def check_fits(footprint: Footprint, on_gpu: bool) -> None:

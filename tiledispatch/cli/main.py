@@ -16,8 +16,8 @@ from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
 
 app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.", cls=JsonGroup,
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-explain_app = typer.Typer(help="Show how a problem's kernel is selected.", no_args_is_help=True)
+                  pretty_exceptions_enable=False, add_completion=False)
+explain_app = typer.Typer(help="Show how a problem's kernel is selected.", cls=JsonGroup)
 
 app.command("gemm")(gemm_command)
 explain_app.command("gemm")(explain_gemm_command)

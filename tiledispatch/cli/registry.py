@@ -16,9 +16,9 @@ from ..core.kernel import build_all
 from ..core.op import OpKind, RuleSet
 from ..core.registry import Registry
 from ..core.runtime import current_arch
-from .common import JOBS_MAX, ExitCode, check_dtype_name, emit, limit_option, parse_option
+from .common import JOBS_MAX, ExitCode, JsonGroup, check_dtype_name, emit, limit_option, parse_option
 
-registry_app = typer.Typer(help="Generate, inspect, export and import kernel registries.", no_args_is_help=True)
+registry_app = typer.Typer(help="Generate, inspect, export and import kernel registries.", cls=JsonGroup)
 
 OP = typer.Option("gemm", "--op", help="gemm")
 RULE_SET = typer.Option("default", "--rule-set", help="tiny, tests, default, full")

@@ -1,4 +1,4 @@
-"""`tiledispatch conv` and `tiledispatch explain conv`: JSON out, validation, JSON errors with exit code 3 (bad input)."""
+"""`tiledispatch conv` and `tiledispatch explain conv`: JSON out, validation, JSON errors (exit 3: bad input)."""
 
 from __future__ import annotations
 
