@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -174,8 +175,9 @@ def slow_counting_build(counter: str, staging: Path) -> dict:
 def race_worker(root: str, key: str, counter: str, out: str, barrier) -> None:
     cache = KernelCache(root)
     barrier.wait()
-    entry = cache.get_or_build(key, functools.partial(slow_counting_build, counter))
-    Path(out).write_bytes(entry.read_bytes("kernel.cubin"))
+    entry = cache.get_or_build(key, functools.partial(slow_counting_build, counter), required=["kernel.cubin"])
+    assert isinstance(entry, CacheEntry) and entry.digests["kernel.cubin"] == hashlib.sha256(CUBIN).hexdigest()
+    Path(out).write_bytes(entry.read_bytes("kernel.cubin"))  # the bytes verified in this process
 
 
 def test_processes_racing_on_one_key_build_it_once(root: Path, tmp_path: Path):
@@ -191,8 +193,9 @@ def test_processes_racing_on_one_key_build_it_once(root: Path, tmp_path: Path):
     for p in procs:
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
-    assert len(counter.read_text().splitlines()) == 1
-    assert all(out.read_bytes() == CUBIN for out in outs)
+    assert len(counter.read_text().splitlines()) == 1  # built exactly once
+    assert all(out.read_bytes() == CUBIN for out in outs)  # every process saw the verified entry
+    assert [type(e) for e in KernelCache(root).entries()] == [CacheEntry]
 
 
 def test_lock_timeout_raises_cache_error(cache: KernelCache, root: Path):
