@@ -122,7 +122,7 @@ def _sizes(value, dims: int, what: str) -> tuple[tuple[int, ...] | None, tuple[i
     return (sizes[:2], sizes[2:]) if len(sizes) == dims + 2 else (None, sizes)
 
 
-def _activation(value) -> Activation:
+def parse_activation(value) -> Activation:
     """None, an Activation or its name; a function (torch.relu) or a module is refused, not guessed at."""
     if value is not None and not isinstance(value, (str, Activation)):
         raise InvalidArgumentError(
@@ -235,7 +235,7 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
     device, dims, dtype = first.device, first.dim() - 2, DType.from_torch(first.dtype)
     groups = positive_int(groups, "groups")
     allow_tf32 = as_bool(allow_tf32, "allow_tf32")
-    activation = _activation(activation)
+    activation = parse_activation(activation)
     if direction is not Direction.FORWARD and (bias is not None or residual is not None
                                               or activation is not Activation.NONE):
         raise InvalidProblemError(f"bias, activation and residual apply to the forward conv only, "
