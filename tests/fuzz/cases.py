@@ -1,0 +1,155 @@
+"""What every op's fuzz cases share: the case record, the outcome rules and the comparison.
+
+A case is one call of the public API with everything needed to judge it: what it must do
+(return the reference's result, refuse, or either), the argument a refusal must name, the
+float64 reference of its outputs, and the inputs it must leave untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+import tiledispatch
+from tiledispatch.core.dtypes import DType
+from tiledispatch.core.errors import NoKernelError, TiledispatchError, UnsupportedError
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+# The interpreter has no bf16 tl.dot: bf16 runs on a GPU only.
+DTYPES = (torch.float16, torch.float32, torch.bfloat16) if ON_GPU else (torch.float16, torch.float32)
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+TF32_ROUNDOFF = 2.0**-11
+
+# Errors a refusal may raise; anything else (AttributeError, KeyError, IndexError, RuntimeError,
+# OverflowError, the interpreter's errors, ...) is a crash.
+ALLOWED_ERRORS = (TiledispatchError, TypeError, ValueError)
+# Errors a valid call may raise: a limitation stated by the library, counted and capped.
+LIMITATIONS = (UnsupportedError, NoKernelError)
+
+
+class Expect(enum.Enum):
+    WORKS = "works"  # must return the reference's result
+    RAISES = "raises"  # must refuse with an allowed error that names the argument
+    EITHER = "either"  # refuses as above, or returns the reference's result
+
+
+@dataclass(frozen=True)
+class Case:
+    ident: str
+    summary: str
+    run: Callable[[], dict[str, torch.Tensor]] = field(repr=False)  # calls the API; its outputs by name
+    expect: Expect
+    argument: str | None = None  # the mutated argument a refusal must name; None: a valid call
+    reference: Callable[[], dict[str, torch.Tensor]] | None = field(default=None, repr=False)  # float64
+    tolerance: dict[str, float] = field(default_factory=dict)  # by name; relative Frobenius error
+    reads: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # inputs the call must not write
+    out: torch.Tensor | None = field(default=None, repr=False)  # the caller's out: holds outputs["result"]
+
+    @property
+    def valid(self) -> bool:
+        return self.argument is None
+
+
+# -- the argument named in a message ------------------------------------------------------------
+ALIASES = {"k": ("k", "key"), "v": ("v", "value"), "q": ("q", "quer"), "kernel": ("kernel",),
+           "dy": ("dy",), "w": ("w", "weight"), "x": ("x", "input")}
+# "a" is also the English article: as a name it is followed by a verb, a bracket or punctuation.
+_A_AS_NAME = re.compile(r"(?<![\w'])a(?=('s|\)|,|:|=|\[| is\b| must\b| has\b| and\b| overlaps\b| in\b| on\b|"
+                        r" \(| of shape\b|$))")
+
+
+def names_argument(message: str, argument: str) -> bool:
+    """Whether `message` names `argument` as a word (`stride[1]` names stride); "a/b" accepts
+    either name (a size that disagrees with a tensor may be blamed on the tensor)."""
+    for one in argument.split("/"):
+        if one == "a" and _A_AS_NAME.search(message):
+            return True
+        for name in ALIASES.get(one, (one,)) if one != "a" else ():
+            if re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}", message):
+                return True
+    return False
+
+
+# -- comparison -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Error:
+    max_abs: float
+    relative: float
+    unwritten: int  # NaN (the poison of a given out) where the reference is finite
+    shape_ok: bool
+
+    def passed(self, tolerance: float) -> bool:
+        return self.shape_ok and self.unwritten == 0 and math.isfinite(self.relative) and self.relative <= tolerance
+
+    def describe(self, tolerance: float) -> str:
+        if not self.shape_ok:
+            return "wrong shape"
+        return (f"max abs error {self.max_abs:.3g}, relative error {self.relative:.3g} (tolerance {tolerance:.3g}), "
+                f"{self.unwritten} unwritten")
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor) -> Error:
+    """Relative Frobenius error of `got` against the float64 `ref`; infinities must match exactly."""
+    if tuple(got.shape) != tuple(ref.shape):
+        return Error(math.inf, math.inf, 0, False)
+    got = got.detach().resolve_neg().resolve_conj().to("cpu", torch.float64)
+    finite = torch.isfinite(ref)
+    unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
+    same_inf = (got == ref) & ~finite
+    diff = torch.where(finite, got - ref, torch.where(same_inf, 0.0, math.inf))
+    floor = 1e-3 * max(ref.numel(), 1) ** 0.5  # a result that is 0 in exact arithmetic: absolute
+    norm = max(float(torch.linalg.vector_norm(torch.where(finite, ref, 0.0))), floor)
+    relative = float(torch.linalg.vector_norm(diff)) / norm if diff.numel() else 0.0
+    return Error(float(diff.abs().max()) if diff.numel() else 0.0, relative, unwritten, True)
+
+
+def roundoff(dtype: torch.dtype, tf32: bool = False) -> float:
+    return max(UNIT_ROUNDOFF[dtype], TF32_ROUNDOFF if tf32 else 0.0, 2e-6)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DType.from_torch(dtype).value
+
+
+# -- names of kernels of every op, for `kernel=` given another op's kernel ------------------------
+def kernel_of(op: tiledispatch.OpKind, dtype: torch.dtype) -> str:
+    """A registered kernel name of `op` (one of this dtype where the registry has one)."""
+    names = [s.name for s in tiledispatch.default_dispatcher().registry if s.op is op]
+    wanted = f"_{dtype_name(dtype)}_"
+    return next((n for n in names if wanted in n), names[0])
+
+
+def split_count(total: int, shares: dict[str, float]) -> dict[str, int]:
+    """`total` cases dealt over the ops by their shares."""
+    counts = {op: int(total * share) for op, share in shares.items()}
+    first = next(iter(counts))
+    counts[first] += total - sum(counts.values())
+    return counts
+
+
+def bad_tensors(shape, dtype, device, *, required: bool) -> list[tuple[str, Any]]:
+    """Values that are no tensor of this op: other types, complex, meta, integer, float64, 0-d."""
+    values = [("list", torch.zeros(shape).tolist()), ("str", "tensor"), ("float", 1.5),
+              ("complex", torch.zeros(shape, dtype=torch.complex64, device=device)),
+              ("meta", torch.empty(shape, dtype=dtype, device="meta")),
+              ("int32", torch.ones(shape, dtype=torch.int32, device=device)),
+              ("float64", torch.ones(shape, dtype=torch.float64, device=device)),
+              ("bool", torch.ones(shape, dtype=torch.bool, device=device)),
+              ("0-d", torch.tensor(1.0, dtype=dtype, device=device)),
+              ("numpy", torch.zeros(shape).numpy())]
+    if required:
+        values.append(("None", None))
+    return values
+
+
+def describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)}/{str(value.dtype).removeprefix('torch.')}/{value.device.type}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,124 @@
+"""A seeded fuzz test of the public API: gemm, conv (three directions) and attention.
+
+Each case id is an op and a number; the number seeds the case's own random.Random, so a
+failing case reruns alone (`pytest tests/fuzz -k 'gemm-17]'`) with the same call. About
+half of the cases are valid calls over random ranks, shapes, dtypes, memory layouts,
+views and options, which must return the float64 PyTorch reference's result (and leave
+their inputs untouched, and fill a given `out`); the others make one argument bad, and
+must raise a TiledispatchError, TypeError or ValueError whose message names that argument
+(or, where the mutated value is legal, return the right result). The device is the GPU
+where there is one (bf16 added), else the CPU under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+
+import pytest
+import torch
+
+from . import attention_cases, conv_cases, gemm_cases
+from .cases import ALLOWED_ERRORS, LIMITATIONS, Case, Expect, compare, names_argument
+from . import tensors as T
+
+MUTATED_SHARE = 0.45
+CASES = {  # op -> (count, the case maker)
+    "gemm": (110, gemm_cases.make_case),
+    "conv": (70, conv_cases.forward_case),
+    "conv_backward_data": (45, conv_cases.backward_data_case),
+    "conv_backward_weight": (45, conv_cases.backward_weight_case),
+    "attention": (80, attention_cases.make_case),
+}
+# A valid call may meet a stated limitation (UnsupportedError, NoKernelError) this often at most.
+LIMITATION_SHARE = 0.05
+
+_limitations: list[str] = []
+_valid_run: list[str] = []
+
+
+def _make(op: str, number: int) -> Case:
+    rng = random.Random(f"{op}:{number}")
+    gen = torch.Generator().manual_seed(rng.getrandbits(62))
+    maker = CASES[op][1]
+    return maker(f"{op}-{number}", rng, gen, rng.random() < MUTATED_SHARE)
+
+
+IDS = [(op, number) for op, (count, _) in CASES.items() for number in range(count)]
+
+
+def _check_refusal(case: Case, error: BaseException) -> None:
+    detail = f"{case.ident}: {case.summary}\n{type(error).__name__}: {error}"
+    if not isinstance(error, ALLOWED_ERRORS):
+        tb = "".join(traceback.format_exception(error, limit=-4))
+        pytest.fail(f"crash, not a TiledispatchError/TypeError/ValueError: {detail}\n{tb}", pytrace=False)
+    if case.valid or case.expect is Expect.WORKS:
+        if isinstance(error, LIMITATIONS):
+            _limitations.append(f"{case.ident}: {type(error).__name__}: {error}")
+            return
+        pytest.fail(f"a valid call was refused: {detail}", pytrace=False)
+    if not names_argument(str(error), case.argument):
+        pytest.fail(f"the error does not name the argument {case.argument!r}: {detail}", pytrace=False)
+
+
+def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> None:
+    if case.expect is Expect.RAISES:
+        pytest.fail(f"{case.ident}: accepted a bad {case.argument!r} without an error: {case.summary}",
+                    pytrace=False)
+    problems = []
+    for name, ref in expected.items():
+        got = outputs[name]
+        if not isinstance(got, torch.Tensor):
+            problems.append(f"{name} is a {type(got).__name__}, not a tensor")
+            continue
+        error = compare(got, ref)
+        if not error.passed(case.tolerance[name]):
+            problems.append(f"{name}: {error.describe(case.tolerance[name])} (shape {tuple(got.shape)} vs "
+                            f"{tuple(ref.shape)})")
+    if case.out is not None:
+        result = outputs["result"]
+        same = isinstance(result, torch.Tensor) and result.shape == case.out.shape and torch.equal(
+            result.nan_to_num(), case.out.nan_to_num())
+        if not same:
+            problems.append("the returned tensor is not the given out's values")
+        error = compare(case.out, expected["result"].reshape(case.out.shape))
+        if not error.passed(case.tolerance["result"]):
+            problems.append(f"out: {error.describe(case.tolerance['result'])}")
+    for name, snap in before.items():
+        if not T.unchanged(snap, case.reads[name]):
+            problems.append(f"input {name} was written")
+    if problems:
+        pytest.fail(f"silent wrong result in {case.ident}: {case.summary}\n  " + "\n  ".join(problems), pytrace=False)
+
+
+@pytest.mark.parametrize("op, number", IDS, ids=[f"{op}-{number}" for op, number in IDS])
+def test_fuzz(op, number):
+    case = _make(op, number)
+    expected, before = None, {}
+    if case.expect is not Expect.RAISES:  # before the call: an in-place call overwrites its inputs
+        expected = case.reference()
+        before = {name: T.snapshot(t) for name, t in case.reads.items()}
+    try:
+        outputs = case.run()
+    except Exception as error:  # noqa: BLE001 - the kind of every exception is what is checked
+        _check_refusal(case, error)
+        return
+    if case.valid:
+        _valid_run.append(case.ident)
+    _check_result(case, outputs, expected, before)
+
+
+def test_limitations_are_rare():
+    """Valid calls refused as unsupported: printed, and at most LIMITATION_SHARE of those run."""
+    for line in _limitations:
+        print(line)
+    seen = len(_valid_run) + len(_limitations)
+    if seen < 50:
+        pytest.skip(f"only {seen} valid calls ran in this process (a selection, or several workers)")
+    assert len(_limitations) <= LIMITATION_SHARE * seen, "\n".join(_limitations)
+
+
+def test_enough_cases():
+    assert len(IDS) >= 300
+    kinds = {op: sum(_make(op, n).valid for n in range(count)) for op, (count, _) in CASES.items()}
+    assert all(0 < valid < CASES[op][0] for op, valid in kinds.items()), kinds
