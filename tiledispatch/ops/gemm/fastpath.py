@@ -251,6 +251,7 @@ def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> Bo
 
 
 def _bound(spec, launchers: dict, operands: GemmOperands, result_2d: bool) -> BoundGemm | DirectMatmul:
-    if isinstance(spec.config, VendorConfig) and vendor.is_plain(operands):
+    # A wide problem goes through the vendor's own run, which copies what cuBLAS cannot address.
+    if isinstance(spec.config, VendorConfig) and vendor.is_plain(operands) and not operands.problem.wide_offsets:
         return DirectMatmul(result_2d)
     return BoundGemm(operands, spec.definition.plan(spec.config, operands), launchers, result_2d)
