@@ -7,6 +7,7 @@ is refused here rather than wrapped or truncated on its way to them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +36,15 @@ def tagged(rule: str, read: Callable[..., Any], *args, **kwargs) -> Any:
 
 def parse_causal(causal: Any) -> MaskKind:
     """False or None, True (top-left, as torch SDPA), "top_left" or "bottom_right" (as FlashAttention)."""
+    if causal is False or causal is None:
+        return MaskKind.NONE
+    if causal is True:
+        return MaskKind.CAUSAL_TOP_LEFT
     if isinstance(causal, MaskKind):
         if causal in _CAUSAL_KINDS:
             return causal
         raise InvalidArgumentError(f"[causal] causal={causal} is not a causal mask; use {_CAUSAL_VALUES}, "
                                    "and window=(left, right) for a sliding window")
-    if causal is None:
-        return MaskKind.NONE
     if isinstance(causal, str):
         if causal in _CAUSAL_WORDS:
             return _CAUSAL_WORDS[causal]
@@ -71,6 +74,8 @@ def parse_window(window: Any) -> Window | None:
 
 
 def dropout_probability(dropout_p: Any) -> float:
+    if type(dropout_p) is float and 0.0 <= dropout_p < 1.0:
+        return dropout_p  # the common call, without the reader
     p = tagged("dropout", as_float, dropout_p, "dropout_p", low=0.0, high=1.0)
     if p == 1.0:
         raise InvalidArgumentError("[dropout] dropout_p=1.0 must be in [0, 1): it would drop every key")
@@ -101,6 +106,18 @@ def checked_scale(scale: Any) -> Any:
         tagged("scale", as_float, scale.item(), "scale")
         return scale
     return tagged("scale", as_float, scale, "scale")
+
+
+def already_checked(causal, window, scale, softcap, dropout_p, seed, offset, needs_lse, deterministic) -> bool:
+    """Whether every field is already of its checked type and in range: the common call (attention()
+    builds its options from checked values) skips the readers, which cost microseconds a call."""
+    return (type(causal) is MaskKind and causal is not MaskKind.SLIDING_WINDOW
+            and (window is None or type(window) is Window)
+            and (scale is None or (type(scale) is float and -math.inf < scale < math.inf))
+            and (softcap is None or (type(softcap) is float and 0.0 < softcap < math.inf))
+            and type(dropout_p) is float and 0.0 <= dropout_p < 1.0
+            and type(seed) is int and 0 <= seed <= SEED_MAX and type(offset) is int and 0 <= offset <= INT64_MAX
+            and (needs_lse is True or needs_lse is False) and (deterministic is True or deterministic is False))
 
 
 def checked_options(causal, window, scale, softcap, dropout_p, seed, offset, needs_lse, deterministic) -> dict:

@@ -43,7 +43,8 @@ def read_call(q, k, v, bias, sinks, *, causal, window, scale, softcap, dropout_p
     dropout_p = dropout_probability(dropout_p)
     if dropout_p and dropout_seed is None:
         dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
-    return_lse = as_bool(return_lse, "return_lse")
+    if return_lse is not True and return_lse is not False:
+        return_lse = as_bool(return_lse, "return_lse")
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (q, k, v, bias, sinks))
     if grad and isinstance(q, torch.Tensor) and q.dtype in FP8_TORCH:

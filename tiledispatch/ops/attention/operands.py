@@ -18,7 +18,7 @@ from ...core.args import INT64_MAX
 from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
 from ...core.tensors import check_plain
-from .arguments import checked_options
+from .arguments import already_checked, checked_options
 from .problem import (
     DTYPES,
     FP8_DTYPES,
@@ -52,9 +52,11 @@ class AttentionOptions:
     def __post_init__(self) -> None:
         # Every field checked and normalised here (a window pair becomes a Window, a NumPy
         # float a float), so that options built by hand are held to the rules of attention().
-        fields = checked_options(self.causal, self.window, self.scale, self.softcap, self.dropout_p,
-                                 self.dropout_seed, self.dropout_offset, self.needs_lse, self.deterministic)
-        for name, value in fields.items():
+        given = (self.causal, self.window, self.scale, self.softcap, self.dropout_p, self.dropout_seed,
+                 self.dropout_offset, self.needs_lse, self.deterministic)
+        if already_checked(*given):
+            return
+        for name, value in checked_options(*given).items():
             object.__setattr__(self, name, value)
 
 

@@ -366,15 +366,12 @@ def like_layout(t: torch.Tensor, last: int, dtype=None) -> torch.Tensor:
 
 def _runtime(ops: AttentionOperands) -> dict:
     p = ops.problem
-    _, left, right = p.band(p.seqlen_q, p.seqlen_kv)
+    # -1 (unbounded) and sides past every key as UNBOUNDED: an i32 the kernels add to positions (MAX_SEQLEN)
+    left, right = (UNBOUNDED if side < 0 else min(side, UNBOUNDED) for side in p.band(p.seqlen_q, p.seqlen_kv)[1:])
     return {
         "seqlen_q": p.seqlen_q, "seqlen_kv": p.seqlen_kv, "heads_q": p.heads_q, "group": p.group,
-        "sm_scale": ops.scale, "softcap": ops.softcap or 1.0,
+        "sm_scale": ops.scale, "softcap": ops.softcap or 1.0, "window_left": left, "window_right": right,
         "bottom_right": 0 if p.mask in (MaskKind.CAUSAL_TOP_LEFT, MaskKind.NONE) else 1,
-        # A side past every key is unbounded; capped, it stays an i32 the kernels add to positions
-        # (problem.MAX_SEQLEN keeps those sums below 2**31).
-        "window_left": UNBOUNDED if left < 0 else min(left, UNBOUNDED),
-        "window_right": UNBOUNDED if right < 0 else min(right, UNBOUNDED),
         "dropout_p": ops.dropout_p, "seed": ops.dropout_seed, "rng_offset": ops.dropout_offset,
     }
 
