@@ -54,6 +54,11 @@ def _tensor_mutations(call, rng, gen) -> list:
     out.append(("q", "head dim 16", replace(call, args=narrow), Expect.RAISES))
     out.append(("k", "k with another head dim", _arg(call, 1, T.ramp((*k.shape[:-1], 64 if k.shape[-1] != 64 else 32),
                                                                       dt, DEVICE)), Expect.RAISES))
+    if not varlen:
+        same = replace(_without(call, "bias", "mask"), args=(q, q, q), shape=(*call.shape[:2], call.shape[1],
+                                                                            *call.shape[3:4] * 2, call.shape[5]))
+        out.append(("q", "q, k and v one tensor", same, Expect.WORKS))
+    out.append(("v", "k is v", _arg(call, 2, k if k.shape[-1] == v.shape[-1] else v), Expect.WORKS))
     strided = T.make(gen, (*q.shape[:-1], 2 * q.shape[-1]), dt, DEVICE)[..., ::2]
     out.append(("q", "q with a head-dim stride of 2", _arg(call, 0, strided), Expect.EITHER))
     return out
@@ -75,6 +80,10 @@ def _option_mutations(call, rng, gen) -> list:
     for value in (math.nan, math.inf, "x", True, complex(1, 1)):
         out.append(("scale", f"scale={value!r}", _kw(call, scale=value), Expect.RAISES))
     out.append(("scale", "scale np.float32", _kw(call, scale=np.float32(0.25)), Expect.WORKS))
+    out.append(("scale", "scale a 0-d tensor", _kw(call, scale=torch.tensor(0.3)), Expect.EITHER))
+    out.append(("softcap", "softcap a 0-d tensor", _kw(call, softcap=torch.tensor(20.0)), Expect.EITHER))
+    out.append(("window", "window of 0-d tensors", _kw(no_causal, window=(torch.tensor(3), torch.tensor(0))),
+                Expect.EITHER))
     for value in (1.5, -0.1, math.nan, "0.1", True, 1.0):
         out.append(("dropout_p", f"dropout_p={value!r}", _kw(call, dropout_p=value), Expect.RAISES))
     if call.lengths is None:
@@ -122,7 +131,9 @@ def _extra_tensor_mutations(call, rng, gen) -> list:
 
 
 def _dispatch_mutations(call, rng, gen) -> list:
-    kernels = (123, 1.5, "no_such_kernel", kernel_of(OpKind.GEMM, call.dtype), kernel_of(OpKind.CONV, call.dtype))
+    other = torch.float32 if call.dtype != torch.float32 else torch.float16
+    kernels = (123, 1.5, "no_such_kernel", kernel_of(OpKind.GEMM, call.dtype), kernel_of(OpKind.CONV, call.dtype),
+               kernel_of(OpKind.ATTENTION, other))
     out = [("kernel", f"kernel={v!r}", _kw(call, kernel=v), Expect.RAISES) for v in kernels]
     # Mutated calls take no gradient: a backward kernel's name may wait for a backward to be checked.
     out += [("backward_kernel", f"backward_kernel={v!r}", _kw(call, backward_kernel=v),

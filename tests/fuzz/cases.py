@@ -50,6 +50,8 @@ class Case:
     tolerance: dict[str, float] = field(default_factory=dict)  # by name; relative Frobenius error
     reads: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # inputs the call must not write
     out: torch.Tensor | None = field(default=None, repr=False)  # the caller's out: holds outputs["result"]
+    result_dtype: torch.dtype | None = None  # the dtype outputs["result"] must have
+    notes: list[str] = field(default_factory=list)  # what the run chose (a forced kernel), for the report
 
     @property
     def valid(self) -> bool:
@@ -125,12 +127,10 @@ def kernel_of(op: tiledispatch.OpKind, dtype: torch.dtype) -> str:
     return next((n for n in names if wanted in n), names[0])
 
 
-def split_count(total: int, shares: dict[str, float]) -> dict[str, int]:
-    """`total` cases dealt over the ops by their shares."""
-    counts = {op: int(total * share) for op, share in shares.items()}
-    first = next(iter(counts))
-    counts[first] += total - sum(counts.values())
-    return counts
+def forced_kernel(problem, seed: int) -> str | None:
+    """One of the kernels the default dispatcher accepts for `problem`, by `seed`: a valid `kernel=`."""
+    ranked = tiledispatch.default_dispatcher().explain(problem).ranked
+    return ranked[seed % len(ranked)].spec.name if ranked else None
 
 
 def bad_tensors(shape, dtype, device, *, required: bool) -> list[tuple[str, Any]]:
@@ -150,6 +150,11 @@ def bad_tensors(shape, dtype, device, *, required: bool) -> list[tuple[str, Any]
 
 def describe_value(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"tensor{tuple(value.shape)}/{str(value.dtype).removeprefix('torch.')}/{value.device.type}"
+        text = f"tensor{tuple(value.shape)}/{str(value.dtype).removeprefix('torch.')}/{value.device.type}"
+        if value.numel() and not value.is_contiguous():
+            text += f"/strides{tuple(value.stride())}"
+        if value.device.type != "meta" and value.numel() and value.data_ptr() % 16:
+            text += "/unaligned"
+        return text + ("/neg_view" if value.is_neg() else "") + ("/conj" if value.is_conj() else "")
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -14,7 +14,9 @@ import tiledispatch
 from tiledispatch import OpKind
 
 from . import tensors as T
-from .cases import DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, kernel_of, roundoff
+from tiledispatch.ops.conv import check_operands
+
+from .cases import DEVICE, DTYPES, Case, Expect, describe_value, forced_kernel, roundoff
 from .conv_mutations import mutations
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -66,6 +68,7 @@ class Call:
     dtype: torch.dtype
     geometry: Geometry
     grad: bool = False  # forward under autograd: dx, dw (and dbias) checked too
+    force: int | None = None  # picks a kernel the dispatcher accepts, passed as kernel=
 
     def describe(self) -> str:
         parts = [describe_value(a) for a in self.args]
@@ -154,7 +157,8 @@ def draw(direction: str, rng: random.Random, gen: torch.Generator) -> Call:
         _out(rng, gen, g.w_shape, dtype, kwargs)
     if dtype == torch.float32 and rng.random() < 0.15:
         kwargs["allow_tf32"] = True
-    return Call(direction, args, kwargs, dtype, g, grad)
+    force = rng.getrandbits(30) if not grad and rng.random() < 0.1 else None
+    return Call(direction, args, kwargs, dtype, g, grad, force)
 
 
 # -- the reference ---------------------------------------------------------------------------------
@@ -168,7 +172,9 @@ def reference(call: Call) -> dict[str, torch.Tensor]:
     """float64 by PyTorch on the CPU: the forward conv and its autograd gradients."""
     kw = call.kwargs
     g = call.geometry
-    options = {"stride": _ints(kw.get("stride", 1), g.dims), "padding": _ints(kw.get("padding", 0), g.dims),
+    padding = kw.get("padding", 0)
+    options = {"stride": _ints(kw.get("stride", 1), g.dims),
+               "padding": padding if isinstance(padding, str) else _ints(padding, g.dims),
                "dilation": _ints(kw.get("dilation", 1), g.dims), "groups": int(kw.get("groups", 1))}
     conv = _CONV[g.dims]
     if call.direction == "forward":
@@ -206,10 +212,21 @@ def _grad_of(y: torch.Tensor) -> torch.Tensor:
     return torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
 
 
-def _run(call: Call) -> dict[str, torch.Tensor]:
+def _forced(call: Call, notes: list[str]) -> dict:
+    """The call's keywords with kernel= a kernel the default dispatcher accepts for its problem."""
+    roles = {"forward": ("x", "w"), "bwd_data": ("dy", "w", "input_size"),
+             "bwd_weight": ("x", "dy", "weight_size")}[call.direction]
+    problem = check_operands(call.direction, **dict(zip(roles, call.args)), **call.kwargs).problem
+    name = forced_kernel(problem, call.force)
+    notes.append(f"kernel={name}")
+    return {**call.kwargs, "kernel": name}
+
+
+def _run(call: Call, notes: list[str]) -> dict[str, torch.Tensor]:
     fn = FUNCTIONS[call.direction]
     if not call.grad:
-        return {"result": fn(*call.args, **call.kwargs)}
+        kwargs = call.kwargs if call.force is None else _forced(call, notes)
+        return {"result": fn(*call.args, **kwargs)}
     leaves = [t.requires_grad_() for t in call.args] + ([call.kwargs["bias"].requires_grad_()]
                                                          if call.kwargs.get("bias") is not None else [])
     y = fn(*call.args, **call.kwargs)
@@ -226,16 +243,17 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     reads = {name: t for name, t in reads.items() if t is not out}
     u = roundoff(call.dtype, kw.get("allow_tf32") is True)
     tolerance = {"result": 4 * u, "dx": 8 * u, "dw": 8 * u, "dbias": 8 * u}
-    return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call),
+    notes: list[str] = []
+    return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call, notes),
                 expect=expect, argument=argument, reference=lambda: reference(call), tolerance=tolerance,
-                reads=reads, out=out)
+                reads=reads, out=out, result_dtype=call.dtype, notes=notes)
 
 
 def _make(direction: str, ident: str, rng: random.Random, gen: torch.Generator, mutate: bool) -> Case:
     call = draw(direction, rng, gen)
     if not mutate:
         return _case(ident, call, Expect.WORKS)
-    call = replace(call, grad=False)
+    call = replace(call, grad=False, force=None)
     argument, label, mutated, expect = rng.choice(mutations(call, rng, gen))
     return _case(ident, mutated, expect, argument, label)
 

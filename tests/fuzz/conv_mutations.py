@@ -63,7 +63,7 @@ def _scalar_mutations(call, rng, gen) -> list:
     dims = g.dims
     out = []
     for name, bad in (("stride", (0, -1, 2.0, "2", True, None, 2**70, (1,) * (dims + 1), ("a",) * dims)),
-                      ("padding", (-1, 1.5, "same", True, None, 2**40, 2**70, (0,) * (dims + 1))),
+                      ("padding", (-1, 1.5, "full", True, None, 2**40, 2**70, (0,) * (dims + 1))),
                       ("dilation", (0, -2, 1.5, "1", None, 2**70, (1,) * (dims + 1))),
                       ("groups", (0, -1, 2.0, True, "2", None, 2**70, (1, 1)))):
         for value in bad:
@@ -75,6 +75,15 @@ def _scalar_mutations(call, rng, gen) -> list:
     out.append(("stride", "stride of NumPy ints", _kw(call, stride=T.np_int(g.stride)), Expect.WORKS))
     out.append(("padding", "padding np.int64", _kw(call, padding=T.np_int(g.padding)), Expect.WORKS))
     out.append(("dilation", "dilation np.int64", _kw(call, dilation=T.np_int(g.dilation)), Expect.WORKS))
+    out.append(("stride", "stride a 0-d tensor", _kw(call, stride=torch.tensor(g.stride[0]))
+                if len(set(g.stride)) == 1 else _kw(call, stride=tuple(torch.tensor(s) for s in g.stride)),
+                Expect.EITHER))
+    out.append(("groups", "groups a 0-d tensor", _kw(call, groups=torch.tensor(g.groups)), Expect.EITHER))
+    if call.direction == "forward":  # another output size: no residual or out of the old one
+        shapeless = replace(call, kwargs={k: v for k, v in call.kwargs.items() if k not in ("residual", "out")})
+        out.append(("padding", "padding='valid'", _kw(shapeless, padding="valid"), Expect.EITHER))
+        if set(g.stride) == {1}:
+            out.append(("padding", "padding='same'", _kw(shapeless, padding="same"), Expect.EITHER))
     out.append(("groups", "groups np.int64", _kw(call, groups=np.int64(g.groups)), Expect.WORKS))
     wrong = next(v for v in range(2, 40) if g.c % v or g.k % v)
     out.append(("groups", f"groups={wrong} not dividing C={g.c}, K={g.k}", _kw(call, groups=wrong), Expect.RAISES))
@@ -83,7 +92,9 @@ def _scalar_mutations(call, rng, gen) -> list:
     out.append(("allow_tf32", "allow_tf32 np.bool_(False)", _kw(call, allow_tf32=np.bool_(False)), Expect.WORKS))
     if call.dtype != torch.float32:
         out.append(("allow_tf32", "allow_tf32=True on 16-bit", _kw(call, allow_tf32=True), Expect.RAISES))
-    kernels = (123, 1.5, "no_such_kernel", kernel_of(OpKind.GEMM, call.dtype), kernel_of(OpKind.ATTENTION, call.dtype))
+    other = torch.float32 if call.dtype != torch.float32 else torch.float16
+    kernels = (123, 1.5, "no_such_kernel", kernel_of(OpKind.GEMM, call.dtype), kernel_of(OpKind.ATTENTION, call.dtype),
+               kernel_of(OpKind.CONV, other))
     out += [("kernel", f"kernel={v!r}", _kw(call, kernel=v), Expect.RAISES) for v in kernels]
     out += [("dispatcher", f"dispatcher={v!r}", _kw(call, dispatcher=v), Expect.RAISES) for v in ("foo", 42)]
     return out
@@ -144,6 +155,14 @@ def _out_mutations(call, rng, gen) -> list:
         out.append(("out", f"out disjoint from {role} in one buffer ({how})",
                     replace(_arg(plain, 0, src), kwargs={**clean, "out": o}), Expect.WORKS))
     if call.direction == "forward":
+        second = tuple(call.args[1].shape)
+        w, o = _channels_last_pair(second, shape, dt, gen, rng.randrange(math.prod(second)), rng.random() < 0.5)
+        out.append(("out", "out overlapping w", replace(_arg(plain, 1, w), kwargs={**clean, "out": o}), Expect.RAISES))
+        bias, o = _channels_last_pair((g.k, 1, 1), shape, dt, gen, rng.randrange(g.k), False)
+        out.append(("out/bias", "out overlapping bias", _kw(plain, out=o, bias=bias.reshape(g.k)), Expect.RAISES))
+        x, res = _channels_last_pair(first, shape, dt, gen, rng.randrange(count), False)
+        out.append(("residual", "residual sharing memory with x (both read)",
+                    replace(_arg(plain, 0, x), kwargs={**clean, "residual": res}), Expect.WORKS))
         o, res = _channels_last_pair(shape, shape, dt, gen, 1, False)
         out.append(("residual", "residual shifted one element from out", _kw(plain, out=o, residual=res),
                     Expect.RAISES))

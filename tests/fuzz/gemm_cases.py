@@ -14,7 +14,9 @@ import tiledispatch
 from tiledispatch import OpKind
 
 from . import tensors as T
-from .cases import DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, kernel_of, roundoff
+from tiledispatch.ops.gemm import check_operands
+
+from .cases import DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, forced_kernel, kernel_of, roundoff
 
 _ACTIVATIONS = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -29,6 +31,7 @@ class Call:
     out_dtype: torch.dtype
     shape: tuple[int, int, int, int]  # batch, m, n, k
     ranks: tuple[int, int]  # a's and b's
+    force: int | None = None  # picks a kernel the dispatcher accepts, passed as kernel=
 
     @property
     def result_shape(self) -> tuple[int, ...]:
@@ -78,7 +81,8 @@ def draw(rng: random.Random, gen: torch.Generator) -> Call:
         kwargs["out"] = T.make(gen, result, out_dtype, DEVICE, layout, fill=float("nan"))
     if dtype == torch.float32 and rng.random() < 0.2:
         kwargs["allow_tf32"] = True
-    return Call((a, b), kwargs, dtype, out_dtype, (batch, m, n, k), ranks)
+    force = rng.getrandbits(30) if rng.random() < 0.1 else None
+    return Call((a, b), kwargs, dtype, out_dtype, (batch, m, n, k), ranks, force)
 
 
 def reference(call: Call) -> dict[str, torch.Tensor]:
@@ -104,12 +108,22 @@ def _case(ident, call: Call, expect: Expect, argument=None, label="") -> Case:
     if out is not None:
         reads = {name: t for name, t in reads.items() if t is not out}  # in place: out is written
     tf32 = kwargs.get("allow_tf32") is True
+    notes: list[str] = []
     return Case(
-        ident=ident, summary=f"{label} {call.describe()}".strip(),
-        run=lambda: {"result": tiledispatch.gemm(*call.args, **call.kwargs)},
+        ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call, notes),
         expect=expect, argument=argument, reference=lambda: reference(call),
         tolerance={"result": 4 * roundoff(call.out_dtype, tf32)}, reads=reads, out=out,
+        result_dtype=call.out_dtype, notes=notes,
     )
+
+
+def _run(call: Call, notes: list[str]) -> dict[str, torch.Tensor]:
+    kwargs = call.kwargs
+    if call.force is not None:  # a kernel the dispatcher would accept, forced by name
+        problem = check_operands(*call.args, **kwargs).problem
+        kwargs = {**kwargs, "kernel": forced_kernel(problem, call.force)}
+        notes.append(f"kernel={kwargs['kernel']}")
+    return {"result": tiledispatch.gemm(*call.args, **kwargs)}
 
 
 # -- mutations ------------------------------------------------------------------------------------
@@ -133,7 +147,15 @@ def _operand_mutations(call: Call, rng, gen) -> list:
                 Expect.RAISES))
     other = torch.float32 if call.dtype != torch.float32 else torch.float16
     out.append(("b", "b of another dtype", replace(call, args=(a, b.to(other))), Expect.RAISES))
-    out.append(("a", "a with M = 0", replace(call, args=(a[..., :0, :], b)), Expect.EITHER))
+    plain = replace(call, kwargs={key: v for key, v in call.kwargs.items() if key not in ("bias", "residual", "out")})
+    out.append(("a", "a with M = 0", replace(plain, args=(a[..., :0, :], b)), Expect.EITHER))
+    square = T.make(gen, (k, k), call.dtype, DEVICE, T.random_layout(rng, 2))
+    out.append(("a", "a is b (one square tensor)", replace(plain, args=(square, square), shape=(1, k, k, k),
+                                                           ranks=(2, 2)), Expect.WORKS))
+    a2, res = T.buffer_views((m, k), (m, n), call.dtype, DEVICE, gen, shift=rng.randrange(m * k), separate=False)
+    if call.out_dtype == call.dtype:
+        out.append(("residual", "residual sharing memory with a (both read)",
+                    replace(plain, args=(a2, b), kwargs={**plain.kwargs, "residual": res}), Expect.WORKS))
     return out
 
 
@@ -185,6 +207,17 @@ def _out_mutations(call: Call, rng, gen) -> list:
             a, o = T.buffer_views(a_shape, shape, dt, DEVICE, gen, shift=a_count + 1, separate=separate)
             out.append(("out", f"out disjoint from a in one buffer ({how})",
                         replace(plain, args=(a, call.args[1]), kwargs={**clean, "out": o}), Expect.WORKS))
+    b_shape = tuple(call.args[1].shape)
+    if dt == call.dtype:
+        b2, o = T.buffer_views(b_shape, shape, dt, DEVICE, gen, shift=rng.randrange(int(np.prod(b_shape))),
+                               separate=rng.random() < 0.5)
+        out.append(("out", "out overlapping b", replace(plain, args=(call.args[0], b2), kwargs={**clean, "out": o}),
+                    Expect.RAISES))
+    bias, o = T.buffer_views((n,), shape, dt, DEVICE, gen, shift=rng.randrange(n), separate=False)
+    out.append(("out/bias", "out overlapping bias", _kw(plain, out=o, bias=bias), Expect.RAISES))
+    if batch == 1 and len(shape) == 3:
+        two_d = T.make(gen, (m, n), dt, DEVICE, fill=float("nan"))
+        out.append(("out", "out 2-D for a batch of 1", _kw(plain, out=two_d), Expect.WORKS))
     o, res = T.buffer_views(shape, shape, dt, DEVICE, gen, shift=1, separate=False)
     out.append(("residual", "residual shifted one element from out", _kw(plain, out=o, residual=res),
                 Expect.RAISES))
@@ -194,7 +227,9 @@ def _out_mutations(call: Call, rng, gen) -> list:
 
 
 def _dispatch_mutations(call: Call, rng, gen) -> list:
-    kernels = (123, 1.5, "no_such_kernel", kernel_of(OpKind.CONV, call.dtype), kernel_of(OpKind.ATTENTION, call.dtype))
+    other = torch.float32 if call.dtype != torch.float32 else torch.float16
+    kernels = (123, 1.5, "no_such_kernel", kernel_of(OpKind.CONV, call.dtype), kernel_of(OpKind.ATTENTION, call.dtype),
+               kernel_of(OpKind.GEMM, other))
     out = [("kernel", f"kernel {describe_value(v)}", _kw(call, kernel=v), Expect.RAISES) for v in kernels]
     out += [("dispatcher", f"dispatcher {v!r}", _kw(call, dispatcher=v), Expect.RAISES) for v in ("foo", 42)]
     return out
@@ -209,4 +244,4 @@ def make_case(ident: str, rng: random.Random, gen: torch.Generator, mutate: bool
         return _case(ident, call, Expect.WORKS)
     group = rng.choice(GROUPS)
     argument, label, mutated, expect = rng.choice(group(call, rng, gen))
-    return _case(ident, mutated, expect, argument, label)
+    return _case(ident, replace(mutated, force=None), expect, argument, label)

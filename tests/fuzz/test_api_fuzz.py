@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from . import attention_cases, conv_cases, gemm_cases
-from .cases import ALLOWED_ERRORS, LIMITATIONS, Case, Expect, compare, names_argument
+from .cases import ALLOWED_ERRORS, DEVICE, LIMITATIONS, Case, Expect, compare, names_argument
 from . import tensors as T
 
 MUTATED_SHARE = 0.45
@@ -37,18 +37,27 @@ _limitations: list[str] = []
 _valid_run: list[str] = []
 
 
-def _make(op: str, number: int) -> Case:
+def _seeded(op: str, number: int) -> tuple[random.Random, torch.Generator, bool]:
+    """The case's own generators, and whether it is a mutated call."""
     rng = random.Random(f"{op}:{number}")
     gen = torch.Generator().manual_seed(rng.getrandbits(62))
-    maker = CASES[op][1]
-    return maker(f"{op}-{number}", rng, gen, rng.random() < MUTATED_SHARE)
+    return rng, gen, rng.random() < MUTATED_SHARE
+
+
+def _make(op: str, number: int) -> Case:
+    rng, gen, mutate = _seeded(op, number)
+    return CASES[op][1](f"{op}-{number}", rng, gen, mutate)
 
 
 IDS = [(op, number) for op, (count, _) in CASES.items() for number in range(count)]
 
 
+def _notes(case: Case) -> str:
+    return "".join(f" [{note}]" for note in case.notes)
+
+
 def _check_refusal(case: Case, error: BaseException) -> None:
-    detail = f"{case.ident}: {case.summary}\n{type(error).__name__}: {error}"
+    detail = f"{case.ident}: {case.summary}{_notes(case)}\n{type(error).__name__}: {error}"
     if not isinstance(error, ALLOWED_ERRORS):
         tb = "".join(traceback.format_exception(error, limit=-4))
         pytest.fail(f"crash, not a TiledispatchError/TypeError/ValueError: {detail}\n{tb}", pytrace=False)
@@ -66,6 +75,9 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
         pytest.fail(f"{case.ident}: accepted a bad {case.argument!r} without an error: {case.summary}",
                     pytrace=False)
     problems = []
+    result = outputs.get("result")
+    if isinstance(result, torch.Tensor) and (result.dtype != case.result_dtype or result.device.type != DEVICE):
+        problems.append(f"the result is {result.dtype} on {result.device}, not {case.result_dtype} on {DEVICE}")
     for name, ref in expected.items():
         got = outputs[name]
         if not isinstance(got, torch.Tensor):
@@ -88,7 +100,7 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
         if not T.unchanged(snap, case.reads[name]):
             problems.append(f"input {name} was written")
     if problems:
-        pytest.fail(f"silent wrong result in {case.ident}: {case.summary}\n  " + "\n  ".join(problems), pytrace=False)
+        pytest.fail(f"silent wrong result in {case.ident}: {case.summary}{_notes(case)}\n  " + "\n  ".join(problems), pytrace=False)
 
 
 @pytest.mark.parametrize("op, number", IDS, ids=[f"{op}-{number}" for op, number in IDS])
@@ -120,5 +132,5 @@ def test_limitations_are_rare():
 
 def test_enough_cases():
     assert len(IDS) >= 300
-    kinds = {op: sum(_make(op, n).valid for n in range(count)) for op, (count, _) in CASES.items()}
+    kinds = {op: sum(not _seeded(op, n)[2] for n in range(count)) for op, (count, _) in CASES.items()}
     assert all(0 < valid < CASES[op][0] for op, valid in kinds.items()), kinds
