@@ -1,6 +1,7 @@
 """attention()'s public input handling: every argument checked by name, negated views read by
 value (on the checked and the fast path), and pair counts that never allocate per position."""
 
+import os
 import random
 import subprocess
 import sys
@@ -164,6 +165,16 @@ def test_cu_seqlens_are_checked(cu, words):
         call(q, k, v, cu_seqlens_q=cu.to(DEVICE) if isinstance(cu, torch.Tensor) else cu, cu_seqlens_k=good)
 
 
+@pytest.mark.parametrize("name", ["mask", "alibi_slopes"])
+def test_tensors_without_a_gradient_may_not_require_one(name):
+    value = randn(8, 8, dtype=torch.float32) if name == "mask" else torch.rand(2, device=DEVICE)
+    q, k, v = qkv(dtype=torch.float32)
+    with pytest.raises(InvalidArgumentError, match=rf"\[{name.replace('_', '-')}-grad\].*{name}.detach\(\)"):
+        call(q, k, v, **{name: value.requires_grad_(True)})
+    with torch.no_grad():  # nothing to differentiate: accepted
+        call(q, k, v, **{name: value})
+
+
 # -- negated and conjugated views ------------------------------------------------------------------
 @pytest.mark.parametrize("role", ["q", "k", "v"])
 def test_negated_views_of_q_k_v_are_read_by_value(role):
@@ -293,6 +304,7 @@ def test_an_expanded_query_of_2_31_rows_is_answered_without_allocating():
             except tiledispatch.UnsupportedError as e:
                 print("refused:", e)
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}  # no CUDA context in 3 GiB
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("refused: [seqlen-limit] 2147483648 queries") == 2, done.stdout

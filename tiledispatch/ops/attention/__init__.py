@@ -61,7 +61,10 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     (differentiable), both broadcastable to (batch, heads_q, seqlen_q, seqlen_kv).
     alibi_slopes: (heads_q,) or (batch, heads_q). softcap: cap * tanh(s / cap). sinks:
     (heads_q,) logits that take part in the softmax (differentiable). dropout_p with
-    `dropout_seed` (default: drawn from torch's generator, so torch.manual_seed repeats it).
+    `dropout_seed` (the Philox key, an integer in [0, 2**63 - 1]; default: drawn from torch's
+    generator, so torch.manual_seed repeats it) and `dropout_offset` (its first counter).
+    Sequences of up to problem.MAX_SEQLEN (2**30 - 1024) positions; negated views are read
+    by value.
     Varlen: q (tokens, heads_q, d) with cu_seqlens_q/k (batch + 1,) int32.
     Returns out, or (out, lse) with the natural-log LSE (batch, heads_q, seqlen_q) or
     (heads_q, tokens). `kernel`/`backward_kernel` force kernels by name; `dispatcher`
@@ -72,7 +75,7 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     ALiBi, dropout or varlen.
     """
     call, grad, with_lse = read_call(
-        q, k, v, bias, sinks, causal=causal, window=window, scale=scale, softcap=softcap, dropout_p=dropout_p,
+        q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale, softcap=softcap, dropout_p=dropout_p,
         dropout_seed=dropout_seed, dropout_offset=dropout_offset, return_lse=return_lse,
         deterministic=deterministic, kernel=kernel, backward_kernel=backward_kernel, dispatcher=dispatcher)
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,

@@ -34,12 +34,25 @@ class Call:
     bound: Any = None  # the forward's bound call (fastpath.py) when its signature has one
 
 
-def read_call(q, k, v, bias, sinks, *, causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset,
+def _refuse_untracked_grads(mask, alibi_slopes) -> None:
+    """A mask or ALiBi slopes that require grad would get none (the kernels differentiate q, k, v,
+    bias and sinks only): refused rather than left silently untrained."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t, hint in (("mask", mask, "or bias= for a learned additive term"),
+                          ("alibi_slopes", alibi_slopes, "or a learned bias=")):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise InvalidArgumentError(f"[{name.replace('_', '-')}-grad] {name} requires grad, but attention "
+                                       f"computes no gradient for it; pass {name}.detach(), {hint}")
+
+
+def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset,
               return_lse, deterministic, kernel, backward_kernel, dispatcher) -> tuple[Call, bool, bool]:
     """attention()'s non-tensor arguments, checked: a Call (without its bound forward yet), whether
     a gradient may follow, and whether the LSE is returned."""
     from ...core.dispatcher import Dispatcher, default_dispatcher
 
+    _refuse_untracked_grads(mask, alibi_slopes)
     dropout_p = dropout_probability(dropout_p)
     if dropout_p and dropout_seed is None:
         dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
