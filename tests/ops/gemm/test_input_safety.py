@@ -173,9 +173,9 @@ def test_inputs_that_require_grad_are_refused(dispatcher, role):
     a, b = args.pop("a"), args.pop("b")
     with raises(UnsupportedError, "gemm is not differentiable yet: call it under torch.no_grad()"):
         tiledispatch.gemm(a, b, dispatcher=dispatcher, **args)
-    if role != "out":  # an out that requires grad is refused by torch's own ops under no_grad too
-        with torch.no_grad():
-            close(tiledispatch.gemm(a, b, dispatcher=dispatcher, **args), reference(a, b, args["bias"], args["residual"]))
+    with torch.no_grad():
+        got = tiledispatch.gemm(a, b, dispatcher=dispatcher, **args)
+        close(got, reference(a, b, args["bias"], args["residual"]))
 
 
 # -- 4. forced kernels and dispatchers ----------------------------------------------------------------
@@ -245,6 +245,7 @@ def _fp8():
     (1j, "scale_a must be a number or a float32 tensor, got 1j"),
     (float("nan"), "scale_a must be finite"),
     (10**400, "scale_a must be a finite real number"),
+    (1e300, "scale_a must be at most 3.40"),  # no float32 holds it
 ])
 def test_bad_scale_values(scale, fragment):
     with raises(InvalidArgumentError, fragment):
@@ -267,6 +268,12 @@ def test_scale_numbers_and_one_element_tensors(scale):
 def test_tensors_without_strides(make, fragment):
     with raises(InvalidProblemError, fragment):
         check_operands(make(), t(8, 16, dtype=torch.float32, device="cpu"))
+
+
+def test_tensor_without_memory_of_its_own():
+    b = t(8, 16, dtype=torch.float32, device="cpu")
+    with raises(InvalidProblemError, "a has no memory of its own (a torch.vmap/torch.func or fake tensor)"):
+        torch.vmap(lambda x: tiledispatch.gemm(x, b))(t(3, 16, 8, dtype=torch.float32, device="cpu"))
 
 
 def test_zero_dim_tensor_is_named_as_such():

@@ -26,6 +26,7 @@ _OUT_DTYPES = {
 _FP8_OUT = (DType.BF16, DType.FP16, DType.FP32)
 # The first element offset a 32-bit index cannot reach (see GemmProblem.wide_offsets).
 INDEX_LIMIT = 2**31
+FP32_MAX = torch.finfo(torch.float32).max  # a scale is a float32 value
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def _scale(scale: Any, device: torch.device, what: str) -> torch.Tensor:
             raise InvalidArgumentError(
                 f"{what} must be a number or a float32 tensor, got {scale!r} ({type(scale).__name__})")
         try:
-            value = as_float(scale, what)
+            value = as_float(scale, what, low=-FP32_MAX, high=FP32_MAX)
         except OverflowError:  # an int past float's range
             raise InvalidArgumentError(f"{what} must be a finite real number, got an int of "
                                        f"{int(scale).bit_length()} bits") from None
@@ -140,7 +141,8 @@ def check_no_alias(out: torch.Tensor, a, b, bias, residual=None, scale_a=None, s
 
 
 def _check_dense(t: Any, name: str) -> None:
-    """A torch.Tensor with strides over one buffer: sparse, nested and MKL-DNN tensors have neither."""
+    """A torch.Tensor with strides over a buffer of its own: sparse, nested and MKL-DNN tensors have
+    no strides, a transform's wrapper tensor no buffer."""
     if not isinstance(t, torch.Tensor):
         raise InvalidProblemError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.is_nested:
@@ -148,6 +150,12 @@ def _check_dense(t: Any, name: str) -> None:
     if t.layout is not torch.strided:
         kind = str(t.layout).replace("torch.", "").strip("_")
         raise InvalidProblemError(f"{name} is a {kind} tensor; pass a dense (strided) tensor, e.g. {name}.to_dense()")
+    try:
+        t.data_ptr()
+    except RuntimeError:  # torch.vmap's batched tensors, torch.func's wrappers, fake tensors
+        raise InvalidProblemError(
+            f"{name} has no memory of its own (a torch.vmap/torch.func or fake tensor); the kernels read "
+            "real tensors: call gemm outside the transform, or use torch.matmul there") from None
 
 
 def _plain_inputs(a, b, bias, residual, out) -> tuple:
