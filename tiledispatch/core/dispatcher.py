@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import kernel as kernel_step
@@ -61,8 +61,15 @@ class Explanation:
     strategy: Strategy
     selected: KernelSpec | None
     ranked: tuple[Candidate, ...]  # the accepted candidates, in the rules' order
-    refused: tuple[Candidate, ...]
+    refusals: Ranking = field(repr=False)  # `refused`, compactly
     tuned_ms: Mapping[str, float] | None = None  # autotune: the finalists' measured times, if tuned
+
+    @functools.cached_property
+    def refused(self) -> tuple[Candidate, ...]:
+        """The refused candidates with their reasons, in registry order: spelled out when read,
+        since a caller after the ranking alone (gemm's graph replays' pick) need not pay an
+        object per kernel of the registry."""
+        return self.refusals.refused()
 
     def to_dict(self, limit: int | None = None) -> dict[str, Any]:
         refused = self.refused if limit is None else self.refused[:limit]
@@ -206,12 +213,12 @@ class Dispatcher:
 
     def explain(self, problem) -> Explanation:
         ranking = self._ranking(problem)
-        accepted, refused = ranking.accepted, ranking.refused()
+        accepted = ranking.accepted
         selected = accepted[0].spec if accepted else None
         record = self._tuned(problem, accepted, None) if accepted and self.strategy is Strategy.AUTOTUNE else None
         if record is not None:
             selected = self.registry.get(record.winner)
-        return Explanation(problem, self.arch.name, self.strategy, selected, tuple(accepted), tuple(refused),
+        return Explanation(problem, self.arch.name, self.strategy, selected, accepted, ranking,
                            None if record is None else record.times_ms)
 
     # -- autotune ----------------------------------------------------------------------
