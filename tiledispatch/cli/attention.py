@@ -24,9 +24,9 @@ from ..ops.attention import (
 )
 from ..ops.attention.inputs import make_inputs
 from ..ops.attention.reference import compare_tensors, reference_from, tolerance
-from .common import (RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
-                     repeats_option, seed_option, shown)
-from .limits import attention_footprint, check_fits
+from .common import (RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
+                     parse_option, repeats_option, seed_option, shown)
+from .limits import attention_footprint, check_addressable, check_fits
 
 ALIGN = {"top-left": "top_left", "bottom-right": "bottom_right"}  # --align: the API's causal= values
 
@@ -104,9 +104,10 @@ def attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int = SQ, sk
                       align: Optional[str] = ALIGN_OPT, window: Optional[str] = WINDOW,
                       softcap: Optional[float] = SOFTCAP, backward: bool = BACKWARD,
                       validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
-                      kernel: Optional[str] = typer.Option(None, help="force the forward kernel by name"),
+                      kernel: Optional[str] = typer.Option(None, callback=kernel_name,
+                                                           help="force the forward kernel by name"),
                       backward_kernel: Optional[str] = typer.Option(
-                          None, help="force the backward kernel by name (with --backward)"),
+                          None, callback=kernel_name, help="force the backward kernel by name (with --backward)"),
                       rule_set: str = RULE_SET, strategy: str = STRATEGY,
                       repeats: int = repeats_option(20), seed: int = seed_option()) -> None:
     """Run one attention on random inputs; print the problem, kernels, time and validation as JSON."""
@@ -185,4 +186,5 @@ def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int 
                               limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for an attention: the ranking with its terms, and why each refused one refused."""
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
+    check_addressable(attention_footprint(problem, validate=False, backward=backward))
     emit(dispatcher_for(OpKind.ATTENTION, rule_set, strategy).explain(problem).to_dict(limit=limit or None))

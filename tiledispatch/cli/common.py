@@ -75,6 +75,15 @@ def finite_non_negative(value: Optional[float]) -> Optional[float]:
     return value
 
 
+def kernel_name(value: Optional[str]) -> Optional[str]:
+    """A typer callback for the options that force a kernel: an empty name would read as no
+    option at all, and select a kernel while the output says one was forced."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("an empty name forces no kernel: give a name (`tiledispatch explain` ranks them) "
+                                 "or leave the option out")
+    return value
+
+
 def shown(value: Any, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 5] + "...'"

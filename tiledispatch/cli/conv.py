@@ -27,8 +27,8 @@ from ..ops.conv import (
 from ..ops.conv.inputs import make_inputs
 from ..ops.conv.reference import compare
 from ..ops.gemm.problem import Activation
-from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
-                     repeats_option, seed_option, shown)
+from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
+                     parse_option, repeats_option, seed_option, shown)
 from .limits import check_fits, conv_footprint
 
 
@@ -77,7 +77,8 @@ def conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, stride: s
                  dilation: str = DILATION, dtype: str = DTYPE, bias: bool = BIAS, activation: str = ACTIVATION,
                  residual: bool = RESIDUAL, layout: str = LAYOUT,
                  validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
-                 kernel: Optional[str] = typer.Option(None, help="force this kernel by name"),
+                 kernel: Optional[str] = typer.Option(None, callback=kernel_name,
+                                                      help="force this kernel by name"),
                  rule_set: str = RULE_SET, strategy: str = STRATEGY,
                  repeats: int = repeats_option(50), seed: int = seed_option()) -> None:
     """Run one convolution on random inputs and print the problem, kernel, time and validation as JSON."""

@@ -13,8 +13,8 @@ from ..ops.gemm.inputs import make_inputs
 from ..ops.gemm.problem import Activation, Epilogue
 from ..ops.gemm.ranking import replay_pick
 from ..ops.gemm.reference import compare
-from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, limit_option, parse_option,
-                     repeats_option, seed_option)
+from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
+                     parse_option, repeats_option, seed_option)
 from .limits import check_addressable, check_fits, gemm_footprint
 
 DTYPE_HELP = "fp16, bf16, fp32, tf32, fp8e4m3, fp8e4m3xfp8e5m2 (fp8 gives bf16 out)"
@@ -41,7 +41,8 @@ RESIDUAL = typer.Option(False, "--residual", help="add a residual M x N")
 def gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: str = DTYPE,
                  layout: str = LAYOUT, bias: bool = BIAS, activation: str = ACTIVATION, residual: bool = RESIDUAL,
                  validate: bool = typer.Option(False, "--validate", help="check against a float64 reference"),
-                 kernel: Optional[str] = typer.Option(None, help="force this kernel by name"),
+                 kernel: Optional[str] = typer.Option(None, callback=kernel_name,
+                                                      help="force this kernel by name"),
                  rule_set: str = RULE_SET, strategy: str = STRATEGY,
                  repeats: int = repeats_option(50), seed: int = seed_option()) -> None:
     """Run one GEMM on random inputs and print the problem, kernel, time and validation as JSON."""

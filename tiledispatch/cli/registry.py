@@ -67,7 +67,8 @@ def export_command(output: Path = typer.Option(Path("registry.json"), "-o", "--o
 
 @registry_app.command("import")
 def import_command(path: Path = typer.Argument(..., help="a registry JSON file"),
-                   output: Optional[Path] = typer.Option(None, "-o", "--output", help="write it back out here")) -> None:
+                   output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                         help="write it back out here")) -> None:
     """Read a registry file, checking every entry; optionally write it back (a round trip)."""
     registry = Registry.load(path)
     if output is not None:
