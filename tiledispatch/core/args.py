@@ -13,6 +13,8 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .errors import InvalidArgumentError
 
 INT64_MAX = 2**63 - 1
@@ -41,7 +43,7 @@ def as_int(value: Any, name: str, *, low: int | None = None, high: int | None = 
 
 def as_bool(value: Any, name: str) -> bool:
     """True or False (a NumPy bool too); 'no', 0 and None are refused rather than guessed at."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise InvalidArgumentError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
 
