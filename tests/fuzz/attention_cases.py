@@ -242,7 +242,7 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     reads = {n: t for n, t in reads.items() if isinstance(t, torch.Tensor)}
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call), expect=expect,
                 argument=argument, reference=lambda: reference(call), tolerance=tolerance, reads=reads,
-                result_dtype=call.dtype)
+                result_dtype=call.dtype, floor=max(1e-3, 4 * u))
 
 
 def make_case(ident: str, rng: random.Random, gen: torch.Generator, mutate: bool) -> Case:

@@ -83,7 +83,7 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
         if not isinstance(got, torch.Tensor):
             problems.append(f"{name} is a {type(got).__name__}, not a tensor")
             continue
-        error = compare(got, ref)
+        error = compare(got, ref, case.floor)
         if not error.passed(case.tolerance[name]):
             problems.append(f"{name}: {error.describe(case.tolerance[name])} (shape {tuple(got.shape)} vs "
                             f"{tuple(ref.shape)})")
@@ -93,7 +93,7 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
             result.nan_to_num(), case.out.nan_to_num())
         if not same:
             problems.append("the returned tensor is not the given out's values")
-        error = compare(case.out, expected["result"].reshape(case.out.shape))
+        error = compare(case.out, expected["result"].reshape(case.out.shape), case.floor)
         if not error.passed(case.tolerance["result"]):
             problems.append(f"out: {error.describe(case.tolerance['result'])}")
     for name, snap in before.items():
