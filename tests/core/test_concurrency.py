@@ -1,6 +1,7 @@
 """Threads and processes sharing the dispatcher: interpreted launches, one-time loads and
 rankings, per-kernel waits, and memo tables bounded by least recent use."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from tiledispatch import arch
 from tiledispatch.core import dispatcher as dispatcher_module
 from tiledispatch.core import kernel as kernel_step
 from tiledispatch.core import registry as registry_module
+from tiledispatch.core import runtime
 from tiledispatch.core import spec as spec_module
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.errors import BuildError
@@ -304,3 +306,42 @@ def test_processes_making_first_calls_against_one_fresh_cache(tmp_path):
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+@interpreter_only
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_a_child_forked_while_other_threads_hold_locks_runs_kernels(registry):
+    """A child forked while its parent's threads run a kernel and make a memo's value has those
+    threads' locks and flights, not the threads: it must take fresh ones."""
+    d = Dispatcher(registry, INTERP)
+    a, b = torch.randn(24, 16), torch.randn(16, 8)
+    tiledispatch.gemm(a, b, dispatcher=d)  # warm: the child launches a loaded kernel
+    table, hold, held = LruTable(4), threading.Event(), threading.Barrier(3)
+
+    def run_a_kernel():
+        with runtime.INTERPRETER_LOCK:
+            held.wait(WAIT_S)
+            hold.wait(WAIT_S)
+
+    def make_a_value():
+        table.get_or_make("k", lambda: held.wait(WAIT_S) + hold.wait(WAIT_S))
+
+    def child():
+        assert table.get_or_make("k", lambda: "the child's") == "the child's"
+        assert relative_error(tiledispatch.gemm(a, b, dispatcher=d), a.double() @ b.double()) < 1e-4
+
+    threads = [threading.Thread(target=run_a_kernel), threading.Thread(target=make_a_value)]
+    for t in threads:
+        t.start()
+    held.wait(WAIT_S)
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    try:
+        process.join(WAIT_S)
+        assert process.exitcode == 0, "the forked child failed" if process.exitcode else "the forked child hung"
+    finally:
+        if process.exitcode is None:
+            process.kill()
+        hold.set()
+        for t in threads:
+            t.join(WAIT_S)

@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -139,6 +140,13 @@ class Dispatcher:
         self._tuning = tuning  # autotune's records; by default beside the kernel cache
         self._lock = threading.RLock()  # guards _broken and the lazily made cache and tuning store
         self._timing = threading.Lock()  # autotune times one problem at a time: see _tuned
+        _DISPATCHERS.add(self)
+
+    def _after_fork(self) -> None:
+        """A forked child has only the forking thread: a lock another thread held stays held
+        there (its memo tables reset themselves: `memo.LruTable`)."""
+        self._lock = threading.RLock()
+        self._timing = threading.Lock()
 
     @property
     def cache(self) -> KernelCache:
@@ -354,6 +362,17 @@ class Dispatcher:
         thread's alone: a thread that was waiting on it makes the value itself.
         """
         return self._bound.get_or_make(key, make)
+
+
+_DISPATCHERS: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for dispatcher in list(_DISPATCHERS):
+        dispatcher._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_device(device) -> None:

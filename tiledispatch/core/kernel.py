@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import jsonio
+from . import jsonio, runtime
 from .cache import CacheEntry, KernelCache, StaleEntryError
 from .errors import BuildError
 from .op import KernelUnit, UnitKind
-from .runtime import INTERPRETER_LOCK, Backend, current_backend
+from .runtime import Backend, current_backend
 from .spec import KernelSpec
 
 CACHE_FORMAT = "triton-cubin-1"
@@ -300,7 +300,7 @@ class InterpretedLauncher:
         self._fn = _function(unit)
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int | None) -> None:
-        with INTERPRETER_LOCK:
+        with runtime.INTERPRETER_LOCK:  # read at each launch: see runtime._fresh_interpreter_lock
             self._fn[grid](*args)
 
 

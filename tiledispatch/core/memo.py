@@ -10,7 +10,9 @@ no call of another.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator
@@ -43,6 +45,7 @@ class LruTable:
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
         self._flights: dict[Hashable, _Flight] = {}
         self._lock = threading.Lock()
+        _TABLES.add(self)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
@@ -109,7 +112,7 @@ class LruTable:
             with self._lock:
                 if flight.error is None:
                     self._put(key, flight.value)
-                del self._flights[key]
+                self._flights.pop(key, None)  # a forked child starts with none
             flight.done.set()
         return flight.value
 
@@ -135,3 +138,20 @@ class LruTable:
 
     def __iter__(self) -> Iterator[Hashable]:
         return iter(self.keys())
+
+    def _after_fork(self) -> None:
+        """A forked child has its parent's tables but only the forking thread: a lock or a
+        flight of another thread would never be released there. Its values stay."""
+        self._lock = threading.Lock()
+        self._flights = {}
+
+
+_TABLES: "weakref.WeakSet[LruTable]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for table in list(_TABLES):
+        table._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -54,7 +54,8 @@ def current_backend() -> Backend:
 # and puts them back after, module-wide: two kernels interpreted at once in one process see
 # each other's swaps undone ("Did you forget to add @triton.jit"). Every interpreted launch
 # holds this lock; reentrant, so that a launch made while holding it (a debugging aid
-# calling a kernel) does not deadlock.
+# calling a kernel) does not deadlock. Read it as `runtime.INTERPRETER_LOCK` at each use:
+# a forked child takes a fresh one.
 INTERPRETER_LOCK = threading.RLock()
 
 
@@ -66,6 +67,16 @@ def interpreting():
     if current_backend() is Backend.INTERPRETER:
         return INTERPRETER_LOCK
     return contextlib.nullcontext()
+
+
+def _fresh_interpreter_lock() -> None:
+    """A child forked while another thread of its parent ran a kernel would inherit the lock
+    held by a thread it does not have, and wait for it forever."""
+    global INTERPRETER_LOCK
+    INTERPRETER_LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_interpreter_lock)
 
 
 def current_arch():
