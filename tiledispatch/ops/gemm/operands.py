@@ -171,13 +171,6 @@ def _plain_inputs(a, b, bias, residual, out) -> tuple:
             tensors.check_plain(residual, "residual"), tensors.check_plain(out, "out", written=True))
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    """core.args.as_bool, and NumPy 2's bool (whose type is named `bool`, not `bool_`)."""
-    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
-        return bool(value)
-    return as_bool(value, name)
-
-
 def _activation(value: Any) -> Activation:
     if value is not None and not isinstance(value, (str, Activation)):
         raise InvalidArgumentError(
@@ -297,7 +290,7 @@ def reaches_index_limit(operands: tuple, allocated: int) -> bool:
 def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,
                    allow_tf32: bool = False, scale_a=None, scale_b=None) -> GemmOperands:
     a, b, bias, residual, out = _plain_inputs(a, b, bias, residual, out)
-    allow_tf32 = _as_bool(allow_tf32, "allow_tf32")
+    allow_tf32 = as_bool(allow_tf32, "allow_tf32")
     epilogue_activation = _activation(activation)
     a3, b3 = _as_batched(a, "a"), _as_batched(b, "b")
     batch, m, n, k = _sizes(a, b, a3, b3)
