@@ -105,6 +105,23 @@ def test_registry_import_of_a_fifo_returns_at_once(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_registry_output_to_a_fifo_is_refused(tmp_path, command):
+    """Writing to a FIFO waits for a reader. One is held open here (non-blocking), so that a
+    regression fails this test (exit 0) instead of hanging it."""
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        source = tmp_path / "in.json"
+        run("registry", "export", "--rule-set", "tiny", "--dtype", "fp32", "--name-contains", "_rrr_", "-o",
+            str(source), code=0)
+        args = ["export", "--rule-set", "tiny"] if command == "export" else ["import", str(source)]
+        error("registry", *args, "-o", str(fifo), words=[str(fifo), "not a regular file"])
+    finally:
+        os.close(reader)
+
+
 # --- 2. sizes past the memory: refused before anything is allocated ----------------------
 
 
@@ -281,6 +298,14 @@ def test_ctrl_c_is_exit_130_quietly(monkeypatch):
     monkeypatch.setattr("tiledispatch.cli.gemm.make_inputs", _raise(KeyboardInterrupt()))
     result = run("gemm", "16", "16", "16", *FAST, code=ExitCode.INTERRUPTED)
     assert result.stdout == ""
+
+
+def test_a_closed_stdout_is_exit_141_quietly(monkeypatch):
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr("tiledispatch.cli.common.typer.echo", closed)
+    run("arch", "sm_90", code=ExitCode.BROKEN_PIPE)  # not click's exit 1, which means "failed"
+    run("arch", "sm_99", code=ExitCode.BROKEN_PIPE)  # the JSON error cannot be printed either
 
 
 def test_the_console_script_prints_usage_errors_as_json(tmp_path):

@@ -147,8 +147,15 @@ def _strict(value: Any) -> Any:
     return value
 
 
+class StdoutClosedError(Exception):
+    """The reader of stdout went away. Not an OSError: click's own EPIPE handler would exit 1."""
+
+
 def emit(document: Any) -> None:
-    typer.echo(json.dumps(_strict(document), indent=2, default=str, allow_nan=False))
+    try:
+        typer.echo(json.dumps(_strict(document), indent=2, default=str, allow_nan=False))
+    except BrokenPipeError:
+        raise StdoutClosedError() from None
 
 
 def emit_error(code: ExitCode, kind: str, message: str, **extra: str) -> ExitCode:
@@ -207,15 +214,22 @@ def _exception(e: Exception) -> ExitCode:
 def run_guarded(call: Callable[[], Any]) -> int:
     """Runs click (not standalone) and returns the exit code; every error becomes a JSON document."""
     try:
+        return _outcome(call)
+    except (BrokenPipeError, StdoutClosedError):  # also while printing an error
+        _silence_stdout()
+        return ExitCode.BROKEN_PIPE
+
+
+def _outcome(call: Callable[[], Any]) -> int:
+    try:
         result = call()
         return result if isinstance(result, int) and not isinstance(result, bool) else ExitCode.OK
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     except typer.Abort:  # click's answer to an EOF at a prompt, or an abort
         return ExitCode.INTERRUPTED
-    except BrokenPipeError:
-        _silence_stdout()
-        return ExitCode.BROKEN_PIPE
+    except (BrokenPipeError, StdoutClosedError):
+        raise
     except click_errors.ClickException as e:
         return _usage(e)
     except Exception as e:

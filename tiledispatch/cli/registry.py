@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import arch as arch_facts
 from ..core.cache import KernelCache
+from ..core.errors import UnsupportedError
 from ..core.kernel import build_all
 from ..core.op import OpKind, RuleSet
 from ..core.registry import Registry
@@ -26,6 +28,18 @@ ARCH = typer.Option(None, "--arch", help="sm_80 ... sm_120 or interpreter (defau
 DTYPE = typer.Option(None, "--dtype", help="keep kernels of this dtype name, e.g. bf16")
 FAMILY = typer.Option(None, "--family", help="keep kernels of this family")
 NAME = typer.Option(None, "--name-contains", help="keep kernels whose name contains this text")
+
+
+def _output(path: Path) -> Path:
+    """A file to write a registry to: new, or a regular file. Writing to a FIFO would wait for a
+    reader, forever if none comes; a device or a directory cannot hold the registry."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing (it is created), or unusable: `save` reports it
+        return path
+    if not stat.S_ISREG(mode):
+        raise UnsupportedError(f"-o {path} is not a regular file; give a new or regular file's path")
+    return path
 
 
 def _arch(name: Optional[str]):
@@ -61,7 +75,7 @@ def export_command(output: Path = typer.Option(Path("registry.json"), "-o", "--o
                    family: Optional[str] = FAMILY, name_contains: Optional[str] = NAME) -> None:
     """Write a rule set's registry to JSON (metadata, then one entry per kernel with its full config)."""
     registry = _generate(op, rule_set, arch, dtype, family, name_contains)
-    registry.save(output)
+    registry.save(_output(output))
     emit({"status": "ok", "written": str(output), "total": len(registry), "counts": registry.counts()})
 
 
@@ -72,7 +86,7 @@ def import_command(path: Path = typer.Argument(..., help="a registry JSON file")
     """Read a registry file, checking every entry; optionally write it back (a round trip)."""
     registry = Registry.load(path)
     if output is not None:
-        registry.save(output)
+        registry.save(_output(output))
     emit({"status": "ok", "read": str(path), "total": len(registry), "counts": registry.counts(),
           **({"written": str(output)} if output else {})})
 
