@@ -23,7 +23,7 @@ from tiledispatch.core import registry as registry_module
 from tiledispatch.core import runtime
 from tiledispatch.core import spec as spec_module
 from tiledispatch.core.dispatcher import Dispatcher
-from tiledispatch.core.errors import BuildError
+from tiledispatch.core.errors import BuildError, CacheError, InsecureCacheError, NoKernelError
 from tiledispatch.core.memo import LruTable
 from tiledispatch.core.op import OpKind, RuleSet, get_op
 from tiledispatch.core.registry import Registry
@@ -345,3 +345,36 @@ def test_a_child_forked_while_other_threads_hold_locks_runs_kernels(registry):
         hold.set()
         for t in threads:
             t.join(WAIT_S)
+
+
+@interpreter_only
+def test_a_cache_error_falls_back_to_the_next_candidate_unless_the_cache_is_insecure(registry, monkeypatch):
+    a, b = torch.randn(24, 16), torch.randn(16, 8)
+    ops = check_operands(a, b)
+    d = Dispatcher(registry, INTERP)
+    unreadable = d.select(ops.problem)
+    original = kernel_step.load
+
+    def load(spec, cache, specialization=None):
+        if spec.name == unreadable.name:
+            raise CacheError(f"the cache entry of {spec.name} cannot be read")
+        return original(spec, cache, specialization)
+
+    monkeypatch.setattr(kernel_step, "load", load)
+    assert relative_error(d.run(ops), a.double() @ b.double()) < 1e-4
+    assert d.select(ops.problem) != unreadable
+
+    def insecure(spec, cache, specialization=None):
+        raise InsecureCacheError("the cache directory is writable by others")
+
+    monkeypatch.setattr(kernel_step, "load", insecure)
+    with pytest.raises(InsecureCacheError):  # every kernel would fail alike: said once, not hidden
+        Dispatcher(registry, INTERP).run(ops)
+
+    def unreadable_all(spec, cache, specialization=None):
+        raise CacheError(f"the cache entry of {spec.name} cannot be read")
+
+    monkeypatch.setattr(kernel_step, "load", unreadable_all)
+    with pytest.raises(NoKernelError, match="failed to build on this machine") as caught:
+        Dispatcher(registry, INTERP).run(ops)
+    assert isinstance(caught.value.__cause__, CacheError)  # the last candidate's reason, kept

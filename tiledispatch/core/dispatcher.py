@@ -95,6 +95,7 @@ class Explanation:
 SELECTIONS_KEPT = 4096
 BOUND_KEPT = 4096
 RANKINGS_KEPT = 32
+BROKEN = "failed to build on this machine"  # the refusal of a kernel that failed to build or load here
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class Dispatcher:
         for spec in specs:
             reason = spec.definition.supports(spec.config, problem)
             if reason is None and spec.name in self._broken:
-                reason = "failed to build on this machine"
+                reason = BROKEN
             reason_ids.append(reasons.setdefault(reason, len(reasons)))
             if reason is not None:
                 continue
@@ -203,6 +204,11 @@ class Dispatcher:
         accepted = ranking.accepted
         if not accepted:
             refused = ranking.refused()
+            broken = sum(c.refused == BROKEN for c in refused)
+            if broken:
+                raise NoKernelError(
+                    f"the {broken} kernel(s) for {problem.op.value} on {self.arch.name} that support this problem "
+                    f"({problem.describe()}) {BROKEN}; the warnings logged (tiledispatch.dispatcher) say why")
             reasons = sorted({c.refused for c in refused})[:5]
             dtypes = sorted({c.spec.dtype for c in refused})
             raise NoKernelError(
