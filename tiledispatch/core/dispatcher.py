@@ -87,11 +87,11 @@ class Explanation:
         }
 
 
-# The memos' capacities. Selections and bound calls (1-3 KiB each) are kept for the shapes
-# in use: 4096 of each bound a serving process however many shapes it sees. A ranking is
-# read on a problem's first sight only (select, then a launch-bound call's graph replays'
-# pick): a few dozen cover the threads binding at once. Each is about 2 bytes per kernel
-# of the op (the refusals, compactly) plus the accepted candidates and their scores.
+# The memos' capacities. Selections and bound calls (1-3 KiB a shape, together) are kept
+# for the shapes in use: 4096 of each bound a serving process however many shapes it sees.
+# A ranking is read on a problem's first sight only (select, then a launch-bound call's
+# graph replays' pick): a few dozen cover the threads binding at once. Each is a byte or
+# two per kernel of the op (the refusals, compactly) plus the accepted candidates' scores.
 SELECTIONS_KEPT = 4096
 BOUND_KEPT = 4096
 RANKINGS_KEPT = 32
