@@ -102,8 +102,8 @@ def check_no_alias(out: torch.Tensor, reads: Mapping[str, torch.Tensor | None],
             if found:
                 hint = " or exactly out itself (in place)" if exact_ok else ""
                 raise InvalidProblemError(
-                    f"out overlaps {name} in memory; pass a separate output tensor, or a {name} that shares "
-                    f"no memory with out{hint}")
+                    f"out overlaps {name} in memory; pass a separate output tensor, or give {name} memory of "
+                    f"its own{hint}")
 
 
 def check_plain(t: torch.Tensor | None, name: str, *, written: bool = False) -> torch.Tensor | None:

@@ -15,6 +15,9 @@ from ...core.validation import Finding, Severity, ValidationResult
 from .config import VendorConfig
 from .problem import Activation, GemmProblem, GemmTypes, Layout
 
+# cuBLAS takes each matrix's leading dimension as a 32-bit int: a wider stride is copied first.
+LEADING_DIM_LIMIT = 2**31
+
 ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
 
 
@@ -25,8 +28,16 @@ def is_plain(operands) -> bool:
             and (operands.out is None or operands.out.is_contiguous()))
 
 
+def _addressable(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a contiguous copy where a matrix stride is past what cuBLAS can address."""
+    if any(s >= LEADING_DIM_LIMIT for s, n in zip(t.stride()[-2:], t.shape[-2:]) if n > 1):
+        return t.contiguous()
+    return t
+
+
 def run(a, b, out, bias, residual, scale_a, scale_b, activation: Activation) -> None:
     """out = activation(scale * a @ b + bias) + residual, on batched (3-D) views."""
+    a, b = _addressable(a), _addressable(b)
     plain = bias is None and residual is None and activation is Activation.NONE
     if plain and scale_a is None and out.dtype == a.dtype and out.is_contiguous():
         if a.shape[0] == b.shape[0] == out.shape[0] == 1:
