@@ -20,7 +20,11 @@ from typing import Any, Callable, Optional, TypeVar
 import typer
 from typer.core import TyperGroup
 
+from ..core.dispatcher import Dispatcher, Strategy
 from ..core.errors import TiledispatchError, UnsupportedError
+from ..core.op import OpKind, RuleSet
+from ..core.registry import Registry
+from ..core.runtime import current_arch
 
 try:  # typer vendors click as typer._click; older typers depend on click itself
     from typer._click import exceptions as click_errors
@@ -85,12 +89,13 @@ def kernel_name(value: Optional[str]) -> Optional[str]:
 
 
 def shown(value: Any, width: int = 60) -> str:
+    """`value` quoted for an error message, cut short: a value may be 5,000 characters long."""
     text = repr(value)
     return text if len(text) <= width else text[: width - 5] + "...'"
 
 
 def parse_option(option: str, parse: Callable[[Any], T], value: Any) -> T:
-    """`parse(value)`, with an error that names the option: `--dtype: unknown dtype 'x'; use ...`.
+    """`parse(value)`, with an error that names the option: `--dtype 'x': unknown dtype 'x'; use ...`.
     A ValueError of the parser (not a TiledispatchError) becomes an UnsupportedError."""
     try:
         return parse(value)
@@ -105,7 +110,7 @@ def parse_option(option: str, parse: Callable[[Any], T], value: Any) -> T:
         raise UnsupportedError(f"{option} {shown(value)}: {e}") from None
 
 
-_DTYPE_PART = re.compile(r"fp16|bf16|fp32|tf32|fp64|fp8e4m3|fp8e5m2")
+_DTYPE_PART = re.compile(r"(acc)?(fp16|bf16|fp32|tf32|fp64|fp8e4m3|fp8e5m2)")  # GemmTypes.name's parts
 
 
 def check_dtype_name(option: str, value: Optional[str]) -> Optional[str]:
@@ -120,13 +125,8 @@ def check_dtype_name(option: str, value: Optional[str]) -> Optional[str]:
     return value
 
 
-def dispatcher_for(op, rule_set: str, strategy: str):
+def dispatcher_for(op: OpKind, rule_set: str, strategy: str) -> Dispatcher:
     """This machine's dispatcher over one op's rule set, as the op commands' options ask."""
-    from ..core.dispatcher import Dispatcher, Strategy
-    from ..core.op import RuleSet
-    from ..core.registry import Registry
-    from ..core.runtime import current_arch
-
     rules = parse_option("--rule-set", RuleSet.parse, rule_set)
     chosen = parse_option("--strategy", Strategy.parse, strategy)
     arch = current_arch()
@@ -189,9 +189,9 @@ def _usage(e: click_errors.ClickException) -> ExitCode:
     ctx = getattr(e, "ctx", None)
     path = ctx.command_path if ctx is not None else "tiledispatch"
     if isinstance(e, MissingCommandError):
-        with contextlib.redirect_stdout(sys.stderr):  # typer's rich help prints while it formats
+        with contextlib.redirect_stdout(sys.stderr):  # typer's rich help prints itself while it formats
             help_text = ctx.get_help()
-        if help_text:  # click's plain help is returned instead
+        if help_text:  # without rich, click returns the help text instead
             typer.echo(help_text, err=True)
     return emit_error(ExitCode.USAGE, type(e).__name__, e.format_message(), hint=f"`{path} --help` shows the usage")
 
