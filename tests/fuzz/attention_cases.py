@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 import torch
 
 import tiledispatch
+from tiledispatch import OpKind
 from tiledispatch.ops.attention.dropout import keep_mask
 
 from . import tensors as T
 from .attention_mutations import mutations
-from .cases import DEVICE, DTYPES, UNIT_ROUNDOFF, Case, Expect, describe_value
+from .cases import DEVICE, DTYPES, UNIT_ROUNDOFF, Case, Expect, describe_value, pick, some_dispatcher
 
 OPTIONAL = ("bias", "mask", "alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k")
 
@@ -108,6 +109,7 @@ def draw(rng: random.Random, gen: torch.Generator) -> Call:
     elif not varlen and rng.random() < 0.08:
         kwargs["dropout_p"] = rng.uniform(0.1, 0.5)
         kwargs["dropout_seed"] = rng.randrange(2**31)
+    kwargs |= some_dispatcher(rng, OpKind.ATTENTION)
     return Call(args, kwargs, dtype, shape, lengths, grad)
 
 
@@ -249,5 +251,5 @@ def make_case(ident: str, rng: random.Random, gen: torch.Generator, mutate: bool
     call = draw(rng, gen)
     if not mutate:
         return _case(ident, call, Expect.WORKS)
-    argument, label, mutated, expect = rng.choice(mutations(replace(call, grad=False), rng, gen))
+    argument, label, mutated, expect = pick(rng, mutations(replace(call, grad=False), rng, gen))
     return _case(ident, mutated, expect, argument, label)

@@ -14,7 +14,7 @@ import torch
 from tiledispatch import OpKind
 
 from . import tensors as T
-from .cases import DEVICE, Expect, bad_tensors, kernel_of
+from .cases import DEVICE, Expect, bad_tensors, kernel_of, other_float
 
 
 def _kw(call, **changes):
@@ -59,6 +59,14 @@ def _tensor_mutations(call, rng, gen) -> list:
                                                                             *call.shape[3:4] * 2, call.shape[5]))
         out.append(("q", "q, k and v one tensor", same, Expect.WORKS))
     out.append(("v", "k is v", _arg(call, 2, k if k.shape[-1] == v.shape[-1] else v), Expect.WORKS))
+    out.append(("v", "v of another dtype", _arg(call, 2, T.make(gen, tuple(v.shape), other_float(dt), DEVICE)),
+                Expect.RAISES))
+    other_dv = T.make(gen, (*v.shape[:-1], 64 if v.shape[-1] != 64 else 32), dt, DEVICE)
+    out.append(("v", "v with another head dim than q and k", _arg(call, 2, other_dv), Expect.EITHER))
+    if not varlen:
+        huge = tuple(T.with_huge_stride(t[:1], 0) for t in call.args)
+        out.append(("q", "a batch of 1 at stride 2**40", replace(_without(call, "bias", "mask", "alibi_slopes"),
+                                                                 args=huge, shape=(1, *call.shape[1:])), Expect.WORKS))
     strided = T.make(gen, (*q.shape[:-1], 2 * q.shape[-1]), dt, DEVICE)[..., ::2]
     out.append(("q", "q with a head-dim stride of 2", _arg(call, 0, strided), Expect.EITHER))
     return out
@@ -122,9 +130,16 @@ def _extra_tensor_mutations(call, rng, gen) -> list:
         out.append(("cu_seqlens_k", "cu_seqlens_q alone", _kw(call, cu_seqlens_q=cu), Expect.RAISES))
     else:
         cu = call.kwargs["cu_seqlens_q"]
+        out.append(("cu_seqlens_q", "cu_seqlens_q int64", _kw(call, cu_seqlens_q=cu.long()), Expect.WORKS))
+        strided = torch.zeros(2 * len(cu), dtype=torch.int32, device=DEVICE)[::2]
+        strided.copy_(cu)
+        out.append(("cu_seqlens_q", "cu_seqlens_q a strided view", _kw(call, cu_seqlens_q=strided), Expect.WORKS))
         for label, value in (("list", cu.tolist()), ("float", cu.float()), ("decreasing", cu.flip(0)),
                              ("past the tokens", cu + 1), ("2-D", cu[None]), ("meta", cu.to("meta"))):
             out.append(("cu_seqlens_q", f"cu_seqlens_q {label}", _kw(call, cu_seqlens_q=value), Expect.RAISES))
+    if call.kwargs.get("alibi_slopes") is not None:
+        half = call.kwargs["alibi_slopes"].to(torch.float16)
+        out.append(("alibi_slopes", "alibi_slopes fp16", _kw(call, alibi_slopes=half), Expect.EITHER))
     scale = torch.ones(1, dtype=torch.float32, device=DEVICE)
     out.append(("scale_q", "scale_q on 16/32-bit inputs", _kw(call, scale_q=scale), Expect.RAISES))
     return out

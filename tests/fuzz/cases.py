@@ -8,6 +8,7 @@ float64 reference of its outputs, and the inputs it must leave untouched.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -132,10 +133,31 @@ def kernel_of(op: tiledispatch.OpKind, dtype: torch.dtype) -> str:
     return next((n for n in names if wanted in n), names[0])
 
 
-def forced_kernel(problem, seed: int) -> str | None:
-    """One of the kernels the default dispatcher accepts for `problem`, by `seed`: a valid `kernel=`."""
+def forced_kernel(problem, seed: int, notes: list[str]):
+    """One of the kernels the default dispatcher accepts for `problem`, by `seed`: a valid `kernel=`,
+    given by name or (odd seeds) as its KernelSpec."""
     ranked = tiledispatch.default_dispatcher().explain(problem).ranked
-    return ranked[seed % len(ranked)].spec.name if ranked else None
+    spec = ranked[seed % len(ranked)].spec
+    notes.append(f"kernel={spec.name}{' (a KernelSpec)' if seed % 2 else ''}")
+    return spec if seed % 2 else spec.name
+
+
+@functools.cache
+def rule_set_dispatcher(op: tiledispatch.OpKind, rule_set: str) -> tiledispatch.Dispatcher:
+    """A dispatcher of one op's rule set: a valid `dispatcher=` that is not the default one."""
+    arch = tiledispatch.default_dispatcher().arch
+    return tiledispatch.Dispatcher(tiledispatch.Registry.from_rule_set(op, rule_set, arch), arch)
+
+
+def some_dispatcher(rng, op: tiledispatch.OpKind) -> dict:
+    """`dispatcher=` the default one or the `tests` rule set's, a twentieth of the time; else nothing."""
+    if rng.random() >= 0.05:
+        return {}
+    return {"dispatcher": rng.choice([tiledispatch.default_dispatcher(), rule_set_dispatcher(op, "tests")])}
+
+
+def other_float(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype != torch.float32 else torch.float16
 
 
 def bad_tensors(shape, dtype, device, *, required: bool) -> list[tuple[str, Any]]:
@@ -148,9 +170,19 @@ def bad_tensors(shape, dtype, device, *, required: bool) -> list[tuple[str, Any]
               ("bool", torch.ones(shape, dtype=torch.bool, device=device)),
               ("0-d", torch.tensor(1.0, dtype=dtype, device=device)),
               ("numpy", torch.zeros(shape).numpy())]
+    if ON_GPU:
+        values.append(("on the CPU", torch.zeros(shape, dtype=dtype)))
     if required:
         values.append(("None", None))
     return values
+
+
+def pick(rng, mutations: list) -> tuple:
+    """One mutation: an (argument, expectation) pair first, then one of its values, so that the
+    many bad values of one tensor do not crowd out the rarer legal forms."""
+    keys = sorted({(m[0], m[3].value) for m in mutations})
+    key = rng.choice(keys)
+    return rng.choice([m for m in mutations if (m[0], m[3].value) == key])
 
 
 def describe_value(value: Any) -> str:

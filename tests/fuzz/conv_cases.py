@@ -16,7 +16,7 @@ from tiledispatch import OpKind
 from . import tensors as T
 from tiledispatch.ops.conv import check_operands
 
-from .cases import DEVICE, DTYPES, Case, Expect, describe_value, forced_kernel, roundoff
+from .cases import DEVICE, DTYPES, Case, Expect, describe_value, forced_kernel, pick, roundoff, some_dispatcher
 from .conv_mutations import mutations
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -158,6 +158,7 @@ def draw(direction: str, rng: random.Random, gen: torch.Generator) -> Call:
     if dtype == torch.float32 and rng.random() < 0.15:
         kwargs["allow_tf32"] = True
     force = rng.getrandbits(30) if not grad and rng.random() < 0.1 else None
+    kwargs |= some_dispatcher(rng, OpKind.CONV)
     return Call(direction, args, kwargs, dtype, g, grad, force)
 
 
@@ -216,10 +217,9 @@ def _forced(call: Call, notes: list[str]) -> dict:
     """The call's keywords with kernel= a kernel the default dispatcher accepts for its problem."""
     roles = {"forward": ("x", "w"), "bwd_data": ("dy", "w", "input_size"),
              "bwd_weight": ("x", "dy", "weight_size")}[call.direction]
-    problem = check_operands(call.direction, **dict(zip(roles, call.args)), **call.kwargs).problem
-    name = forced_kernel(problem, call.force)
-    notes.append(f"kernel={name}")
-    return {**call.kwargs, "kernel": name}
+    kwargs = {key: v for key, v in call.kwargs.items() if key != "dispatcher"}  # the default one's kernels
+    problem = check_operands(call.direction, **dict(zip(roles, call.args)), **kwargs).problem
+    return {**kwargs, "kernel": forced_kernel(problem, call.force, notes)}
 
 
 def _run(call: Call, notes: list[str]) -> dict[str, torch.Tensor]:
@@ -254,7 +254,7 @@ def _make(direction: str, ident: str, rng: random.Random, gen: torch.Generator, 
     if not mutate:
         return _case(ident, call, Expect.WORKS)
     call = replace(call, grad=False, force=None)
-    argument, label, mutated, expect = rng.choice(mutations(call, rng, gen))
+    argument, label, mutated, expect = pick(rng, mutations(call, rng, gen))
     return _case(ident, mutated, expect, argument, label)
 
 

@@ -15,7 +15,7 @@ import torch
 from tiledispatch import OpKind
 
 from . import tensors as T
-from .cases import DEVICE, Expect, bad_tensors, kernel_of
+from .cases import DEVICE, Expect, bad_tensors, kernel_of, other_float
 
 ROLES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
 SIZE_NAME = {"bwd_data": "input_size", "bwd_weight": "weight_size"}
@@ -42,11 +42,16 @@ def _tensor_mutations(call, rng, gen) -> list:
                     Expect.RAISES))
     first = ROLES[call.direction][0]
     shape = tuple(call.args[0].shape)
+    other = T.make(gen, tuple(call.args[1].shape), other_float(call.dtype), DEVICE)
+    out.append((ROLES[call.direction][1], f"{ROLES[call.direction][1]} of another dtype", _arg(call, 1, other),
+                Expect.RAISES))
+    out.append(_huge_batch_stride(call, gen))
     if call.direction != "bwd_weight":
         wrong = (shape[0], shape[1] + 1, *shape[2:])  # a channel count no weight fits
         out.append((f"{first}/w", f"{first} with one more channel", _arg(call, 0, T.ramp(wrong, call.dtype, DEVICE)),
                     Expect.RAISES))
     empty = T.make(gen, (0, *shape[1:]), call.dtype, DEVICE)
+    call = replace(call, kwargs={key: v for key, v in call.kwargs.items() if key not in ("out", "residual")})
     out.append((first, f"{first} with N = 0", _arg(call, 0, empty), Expect.EITHER))
     if call.direction == "bwd_weight":
         out[-1] = (first, "x and dy with N = 0", replace(call, args=(empty, call.args[1][:0], call.args[2])),
@@ -56,6 +61,18 @@ def _tensor_mutations(call, rng, gen) -> list:
         size = (0, *list(size)[1:]) if len(size) == call.geometry.dims + 2 else size
         out[-1] = (first, "dy with N = 0", replace(call, args=(empty, call.args[1], size)), Expect.EITHER)
     return out
+
+
+def _huge_batch_stride(call, gen):
+    """A batch of one whose batch stride is 2**40: legal (a size-1 dim never moves a pointer)."""
+    clean = {key: v for key, v in call.kwargs.items() if key not in ("out", "residual")}
+    first, second = call.args[:2]
+    args = {"forward": lambda: (T.with_huge_stride(first[:1], 0), second),
+            "bwd_data": lambda: (T.with_huge_stride(first[:1], 0), second, call.geometry.spatial),
+            "bwd_weight": lambda: (T.with_huge_stride(first[:1], 0), T.with_huge_stride(second[:1], 0),
+                                   call.args[2])}[call.direction]()
+    return (ROLES[call.direction][0], "a batch of 1 at stride 2**40", replace(call, args=args, kwargs=clean),
+            Expect.WORKS)
 
 
 def _scalar_mutations(call, rng, gen) -> list:
@@ -186,6 +203,7 @@ def _size_mutations(call, rng, gen) -> list:
         out.append((label, f"{name} disagreeing with dy", _arg(call, 2, grown), Expect.RAISES))
     out.append((name, f"{name} of NumPy ints", _arg(call, 2, T.np_int(full)), Expect.WORKS))
     out.append((name, f"{name} as torch.Size", _arg(call, 2, torch.Size(full)), Expect.WORKS))
+    out.append((name, f"{name} as an int64 tensor", _arg(call, 2, torch.tensor(full)), Expect.EITHER))
     return out
 
 

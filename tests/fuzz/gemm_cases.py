@@ -16,7 +16,9 @@ from tiledispatch import OpKind
 from . import tensors as T
 from tiledispatch.ops.gemm import check_operands
 
-from .cases import DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, forced_kernel, kernel_of, roundoff
+from .cases import (
+    DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, forced_kernel, kernel_of, pick, roundoff, some_dispatcher,
+)
 
 _ACTIVATIONS = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -82,6 +84,7 @@ def draw(rng: random.Random, gen: torch.Generator) -> Call:
     if dtype == torch.float32 and rng.random() < 0.2:
         kwargs["allow_tf32"] = True
     force = rng.getrandbits(30) if rng.random() < 0.1 else None
+    kwargs |= some_dispatcher(rng, OpKind.GEMM)
     return Call((a, b), kwargs, dtype, out_dtype, (batch, m, n, k), ranks, force)
 
 
@@ -120,9 +123,9 @@ def _case(ident, call: Call, expect: Expect, argument=None, label="") -> Case:
 def _run(call: Call, notes: list[str]) -> dict[str, torch.Tensor]:
     kwargs = call.kwargs
     if call.force is not None:  # a kernel the dispatcher would accept, forced by name
+        kwargs = {key: v for key, v in kwargs.items() if key != "dispatcher"}  # the default one's kernels
         problem = check_operands(*call.args, **kwargs).problem
-        kwargs = {**kwargs, "kernel": forced_kernel(problem, call.force)}
-        notes.append(f"kernel={kwargs['kernel']}")
+        kwargs["kernel"] = forced_kernel(problem, call.force, notes)
     return {"result": tiledispatch.gemm(*call.args, **kwargs)}
 
 
@@ -152,6 +155,10 @@ def _operand_mutations(call: Call, rng, gen) -> list:
     square = T.make(gen, (k, k), call.dtype, DEVICE, T.random_layout(rng, 2))
     out.append(("a", "a is b (one square tensor)", replace(plain, args=(square, square), shape=(1, k, k, k),
                                                            ranks=(2, 2)), Expect.WORKS))
+    three = T.with_huge_stride(T.make(gen, (1, m, k), call.dtype, DEVICE), 0)
+    out.append(("a", "a with a batch of 1 at stride 2**40", replace(plain, args=(three, b), ranks=(3, call.ranks[1]),
+                                                                  shape=(call.shape[0] if call.ranks[1] == 3 else 1,
+                                                                         m, n, k)), Expect.WORKS))
     a2, res = T.buffer_views((m, k), (m, n), call.dtype, DEVICE, gen, shift=rng.randrange(m * k), separate=False)
     if call.out_dtype == call.dtype:
         out.append(("residual", "residual sharing memory with a (both read)",
@@ -243,5 +250,5 @@ def make_case(ident: str, rng: random.Random, gen: torch.Generator, mutate: bool
     if not mutate:
         return _case(ident, call, Expect.WORKS)
     group = rng.choice(GROUPS)
-    argument, label, mutated, expect = rng.choice(group(call, rng, gen))
+    argument, label, mutated, expect = pick(rng, group(call, rng, gen))
     return _case(ident, replace(mutated, force=None), expect, argument, label)

@@ -142,6 +142,16 @@ def buffer_views(shape_a, shape_b, dtype, device, gen, *, shift: int, separate: 
     return a, b
 
 
+def with_huge_stride(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """`t`'s values with a stride of 2**40 on `dim`, a dim of size 1 (whose stride never moves a
+    pointer, so the tensor is legal and small): a stride that does not fit 32 bits."""
+    assert t.shape[dim] == 1
+    dense = t.detach().resolve_neg().resolve_conj().contiguous()
+    strides = list(dense.stride())
+    strides[dim] = 2**40
+    return dense.as_strided(dense.shape, strides, dense.storage_offset())
+
+
 def np_int(value):
     """A NumPy integer standing for a Python int (tuples element by element)."""
     if isinstance(value, (tuple, list)):
