@@ -213,6 +213,8 @@ class Registry:
             raise RegistryFormatError(f"cannot read registry file {path}: {e.strerror or e}") from None
         except JsonFileError as e:  # not a regular file, too large, too deep, not UTF-8, not JSON
             reason = str(e).removeprefix(f"{path} ")
+            if reason.startswith("is not UTF-8"):  # JSON text is UTF-8 (RFC 8259)
+                reason = "is not valid JSON: " + reason.removeprefix("is ")
             raise RegistryFormatError(
                 f"cannot read registry file {path}: it {reason}; a registry file is the JSON that "
                 "`tiledispatch registry export` writes, whole (was it truncated or edited?)") from None
