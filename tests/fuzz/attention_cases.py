@@ -17,7 +17,9 @@ from tiledispatch.ops.attention.dropout import keep_mask
 
 from . import tensors as T
 from .attention_mutations import mutations
-from .cases import DEVICE, DTYPES, UNIT_ROUNDOFF, Case, Expect, describe_value, pick, some_dispatcher
+from .cases import (
+    DEVICE, DTYPES, UNIT_ROUNDOFF, Case, Expect, describe_value, pick, some_dispatcher, warmup_for,
+)
 
 OPTIONAL = ("bias", "mask", "alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k")
 
@@ -244,7 +246,14 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     reads = {n: t for n, t in reads.items() if isinstance(t, torch.Tensor)}
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call), expect=expect,
                 argument=argument, reference=lambda: reference(call), tolerance=tolerance, reads=reads,
-                result_dtype=call.dtype, floor=max(1e-3, 4 * u))
+                result_dtype=call.dtype, floor=max(1e-3, 4 * u),
+                warmup=warmup_for(lambda: _run(_twin(call)), [*call.args, *call.kwargs.values()]))
+
+
+def _twin(call: Call) -> Call:
+    twins = {id(v): T.twin(v) for v in (*call.args, *call.kwargs.values())}  # one twin for a tensor given twice
+    return replace(call, args=tuple(twins[id(a)] for a in call.args),
+                   kwargs={key: twins[id(v)] for key, v in call.kwargs.items()})
 
 
 def make_case(ident: str, rng: random.Random, gen: torch.Generator, mutate: bool) -> Case:

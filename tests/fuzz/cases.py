@@ -54,6 +54,7 @@ class Case:
     reads: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # inputs the call must not write
     out: torch.Tensor | None = field(default=None, repr=False)  # the caller's out: holds outputs["result"]
     floor: float = 1e-3  # the RMS below which outputs are compared absolutely (see compare)
+    warmup: Callable[[], Any] | None = field(default=None, repr=False)  # the same signature on twins, first
     result_dtype: torch.dtype | None = None  # the dtype outputs["result"] must have
     notes: list[str] = field(default_factory=list)  # what the run chose (a forced kernel), for the report
 
@@ -175,6 +176,14 @@ def bad_tensors(shape, dtype, device, *, required: bool) -> list[tuple[str, Any]
     if required:
         values.append(("None", None))
     return values
+
+
+def warmup_for(run_twin: Callable[[], Any], values) -> Callable[[], Any] | None:
+    """On a GPU, where a call seen before replays its bound plan, a call whose views or aliasing a
+    replay would have to notice first runs once on twins (tensors.twin) to bind that plan."""
+    from .tensors import needs_warmup
+
+    return run_twin if ON_GPU and needs_warmup(values) else None
 
 
 def pick(rng, mutations: list) -> tuple:

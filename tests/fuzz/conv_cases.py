@@ -16,7 +16,9 @@ from tiledispatch import OpKind
 from . import tensors as T
 from tiledispatch.ops.conv import check_operands
 
-from .cases import DEVICE, DTYPES, Case, Expect, describe_value, forced_kernel, pick, roundoff, some_dispatcher
+from .cases import (
+    DEVICE, DTYPES, Case, Expect, describe_value, forced_kernel, pick, roundoff, some_dispatcher, warmup_for,
+)
 from .conv_mutations import mutations
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -246,7 +248,14 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     notes: list[str] = []
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call, notes),
                 expect=expect, argument=argument, reference=lambda: reference(call), tolerance=tolerance,
-                reads=reads, out=out, result_dtype=call.dtype, notes=notes)
+                reads=reads, out=out, result_dtype=call.dtype, notes=notes,
+                warmup=warmup_for(lambda: _run(_twin(call), []), [*call.args, *kw.values()]))
+
+
+def _twin(call: Call) -> Call:
+    twins = {id(v): T.twin(v) for v in (*call.args, *call.kwargs.values())}  # one twin for a tensor given twice
+    return replace(call, args=tuple(twins[id(a)] for a in call.args),
+                   kwargs={key: twins[id(v)] for key, v in call.kwargs.items()})
 
 
 def _make(direction: str, ident: str, rng: random.Random, gen: torch.Generator, mutate: bool) -> Case:

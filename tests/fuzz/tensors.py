@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tiledispatch.core.tensors import overlaps_itself
+
 
 class Wrap(enum.Enum):
     NONE = "plain"
@@ -150,6 +152,45 @@ def with_huge_stride(t: torch.Tensor, dim: int) -> torch.Tensor:
     strides = list(dense.stride())
     strides[dim] = 2**40
     return dense.as_strided(dense.shape, strides, dense.storage_offset())
+
+
+def twin(value):
+    """A tensor like `value` in a storage of its own: same shape, strides, dtype and 16-byte phase of
+    its address, plain (not a negated view), random values. Other values are returned as they are.
+
+    A call on twins has the signature of the call on the originals, so on a GPU it binds the plan
+    that the original call then finds in the fast path's memo, with its aliasing or views unseen
+    by the signature."""
+    if not isinstance(value, torch.Tensor) or value.device.type == "meta" or value.dtype.is_complex:
+        return value
+    span = sum((n - 1) * s for n, s in zip(value.shape, value.stride()) if n > 1) + 1 if value.numel() else 0
+    offset = value.storage_offset() % 16
+    if value.is_floating_point():
+        flat = torch.randn(offset + span).to(device=value.device, dtype=value.dtype)
+        return flat.as_strided(value.shape, value.stride(), offset)
+    flat = torch.zeros(offset + span, dtype=value.dtype, device=value.device)
+    copy = flat.as_strided(value.shape, value.stride(), offset)
+    if not overlaps_itself(copy):
+        copy.copy_(value)  # integer tensors (sequence offsets, sizes) keep their values
+    return copy
+
+
+def needs_warmup(values) -> bool:
+    """Whether a call holds a negated or conjugated view, or two tensors over shared memory: what a
+    replayed plan would have to notice."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.device.type != "meta"]
+    if any(t.is_neg() or t.is_conj() for t in tensors):
+        return True
+    return any(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() or _meet(a, b)
+               for i, a in enumerate(tensors) for b in tensors[i + 1:])
+
+
+def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or not a.numel() or not b.numel():
+        return False
+    ends = [(t.data_ptr(), t.data_ptr() + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))))
+            for t in (a, b)]
+    return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
 
 
 def np_int(value):
