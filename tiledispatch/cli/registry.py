@@ -22,7 +22,7 @@ from .common import JOBS_MAX, ExitCode, JsonGroup, check_dtype_name, emit, limit
 
 registry_app = typer.Typer(help="Generate, inspect, export and import kernel registries.", cls=JsonGroup)
 
-OP = typer.Option("gemm", "--op", help="gemm")
+OP = typer.Option("gemm", "--op", help="gemm, conv or attention")
 RULE_SET = typer.Option("default", "--rule-set", help="tiny, tests, default, full")
 ARCH = typer.Option(None, "--arch", help="sm_80 ... sm_120 or interpreter (default: this machine)")
 DTYPE = typer.Option(None, "--dtype", help="keep kernels of this dtype name, e.g. bf16")
