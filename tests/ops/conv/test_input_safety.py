@@ -127,7 +127,7 @@ def _negated(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_negated_views_are_read_by_their_values(dispatcher):
-    x, w, bias, residual = cl(1, 4, 6, 6), cl(4, 4, 3, 3), torch.randn(4), cl(1, 4, 4, 4)
+    x, w, bias, residual = cl(1, 4, 6, 6), cl(4, 4, 3, 3), torch.randn(4, device=DEVICE), cl(1, 4, 4, 4)
     y = tiledispatch.conv(_negated(x), _negated(w), bias=_negated(bias), residual=_negated(residual),
                           dispatcher=dispatcher)
     assert close(y, F.conv2d(-x.double(), -w.double(), -bias.double()) - residual.double())
@@ -136,7 +136,7 @@ def test_negated_views_are_read_by_their_values(dispatcher):
 def test_the_imaginary_part_of_a_conjugate_is_read_by_its_values(dispatcher):
     """A depthwise weight (C/G = 1) is channels-last whatever its strides, so it is not copied on the
     way in: its negative bit must be resolved for its own sake."""
-    z = torch.randn(4, 1, 3, 3, dtype=torch.complex64)
+    z = torch.randn(4, 1, 3, 3, dtype=torch.complex64, device=DEVICE)
     w = z.conj().imag  # -z.imag, a view with the negative bit over z's memory
     assert w.is_neg()
     x = cl(1, 4, 5, 5)
@@ -175,6 +175,18 @@ def test_the_fast_path_tells_floats_and_bools_from_integers():
     assert len(keys) == 6
 
 
+def test_a_call_after_a_bound_one_is_checked_where_it_differs(dispatcher):
+    """On a GPU the first call binds its plan and later calls of its signature replay it: a negated
+    view of the same shape and strides, or a float where the bound call had an int, must not replay."""
+    x, w = cl(1, 4, 6, 6), cl(4, 4, 3, 3)
+    reference = F.conv2d(x.double(), w.double(), stride=2)
+    for _ in range(2):
+        assert close(tiledispatch.conv(x, w, stride=2, dispatcher=dispatcher), reference)
+    assert close(tiledispatch.conv(x, _negated(w), stride=2, dispatcher=dispatcher), -reference)
+    with pytest.raises(InvalidArgumentError, match="stride must be an integer"):
+        tiledispatch.conv(x, w, stride=2.0, dispatcher=dispatcher)
+
+
 # -- 4. aliasing by memory --------------------------------------------------------------------------
 def _rows(buffer: torch.Tensor, start: int, rows: int) -> torch.Tensor:
     """(1, 4, rows, 4) channels-last over rows start.. of a (1, rows', 4, 4) NHWC buffer."""
@@ -183,7 +195,7 @@ def _rows(buffer: torch.Tensor, start: int, rows: int) -> torch.Tensor:
 
 def test_a_residual_overlapping_out_is_refused_and_out_itself_is_added_in_place(dispatcher):
     x, w = cl(1, 4, 6, 6), cl(4, 4, 3, 3)
-    buffer = torch.randn(1, 5, 4, 4)
+    buffer = torch.randn(1, 5, 4, 4, device=DEVICE)
     with pytest.raises(InvalidProblemError, match="out overlaps residual"):
         tiledispatch.conv(x, w, residual=_rows(buffer, 0, 4), out=_rows(buffer, 1, 4), dispatcher=dispatcher)
     out = _rows(buffer, 1, 4)
@@ -191,6 +203,7 @@ def test_a_residual_overlapping_out_is_refused_and_out_itself_is_added_in_place(
     assert close(tiledispatch.conv(x, w, residual=out, out=out, dispatcher=dispatcher), expected)
 
 
+@pytest.mark.skipif(ON_GPU, reason="NumPy buffers are host memory")
 def test_aliasing_is_decided_by_memory_not_by_storage(dispatcher):
     """Two storages over one NumPy buffer alias; disjoint slices of one storage do not."""
     array = np.random.default_rng(0).standard_normal((1, 10, 4, 4)).astype(np.float32)
@@ -285,14 +298,15 @@ def test_on_the_interpreter_no_kernel_says_why(dispatcher):
 # -- 7. the other arguments --------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"bias": [1.0, 2.0, 3.0, 4.0]}, InvalidProblemError, ["bias must be a tensor of shape (4,)", "list"]),
-    ({"bias": torch.zeros(4, dtype=torch.float64)}, InvalidProblemError, ["bias is fp64", "fp32 like the inputs"]),
-    ({"bias": torch.zeros(4, dtype=torch.int64)}, InvalidProblemError, ["bias is", "int64", "fp32"]),
-    ({"bias": torch.zeros(5)}, InvalidProblemError, ["(4,)", "5"]),
+    ({"bias": torch.zeros(4, dtype=torch.float64, device=DEVICE)}, InvalidProblemError,
+     ["bias is fp64", "fp32 like the inputs"]),
+    ({"bias": torch.zeros(4, dtype=torch.int64, device=DEVICE)}, InvalidProblemError, ["bias is", "int64", "fp32"]),
+    ({"bias": torch.zeros(5, device=DEVICE)}, InvalidProblemError, ["(4,)", "5"]),
     ({"activation": torch.relu}, InvalidArgumentError, ["activation must be None or one of", "not a function"]),
     ({"activation": 1}, InvalidArgumentError, ["activation"]),
     ({"residual": [0.0]}, InvalidProblemError, ["residual must be a torch.Tensor", "list"]),
-    ({"residual": torch.zeros(1, 4, 3, 3)}, InvalidProblemError, ["residual is 1x4x3x3", "1x4x4x4"]),
-    ({"residual": torch.zeros(1, 4, 4, 4, dtype=torch.float16)}, InvalidProblemError, ["residual is fp16"]),
+    ({"residual": torch.zeros(1, 4, 3, 3, device=DEVICE)}, InvalidProblemError, ["residual is 1x4x3x3", "1x4x4x4"]),
+    ({"residual": cl(1, 4, 4, 4, dtype=torch.float16)}, InvalidProblemError, ["residual is fp16"]),
     ({"out": [0.0]}, InvalidProblemError, ["out (y) must have shape 1x4x4x4", "list"]),
     ({"allow_tf32": "no"}, InvalidArgumentError, ["allow_tf32 must be True or False"]),
     ({"allow_tf32": 1}, InvalidArgumentError, ["allow_tf32"]),
@@ -307,7 +321,7 @@ def test_other_bad_arguments(dispatcher, kwargs, error, words):
 
 
 def test_an_out_that_requires_grad_is_refused_in_grad_mode(dispatcher):
-    out = torch.zeros(1, 4, 4, 4, requires_grad=True)
+    out = cl(1, 4, 4, 4).requires_grad_()
     with pytest.raises(InvalidProblemError, match="out requires grad"):
         tiledispatch.conv(cl(1, 4, 6, 6), cl(4, 4, 3, 3), out=out, dispatcher=dispatcher)
 
@@ -322,7 +336,7 @@ def test_lists_where_tensors_belong(role):
 
 def test_a_strided_bias_is_read_by_its_values(dispatcher):
     """The kernels read bias[k] at offset k: a bias with stride 2 is copied dense, not read wrong."""
-    x, w, bias = cl(1, 4, 6, 6), cl(4, 4, 3, 3), torch.randn(8)[::2]
+    x, w, bias = cl(1, 4, 6, 6), cl(4, 4, 3, 3), torch.randn(8, device=DEVICE)[::2]
     ops = check_operands("forward", x=x, w=w, bias=bias)
     assert ops.bias.stride() == (1,) and "bias" in ops.converted
     assert close(tiledispatch.conv(x, w, bias=bias, dispatcher=dispatcher), F.conv2d(x.double(), w.double(),
