@@ -80,8 +80,9 @@ def test_valid_and_same_padding_as_pytorch(dispatcher, padding, dims, filt, dila
 def test_same_padding_in_the_backward_directions(dispatcher):
     x, w = cl(1, 4, 6, 5), cl(4, 4, 3, 3)
     dy = cl(1, 4, 6, 5)
-    dx = tiledispatch.conv_backward_data(dy, w, tuple(x.shape), padding="same", dispatcher=dispatcher)
-    dw = tiledispatch.conv_backward_weight(x, dy, tuple(w.shape), padding="same", dispatcher=dispatcher)
+    # Sizes as a NumPy array of int64 and as a torch.Size: integers either way.
+    dx = tiledispatch.conv_backward_data(dy, w, np.array(x.shape), padding="same", dispatcher=dispatcher)
+    dw = tiledispatch.conv_backward_weight(x, dy, w.shape, padding="same", dispatcher=dispatcher)
     gx, gw, _ = torch.ops.aten.convolution_backward(dy.double(), x.double(), w.double(), None, [1, 1], [1, 1],
                                                     [1, 1], False, [0, 0], 1, [True, True, False])
     assert close(dx, gx) and close(dw, gw)

@@ -8,7 +8,6 @@ NC... layout) is copied into channels-last, and the problem records it so that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -112,13 +111,17 @@ def _tensor(t, name: str) -> torch.Tensor:
 def _sizes(value, dims: int, what: str) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
     """A full shape or the spatial sizes only -> (the leading two sizes if given, the spatial sizes).
     Each size is an integer >= 1: a float is refused, not truncated."""
-    if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
+    try:  # a tuple, a list, a torch.Size or a 1-D array of integers
+        items = None if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        items = None
+    if items is None:
         raise InvalidArgumentError(f"{what} must be a tuple of sizes (a full shape or the {dims} spatial sizes), "
                                    f"got {value!r} ({type(value).__name__})")
-    if len(value) not in (dims, dims + 2):
-        raise InvalidProblemError(f"{what} {tuple(value)} must be the full shape ({dims + 2} values) or the "
+    if len(items) not in (dims, dims + 2):
+        raise InvalidProblemError(f"{what} {items} must be the full shape ({dims + 2} values) or the "
                                   f"{dims} spatial sizes of a {dims}-D conv")
-    sizes = tuple(as_int(v, f"{what}[{i}]", low=1) for i, v in enumerate(value))
+    sizes = tuple(as_int(v, f"{what}[{i}]", low=1) for i, v in enumerate(items))
     return (sizes[:2], sizes[2:]) if len(sizes) == dims + 2 else (None, sizes)
 
 
@@ -176,7 +179,7 @@ def _geometry(direction: Direction, tensors: dict, groups: int, input_size, weig
         c, filt = w.shape[1] * groups, tuple(w.shape[2:])
         lead, spatial = _sizes(input_size, dims, "input_size")
         if lead is not None and lead != (n, c):
-            raise InvalidProblemError(f"input_size {tuple(input_size)} must start with (N, C) = ({n}, {c}) "
+            raise InvalidProblemError(f"input_size {(*lead, *spatial)} must start with (N, C) = ({n}, {c}) "
                                       f"for dy {_shape(dy)} and w {_shape(w)} with groups={groups}")
         if w.shape[0] != k:
             raise InvalidProblemError(f"w is {_shape(w)} but dy is {_shape(dy)}: w's K={w.shape[0]} must equal "
@@ -189,7 +192,7 @@ def _geometry(direction: Direction, tensors: dict, groups: int, input_size, weig
         lead, filt = _sizes(weight_size, dims, "weight_size")
         if lead is not None and (lead[0] != k or lead[1] * groups != c):
             raise InvalidProblemError(
-                f"weight_size {tuple(weight_size)} must start with (K, C/G) = ({k}, {c}/{groups}) for x "
+                f"weight_size {(*lead, *filt)} must start with (K, C/G) = ({k}, {c}/{groups}) for x "
                 f"{_shape(x)}, dy {_shape(dy)} and groups={groups}")
         if dy.shape[0] != n:
             raise InvalidProblemError(f"x is {_shape(x)} and dy is {_shape(dy)}: their batch sizes differ")
