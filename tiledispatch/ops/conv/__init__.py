@@ -61,7 +61,10 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
     x is (N, C, *spatial) and w (K, C/groups, *filter) with 1-3 spatial dims, in
     channels-last memory (a contiguous tensor is copied into it, and `explain` says
     so); bias is (K,), residual shaped as the output. Returns y (N, K, *out spatial),
-    channels-last. `kernel` forces a kernel by name; `dispatcher` replaces the default.
+    channels-last. stride, padding and dilation are an integer or one per spatial dim
+    (at most 2**15, 2**20 and 2**15); padding may also be 'valid' or 'same' (stride 1),
+    as in torch.nn.functional.conv2d, where 'same' pads both sides alike. `kernel`
+    forces a kernel by name; `dispatcher` replaces the default.
 
     Differentiable where x, w, bias or residual requires grad (function.py): the backward
     runs the backward-data and backward-weight convs through the dispatcher.
