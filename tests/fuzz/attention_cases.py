@@ -247,7 +247,7 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call), expect=expect,
                 argument=argument, reference=lambda: reference(call), tolerance=tolerance, reads=reads,
                 result_dtype=call.dtype, floor=max(1e-3, 4 * u),
-                warmup=warmup_for(lambda: _run(_twin(call)), [*call.args, *call.kwargs.values()]))
+                warmup=warmup_for(ident, lambda: _run(_twin(call)), [*call.args, *call.kwargs.values()]))
 
 
 def _twin(call: Call) -> Call:

@@ -249,7 +249,7 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call, notes),
                 expect=expect, argument=argument, reference=lambda: reference(call), tolerance=tolerance,
                 reads=reads, out=out, result_dtype=call.dtype, notes=notes,
-                warmup=warmup_for(lambda: _run(_twin(call), []), [*call.args, *kw.values()]))
+                warmup=warmup_for(ident, lambda: _run(_twin(call), []), [*call.args, *kw.values()]))
 
 
 def _twin(call: Call) -> Call:

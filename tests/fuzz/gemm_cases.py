@@ -118,7 +118,7 @@ def _case(ident, call: Call, expect: Expect, argument=None, label="") -> Case:
         expect=expect, argument=argument, reference=lambda: reference(call),
         tolerance={"result": 4 * roundoff(call.out_dtype, tf32)}, reads=reads, out=out,
         result_dtype=call.out_dtype, notes=notes,
-        warmup=warmup_for(lambda: _run(_twin(call), []), [*call.args, *kwargs.values()]),
+        warmup=warmup_for(ident, lambda: _run(_twin(call), []), [*call.args, *kwargs.values()]),
     )
 
 
