@@ -1,6 +1,7 @@
 """Threads and processes sharing the dispatcher: interpreted launches, one-time loads and
 rankings, per-kernel waits, and memo tables bounded by least recent use."""
 
+import faulthandler
 import multiprocessing
 import os
 import subprocess
@@ -326,9 +327,12 @@ def test_a_child_forked_while_other_threads_hold_locks_runs_kernels(registry):
     def make_a_value():
         table.get_or_make("k", lambda: held.wait(WAIT_S) + hold.wait(WAIT_S))
 
+    want = a.double() @ b.double()  # here: a BLAS thread pool may not survive a fork
+
     def child():
+        faulthandler.dump_traceback_later(WAIT_S / 2, exit=True)  # where a hang is, in the test's output
         assert table.get_or_make("k", lambda: "the child's") == "the child's"
-        assert relative_error(tiledispatch.gemm(a, b, dispatcher=d), a.double() @ b.double()) < 1e-4
+        assert relative_error(tiledispatch.gemm(a, b, dispatcher=d), want) < 1e-4
 
     threads = [threading.Thread(target=run_a_kernel), threading.Thread(target=make_a_value)]
     for t in threads:
