@@ -99,7 +99,8 @@ def _option_mutations(call, rng, gen) -> list:
         for value in ("abc", 1.5):
             out.append(("dropout_seed", f"dropout_seed={value!r}", _kw(dropout, dropout_seed=value), Expect.RAISES))
         out.append(("dropout_seed", "dropout_seed np.int64", _kw(dropout, dropout_seed=np.int64(7)), Expect.WORKS))
-        out.append(("dropout_seed", "dropout_seed=2**70 (past 64 bits)", _kw(dropout, dropout_seed=2**70), Expect.RAISES))
+        out.append(("dropout_seed", "dropout_seed=2**70 (past 64 bits)", _kw(dropout, dropout_seed=2**70),
+                    Expect.RAISES))
         for value in ("x", 1.5):
             out.append(("dropout_offset", f"dropout_offset={value!r}", _kw(dropout, dropout_seed=3,
                                                                           dropout_offset=value), Expect.RAISES))

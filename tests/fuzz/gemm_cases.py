@@ -17,8 +17,8 @@ from . import tensors as T
 from tiledispatch.ops.gemm import check_operands
 
 from .cases import (
-    DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, forced_kernel, kernel_of, pick, roundoff, some_dispatcher,
-    warmup_for,
+    DEVICE, DTYPES, Case, Expect, bad_tensors, describe_value, forced_kernel, kernel_of, pick, roundoff,
+    some_dispatcher, warmup_for,
 )
 
 _ACTIVATIONS = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "silu": F.silu}

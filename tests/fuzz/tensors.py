@@ -154,6 +154,11 @@ def with_huge_stride(t: torch.Tensor, dim: int) -> torch.Tensor:
     return dense.as_strided(dense.shape, strides, dense.storage_offset())
 
 
+def _span(t: torch.Tensor) -> int:
+    """Elements between the first and the last one `t` addresses (strides are never negative)."""
+    return sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 1)
+
+
 def twin(value):
     """A tensor like `value` in a storage of its own: same shape, strides, dtype and 16-byte phase of
     its address, plain (not a negated view), random values. Other values are returned as they are.
@@ -163,7 +168,7 @@ def twin(value):
     by the signature."""
     if not isinstance(value, torch.Tensor) or value.device.type == "meta" or value.dtype.is_complex:
         return value
-    span = sum((n - 1) * s for n, s in zip(value.shape, value.stride()) if n > 1) + 1 if value.numel() else 0
+    span = _span(value) + 1 if value.numel() else 0
     offset = value.storage_offset() % 16
     if value.is_floating_point():
         flat = torch.randn(offset + span).to(device=value.device, dtype=value.dtype)
@@ -188,8 +193,7 @@ def needs_warmup(values) -> bool:
 def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device != b.device or not a.numel() or not b.numel():
         return False
-    ends = [(t.data_ptr(), t.data_ptr() + t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))))
-            for t in (a, b)]
+    ends = [(t.data_ptr(), t.data_ptr() + t.element_size() * (1 + _span(t))) for t in (a, b)]
     return ends[0][0] < ends[1][1] and ends[1][0] < ends[0][1]
 
 

@@ -100,7 +100,8 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
         if not T.unchanged(snap, case.reads[name]):
             problems.append(f"input {name} was written")
     if problems:
-        pytest.fail(f"silent wrong result in {case.ident}: {case.summary}{_notes(case)}\n  " + "\n  ".join(problems), pytrace=False)
+        listed = "\n  ".join(problems)
+        pytest.fail(f"silent wrong result in {case.ident}: {case.summary}{_notes(case)}\n  {listed}", pytrace=False)
 
 
 @pytest.mark.parametrize("op, number", IDS, ids=[f"{op}-{number}" for op, number in IDS])
