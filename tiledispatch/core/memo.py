@@ -112,7 +112,8 @@ class LruTable:
             with self._lock:
                 if flight.error is None:
                     self._put(key, flight.value)
-                self._flights.pop(key, None)  # a forked child starts with none
+                if self._flights.get(key) is flight:  # a child forked in `make` has none
+                    del self._flights[key]
             flight.done.set()
         return flight.value
 
