@@ -6,8 +6,11 @@ half of the cases are valid calls over random ranks, shapes, dtypes, memory layo
 views and options, which must return the float64 PyTorch reference's result (and leave
 their inputs untouched, and fill a given `out`); the others make one argument bad, and
 must raise a TiledispatchError, TypeError or ValueError whose message names that argument
-(or, where the mutated value is legal, return the right result). The device is the GPU
-where there is one (bf16 added), else the CPU under Triton's interpreter.
+(or, where the mutated value is legal, return the right result). A valid call refused as
+unsupported (UnsupportedError, NoKernelError) is a stated limitation: conftest.py counts them
+over the session and fails it past a small share. The device is the GPU where there is one
+(bf16 added, and half the cases replayed through the fast path), else the CPU under Triton's
+interpreter.
 """
 
 from __future__ import annotations
@@ -30,11 +33,6 @@ CASES = {  # op -> (count, the case maker)
     "conv_backward_weight": (45, conv_cases.backward_weight_case),
     "attention": (80, attention_cases.make_case),
 }
-# A valid call may meet a stated limitation (UnsupportedError, NoKernelError) this often at most.
-LIMITATION_SHARE = 0.05
-
-_limitations: list[str] = []
-_valid_run: list[str] = []
 
 
 def _seeded(op: str, number: int) -> tuple[random.Random, torch.Generator, bool]:
@@ -56,14 +54,14 @@ def _notes(case: Case) -> str:
     return "".join(f" [{note}]" for note in case.notes)
 
 
-def _check_refusal(case: Case, error: BaseException) -> None:
+def _check_refusal(case: Case, error: BaseException, record_property) -> None:
     detail = f"{case.ident}: {case.summary}{_notes(case)}\n{type(error).__name__}: {error}"
     if not isinstance(error, ALLOWED_ERRORS):
         tb = "".join(traceback.format_exception(error, limit=-4))
         pytest.fail(f"crash, not a TiledispatchError/TypeError/ValueError: {detail}\n{tb}", pytrace=False)
     if case.valid or case.expect is Expect.WORKS:
-        if isinstance(error, LIMITATIONS):
-            _limitations.append(f"{case.ident}: {type(error).__name__}: {error}")
+        if isinstance(error, LIMITATIONS):  # counted over the session (conftest.py)
+            record_property("fuzz_limitation", f"{case.ident}: {type(error).__name__}: {error}")
             return
         pytest.fail(f"a valid call was refused: {detail}", pytrace=False)
     if not names_argument(str(error), case.argument):
@@ -105,7 +103,7 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
 
 
 @pytest.mark.parametrize("op, number", IDS, ids=[f"{op}-{number}" for op, number in IDS])
-def test_fuzz(op, number):
+def test_fuzz(op, number, record_property):
     case = _make(op, number)
     if case.warmup is not None:
         try:
@@ -119,21 +117,11 @@ def test_fuzz(op, number):
     try:
         outputs = case.run()
     except Exception as error:  # noqa: BLE001 - the kind of every exception is what is checked
-        _check_refusal(case, error)
+        _check_refusal(case, error, record_property)
         return
-    if case.valid:
-        _valid_run.append(case.ident)
+    if case.valid or case.expect is Expect.WORKS:
+        record_property("fuzz_valid", case.ident)
     _check_result(case, outputs, expected, before)
-
-
-def test_limitations_are_rare():
-    """Valid calls refused as unsupported: printed, and at most LIMITATION_SHARE of those run."""
-    for line in _limitations:
-        print(line)
-    seen = len(_valid_run) + len(_limitations)
-    if seen < 50:
-        pytest.skip(f"only {seen} valid calls ran in this process (a selection, or several workers)")
-    assert len(_limitations) <= LIMITATION_SHARE * seen, "\n".join(_limitations)
 
 
 def test_enough_cases():
