@@ -249,12 +249,12 @@ class Dispatcher:
         finalists = autotune.finalists(accepted)
         names = [c.spec.name for c in finalists]
         key = self.tuning.key(problem.op.value, self.arch.name, problem, names, _device_name(device))
-        record = self.tuning.get(key)
+        record = self.tuning.get(key, finalists=names)
         if record is None and device is not None:
             # One timing at a time: kernels timed at once on one device slow each other down,
             # and threads meeting one new problem together time it once.
             with self._timing:
-                record = self.tuning.get(key)
+                record = self.tuning.get(key, finalists=names)
                 if record is None:
                     record = self._time_finalists(problem, finalists, device)
                     if record is not None:

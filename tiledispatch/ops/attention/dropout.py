@@ -6,6 +6,7 @@ import torch
 import triton
 
 from ...core.args import as_int
+from ...core.runtime import interpreting
 from .arguments import dropout_offset, dropout_probability, dropout_seed
 from .kernels.scores import dropout_mask
 from .problem import check_seqlen_limit
@@ -24,6 +25,7 @@ def keep_mask(batch: int, heads_q: int, seqlen_q: int, seqlen_kv: int, dropout_p
     check_seqlen_limit(seqlen_q, seqlen_kv)
     keep = torch.empty((batch, heads_q, seqlen_q, seqlen_kv), dtype=torch.uint8, device=device)
     block_m, block_n = 16, 64
-    dropout_mask[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
-        keep, seed, offset, heads_q, seqlen_q, seqlen_kv, dropout_p, BLOCK_M=block_m, BLOCK_N=block_n)
+    with interpreting():  # the interpreter runs one kernel at a time
+        dropout_mask[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
+            keep, seed, offset, heads_q, seqlen_q, seqlen_kv, dropout_p, BLOCK_M=block_m, BLOCK_N=block_n)
     return keep.bool()

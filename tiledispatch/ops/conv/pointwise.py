@@ -15,6 +15,7 @@ import math
 import torch
 
 from ...core.dispatcher import Dispatcher
+from ...core.memo import LruTable
 from ...core.op import RuleSet
 from ...core.registry import Registry
 from ...core.tensors import shares_storage
@@ -24,16 +25,15 @@ from ..gemm.problem import GemmLayout, GemmProblem, GemmTypes, Layout
 from ..gemm.rulesets import RULE_SETS as GEMM_RULE_SETS
 from .problem import ConvProblem, Direction
 
-_DISPATCHERS: dict[str, Dispatcher] = {}
+_DISPATCHERS = LruTable(None)  # one per arch, made once even when threads ask together
 
 
 def gemm_dispatcher(arch) -> Dispatcher:
     """The GEMM op's default kernels for `arch` without its vendor path (the family runs Triton), one per arch."""
-    if arch.name not in _DISPATCHERS:
+    def make() -> Dispatcher:
         configs = [c for c in GEMM_RULE_SETS[RuleSet.DEFAULT]() if c.family is not GemmFamily.VENDOR]
-        _DISPATCHERS[arch.name] = Dispatcher(Registry.from_configs("gemm", configs, arch, source="conv's gemm family"),
-                                             arch)
-    return _DISPATCHERS[arch.name]
+        return Dispatcher(Registry.from_configs("gemm", configs, arch, source="conv's gemm family"), arch)
+    return _DISPATCHERS.get_or_make(arch.name, make)
 
 
 def _matrix(t: torch.Tensor) -> torch.Tensor:
