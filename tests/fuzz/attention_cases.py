@@ -125,7 +125,7 @@ def _band(sq: int, skv: int, causal, window) -> torch.Tensor:
     keep = torch.ones(sq, skv, dtype=torch.bool)
     causal = bool(causal) if not isinstance(causal, str) else causal
     if window is not None:
-        left, right = (int(v) for v in window)
+        left, right = (min(int(v), sq + skv) for v in window)  # past both lengths: unbounded
         right = 0 if causal else right
         if left >= 0:
             keep &= j >= i + skv - sq - left
@@ -246,7 +246,7 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     reads = {n: t for n, t in reads.items() if isinstance(t, torch.Tensor)}
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call), expect=expect,
                 argument=argument, reference=lambda: reference(call), tolerance=tolerance, reads=reads,
-                result_dtype=call.dtype, floor=max(1e-3, 4 * u),
+                result_dtype=call.dtype, floor=max(1e-3, 16 * u),
                 warmup=warmup_for(ident, lambda: _run(_twin(call)), [*call.args, *call.kwargs.values()]))
 
 

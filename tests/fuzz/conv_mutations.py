@@ -59,7 +59,7 @@ def _tensor_mutations(call, rng, gen) -> list:
     elif call.direction == "bwd_data":
         size = call.args[2]
         size = (0, *list(size)[1:]) if len(size) == call.geometry.dims + 2 else size
-        out[-1] = (first, "dy with N = 0", replace(call, args=(empty, call.args[1], size)), Expect.EITHER)
+        out[-1] = ("dy/input_size", "dy with N = 0", replace(call, args=(empty, call.args[1], size)), Expect.EITHER)
     return out
 
 

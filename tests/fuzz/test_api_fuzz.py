@@ -15,6 +15,7 @@ interpreter.
 
 from __future__ import annotations
 
+import os
 import random
 import traceback
 
@@ -26,12 +27,14 @@ from .cases import ALLOWED_ERRORS, DEVICE, LIMITATIONS, Case, Expect, compare, n
 from . import tensors as T
 
 MUTATED_SHARE = 0.45
+# TILEDISPATCH_FUZZ_SCALE=4 runs four times the cases (the first ones are CI's, unchanged).
+SCALE = float(os.environ.get("TILEDISPATCH_FUZZ_SCALE", "1"))
 CASES = {  # op -> (count, the case maker)
-    "gemm": (110, gemm_cases.make_case),
-    "conv": (70, conv_cases.forward_case),
-    "conv_backward_data": (45, conv_cases.backward_data_case),
-    "conv_backward_weight": (45, conv_cases.backward_weight_case),
-    "attention": (80, attention_cases.make_case),
+    "gemm": (round(110 * SCALE), gemm_cases.make_case),
+    "conv": (round(70 * SCALE), conv_cases.forward_case),
+    "conv_backward_data": (round(45 * SCALE), conv_cases.backward_data_case),
+    "conv_backward_weight": (round(45 * SCALE), conv_cases.backward_weight_case),
+    "attention": (round(80 * SCALE), attention_cases.make_case),
 }
 
 
@@ -125,6 +128,6 @@ def test_fuzz(op, number, record_property):
 
 
 def test_enough_cases():
-    assert len(IDS) >= 300
+    assert len(IDS) >= 300 * min(SCALE, 1)
     kinds = {op: sum(not _seeded(op, n)[2] for n in range(count)) for op, (count, _) in CASES.items()}
     assert all(0 < valid < CASES[op][0] for op, valid in kinds.items()), kinds
