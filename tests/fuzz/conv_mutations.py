@@ -98,7 +98,9 @@ def _scalar_mutations(call, rng, gen) -> list:
     out.append(("groups", "groups a 0-d tensor", _kw(call, groups=torch.tensor(g.groups)), Expect.EITHER))
     if call.direction == "forward":  # another output size: no residual or out of the old one
         shapeless = replace(call, kwargs={k: v for k, v in call.kwargs.items() if k not in ("residual", "out")})
-        out.append(("padding", "padding='valid'", _kw(shapeless, padding="valid"), Expect.EITHER))
+        fits = all(d * (f - 1) + 1 <= n for d, f, n in zip(g.dilation, g.filt, g.spatial))
+        out.append(("padding" if fits else "padding/x/w", "padding='valid'", _kw(shapeless, padding="valid"),
+                    Expect.EITHER if fits else Expect.RAISES))  # unpadded, a filter past the input has no output
         if set(g.stride) == {1}:
             out.append(("padding", "padding='same'", _kw(shapeless, padding="same"), Expect.EITHER))
     out.append(("groups", "groups np.int64", _kw(call, groups=np.int64(g.groups)), Expect.WORKS))
