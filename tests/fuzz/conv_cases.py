@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
