@@ -215,6 +215,9 @@ def _read_tensors(direction: Direction, given: dict) -> dict:
         if t.dim() != dims + 2:
             raise InvalidProblemError(f"{reads[0]} is {_shape(first)} ({dims}-D conv) but {role} is {_shape(t)}: "
                                       f"give every tensor {dims + 2} dims")
+        if t.numel() == 0:
+            raise InvalidProblemError(f"{role} is {_shape(t)}, with no elements: a conv needs at least one "
+                                      "image, channel and pixel in every tensor")
     dtype = _dtype(first, reads[0])
     for role, t in tensors.items():
         if _dtype(t, role) is not dtype:
