@@ -4,7 +4,7 @@ The suite's cases have no bias (benchmarks/conv.py); a model's depthwise conv mo
 Each kernel is forced by name, checked against an fp32 cuDNN reference, and timed as CUDA-graph
 replays taken in turns with the others (bench.timing.interleaved_medians), bf16 and fp16.
 
-    python benchmarks/conv_depthwise_bias.py [--out FILE.csv]
+    python benchmarks/studies/conv_depthwise_bias.py [--out FILE.csv]
 """
 
 from __future__ import annotations

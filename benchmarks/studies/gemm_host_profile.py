@@ -3,7 +3,7 @@
 Times each layer of the fast path on its own (the call signature, the memo lookup, the
 bound call, the bare launcher) against torch.mm, then profiles the whole call.
 
-    python benchmarks/gemm_host_profile.py [--kernel NAME] [--no-out]
+    python benchmarks/studies/gemm_host_profile.py [--kernel NAME] [--no-out]
 """
 
 from __future__ import annotations

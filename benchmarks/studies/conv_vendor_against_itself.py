@@ -6,23 +6,26 @@ with conv.py's samplers, in both orders, and lists what each one's graph runs, k
 with its time: if they match here, what slowed the suite's row was the state of that run, not
 the call.
 
-    python benchmarks/conv_vendor_against_itself.py --rows resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16
+    python benchmarks/studies/conv_vendor_against_itself.py --rows resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-import conv as suite_bench  # the suite benchmark's operands and samplers
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the suite runners
+import conv as suite_bench  # noqa: E402  (the suite benchmark's operands and samplers)
+import torch  # noqa: E402
 
-import tiledispatch  # noqa: F401  (first: it picks the backend)
-from tiledispatch.bench.timing import interleaved_medians
-from tiledispatch.core.dispatcher import Dispatcher
-from tiledispatch.core.registry import Registry
-from tiledispatch.core.runtime import current_arch
-from tiledispatch.ops.conv import Direction
+import tiledispatch  # noqa: E402,F401  (first: it picks the backend)
+from tiledispatch.bench.timing import interleaved_medians  # noqa: E402
+from tiledispatch.core.dispatcher import Dispatcher  # noqa: E402
+from tiledispatch.core.registry import Registry  # noqa: E402
+from tiledispatch.core.runtime import current_arch  # noqa: E402
+from tiledispatch.ops.conv import Direction  # noqa: E402
 
 ROWS = "resnet50_1x1:bwd_weight:fp16,conv3d_g4:bwd_data:fp16,depthwise_mbv2_3x3:bwd_weight:bf16," \
        "resnet50_1x1:bwd_data:bf16,resnet50_1x1:forward:fp16"

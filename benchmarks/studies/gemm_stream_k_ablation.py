@@ -6,7 +6,7 @@ waits (its sums are then wrong: timing only); the stream-k kernel given no strea
 tiles only, one per program in turn); its tma-persistent twin (same tile); and cuBLAS. The flags'
 memset is timed alone and taken off the first two.
 
-    python benchmarks/gemm_stream_k_ablation.py
+    python benchmarks/studies/gemm_stream_k_ablation.py
 """
 import importlib
 

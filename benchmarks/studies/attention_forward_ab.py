@@ -6,7 +6,7 @@ sampled in turns (bench.timing.interleaved_medians), so the ratios compare the s
 the GPU's clock. It calibrates the ranking between families (ops/attention/ranking.py): the
 suite benchmark (attention.py) times only the rules' top few, which come from one family.
 
-    python benchmarks/attention_forward_ab.py [--kernels fwd-tma_64x64_w4_s3,fwd-ws_128x128_w8_s2] [--out FILE]
+    python benchmarks/studies/attention_forward_ab.py [--kernels fwd-tma_64x64_w4_s3,fwd-ws_128x128_w8_s2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tiledispatch import Dispatcher, Registry
 from tiledispatch.bench.timing import calls_lasting, event_sampler, interleaved_medians
 from tiledispatch.core.runtime import current_arch
 
-SUITE = Path(__file__).parent / "suites" / "attention.json"
+SUITE = Path(__file__).resolve().parents[1] / "suites" / "attention.json"
 KERNELS = ("fwd-tma_64x64_w4_s3,fwd-tma_128x64_w8_s2,fwd-ws_128x128_w8_s2,fwd-ws_128x128_w8_s3,fwd-ws_128x64_w8_s3,"
            "fwd-ws_128x64_w8_s2")
 ROUNDS = 9

@@ -7,7 +7,7 @@ CUDA-event medians of back-to-back calls, in turns with the forward alone and wi
 forward+backward (bench.timing.interleaved_medians); a tile's backward is the difference.
 It calibrates the ranking between the backward families (ops/attention/ranking.py).
 
-    python benchmarks/attention_backward_ab.py [--kernels bwd_64x128_w8_s3,bwd-ws_32x128_w8_s3] [--out FILE]
+    python benchmarks/studies/attention_backward_ab.py [--kernels bwd_64x128_w8_s3,bwd-ws_32x128_w8_s3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tiledispatch import Dispatcher, Registry
 from tiledispatch.bench.timing import calls_lasting, event_sampler, interleaved_medians
 from tiledispatch.core.runtime import current_arch
 
-SUITE = Path(__file__).parent / "suites" / "attention.json"
+SUITE = Path(__file__).resolve().parents[1] / "suites" / "attention.json"
 KERNELS = ("bwd_64x128_w8_s3,bwd_64x128_w8_s2,bwd_64x64_w4_s2,bwd_64x64_w8_s2,"
            "bwd-ws_32x128_w8_s3,bwd-ws_32x128_w8_s2,bwd-ws_64x128_w8_s2,bwd-ws_32x64_w8_s2")
 FORWARD = {64: "fwd-ws_128x128_w8_s2", 128: "fwd-ws_128x128_w8_s2", 256: "fwd-ws_128x64_w8_s2"}  # by head dim

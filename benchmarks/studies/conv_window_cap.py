@@ -8,7 +8,7 @@ as CUDA-graph replays in turns (benchmarks/conv.py's samplers). `--cases` times 
 case:direction pairs, e.g. the backward-weight windows (rules.weight_window_register_cap), and
 `--dtypes` other dtypes.
 
-    python benchmarks/conv_window_cap.py [--top 2] [--caps 0,168,128] [--cases convnext_dw7x7:bwd_weight,...]
+    python benchmarks/studies/conv_window_cap.py [--top 2] [--caps 0,168,128] [--cases convnext_dw7x7:bwd_weight,...]
                                          [--dtypes bf16,fp16]
 """
 
@@ -22,7 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the suite runners
 import conv as bench  # noqa: E402  (benchmarks/conv.py: its problems, inputs, samplers and copy)
 
 from tiledispatch.bench.timing import interleaved_medians  # noqa: E402

@@ -2,7 +2,7 @@
 times sampled in turns, then the kernels each one launches (torch.profiler), to tell the
 dispatcher's own cost apart from the GPU clock's drift.
 
-    python benchmarks/attention_fwdbwd_profile.py
+    python benchmarks/studies/attention_fwdbwd_profile.py
 """
 import torch
 import torch.nn.functional as F

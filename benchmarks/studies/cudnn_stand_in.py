@@ -5,7 +5,7 @@ its shape only. torch.nn.grad passes one element expanded to that shape, which h
 layout; autograd passes the real, channels-last tensor. Times (us, CUDA-graph replays over 4
 input sets, median of 5) of dgrad and wgrad alone with each stand-in, and of both at once.
 
-    python benchmarks/cudnn_stand_in.py [--cases resnet50_3x3,unet_3x3]
+    python benchmarks/studies/cudnn_stand_in.py [--cases resnet50_3x3,unet_3x3]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the suite runners
 import conv as bench  # noqa: E402  (benchmarks/conv.py: the suite's problems)
 
 from tiledispatch.bench.timing import graph_sampler, interleaved_medians  # noqa: E402

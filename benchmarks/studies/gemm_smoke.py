@@ -1,10 +1,10 @@
 """A first look at GEMM speed on the GPU: the rules-selected Triton kernel against cuBLAS.
 
-Not the suite benchmark (that is issue 3's `benchmarks/gemm.py`): a handful of shapes
+Not the suite benchmark (`benchmarks/gemm.py`): a handful of shapes
 from ../shared/suites/gemm.json in bf16, CUDA-event medians with inputs rotated beyond
 L2, correctness checked before timing. Writes a CSV to the path given (default stdout).
 
-    python benchmarks/gemm_smoke.py benchmarks/results/h200/gemm_smoke.csv
+    python benchmarks/studies/gemm_smoke.py benchmarks/results/h200/gemm_smoke.csv
 """
 
 import csv

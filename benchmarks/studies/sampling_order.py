@@ -8,7 +8,7 @@ clock its predecessor left, so in a fixed order a provider is judged after the s
 every time. Prints each mode's medians and the dispatcher's ratio to cuDNN, and per provider the
 shuffled mode's median by predecessor.
 
-    python benchmarks/sampling_order.py [--case long_S16384_D128_causal] [--rounds 10] [--blocks 2]
+    python benchmarks/studies/sampling_order.py [--case long_S16384_D128_causal] [--rounds 10] [--blocks 2]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the suite runners
 import attention as suite  # noqa: E402  (benchmarks/attention.py: its case inputs, providers and samplers)
 
 from tiledispatch.core.runtime import current_arch  # noqa: E402
