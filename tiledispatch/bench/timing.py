@@ -132,7 +132,7 @@ def interleaved_medians(samplers: dict[str, Callable[[], float]], rounds: int, s
     SDPA flash's ran 3-5 % slower than after any other provider (the dispatcher 30.40 ms after
     it, 28.79 after cuDNN), and the suite's fixed order put the dispatcher after flash in every
     round: it read 0.960-0.968x cuDNN there in two suite runs, 1.008x shuffled
-    (benchmarks/sampling_order.py; benchmarks/results/h100/sampling_order.txt).
+    (benchmarks/studies/sampling_order.py; benchmarks/results/h100/sampling_order.txt).
     """
     order, shuffle = list(samplers), random.Random(seed)
     samples: dict[str, list[float]] = {name: [] for name in samplers}

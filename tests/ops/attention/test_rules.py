@@ -295,7 +295,7 @@ def test_the_warp_specialised_unit_is_a_gluon_kernel_with_a_register_cap():
 
 
 def test_the_rules_follow_the_forward_a_b_on_the_h100(monkeypatch):
-    """Timed in turns (benchmarks/attention_forward_ab.py): fwd-ws 128x128 ran 1.26-1.47x fwd-tma's
+    """Timed in turns (benchmarks/studies/attention_forward_ab.py): fwd-ws 128x128 ran 1.26-1.47x fwd-tma's
     best at d=128 and 0.88-0.95x at d=64; against cuDNN 1.01-1.10x at S4096, 1.00-1.09x causal,
     1.03-1.12x on GQA causal S8192 and 0.84-0.89x at S1024; at d=256 128x64 1.035-1.09x."""
     monkeypatch.setattr(vendor, "cudnn_max_head_dim", lambda: 256)  # cuDNN 9.10+ on sm_90, as on the H100

@@ -29,7 +29,7 @@ FRACTION = {
     # (64x64 w4 s3); the rules pick that one.
     (Family.FWD, Direction.FORWARD): 0.46,
     (Family.FWD_TMA, Direction.FORWARD): 0.50,
-    # fwd-ws against cuDNN, timed in turns on the H100 (benchmarks/attention_forward_ab.py;
+    # fwd-ws against cuDNN, timed in turns on the H100 (benchmarks/studies/attention_forward_ab.py;
     # results/h100/attention_forward_ab.txt), 128x128 w8 over four runs: 1.01-1.10x cuDNN at
     # S4096, 1.00-1.09x causal, 1.03-1.12x GQA causal S8192, 0.84-0.89x at S1024. With the terms
     # below, 0.80 models it 1.00x, 1.02x, 1.12x and 0.86x there.
@@ -38,7 +38,7 @@ FRACTION = {
     # atomic dQ variant's best ran 301 there (benchmarks/results/h200/attention_sweep.csv).
     (Family.BWD, Direction.BACKWARD): 0.36,
     (Family.BWD_ATOMIC, Direction.BACKWARD): 0.31,
-    # bwd-ws, timed in turns with bwd on the H100 (benchmarks/attention_backward_ab.py; results/
+    # bwd-ws, timed in turns with bwd on the H100 (benchmarks/studies/attention_backward_ab.py; results/
     # h100/attention_backward_ab.txt), with both its stages in Gluon: 32x128 w8 s3 ran 1.24-1.47x
     # bwd's 64x128 w8 s3 at d=128, where 0.49 models 1.38-1.39x. cuDNN stays ahead (its
     # forward+backward ran 1.06-1.16x fwd-ws's with bwd-ws at d=128, 1.28x at d=64; its backward

@@ -49,7 +49,7 @@ DEFAULT_TMA = TESTS_TMA + (
     Tile(128, 128, 4, 2), Tile(64, 64, 4, 3),
 )
 # The warp-specialised forward (fwd-ws): two MMA warpgroups of 64 rows. Timed in turns on the
-# H100 at d=128 (benchmarks/attention_forward_ab.py): 128x128 ran 1.26-1.47x fwd-tma's best
+# H100 at d=128 (benchmarks/studies/attention_forward_ab.py): 128x128 ran 1.26-1.47x fwd-tma's best
 # tile and 0.84-1.16x cuDNN, with 2 and 3 stages within 4-9 % of each other either way;
 # 128x64 0.79-0.97x of 128x128. At d=256 only 128x64 over 2 stages fits (192 KiB): 1.26-1.49x
 # fwd-tma's 128x64 w8 s2.

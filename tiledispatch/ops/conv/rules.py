@@ -148,7 +148,7 @@ WINDOW_REGISTER_BASE = 39
 # kernels the fit puts at <= 200 ran 1.0-1.34x faster, timed in turns on the H100 (8x32 run 14 at
 # 7x7: 61.3 -> 51.0 us; 16x64 run 7 at 3x3: 28.4 -> 21.2; 32x32 and 16x64 run 7 at 5x5: 1.16-1.17x;
 # 8x64 run 14 at 5x5, already at 12 warps an SM: 1.0x), and those it puts at 260-310, 90-140 over
-# the cap, 0.80-0.86x (at a cap of 128: 0.22-0.30x): benchmarks/conv_window_cap.py,
+# the cap, 0.80-0.86x (at a cap of 128: 0.22-0.30x): benchmarks/studies/conv_window_cap.py,
 # results/h100/conv_window_cap.txt. Backward-weight window tiles stay uncapped: at 168 the best
 # two of each depthwise case ran 1.0x (5x5) to 1.49x slower (conv_window_cap_bwdw.txt).
 WINDOW_REGISTER_CAP = 168

@@ -11,7 +11,7 @@ warpgroups of 64 rows, each a partition of its own, and nothing in flight across
   - dQ: a program owns 128 query rows of one head; the loader brings Q and dO once, then
     streams K and V blocks. S = Q K^T and dP = dO V^T go together, then dQ += dS K; dQ leaves
     from Q's buffer.
-Timed in turns on the H100 (benchmarks/attention_backward_ab.py), 32x128 w8 s3 ran 1.24-1.47x
+Timed in turns on the H100 (benchmarks/studies/attention_backward_ab.py), 32x128 w8 s3 ran 1.24-1.47x
 bwd's 64x128 w8 s3 at d=128 with both stages here, against 1.05-1.27x with bwd's dQ stage.
 
 At d=256 the dK/dV stage is kernels/backward_ws_wide.py's (its warpgroups split by role) and

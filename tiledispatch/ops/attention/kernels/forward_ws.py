@@ -13,7 +13,7 @@ states both by hand, as FlashAttention-3 does. A program owns 128 query rows of 
     No MMA is in flight across steps: with one (block j+1's Q K^T issued before block j's
     softmax) ptxas serialised every wgmma of the kernel (its warning C7514), and the family
     ran 0.90-0.99x fwd-tma instead of 1.26-1.47x.
-Timed in turns on the H100 (benchmarks/attention_forward_ab.py) at d=128 it runs 1.0-1.16x
+Timed in turns on the H100 (benchmarks/studies/attention_forward_ab.py) at d=128 it runs 1.0-1.16x
 cuDNN on S >= 4096 and 0.84-0.89x at S1024, where a program's first and last blocks (no
 overlap) weigh more; at d=64 about fwd-tma's speed; at d=256 1.26-1.49x fwd-tma. A
 persistent grid (a program taking tiles in turn, the next tile's keys loaded under this
