@@ -121,7 +121,7 @@ def _sizes(value, dims: int, what: str) -> tuple[tuple[int, ...] | None, tuple[i
     if len(items) not in (dims, dims + 2):
         raise InvalidProblemError(f"{what} {items} must be the full shape ({dims + 2} values) or the "
                                   f"{dims} spatial sizes of a {dims}-D conv")
-    sizes = tuple(as_int(v, f"{what}[{i}]", low=1) for i, v in enumerate(items))
+    sizes = tuple(as_int(v, f"{what}[{i}]", low=1, high=INDEX_LIMIT - 1) for i, v in enumerate(items))
     return (sizes[:2], sizes[2:]) if len(sizes) == dims + 2 else (None, sizes)
 
 

@@ -182,10 +182,11 @@ def _activation(value: Any) -> Activation:
 def _asked_dtype(out_dtype: Any) -> DType | None:
     if out_dtype is None or isinstance(out_dtype, DType):
         return out_dtype
-    if isinstance(out_dtype, torch.dtype):
-        return DType.from_torch(out_dtype)
-    if isinstance(out_dtype, str):
-        return DType.parse(out_dtype)
+    if isinstance(out_dtype, (torch.dtype, str)):
+        try:
+            return DType.from_torch(out_dtype) if isinstance(out_dtype, torch.dtype) else DType.parse(out_dtype)
+        except (UnsupportedError, ValueError) as e:
+            raise type(e)(f"out_dtype={out_dtype!r}: {e}") from None
     raise InvalidArgumentError(
         f"out_dtype must be None, a torch.dtype (torch.float32) or a dtype name ('fp32'), "
         f"got {out_dtype!r} ({type(out_dtype).__name__})")
@@ -202,8 +203,9 @@ def _output_dtype(ta: DType, out: torch.Tensor | None, out_dtype: Any) -> DType:
         tc = asked if asked is not None else DType.BF16 if ta.is_fp8 else ta
     allowed = _FP8_OUT if ta.is_fp8 else _OUT_DTYPES.get(ta, ())
     if tc not in allowed:
+        given = "out" if out is not None else "out_dtype" if asked is not None else "the output"
         raise UnsupportedError(
-            f"output dtype {tc.value} is not supported for {ta.value} inputs; use one of: "
+            f"{given}: output dtype {tc.value} is not supported for {ta.value} inputs; use one of: "
             f"{', '.join(d.value for d in allowed)}"
         )
     return tc
