@@ -235,6 +235,7 @@ def test_a_slow_load_holds_up_only_the_threads_that_want_its_kernel(registry, mo
     assert sorted(loads) == sorted([slow.name, other.name])  # each loaded once
 
 
+@interpreter_only  # CPU tensors: a GPU process refuses them before any load
 def test_threads_share_a_build_error_and_each_falls_back(registry, monkeypatch):
     d = Dispatcher(registry, INTERP)
     ops = check_operands(torch.randn(24, 16).half(), torch.randn(16, 8).half())

@@ -304,7 +304,10 @@ def test_an_expanded_query_of_2_31_rows_is_answered_without_allocating():
             except tiledispatch.UnsupportedError as e:
                 print("refused:", e)
     """)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}  # no CUDA context in 3 GiB
+    # No CUDA context in 3 GiB, and one BLAS thread: OpenBLAS reserves buffers per thread, which on a
+    # 16-core GPU host outgrow the limit before any attention runs.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "OPENBLAS_NUM_THREADS": "1",
+           "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("refused: [seqlen-limit] 2147483648 queries") == 2, done.stdout
