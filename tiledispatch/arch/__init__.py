@@ -24,8 +24,10 @@ from typing import Any
 
 from ..core.dtypes import DType
 from ..core.errors import ArchError, TiledispatchError
+from . import calibration as _calibration
+from .calibration import Calibration, Provenance
 
-__all__ = ["ArchInfo", "Feature", "available", "current", "detect", "load", "load_file"]
+__all__ = ["ArchInfo", "Calibration", "Feature", "Provenance", "available", "current", "detect", "load", "load_file"]
 
 #: Known architectures, oldest first; the interpreter last because it is not a GPU.
 _KNOWN = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "interpreter")
@@ -66,6 +68,8 @@ class ArchInfo:
     #: Dense TFLOP/s of the representative part per tensor-core dtype (fp32 means tf32).
     peak_tflops: Mapping[DType, float] = dataclasses.field(hash=False)
     memory_bandwidth_gbs: float
+    #: Measured facts the time models read (launch cost, bytes in flight, port rates, clock), with provenance.
+    calibration: Calibration
 
     def __post_init__(self) -> None:
         # Normalise so that callers (and dataclasses.replace) may pass lists and dicts
@@ -134,6 +138,7 @@ class ArchInfo:
             "features": [f.value for f in Feature if f in self.features],
             "peak_tflops": {d.value: self.peak_tflops[d] for d in DType if d in self.peak_tflops},
             "memory_bandwidth_gbs": self.memory_bandwidth_gbs,
+            "calibration": self.calibration.to_dict(),
         }
 
 
@@ -227,6 +232,7 @@ def _from_dict(data: Any, source: str) -> ArchInfo:
         features=features,
         peak_tflops=peak,
         memory_bandwidth_gbs=number("memory_bandwidth_gbs", data["memory_bandwidth_gbs"], float),
+        calibration=_calibration.from_dict(data["calibration"], source),
     )
 
 

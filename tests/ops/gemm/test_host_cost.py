@@ -11,8 +11,7 @@ from tiledispatch import Dispatcher, Registry, arch
 from tiledispatch.ops.gemm import check_operands
 from tiledispatch.ops.gemm.config import Family, GemmConfig, VendorConfig
 from tiledispatch.ops.gemm.problem import Epilogue, GemmLayout, GemmTypes
-from tiledispatch.ops.gemm.ranking import (HOST_LAUNCH_SECONDS, device_score, host_seconds, replay_pick,
-                                           rule_score)
+from tiledispatch.ops.gemm.ranking import device_score, host_seconds, replay_pick, rule_score
 
 SM90 = arch.load("sm_90")
 
@@ -46,7 +45,7 @@ def test_a_launch_bound_problem_goes_to_the_cheapest_launch():
 def test_launch_bound_kernels_of_one_host_cost_keep_their_device_order():
     p = problem(256, 256, 256)
     single = [c for c in ranked(p) if c.spec.family != "vendor" and c.spec.config.layout == p.layout
-              and host_seconds(c.spec.config, p) == host_seconds(replace(c.spec.config, split_k=1), p)]
+              and host_seconds(c.spec.config, p, SM90) == host_seconds(replace(c.spec.config, split_k=1), p, SM90)]
     assert len(single) > 3
     devices = [device_score(c.spec.config, p, SM90).value for c in single]
     assert devices == sorted(devices, reverse=True)
@@ -68,10 +67,11 @@ def test_each_stage_is_one_more_launch():
     base = GemmConfig(Family.TILED, bf16, GemmLayout.parse("rrr"), Epilogue(), 64, 64, 64, group_m=8,
                       num_warps=4, num_stages=3)
     split = replace(base, split_k=8)
-    assert host_seconds(split, p) == pytest.approx(host_seconds(base, p) + HOST_LAUNCH_SECONDS)
+    launch_s = SM90.calibration.host_launch_s
+    assert host_seconds(split, p, SM90) == pytest.approx(host_seconds(base, p, SM90) + launch_s)
     vendor = VendorConfig(bf16, GemmLayout.parse("sss"), Epilogue())
     with_bias = replace(p, epilogue=Epilogue(bias=True))
-    assert host_seconds(vendor, with_bias) == pytest.approx(host_seconds(vendor, p) + HOST_LAUNCH_SECONDS)
+    assert host_seconds(vendor, with_bias, SM90) == pytest.approx(host_seconds(vendor, p, SM90) + launch_s)
 
 
 def test_graph_replays_of_a_launch_bound_call_take_the_fastest_kernel_on_the_device():

@@ -15,12 +15,12 @@ import triton
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, wave_efficiency
+from ...heuristics.roofline import dram_bytes_per_s, ideal_seconds, tensor_flops
 from .config import AnyAttentionConfig, Family, VendorConfig
 from .counting import block_pairs
 from .problem import AttentionProblem, Direction
 from .rules import REGISTER_RESERVE, accumulator_registers, padded, shared_memory_bytes
 
-LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md: Triton on an H200)
 # Fractions of the dense tensor-core peak each Triton family reaches at its best. The vendor
 # ones: VENDOR_FRACTION.
 FRACTION = {
@@ -88,7 +88,9 @@ VENDOR_HEAD_DIM_FACTOR = {
 # block. cuDNN 593/660 forward and 444/495 backward at S4096; flash 294/338 and 271/295.
 VENDOR_MASK_FACTOR = 0.90
 VENDOR_CALL_SECONDS = 8e-6  # SDPA's dispatch and checks on the host
-L2_REUSE = 4.0  # K/V re-reads by neighbouring query blocks come from L2 at about this multiple of HBM
+# K/V re-reads by neighbouring query blocks come from L2 at about this multiple of HBM: a kernel term,
+# not a machine fact (the GEMM op's grouped tile order takes 5.0).
+L2_REUSE = 4.0
 # Register pressure: the modelled registers a thread (fp32 tiles + reserve) above which ptxas
 # starts to spill, and the efficiency left at 256. sm_90 compiles: fwd 128x64 w4 at d=128
 # (240 modelled) spills and ran at 0.69x the 8-warp tile on the H200; bwd dK/dV 32x128 w8
@@ -116,13 +118,13 @@ WS_PROGRAM_OVERHEAD_KEYS = 280
 
 
 def _peak_flops(problem: AttentionProblem, arch) -> float:
-    dtype = problem.dtype if arch.supports_dtype(problem.dtype) else DType.FP16
-    peak = arch.peak_tflops.get(dtype, max(arch.peak_tflops.values())) * 1e12
-    return peak / 8 if problem.dtype is DType.FP32 else peak  # fp32 runs exact (ieee), not as tf32
+    peak = tensor_flops(arch, problem.dtype)
+    # fp32 runs exact (ieee), not as tf32: on the CUDA cores' share of the tf32 peak.
+    return peak * arch.calibration.fma_share_of_tf32 if problem.dtype is DType.FP32 else peak
 
 
 def _ideal_seconds(problem: AttentionProblem, arch) -> float:
-    return max(problem.flops() / _peak_flops(problem, arch), problem.bytes() / (arch.memory_bandwidth_gbs * 1e9))
+    return ideal_seconds(problem.flops(), problem.bytes(), _peak_flops(problem, arch), arch)
 
 
 def computed_pairs(problem: AttentionProblem, block_m: int, block_n: int) -> int:
@@ -214,10 +216,10 @@ def rule_score(config: AnyAttentionConfig, problem: AttentionProblem, arch) -> S
     efficiency = dims * band * waves * feed * shape * latency * pressure * warps * softmax
     fraction = FRACTION[(config.family, config.direction)]
     stages = 1 if forward else 3
-    modelled = p.flops() / (peak * efficiency) / fraction + stages * LAUNCH_SECONDS
+    modelled = p.flops() / (peak * efficiency) / fraction + stages * arch.calibration.launch_s
     if not forward:
         tq, _ = p.tokens()
-        modelled += 2 * tq * p.heads_q * p.head_dim_v * p.dtype.itemsize / (arch.memory_bandwidth_gbs * 1e9)
+        modelled += 2 * tq * p.heads_q * p.head_dim_v * p.dtype.itemsize / dram_bytes_per_s(arch)
     ideal = _ideal_seconds(p, arch)
     terms = {"head_dims": dims, "band": band, "waves": waves, "feed": feed, "shape": shape, "latency": latency,
              "pressure": pressure, "warps": warps, "softmax": softmax, "resident": float(resident),

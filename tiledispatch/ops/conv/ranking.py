@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
+from ...heuristics.roofline import dram_bytes_per_s, fma_flops, tensor_flops
+from ...heuristics.roofline import ideal_seconds as roofline_seconds
 from .config import (
     AnyConvConfig,
     DirectConfig,
@@ -60,7 +62,6 @@ FLAT_DATA_TILE = 128 * 64
 # backward-data 10.3 / 11.2, backward-weight 15.8-16.4 / 20.9. Fitted on larger GEMMs, it over-models
 # these by about this much; without it the conv's own TMA kernels, 9-26 % slower, ranked first.
 POINTWISE_GEMM_FIT = 0.83
-LAUNCH_SECONDS = 4e-6  # one extra kernel launch (ANCHORS.md, Triton on an H200)
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
 # of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
 TILED_FRACTION = 0.5
@@ -127,7 +128,7 @@ VENDOR_GROUPED_EVEN = 16
 VENDOR_GROUPED_UNEVEN = 0.5
 # cuDNN's depthwise kernels are bound by CUDA-core issue, not bytes: the time grows with the
 # taps (mbv2 3x3, 5x5, convnext 7x7 forward: 4.2, 4.9, 5.8 T output-taps/s). As fractions
-# of the CUDA-core FMA rate (FMA_FRACTION_OF_TF32 of the tf32 peak, 2 FLOPs a tap):
+# of the CUDA-core FMA rate (roofline.fma_flops, 2 FLOPs a tap):
 # (Backward-data 0.1: 0.096-0.119 on the suite's 3x3, 5x5 and 7x7 with x given channels-last, H100.)
 VENDOR_DEPTHWISE_FMA = {Direction.FORWARD: 0.16, Direction.BWD_DATA: 0.1, Direction.BWD_WEIGHT: 0.11}
 # Its backward-weight amortises each pixel's loads over the taps and over a map's pixels, so its
@@ -207,9 +208,10 @@ WINDOW_SPILL_REGISTERS = 320
 # MobileNet's 28x28 and 14x14 and EfficientNet's 7x7, cuDNN modelled 1.20-1.33x it (the kernel ran
 # 1.13-1.54x). MobileNet's 7x7 (cuDNN modelled 0.91x, the kernel ran 1.22x) is still missed.
 WINDOW_MODEL_ERROR = 1.15
-FMA_FRACTION_OF_TF32 = 1 / 8  # CUDA-core FMA rate against the tensor-core peak (as the GEMM model)
+# Operand re-reads served from L2, as a multiple of DRAM bandwidth. A kernel term, not a machine
+# fact: the multiple follows the kernels' tile order and re-reads (the GEMM op's grouped tile order
+# takes 5.0).
 L2_REUSE = 4.0
-BYTES_IN_FLIGHT_PER_SM = 36 * 1024  # Little's law on an H200: 4.8 TB/s x ~1 us over 132 SMs
 SPILL_PENALTY = 0.15
 # Warps an SM needs issuing wgmma/mma to keep its tensor cores busy: two warpgroups (the
 # 8-warp 128x128 and 128x256 tiles of the GEMM op's fastest H200 kernels).
@@ -232,13 +234,13 @@ WEIGHT_INSTRUCTIONS_PER_LOAD = 29
 # igemm-flat gathers the im2col matrix element by element: each adds its column's tap offset
 # and checks the borders in three dims (a guess, to be fitted to conv.csv's stem rows).
 FLAT_GATHER_INSTRUCTIONS = 6
-ISSUE_PER_SM_CYCLE = 4  # warp-instructions an SM issues a cycle (four schedulers)
 # The operand bytes one SM's L2 port takes a second, before TILED_FRACTION (so ~100 GB/s in
-# the kernel's own time, GEMM's TMA intake). On conv.csv (H200) 160-300e9 rank alike: the
-# Triton-only selection 0.948 -> 0.962 mean, 0.844 -> 0.889 P10, and with cuDNN 0.966 -> 0.979;
-# at 140e9 and below the last falls back to 0.971 and under (benchmarks/evaluate_conv_rules.py).
+# the kernel's own time, the machine's arch.calibration.tma_port_bytes_per_s). A kernel term: a
+# ranking parameter fitted to this op's kernels with their fractions, not a measured intake. On
+# conv.csv (H200) 160-300e9 rank alike: the Triton-only selection 0.962 mean and 0.889 P10 (0.948
+# and 0.844 without the term), with cuDNN 0.979; at 140e9 and below that last falls to 0.971 and
+# under (benchmarks/evaluate_conv_rules.py).
 SM_PORT_BYTES_PER_S = 200e9
-CLOCK_HZ = 1.75e9
 # igemm-tma (kernels/implicit_gemm_tma.py). Fraction of the tensor-core peak at its best, after
 # its own terms, per direction. Forward: fitted to the H200 (benchmarks/results/h200/conv_tma.csv, 5
 # dense and 2 grouped cases, bf16, 97 TMA tiles timed). Backward-weight: refitted with the intake and
@@ -317,22 +319,12 @@ def gemm_view(p: ConvProblem) -> GemmView:
 def _peak_flops(p: ConvProblem, arch) -> float:
     t = p.types
     if t.dtype is DType.FP32 and not t.allow_tf32:
-        return arch.peak_tflops[DType.FP32] * 1e12 * FMA_FRACTION_OF_TF32
-    dtype = t.dtype if arch.supports_dtype(t.dtype) else DType.FP16
-    return arch.peak_tflops.get(dtype, max(arch.peak_tflops.values())) * 1e12
-
-
-def _bandwidth(arch) -> float:
-    return arch.memory_bandwidth_gbs * 1e9
+        return fma_flops(arch)
+    return tensor_flops(arch, t.dtype)
 
 
 def ideal_seconds(p: ConvProblem, arch) -> float:
-    return max(p.flops() / _peak_flops(p, arch), p.bytes() / _bandwidth(arch))
-
-
-def _fma_rate(arch) -> float:
-    """The CUDA-core FMA rate in FLOP/s (2 per FMA)."""
-    return arch.peak_tflops[DType.FP32] * 1e12 * FMA_FRACTION_OF_TF32
+    return roofline_seconds(p.flops(), p.bytes(), _peak_flops(p, arch), arch)
 
 
 def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
@@ -352,12 +344,12 @@ def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
         if p.direction is Direction.FORWARD and not p.unit_stride:
             conv_s *= VENDOR_DEPTHWISE_STRIDED_FORWARD
             fraction_of_fma *= VENDOR_DEPTHWISE_STRIDED_FMA
-        conv_s = max(conv_s, fixed_s + p.flops() / (_fma_rate(arch) * fraction_of_fma))
+        conv_s = max(conv_s, fixed_s + p.flops() / (fma_flops(arch) * fraction_of_fma))
         if p.direction is Direction.BWD_DATA and not p.unit_stride:
             conv_s *= VENDOR_DEPTHWISE_STRIDED_BWD_DATA
     steps = int(p.epilogue.activation.value != "none") + int(p.epilogue.residual)
     y_bytes = p.n * p.k * math.prod(p.output_size) * p.types.dtype.itemsize
-    step_s = 2 * y_bytes / _bandwidth(arch) + LAUNCH_SECONDS
+    step_s = 2 * y_bytes / dram_bytes_per_s(arch) + arch.calibration.launch_s
     modelled = conv_s + VENDOR_CALL_SECONDS + steps * step_s
     # Compared with the Triton kernels' models, whose error is up to VENDOR_TRUST.
     return Score(ideal / modelled * VENDOR_TRUST, {"fraction": fraction, "epilogue_steps": float(steps),
@@ -433,7 +425,8 @@ def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tile
                                             if p.direction is Direction.BWD_WEIGHT else 0)
     per_step = STEP_INSTRUCTIONS + per_load * max(loads, 1.0)
     warp_instructions = tiles * steps * config.num_warps * per_step
-    return warp_instructions / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
+    calibration = arch.calibration
+    return warp_instructions / (calibration.issue_per_sm_cycle * arch.sm_count * calibration.clock_hz)
 
 
 def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
@@ -446,7 +439,7 @@ def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     copies = pixels * (p.c + padded.c) * item
     launches = 2  # pad x, then pad w (forward) or cut dw back (backward-weight); the inner score has the rest
     copies += p.k * math.prod(p.filter_size) * (p.c + padded.c) * item
-    pad_s = copies / _bandwidth(arch) + launches * LAUNCH_SECONDS
+    pad_s = copies / dram_bytes_per_s(arch) + launches * arch.calibration.launch_s
     modelled = inner.terms["modelled_us"] * 1e-6 + pad_s
     return Score(ideal_seconds(p, arch) / modelled,
                  {**inner.terms, "pad_us": pad_s * 1e6, "modelled_us": modelled * 1e6})
@@ -455,7 +448,7 @@ def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
 def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     v = gemm_view(p)
     item = p.types.dtype.itemsize
-    peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
+    peak, bandwidth = _peak_flops(p, arch), dram_bytes_per_s(arch)
     flat = config.family is Family.IMPLICIT_GEMM_FLAT  # N (backward-weight) or the reduction is taps x C/G
     if p.direction is Direction.BWD_WEIGHT:
         span = config.block_k * config.split_k
@@ -496,7 +489,7 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     compute_s = p.flops() / (peak * efficiency)
     per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
     programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
-    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    in_flight = min(1.0, per_program * programs_per_sm / arch.calibration.bytes_in_flight_per_sm)
     if not p.specialization.groups_aligned:
         in_flight *= 0.25  # element loads instead of 16-byte vectors
     # DRAM moves 32-byte sectors: a channel run shorter than one wastes the rest of it. A flat
@@ -509,11 +502,11 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     reduce_s = 0.0
     if config.split_k > 1:
         weights = p.k * p.c_per_group * math.prod(p.filter_size)
-        reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
+        reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + arch.calibration.launch_s
     issue_s = _issue_seconds(config, p, v, tiles, arch)
     intake_s = _intake_seconds(config, p, v, tiles, arch)
     bound_s = (compute_s**3 + memory_s**3 + issue_s**3 + intake_s**3) ** (1 / 3)
-    modelled = bound_s / TILED_FRACTION + LAUNCH_SECONDS + reduce_s
+    modelled = bound_s / TILED_FRACTION + arch.calibration.launch_s + reduce_s
     ideal = ideal_seconds(p, arch)
     value = ideal / modelled
     if config.atomic_split:
@@ -528,7 +521,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     """The igemm-tma kernels: boxes of pixels on the tensor cores (constants: see TMA_FRACTION)."""
     if p.direction is Direction.BWD_DATA:  # the forward kernel over dy, reading the filter turned
         return tma_score(config.as_forward(), p.data_gradient_as_forward(), arch)
-    peak, bandwidth = _peak_flops(p, arch), _bandwidth(arch)
+    peak, bandwidth = _peak_flops(p, arch), dram_bytes_per_s(arch)
     od, oh, ow = p.padded3(p.output_size, 1)
     boxes = p.n * od * math.ceil(oh / config.tile_h) * math.ceil(ow / config.tile_w)
     # A box past the output's edge computes its overhang all the same (zeros read, or rows masked out).
@@ -565,11 +558,12 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     compute_s = p.flops() / (peak * efficiency)
     memory_s = p.bytes() / (bandwidth * TMA_BANDWIDTH_FRACTION * narrow)
     per_step = TMA_STEP_INSTRUCTIONS + (TMA_REGISTER_A_INSTRUCTIONS if register_a else 0)
-    issue_s = tiles * steps * config.num_warps * per_step / (ISSUE_PER_SM_CYCLE * arch.sm_count * CLOCK_HZ)
+    issue_rate = arch.calibration.issue_per_sm_cycle * arch.sm_count * arch.calibration.clock_hz
+    issue_s = tiles * steps * config.num_warps * per_step / issue_rate
     reduce_s = 0.0
     if config.split_k > 1:
         weights = p.k * p.c_per_group * taps
-        reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + LAUNCH_SECONDS
+        reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + arch.calibration.launch_s
         if config.atomic_split:
             reduce_s += config.split_k * weights / ATOMIC_ADDS_PER_S
     # The busiest SM's two boxes a step, every one read from L2 (TMA has no L1 to share them through).
@@ -586,7 +580,7 @@ def tma_score(config: TmaConfig, p: ConvProblem, arch) -> Score:
     if p.direction is Direction.BWD_WEIGHT:  # the busiest SM's rounds of programs, each step a pipeline's latency
         latency_s = math.ceil(tiles / (arch.sm_count * concurrent)) * steps * TMA_WEIGHT_STEP_SECONDS
         core_s = (core_s**3 + latency_s**3) ** (1 / 3)
-    modelled = core_s + LAUNCH_SECONDS + reduce_s
+    modelled = core_s + arch.calibration.launch_s + reduce_s
     value = ideal_seconds(p, arch) / modelled
     if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
@@ -625,7 +619,7 @@ def _window_issue(config: DirectConfig, p: ConvProblem, vector: int) -> tuple[fl
 def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     """The sliding-window kernel: the bytes at what its loads keep in flight, or its issue time if longer."""
     item = p.types.dtype.itemsize
-    bandwidth = _bandwidth(arch)
+    bandwidth = dram_bytes_per_s(arch)
     spatial = p.output_size if p.direction is Direction.FORWARD else p.input_size
     width = spatial[-1]
     runs = config.runs(p)
@@ -643,7 +637,7 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     # Bytes in flight: a program issues a filter row's source vectors at once.
     per_program = config.block_p * config.window_columns * config.block_c * item
     programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
-    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    in_flight = min(1.0, per_program * programs_per_sm / arch.calibration.bytes_in_flight_per_sm)
     # A thread loads its channels of a column as one vector: 4-8-byte loads when it holds
     # 2-4 (mamba's 1-D k4: 16x64 w4, 8 channels a thread, 167 us; 16x16 w4, 2 channels, 239 us).
     load_bytes = min(vector, config.block_p * config.block_c / threads) * item
@@ -666,7 +660,9 @@ def window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     # Issue time follows the busiest SM, whose resident programs share its schedulers: it
     # issues ceil(programs / SMs) programs' instructions, however many run at once.
     busiest = math.ceil(programs / arch.sm_count)
-    issue_s = busiest * config.num_warps * per_thread / (ISSUE_PER_SM_CYCLE * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY)
+    calibration = arch.calibration
+    issue_s = busiest * config.num_warps * per_thread / (calibration.issue_per_sm_cycle * calibration.clock_hz
+                                                         * WINDOW_ISSUE_EFFICIENCY)
     issue_s /= SPILL_PENALTY if spills else 1.0
     modelled = max(memory_s, issue_s) + WINDOW_LAUNCH_SECONDS
     ideal = ideal_seconds(p, arch)
@@ -693,7 +689,7 @@ def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     """The backward-weight window kernel: issue (FMAs plus per-load cost) and bytes, overlapped as far
     as the resident warps allow, plus the workspace's reduction stage."""
     item = p.types.dtype.itemsize
-    bandwidth = _bandwidth(arch)
+    bandwidth = dram_bytes_per_s(arch)
     threads = config.num_warps * 32
     per_thread = max(1.0, config.block_p * config.block_c / threads)  # channels of a thread's block
     vector = min(16 // item, per_thread) if p.specialization.aligned else 1
@@ -718,8 +714,10 @@ def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     programs = math.ceil(p.c / config.block_c) * config.split_k
     per_sm = math.ceil(programs / arch.sm_count)  # the busiest SM's programs
     warps = min(resident, per_sm) * config.num_warps
+    calibration = arch.calibration
     issue_s = (per_sm * config.num_warps * per_program
-               / (ISSUE_PER_SM_CYCLE * CLOCK_HZ * WINDOW_ISSUE_EFFICIENCY * min(1.0, warps / ISSUE_PER_SM_CYCLE)))
+               / (calibration.issue_per_sm_cycle * calibration.clock_hz * WINDOW_ISSUE_EFFICIENCY
+                  * min(1.0, warps / calibration.issue_per_sm_cycle)))
     issue_s /= SPILL_PENALTY if spills else 1.0
     workspace = config.split_k * p.k * math.prod(p.filter_size) * 4 if config.split_k > 1 else 0
     busy = min(1.0, programs / arch.sm_count)  # SMs with a program to stream for
@@ -729,8 +727,8 @@ def weight_window_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     kernel_s = max(memory_s, issue_s) + (1.0 - overlap) * min(memory_s, issue_s)
     reduce_s = 0.0
     if config.split_k > 1:
-        reduce_s = (config.split_k + 1) * p.k * math.prod(p.filter_size) * 4 / bandwidth + LAUNCH_SECONDS
-    modelled = kernel_s + LAUNCH_SECONDS + reduce_s
+        reduce_s = (config.split_k + 1) * p.k * math.prod(p.filter_size) * 4 / bandwidth + arch.calibration.launch_s
+    modelled = kernel_s + arch.calibration.launch_s + reduce_s
     ideal = ideal_seconds(p, arch)
     terms = {"passes": float(passes), "tiles_per_program": float(per_split), "programs": float(programs),
              "resident": float(resident), "warps_per_sm": float(warps), "registers": float(registers),
@@ -745,8 +743,8 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     if config.window:
         return window_score(config, p, arch)
     item = p.types.dtype.itemsize
-    bandwidth = _bandwidth(arch)
-    fma = _fma_rate(arch)
+    bandwidth = dram_bytes_per_s(arch)
+    fma = fma_flops(arch)
     pixels_out = p.n * math.prod(p.output_size)
     pixels_in = p.n * math.prod(p.input_size)
     taps = math.prod(p.filter_size)
@@ -775,7 +773,8 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     vector = min(config.block_c * item, 16) if p.specialization.aligned else item
     per_program = config.block_p * config.block_c * item * (2 if p.direction is Direction.BWD_WEIGHT else 1)
     programs_per_sm = min(resident, max(programs / arch.sm_count, 1.0))
-    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM) * min(1.0, vector / 16)
+    in_flight = (min(1.0, per_program * programs_per_sm / arch.calibration.bytes_in_flight_per_sm)
+                 * min(1.0, vector / 16))
     # Issue: a thread's per-tap weight loads and tap arithmetic are shared by the rows it
     # holds of one channel vector; with few rows the kernel runs out of instruction slots
     # before it runs out of bandwidth.
@@ -796,8 +795,8 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
     compute_s /= SPILL_PENALTY if spills else 1.0
     reduce_s = 0.0
     if config.split_k > 1:
-        reduce_s = (config.split_k + 1) * p.k * p.c_per_group * taps * 4 / bandwidth + LAUNCH_SECONDS
-    modelled = max(memory_s, compute_s) + LAUNCH_SECONDS + reduce_s
+        reduce_s = (config.split_k + 1) * p.k * p.c_per_group * taps * 4 / bandwidth + arch.calibration.launch_s
+    modelled = max(memory_s, compute_s) + arch.calibration.launch_s + reduce_s
     ideal = ideal_seconds(p, arch)
     terms = {"lanes": lane_use, "rows": row_use, "waves": waves, "in_flight": in_flight,
              "resident": float(resident), "spills": float(spills), "modelled_us": modelled * 1e6}
@@ -878,15 +877,16 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     if p.direction is Direction.BWD_WEIGHT:  # a program walks its share of the blocks one after another
         programs, walks = channel_blocks * min(config.split_k, blocks), math.ceil(blocks / config.split_k)
         row_s *= TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR * config.filter_rows
-        reduce_s = (config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / _bandwidth(arch) + LAUNCH_SECONDS
+        reduce_s = ((config.split_k + 1) * p.c * math.prod(p.filter_size) * 4 / dram_bytes_per_s(arch)
+                    + arch.calibration.launch_s)
         error = TOEPLITZ_WEIGHT_MODEL_ERROR
     else:
         programs, walks, reduce_s, error = channel_blocks * blocks, 1, 0.0, TOEPLITZ_MODEL_ERROR
     busiest = max(walks, math.ceil(channel_blocks * blocks / arch.sm_count))  # the busiest SM's walks
     walk_s = busiest * walked * row_s
     terms = {"programs": float(programs), "busiest_sm_walks": float(busiest), "rows_walked": float(walked)}
-    memory_s = p.bytes() / (_bandwidth(arch) * TOEPLITZ_FRACTION)
-    modelled = max(walk_s, memory_s) + LAUNCH_SECONDS + reduce_s
+    memory_s = p.bytes() / (dram_bytes_per_s(arch) * TOEPLITZ_FRACTION)
+    modelled = max(walk_s, memory_s) + arch.calibration.launch_s + reduce_s
     ideal = ideal_seconds(p, arch)
     terms |= {"walk_us": walk_s * 1e6, "memory_us": memory_s * 1e6, "reduce_us": reduce_s * 1e6,
               "modelled_us": modelled * 1e6}
@@ -906,13 +906,13 @@ def flat_data_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     columns = p.groups * pixels * taps * p.c_per_group * 4
     dy, dx = p.n * p.k * math.prod(p.output_size) * item, p.n * p.c * math.prod(p.input_size) * item
     weights = p.k * p.c_per_group * taps * item
-    bandwidth = _bandwidth(arch) * FLAT_DATA_BANDWIDTH_FRACTION
+    bandwidth = dram_bytes_per_s(arch) * FLAT_DATA_BANDWIDTH_FRACTION
     steps = math.ceil(p.k_per_group / config.block_k)
     terms = {"pipelined": min(1.0, steps / 2),
              "tile": min(1.0, math.sqrt(config.block_m * config.block_n / FLAT_DATA_TILE))}
     gemm_s = (dy + weights + columns) / bandwidth / math.prod(terms.values())
     col2im_s = (columns + dx) / bandwidth
-    modelled = gemm_s + col2im_s + 2 * LAUNCH_SECONDS
+    modelled = gemm_s + col2im_s + 2 * arch.calibration.launch_s
     return Score(ideal_seconds(p, arch) / modelled,
                  {**terms, "gemm_us": gemm_s * 1e6, "col2im_us": col2im_s * 1e6, "modelled_us": modelled * 1e6})
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
+from ...heuristics.roofline import dram_bytes_per_s, fma_flops, ideal_seconds, soft_max, tensor_flops
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from .plan import stream_k_split
 from .problem import Activation, GemmProblem, Layout
 from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
 
-LAUNCH_SECONDS = 4e-6  # one extra kernel launch, as measured for Triton on an H200 (ANCHORS.md)
 # Fractions of the model's ideal that each path reaches at its best, measured on an H200
 # (benchmarks/results/h200/gemm_smoke.csv, 2026-11-21): 8192^3 bf16 ran at 610 TFLOP/s
 # with the best tiled kernel and 786 with cuBLAS, of a 989 TFLOP/s peak.
@@ -70,27 +70,21 @@ VENDOR_BANDWIDTH_FRACTION = 0.86
 VENDOR_SPLIT_ROWS = 16
 VENDOR_SPLIT_DEPTH = 1024  # K: the cases measured had 4096-28672; a 16x16x16 call shows no split
 VENDOR_SPLIT_SECONDS = 1.5e-6
-VENDOR_CALL_SECONDS = LAUNCH_SECONDS  # one kernel launch, as a Triton kernel (the benchmark times device work)
-# Grouped tile order serves operand re-reads from L2 at about this multiple of HBM. Guessed
-# at 4 first; on gemm.csv 4.8-5.6 rank better (Triton-only mean 0.943 -> 0.948, other figures equal).
+# Grouped tile order serves operand re-reads from L2 at about this multiple of HBM. A kernel term,
+# not a machine fact: the multiple follows the tile order (conv's kernels and attention's K/V
+# re-reads take 4.0). On gemm.csv 4.8-5.6 rank the table best (Triton-only mean 0.948 at 5,
+# 0.943 at 4).
 L2_REUSE = 5.0
 GENERIC_LAYOUT_PENALTY = 0.97  # a specialised (contiguous) layout beats generic strides
-# Little's law on an H200: 4.8 TB/s over 132 multiprocessors at about 1 us of memory latency.
-BYTES_IN_FLIGHT_PER_SM = 36 * 1024
 SM_BANDWIDTH_SHARE = 1.5
-# A K loop's load latency (the memory latency above): each iteration of a program waits
+# A K loop's load latency, fitted to this op's kernels (about the 1 us memory latency that
+# arch.calibration.bytes_in_flight_per_sm is derived from): each iteration of a program waits
 # for it over the `num_stages - 1` tiles in flight. On the latency-bound cases of gemm.csv a
 # lone program took 0.25-0.35 us per K iteration with 4 stages and 0.45-0.57 us with 3
 # (llama3_8b_o_T128 fp8: 64x64x64 s4 18.7 us for 64 iterations, 128x128x128 s3 18.2 us for 32).
 CHAIN_LATENCY_S = 1.0e-6
-# The operand intake one SM reached on a memory-bound case of gemm.csv, L2 re-reads
-# included: llama3_8b_down_T128 fp8, 64x64x128 split 4, 1.83 MB per SM in 27.9 us (66 GB/s),
-# above the 36 GB/s even share of DRAM; single-program tiles there reached 32-35 GB/s.
-SM_PORT_BYTES_PER_S = 70e9
-# TMA copies draw more through one SM: llama3_8b_down_T128 bf16, 64x128x128 split 2 over
-# 5 stages, took 2.75 MB per SM in 37.7 us (73 GB/s, launch and reduction included);
-# on the gemm.csv of 4a0e6ae with gemm_sweep.csv, 85-100e9 ranked best (selection P10 0.845 -> 0.879).
-TMA_SM_PORT_BYTES_PER_S = 100e9
+# One SM's operand intake through its L2 port is a machine fact: arch.calibration.sm_port_bytes_per_s
+# (pointer loads) and tma_port_bytes_per_s (TMA copies), with the gemm.csv rows that show them.
 # Pointer loads of K rows shorter than a 128-byte line (block_k of 32 in 16-bit, 64 in fp8)
 # take twice the load instructions and barriers per byte and a narrower shared-memory
 # swizzle. Over gemm.csv, tiled candidates within 2x of the best ran 0.73-0.93x of what the
@@ -113,13 +107,13 @@ SPILL_MARGIN = 8
 
 # Host time of a dispatched call on a problem seen before, on an H200 (benchmarks/results/h200/
 # gemm_host_profile.txt, 16x16 bf16): the call's signature and memo lookup, 1.7-2.4 us; a bound
-# Triton launch, 4.8 us; torch.mm, 7.3-7.6 us. Each further stage (split-K's reduction, a realign
-# copy, stream-K's zeroed flags, an epilogue step of the vendor path) is one more launch or
-# PyTorch op. Only problems whose kernels run shorter than this are ranked by it: there a
-# Triton call returns 3 us sooner than torch.mm's (7.2 against 10.5 us a call). A CUDA graph's
-# replays have no host time: they take `replay_pick`, the fastest kernel on the device.
+# Triton launch, arch.calibration.host_launch_s (4.8 us there); torch.mm, 7.3-7.6 us. Each
+# further stage (split-K's reduction, a realign copy, stream-K's zeroed flags, an epilogue step
+# of the vendor path) is one more launch or PyTorch op. Only problems whose kernels run shorter
+# than this are ranked by it: there a Triton call returns 3 us sooner than torch.mm's (7.2
+# against 10.5 us a call). A CUDA graph's replays have no host time: they take `replay_pick`,
+# the fastest kernel on the device.
 HOST_SIGNATURE_SECONDS = 2.4e-6
-HOST_LAUNCH_SECONDS = 4.8e-6
 HOST_VENDOR_SECONDS = 7.4e-6
 HOST_EXPONENT = 8  # a kernel twice as long as its launches costs 0.05 % more than alone; one as long, 9 %
 # Above this call / device time the host term may have chosen the pick, and a graph's replays
@@ -127,37 +121,27 @@ HOST_EXPONENT = 8  # a kernel twice as long as its launches costs 0.05 % more th
 HOST_RANKED = 1.01
 
 
-def host_seconds(config: AnyGemmConfig, problem: GemmProblem) -> float:
+def host_seconds(config: AnyGemmConfig, problem: GemmProblem, arch) -> float:
     """The host time of a call bound to `config`: the signature, then each launch or PyTorch op."""
+    launch_s = arch.calibration.host_launch_s
     if isinstance(config, VendorConfig):
         steps = vendor_steps(problem)
-        return HOST_SIGNATURE_SECONDS + HOST_VENDOR_SECONDS + steps * HOST_LAUNCH_SECONDS
+        return HOST_SIGNATURE_SECONDS + HOST_VENDOR_SECONDS + steps * launch_s
     launches = 1 + int(config.split_k > 1) + int(config.family is Family.STREAM_K)
     if config.realign:
         launches += len(problem.alignment.unaligned_operands)
-    return HOST_SIGNATURE_SECONDS + launches * HOST_LAUNCH_SECONDS
-
-
-def _fma_flops(arch) -> float:
-    """The CUDA cores' fp32 FMA rate (the arch's fp32 peak is tf32 on tensor cores)."""
-    return arch.peak_tflops[DType.FP32] * 1e12 / 8
+    return HOST_SIGNATURE_SECONDS + launches * launch_s
 
 
 def _peak_flops(problem: GemmProblem, arch) -> float:
     t = problem.types
     if t.a is DType.FP32 and not t.allow_tf32:
-        return _fma_flops(arch)  # no tensor cores
-    dtype = t.a if arch.supports_dtype(t.a) else DType.FP16
-    return arch.peak_tflops.get(dtype, max(arch.peak_tflops.values())) * 1e12
+        return fma_flops(arch)  # no tensor cores
+    return tensor_flops(arch, t.a)
 
 
 def _ideal_seconds(problem: GemmProblem, arch) -> float:
-    return max(problem.flops() / _peak_flops(problem, arch), problem.bytes() / (arch.memory_bandwidth_gbs * 1e9))
-
-
-def _soft_max(compute_s: float, memory_s: float, power: int = 3) -> float:
-    """The bound that dominates sets the time; the other still separates near-ties."""
-    return (compute_s**power + memory_s**power) ** (1 / power)
+    return ideal_seconds(problem.flops(), problem.bytes(), _peak_flops(problem, arch), arch)
 
 
 def vendor_steps(p: GemmProblem) -> int:
@@ -173,13 +157,15 @@ def vendor_score(config: VendorConfig, problem: GemmProblem, arch) -> Score:
     p = problem
     ideal = _ideal_seconds(p, arch)
     steps = vendor_steps(p)
-    step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / (arch.memory_bandwidth_gbs * 1e9) + LAUNCH_SECONDS
+    launch_s = arch.calibration.launch_s
+    step_s = 2 * p.batch * p.m * p.n * p.types.c.itemsize / dram_bytes_per_s(arch) + launch_s
     fraction = VENDOR_FP8_FRACTION if p.types.scaled else VENDOR_FRACTION
     if p.alignment.unaligned_operands:
         fraction = VENDOR_UNALIGNED_FRACTION
     compute_s = p.flops() / _peak_flops(p, arch) / fraction
-    memory_s = p.bytes() / (arch.memory_bandwidth_gbs * 1e9) / VENDOR_BANDWIDTH_FRACTION
-    modelled = _soft_max(compute_s, memory_s) + VENDOR_CALL_SECONDS + steps * step_s
+    memory_s = p.bytes() / dram_bytes_per_s(arch) / VENDOR_BANDWIDTH_FRACTION
+    # cuBLAS's kernel costs one launch, as a Triton kernel does (the benchmark times device work).
+    modelled = soft_max(compute_s, memory_s) + launch_s + steps * step_s
     if p.m <= VENDOR_SPLIT_ROWS and p.k >= VENDOR_SPLIT_DEPTH and not p.types.scaled:
         modelled += VENDOR_SPLIT_SECONDS
     return Score(ideal / modelled, {"epilogue_steps": float(steps), "modelled_us": modelled * 1e6})
@@ -231,7 +217,7 @@ def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float,
     return {"depth": depth, "overlap": k_tiles / (k_tiles + overhead)}
 
 
-def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int,
+def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, arch,
                     stream: StreamKLoad | None) -> float:
     """The busiest SM's operand intake: every byte its tiles load, re-reads from L2 included.
 
@@ -243,10 +229,11 @@ def _intake_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: in
     k_span = math.ceil(p.k / config.split_k)
     rows, cols = min(p.m, config.block_m), min(p.n, config.block_n)
     per_tile = (rows * t.a.itemsize + cols * t.b.itemsize) * k_span
-    port = TMA_SM_PORT_BYTES_PER_S if config.family.uses_tma else SM_PORT_BYTES_PER_S
+    calibration = arch.calibration
+    port = calibration.tma_port_bytes_per_s if config.family.uses_tma else calibration.sm_port_bytes_per_s
     if stream is not None:  # an even share of all tiles' K iterations
         return tiles / stream.programs * per_tile / port
-    return math.ceil(tiles / sm_count) * per_tile / port
+    return math.ceil(tiles / arch.sm_count) * per_tile / port
 
 
 def _chain_seconds(config: GemmConfig, p: GemmProblem, tiles: int, sm_count: int, concurrent: int,
@@ -277,8 +264,8 @@ def _realign_seconds(p: GemmProblem, arch) -> float:
     seconds = 0.0
     for role in p.alignment.unaligned_operands:
         itemsize = getattr(t, role).itemsize
-        rate = arch.memory_bandwidth_gbs * 1e9 * REALIGN_BANDWIDTH_FRACTION.get(itemsize, REALIGN_BANDWIDTH_FRACTION_WIDE)
-        seconds += 2 * p.batch * elements[role] * itemsize / rate + LAUNCH_SECONDS
+        rate = dram_bytes_per_s(arch) * REALIGN_BANDWIDTH_FRACTION.get(itemsize, REALIGN_BANDWIDTH_FRACTION_WIDE)
+        seconds += 2 * p.batch * elements[role] * itemsize / rate + arch.calibration.launch_s
     return seconds
 
 
@@ -286,7 +273,7 @@ def rule_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     """The device time's score, lowered where the host's launches take longer than the kernels."""
     device = device_score(config, problem, arch)
     device_s = device.terms["modelled_us"] * 1e-6
-    host_s = host_seconds(config, problem)
+    host_s = host_seconds(config, problem, arch)
     # The longer of the two, smoothed so that it still rises with the device time: among
     # launch-bound candidates of one host cost, the faster kernel keeps its lead (a graph
     # replay, which has no host time, runs it).
@@ -329,9 +316,10 @@ GEMV_RUN_BYTES = 2048
 GEMV_RUN_EXPONENT = 0.07
 # Registers a gemv program holds besides its accumulator: addresses, one step of A and B.
 GEMV_REGISTER_RESERVE = 32
-# The bytes a multiprocessor's gemv programs must have requested to keep its share of DRAM busy:
-# on the H100 sweep, fp8 1x1x2048 tiles over 4 warps (about 10 resident, 20 KB) kept pace
-# with tiles of 8x more bytes a step.
+# The bytes a multiprocessor's gemv programs must have requested to keep its share of DRAM busy: a
+# kernel term fitted to the gemv kernels alone, beside the machine's bytes_in_flight_per_sm that the
+# tiled kernels read. On the H100 sweep, fp8 1x1x2048 tiles over 4 warps (about 10 resident, 20 KB)
+# kept pace with tiles of 8x more bytes a step.
 GEMV_BYTES_IN_FLIGHT_PER_SM = 16 * 1024
 
 
@@ -365,12 +353,13 @@ def gemv_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     in_flight *= min(1.0, per_sm * SM_BANDWIDTH_SHARE) * row
     if not (p.alignment.a and p.alignment.b):
         in_flight *= UNALIGNED_LOAD_FRACTION
-    bandwidth = arch.memory_bandwidth_gbs * 1e9 * GEMV_BANDWIDTH_FRACTION
+    bandwidth = dram_bytes_per_s(arch) * GEMV_BANDWIDTH_FRACTION
     # Each program reads its columns of B; A's row, read by every program, stays in the SM's L1.
-    intake_s = (math.ceil(per_sm) * config.block_n + 1) * p.k * t.b.itemsize / SM_PORT_BYTES_PER_S
-    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), intake_s)
-    compute_s = p.flops() / (_fma_flops(arch) * GEMV_FMA_FRACTION)
-    modelled = _soft_max(compute_s, memory_s) + LAUNCH_SECONDS
+    port = arch.calibration.sm_port_bytes_per_s
+    intake_s = (math.ceil(per_sm) * config.block_n + 1) * p.k * t.b.itemsize / port
+    memory_s = soft_max(p.bytes() / (bandwidth * in_flight), intake_s)
+    compute_s = p.flops() / (fma_flops(arch) * GEMV_FMA_FRACTION)
+    modelled = soft_max(compute_s, memory_s) + arch.calibration.launch_s
     value = _ideal_seconds(p, arch) / modelled
     value *= _layout_penalty(config, p)
     terms = {"tile_m": 1.0, "tile_n": tile_efficiency(p.n, config.block_n),
@@ -394,8 +383,9 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         return Score(_ideal_seconds(problem, arch) / modelled,
                      {**inner.terms, "realign_us": copies_s * 1e6, "modelled_us": modelled * 1e6})
     p, t = problem, problem.types
-    bandwidth = arch.memory_bandwidth_gbs * 1e9
+    bandwidth = dram_bytes_per_s(arch)
     peak = _peak_flops(p, arch)
+    calibration = arch.calibration
 
     k_span = config.block_k * config.split_k
     waste = {
@@ -454,21 +444,21 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
     per_program = (useful_rows * config.block_k * t.a.itemsize + config.block_k * config.block_n * t.b.itemsize)
     per_program *= max(config.num_stages - 1, 1)
     programs_per_sm = 1.0 if persistent else min(resident, max(tiles / arch.sm_count, 1.0))
-    in_flight = min(1.0, per_program * programs_per_sm / BYTES_IN_FLIGHT_PER_SM)
+    in_flight = min(1.0, per_program * programs_per_sm / calibration.bytes_in_flight_per_sm)
     # Fewer programs than multiprocessors leave some idle; one busy SM draws more than its
     # even share of the bandwidth, but not all of it.
     busy = tiles if stream is None else stream.programs
     in_flight *= min(1.0, busy / arch.sm_count * SM_BANDWIDTH_SHARE) * row
     # DRAM and the SM's port are two bounds on one stream of bytes: combined more sharply than
     # compute and memory (on the H200 table Triton-only selection 0.977 -> 0.979 against a cube).
-    intake_s = _intake_seconds(config, p, tiles, arch.sm_count, stream)
-    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), intake_s, 6)
+    intake_s = _intake_seconds(config, p, tiles, arch, stream)
+    memory_s = soft_max(p.bytes() / (bandwidth * in_flight), intake_s, 6)
     reduce_s = 0.0
     if config.split_k > 1:
-        reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + LAUNCH_SECONDS
+        reduce_s = 2 * config.split_k * p.batch * p.m * p.n * 4 / bandwidth + calibration.launch_s
     if stream is not None:
         reduce_s = (STREAM_K_FLAGS_SECONDS
-                    + stream.partials * config.block_m * config.block_n * 4 / TMA_SM_PORT_BYTES_PER_S)
+                    + stream.partials * config.block_m * config.block_n * 4 / calibration.tma_port_bytes_per_s)
     ws = config.family.warp_specialised
     if ws:
         compute_s /= WS_FRACTION
@@ -476,7 +466,7 @@ def device_score(config: AnyGemmConfig, problem: GemmProblem, arch) -> Score:
         compute_s /= TMA_FRACTION if persistent else TILED_FRACTION
     memory_s /= TMA_BANDWIDTH_FRACTION if persistent else TILED_BANDWIDTH_FRACTION
     chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent, stream)
-    modelled = (_soft_max(_soft_max(compute_s, memory_s), chain_s) + LAUNCH_SECONDS + reduce_s
+    modelled = (soft_max(soft_max(compute_s, memory_s), chain_s) + calibration.launch_s + reduce_s
                 + (WS_START_SECONDS if ws else 0.0))
     ideal = _ideal_seconds(p, arch)
     value = ideal / modelled
