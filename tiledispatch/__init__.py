@@ -12,6 +12,8 @@ from .core.errors import (
 from .core.op import OpKind, RuleSet
 from .core.registry import Registry
 from .core.spec import KernelSpec
+from .heuristics import autotune as _autotune  # noqa: F401  (sets the autotune strategy's policy)
+from . import ops as _ops  # noqa: F401  (registers every op with the core)
 from .ops.attention import attention
 from .ops.conv import conv, conv_backward_data, conv_backward_weight
 from .ops.gemm import gemm

@@ -5,8 +5,6 @@ only two small specs are built, once for the module.
 """
 
 import os
-import sys
-import textwrap
 
 import pytest
 
@@ -186,11 +184,11 @@ def test_unit_key_changes_with_the_toolchain(tiny90, monkeypatch):
     assert changed.split("-")[0] == before.split("-")[0]  # same readable name, other hash
 
 
-def test_unit_key_changes_with_the_source_hash(tiny90, monkeypatch):
+def test_unit_key_changes_with_the_function_key(tiny90, monkeypatch):
     spec = tiny90.get(PLAIN)
     unit = kernel.units(spec)[0]
     before = kernel.unit_key(spec, unit)
-    monkeypatch.setattr(kernel, "source_hash", lambda modules: "0" * 64)
+    monkeypatch.setattr(kernel, "function_key", lambda unit: "0" * 64)
     assert kernel.unit_key(spec, unit) != before
 
 
@@ -211,31 +209,12 @@ def test_unit_key_changes_with_what_the_compiler_is_handed(tiny90):
     assert kernel.unit_key(spec, replace(reduce)) == kernel.unit_key(spec, reduce)  # equal units, one key
 
 
-def test_source_hash_follows_the_file_text(tmp_path, monkeypatch):
-    module = tmp_path / "td_fake_kernel_module.py"
-    module.write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    names = ("td_fake_kernel_module",)
-    kernel.source_hash.cache_clear()
-    try:
-        first = kernel.source_hash(names)
-        assert first == kernel.source_hash(names) and len(first) == 64
-        module.write_text(textwrap.dedent("X = 2\n"))
-        kernel.source_hash.cache_clear()
-        assert kernel.source_hash(names) != first
-        assert kernel.source_hash(names + ("tiledispatch.ops.gemm.kernels.epilogue",)) != kernel.source_hash(names)
-        with pytest.raises(BuildError, match="td_no_such_module"):
-            kernel.source_hash(("td_no_such_module",))
-    finally:
-        kernel.source_hash.cache_clear()
-        sys.modules.pop("td_fake_kernel_module", None)
-
-
-def test_real_unit_modules_are_hashed(tiny90):
+def test_function_key_names_the_function_and_follows_its_code(tiny90):
     main, reduce = kernel.units(tiny90.get(SPLIT))
-    assert "tiledispatch.ops.gemm.kernels.tiled" in main.modules
-    assert "tiledispatch.ops.gemm.kernels.splitk_reduce" in reduce.modules
-    assert kernel.source_hash(main.modules) != kernel.source_hash(reduce.modules)
+    assert kernel.function_key(main).startswith("tiledispatch.ops.gemm.kernels.tiled.")
+    assert kernel.function_key(reduce).startswith("tiledispatch.ops.gemm.kernels.splitk_reduce.splitk_reduce:")
+    assert kernel.function_key(main) != kernel.function_key(reduce)
+    assert kernel.function_key(main) == kernel.function_key(main)  # stable
 
 
 def test_tma_persistent_compiles_to_bulk_tensor_copies_and_wgmma(tmp_path):

@@ -21,12 +21,12 @@ from typing import Any, Callable, Mapping
 from . import kernel as kernel_step
 from .choice import Choice
 from .cache import KernelCache
-from ..heuristics import autotune
 from .errors import BuildError, CacheError, InsecureCacheError, InvalidProblemError, NoKernelError, UnsupportedError
 from .launch import execute
 from .memo import LruTable
-from .op import OpKind, RuleSet, Score, UnitKind
+from .op import OpKind, RuleSet, Score, UnitKind, all_ops
 from .registry import Registry
+from .tuning import TuningRecord, TuningStore, policy
 from .runtime import Backend, current_arch, current_backend
 from .spec import KernelSpec
 
@@ -120,7 +120,7 @@ class Ranking:
 
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
-                 cache: KernelCache | None = None, tuning: autotune.TuningStore | None = None) -> None:
+                 cache: KernelCache | None = None, tuning: TuningStore | None = None) -> None:
         self.arch = arch if arch is not None else current_arch()
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
@@ -237,16 +237,16 @@ class Dispatcher:
 
     # -- autotune ----------------------------------------------------------------------
     @property
-    def tuning(self) -> autotune.TuningStore:
+    def tuning(self) -> TuningStore:
         if self._tuning is None:  # beside the compiled kernels, under the same private root
             with self._lock:
                 if self._tuning is None:
-                    self._tuning = autotune.TuningStore(self.cache.root)
+                    self._tuning = TuningStore(self.cache.root)
         return self._tuning
 
-    def _tuned(self, problem, accepted: list[Candidate], device) -> autotune.TuningRecord | None:
+    def _tuned(self, problem, accepted: list[Candidate], device) -> TuningRecord | None:
         """The stored record of this problem's finalists; timed now if there is none and `device` allows."""
-        finalists = autotune.finalists(accepted)
+        finalists = policy().finalists(accepted)
         names = [c.spec.name for c in finalists]
         key = self.tuning.key(problem.op.value, self.arch.name, problem, names, _device_name(device))
         record = self.tuning.get(key, finalists=names)
@@ -261,13 +261,13 @@ class Dispatcher:
                         self.tuning.put(key, record)
         return record if record is not None and record.winner in names else None
 
-    def _time_finalists(self, problem, finalists: list[Candidate], device) -> autotune.TuningRecord | None:
+    def _time_finalists(self, problem, finalists: list[Candidate], device) -> TuningRecord | None:
         definition = finalists[0].spec.definition
         on_gpu = device.type == "cuda"
         if definition.tuning_operands is None or (on_gpu and _capturing()):
             log.info("autotune: cannot time %s now; ranked by rules", problem.describe())
             return None
-        sets = autotune.operand_sets(problem.bytes(), self.arch.l2_bytes, on_gpu)
+        sets = policy().operand_sets(problem.bytes(), self.arch.l2_bytes, on_gpu)
         operands = [definition.tuning_operands(problem, device, seed) for seed in range(sets)]
         if any(o is None for o in operands):
             log.info("autotune: no fresh operands reproduce %s; ranked by rules", problem.describe())
@@ -287,12 +287,12 @@ class Dispatcher:
             runs[spec.name] = functools.partial(_run_next, plans, launchers, stream)
         if not runs:
             return None
-        times = autotune.measure(runs, on_gpu)
+        times = policy().measure(runs, on_gpu)
         vendors = [c.spec.name for c in finalists if all(u.kind is UnitKind.PYTHON for u in kernel_step.units(c.spec))]
-        winner = autotune.winner(times, vendors)
+        winner = policy().winner(times, vendors)
         log.info("autotune: %s -> %s (%s)", problem.describe(), winner,
                  ", ".join(f"{n} {t:.4f} ms" for n, t in times.items()))
-        return autotune.TuningRecord(winner, times, problem.describe())
+        return TuningRecord(winner, times, problem.describe())
 
     def resolve(self, kernel: str | KernelSpec, problem) -> KernelSpec:
         """A forced kernel, checked: a name (or a KernelSpec) that is registered, a kernel of the
@@ -452,14 +452,8 @@ default_dispatcher.cache_clear = _DEFAULTS.clear
 
 
 def _make_default(rule_set: RuleSet) -> Dispatcher:
-    from .op import get_op
-
     arch = current_arch()
     registry = Registry()
-    for op in OpKind:
-        try:
-            get_op(op)
-        except UnsupportedError:
-            continue
-        registry = registry.merge(Registry.from_rule_set(op, rule_set, arch))
+    for definition in all_ops():
+        registry = registry.merge(Registry.from_rule_set(definition.kind, rule_set, arch))
     return Dispatcher(registry, arch, strategy=os.environ.get("TILEDISPATCH_STRATEGY", Strategy.RULES))

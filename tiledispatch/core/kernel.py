@@ -12,7 +12,6 @@ import errno
 import functools
 import hashlib
 import importlib
-import importlib.util
 import logging
 import multiprocessing
 import os
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import jsonio, runtime
+from . import jitkey, jsonio, runtime
 from .cache import CacheEntry, KernelCache, StaleEntryError
 from .errors import BuildError
 from .op import KernelUnit, UnitKind
@@ -41,17 +40,10 @@ LOAD_ATTEMPTS = 3  # an entry pruned or replaced between its verification and it
 log = logging.getLogger("tiledispatch.kernel")
 
 
-@functools.lru_cache(maxsize=None)
-def source_hash(modules: tuple[str, ...]) -> str:
-    """sha256 of the source files a unit depends on: editing one invalidates its entries only."""
-    digest = hashlib.sha256()
-    for module in modules:
-        spec = importlib.util.find_spec(module)
-        if spec is None or spec.origin is None:
-            raise BuildError(f"kernel module {module} cannot be found")
-        digest.update(module.encode())
-        digest.update(Path(spec.origin).read_bytes())
-    return digest.hexdigest()
+def function_key(unit: KernelUnit) -> str:
+    """What the unit's compiled code depends on in source: its function's name and Triton's cache
+    key of it (its source and, transitively, every jit function it calls: `jitkey`)."""
+    return f"{unit.module}.{unit.function}:{jitkey.cache_key(_function(unit))}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,20 +62,23 @@ def _specialization(spec: KernelSpec, specialization: Any | None) -> Any:
 
 
 def units(spec: KernelSpec, specialization: Any | None = None) -> tuple[KernelUnit, ...]:
-    return spec.definition.kernel_units(spec.config, _specialization(spec, specialization))
+    """What `spec` compiles and runs, specialised so, on the arch it is built for."""
+    from .. import arch
+
+    return spec.definition.kernel_units(spec.config, _specialization(spec, specialization), arch.load(spec.arch))
 
 
 def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None) -> str:
-    """Kernel name, specialisation and stage, plus the hash of the sources, of the unit itself and of
-    the toolchain. The unit's own fields (signature, constexprs, warps, stages, divisibility, cap) are
-    what the compiler is handed: a constant of a plan module that feeds them (a reduction's block) is
-    not in the kernel's sources, and without them an edit there would load a binary built for the old
-    value."""
+    """Kernel name, specialisation and stage, plus the hash of the function's key (`function_key`),
+    of the unit itself and of the toolchain. The unit's own fields (signature, constexprs, warps,
+    stages, divisibility, cap) are what the compiler is handed: a constant of a plan module that
+    feeds them (a reduction's block) is not in the kernel's sources, and without them an edit there
+    would load a binary built for the old value."""
     name = f"{spec.name}.{_specialization(spec, specialization).tag}.{unit.stage}"
     if unit.max_registers is not None:  # a compile option the name does not spell
         name += f".r{unit.max_registers}"
     compiled_as = hashlib.sha256(repr(unit).encode()).hexdigest()
-    return KernelCache.make_key(name, f"{source_hash(unit.modules)}:{compiled_as}", toolchain())
+    return KernelCache.make_key(name, f"{function_key(unit)}:{compiled_as}", toolchain())
 
 
 def _function(unit: KernelUnit):

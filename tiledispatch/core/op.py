@@ -1,24 +1,88 @@
-"""The contract an op folder fulfils, so that the core never needs to know any op.
+"""The contract an op folder fulfils, and the registry of ops, so that the core never needs to know any op.
 
-Each op package (``tiledispatch/ops/<op>/``) exposes one `OpDefinition` named ``OP``.
-The registry, dispatcher, cache and CLI only ever talk to that object.
+Each op package (``tiledispatch/ops/<op>/``) names its kind (``OpKind("<op>")``), builds one
+`OpDefinition` and registers it (`register`); ``tiledispatch/ops/__init__.py`` imports the op
+packages. The registry, dispatcher, cache and CLI only ever talk to the definitions they get
+from `get_op` and `all_ops`: a new op is a new folder that registers itself.
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
+import re
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .choice import Choice
 from .errors import UnsupportedError
 
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
-class OpKind(Choice):
-    GEMM = "gemm"
-    CONV = "conv"
-    ATTENTION = "attention"
+
+class _OpKinds(type):
+    """`OpKind.<NAME>` is the registered op of that name in lower case, and iterating `OpKind`
+    gives the registered kinds in registration order: the core spells no op's name."""
+
+    def __getattr__(cls, name: str) -> "OpKind":
+        definition = _OPS.get(name.lower()) if name.isupper() else None
+        if definition is None:
+            raise AttributeError(f"{cls.__name__} has no attribute {name!r} (no op {name.lower()!r} is registered)")
+        return definition.kind
+
+    def __iter__(cls) -> Iterator["OpKind"]:
+        return iter([definition.kind for definition in all_ops()])
+
+
+class OpKind(metaclass=_OpKinds):
+    """An op's name, the value its kernel specs and problems carry (``spec.op``, ``problem.op``).
+
+    Each op defines its own (``OpKind("gemm")``). Kinds of one name are one object, in this
+    process and in any that unpickles one, so `is` compares them as it compared enum members.
+    """
+
+    __slots__ = ("value",)
+    _interned: dict[str, "OpKind"] = {}
+    _lock = threading.Lock()
+
+    def __new__(cls, value: "OpKind | str") -> "OpKind":
+        if isinstance(value, OpKind):
+            return value
+        if not isinstance(value, str) or not _NAME.fullmatch(value):
+            raise ValueError(f"an op's name is lower-case letters, digits and '_', starting with a letter; "
+                             f"got {value!r}")
+        with cls._lock:
+            kind = cls._interned.get(value)
+            if kind is None:
+                kind = object.__new__(cls)
+                object.__setattr__(kind, "value", value)
+                cls._interned[value] = kind
+        return kind
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"an OpKind is immutable (setting {name!r})")
+
+    def __reduce__(self):
+        return OpKind, (self.value,)
+
+    def __repr__(self) -> str:
+        return f"OpKind({self.value!r})"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: "OpKind | str", *, exact: bool = False) -> "OpKind":
+        """The registered kind `value` names (any case, unless `exact`); anything else is refused
+        naming the registered ones."""
+        if isinstance(value, OpKind) and value.value in _OPS:
+            return value
+        name = value.value if isinstance(value, OpKind) else str(value) if exact else str(value).lower()
+        definition = _OPS.get(name)
+        if definition is None:
+            known = ", ".join(d.kind.value for d in all_ops()) or "none is registered"
+            raise UnsupportedError(f"unknown op kind {value!r}; use one of: {known}")
+        return definition.kind
 
 
 class RuleSet(Choice):
@@ -45,8 +109,8 @@ class KernelUnit:
     """One function a plan stage runs: where it lives and how it is specialised.
 
     `signature` maps every argument name to a Triton type (``*fp16``, ``i32``) or
-    ``constexpr``; `constexprs` gives the values of the constexpr ones.
-    `modules` are every source file whose text the compiled code depends on.
+    ``constexpr``; `constexprs` gives the values of the constexpr ones. What the compiled
+    code depends on in source is `function`'s own Triton cache key (`core.jitkey`).
     """
 
     stage: str
@@ -56,7 +120,6 @@ class KernelUnit:
     constexprs: tuple[tuple[str, Any], ...]
     num_warps: int
     num_stages: int
-    modules: tuple[str, ...]
     divisible_by_16: tuple[str, ...] = ()  # arguments the compiler may assume divisible by 16
     # (argument, divisor) pairs: what the compiler may assume divides each (a pointer: its address in
     # bytes; an integer: its value). For facts other than 16, e.g. 16-byte strides of 2-byte elements: 8.
@@ -86,7 +149,7 @@ class OpDefinition:
     auto_correct: Callable[[Any, Any], tuple[Any, tuple]]  # (config, arch) -> (config, corrections)
     rule_sets: Mapping[RuleSet, Callable[[], Iterable[Any]]]  # rule set -> config generator
     supports: Callable[[Any, Any], str | None]  # (config, problem) -> None, or why not
-    kernel_units: Callable[..., tuple[KernelUnit, ...]]  # (config, specialization) -> what to compile
+    kernel_units: Callable[..., tuple[KernelUnit, ...]]  # (config, specialization, arch) -> what to compile
     specialization_of: Callable[[Any], Any]  # problem -> what the artifact specialises on (has .tag)
     specializations: tuple[Any, ...]  # the ones `tiledispatch build` compiles ahead of time
     plan: Callable[[Any, Any], Any]  # (config, operands) -> core.launch.Plan
@@ -98,11 +161,30 @@ class OpDefinition:
     tuning_operands: Callable[[Any, Any, int], Any] | None = None
 
 
+# The registered ops by name, in registration order (the order `all_ops` and a default
+# dispatcher's registry follow). Written at import time by the op packages; read by every call.
+_OPS: dict[str, OpDefinition] = {}
+_REGISTER_LOCK = threading.Lock()
+
+
+def register(definition: OpDefinition) -> OpDefinition:
+    """Makes an op known to the core; returns `definition`. Registering the same definition again
+    is a no-op; another definition under a registered kind is a bug, and raises."""
+    if not isinstance(definition, OpDefinition) or not isinstance(definition.kind, OpKind):
+        raise TypeError(f"register takes an OpDefinition whose kind is an OpKind; got {definition!r}")
+    with _REGISTER_LOCK:
+        known = _OPS.get(definition.kind.value)
+        if known is not None and known is not definition:
+            raise ValueError(f"op {definition.kind.value!r} is registered already, by another definition")
+        _OPS[definition.kind.value] = definition
+    return definition
+
+
 def get_op(kind: "OpKind | str") -> OpDefinition:
-    """The op's definition, imported on first use so that `import tiledispatch` stays light."""
-    kind = OpKind.parse(kind)
-    try:
-        module = importlib.import_module(f"tiledispatch.ops.{kind.value}")
-    except ModuleNotFoundError:
-        raise UnsupportedError(f"op {kind.value!r} is not implemented yet") from None
-    return module.OP
+    """The registered definition of `kind` (an OpKind or its name, any case)."""
+    return _OPS[OpKind.parse(kind).value]
+
+
+def all_ops() -> tuple[OpDefinition, ...]:
+    """Every registered op's definition, in registration order."""
+    return tuple(_OPS.values())

@@ -40,7 +40,7 @@ class KernelSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "KernelSpec":
         """Raises ValueError naming the bad field when `data` is not a valid spec."""
-        op = OpKind(data["op"])
+        op = OpKind.parse(data["op"], exact=True)  # a registered op, spelled as to_dict spells it
         try:
             config = from_jsonable(get_op(op).config_type, data["config"], "config")
         except ValueError as e:  # say which op's config it was read as: the op field may be the mistake

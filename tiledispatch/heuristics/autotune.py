@@ -12,15 +12,12 @@ in a small file that every later process reads instead of timing again.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import json
 import math
-import os
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
+import sys
 from typing import Any, Callable, Mapping, Sequence
+
+from ..core import tuning
+from ..core.tuning import FORMAT, TuningRecord, TuningStore  # noqa: F401  (the records, kept by the core)
 
 TOP_K = 3  # the rules' best few: within a family its ranking is good (selection P10 0.93-0.96)
 ROUNDS = 5  # samples of each finalist, taken in turns
@@ -41,20 +38,6 @@ MAX_CALLS = 200  # per sample, for the smallest problems
 # vendor's own choice adapts to conditions we did not time.
 VENDOR_MARGIN = 0.02
 MAX_SETS = 4  # operand sets rotated through, so that a problem smaller than L2 is timed from DRAM
-FORMAT = 1
-
-
-@dataclass(frozen=True)
-class TuningRecord:
-    """What one tuning found: the winner and every finalist's median time."""
-
-    winner: str
-    times_ms: Mapping[str, float]
-    problem: Mapping[str, Any]  # the problem, described: a person reading the file sees what it is about
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "winner": self.winner, "times_ms": dict(self.times_ms), "problem": self.problem,
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def finalists(ranked: Sequence[Any], top_k: int = TOP_K) -> list[Any]:
@@ -110,72 +93,5 @@ def winner(times: Mapping[str, float], vendors: Sequence[str]) -> str:
     return vendor if times[vendor] <= times[best] * (1 + VENDOR_MARGIN) else best
 
 
-class TuningStore:
-    """Tuning records on disk: one JSON file per (problem, finalists, toolchain, device).
-
-    A record is written to a temporary file and renamed into place, so a reader never sees
-    half of one; two processes tuning the same problem at once both write a valid winner
-    and the last rename stands. A record that cannot be used is treated as missing, so the
-    problem is tuned again and the record overwritten: an unreadable file (read with
-    bounded size and nesting, never through a symlink), one of another format, or one
-    whose winner is not among its own timed finalists or not among `finalists` when the
-    caller names them. The finalists' names are part of the key: a registry that offers
-    other kernels tunes anew.
-    """
-
-    MAX_BYTES = 1 << 20
-    MAX_DEPTH = 8  # a record nests 3 levels
-
-    def __init__(self, root: Path) -> None:
-        from ..core.cache import Access, ensure_private_dir
-
-        self.access = Access.from_env()
-        self.dir = Path(root) / f"tuning-v{FORMAT}"
-        ensure_private_dir(self.dir, self.access)
-
-    @staticmethod
-    def key(op: str, arch: str, problem: Any, names: Sequence[str], device: str) -> str:
-        from ..core.kernel import toolchain
-
-        import torch
-
-        blob = json.dumps([op, arch, device, repr(problem.key()), sorted(names), torch.__version__,
-                           sorted(toolchain().items())])
-        return f"{op}-{hashlib.sha256(blob.encode()).hexdigest()[:32]}"
-
-    def get(self, key: str, finalists: Sequence[str] | None = None) -> TuningRecord | None:
-        """The record of `key`, or None if there is none or it cannot be used (see the class)."""
-        from ..core import jsonio
-
-        try:
-            data = jsonio.read_json(self.dir / f"{key}.json", max_bytes=self.MAX_BYTES, max_depth=self.MAX_DEPTH,
-                                    follow_symlinks=False)
-        except (OSError, jsonio.JsonFileError):
-            return None
-        return _record(data, finalists)
-
-    def put(self, key: str, record: TuningRecord) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key}.", suffix=".tmp")
-        try:
-            os.fchmod(fd, self.access.file_mode)  # members of a group cache read each other's records
-            with os.fdopen(fd, "w") as f:
-                json.dump(record.to_dict(), f, indent=1)
-            os.replace(tmp, self.dir / f"{key}.json")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def _record(data: Any, finalists: Sequence[str] | None) -> TuningRecord | None:
-    """A stored record, checked; None where it cannot be used."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None
-    winner, times, problem = data.get("winner"), data.get("times_ms"), data.get("problem") or {}
-    if not isinstance(winner, str) or not isinstance(times, dict) or not isinstance(problem, dict):
-        return None
-    if any(not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0
-           for t in times.values()):
-        return None
-    if winner not in times or (finalists is not None and not set(times) <= set(finalists)):
-        return None  # a winner that is not a finalist: tuned again, and the record overwritten
-    return TuningRecord(winner, {str(k): float(v) for k, v in times.items()}, problem)
+# This module is the dispatcher's policy: it is read attribute by attribute at each use.
+tuning.set_policy(sys.modules[__name__])

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...core.op import OpDefinition, OpKind
+from ...core.op import OpDefinition, register
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from .arguments import parse_causal, parse_window
 from .function import AttentionFunction, bound_forward, forward, read_call
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
+    KIND,
     AttentionProblem,
     AttentionVariant,
     Direction,
@@ -29,8 +30,8 @@ from .ranking import rule_score
 from .rules import AttentionRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS
 
-OP = OpDefinition(
-    kind=OpKind.ATTENTION,
+OP = register(OpDefinition(
+    kind=KIND,
     problem_type=AttentionProblem,
     config_type=AnyAttentionConfig,
     validate=validate,
@@ -45,7 +46,7 @@ OP = OpDefinition(
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.dtype.value,
-)
+))
 
 
 def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi_slopes=None, softcap=None,

@@ -33,7 +33,6 @@ _FWD_WS = "tiledispatch.ops.attention.kernels.forward_ws"
 _BWD_WS = "tiledispatch.ops.attention.kernels.backward_ws"
 _BWD_WS_WIDE = "tiledispatch.ops.attention.kernels.backward_ws_wide"
 _BWD = "tiledispatch.ops.attention.kernels.backward"
-_SCORES = "tiledispatch.ops.attention.kernels.scores"
 _VENDOR = "tiledispatch.ops.attention.vendor"
 USER_MASK_CODES = {UserMask.NONE: 0, UserMask.BOOLEAN: 1, UserMask.ADDITIVE: 2}
 # Arguments whose buffers the plan fills with zeros (the rest it allocates empty): a replay
@@ -115,8 +114,7 @@ def _unit(stage: str, module: str, function: str, args: list, constexprs: dict, 
         name in tensors or (name.startswith("stride_") and name[7:-1] in {"q", "k", "v", "o", "do", "dq", "dk", "dv"})))
     return KernelUnit(stage=stage, module=module, function=function, signature=tuple(signature),
                       constexprs=tuple(constexprs.items()), num_warps=num_warps or config.num_warps,
-                      num_stages=num_stages or config.num_stages, modules=(module, _SCORES),
-                      divisible_by_16=divisible)
+                      num_stages=num_stages or config.num_stages, divisible_by_16=divisible)
 
 
 def _dot_precision(config: AttentionConfig) -> str:
@@ -127,7 +125,9 @@ _PLAIN = AttentionVariant()
 
 
 @functools.lru_cache(maxsize=4096)
-def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN) -> tuple[KernelUnit, ...]:
+def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN,
+                 arch: arch_facts.ArchInfo | None = None) -> tuple[KernelUnit, ...]:
+    """What `config` compiles and runs for `variant` on `arch` (None: the arch its family is written for)."""
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNITS[config.direction],)
     t = _ptr(config.dtype)
@@ -137,7 +137,7 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
     cu = [("CU_Q", "*i32"), ("CU_K", "*i32")]
     base = _feature_constexprs(config, variant)
     if config.family is Family.FWD_WS:
-        return (_ws_unit(config, variant),)
+        return (_ws_unit(config, variant, arch),)
     if config.family is Family.FWD_TMA:
         return (_tma_unit(config, variant),)
     if config.family is Family.FWD:
@@ -166,7 +166,7 @@ def kernel_units(config: AnyAttentionConfig, variant: AttentionVariant = _PLAIN)
                  {**base, "ATOMIC_DQ": atomic, "HAS_DBIAS": variant.bias_grad,
                   "DOT_PRECISION": _dot_precision(config)}, config, variant)
     if config.family is Family.BWD_WS:
-        return preprocess, _ws_dkdv_unit(config, variant), _ws_dq_unit(config, variant)
+        return preprocess, _ws_dkdv_unit(config, variant, arch), _ws_dq_unit(config, variant, arch)
     if atomic:
         convert_args = ([("DQ_ACC", "*fp32"), ("DQ", t)] + _strides("a") + _strides("dq") + cu
                         + [("seqlen_q", "i32"), ("seqlen_kv", "i32")])
@@ -213,12 +213,12 @@ def _ws_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
             "v_desc": (1, 1, config.block_n, config.head_dim_v), "o_desc": (1, 1, rows, config.head_dim_v)}
 
 
-def _ws_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+def _ws_unit(config: AttentionConfig, variant: AttentionVariant, arch: arch_facts.ArchInfo | None) -> KernelUnit:
     """The Gluon forward."""
     constexprs = {"HAS_BAND": variant.band, "HAS_SOFTCAP": variant.softcap, "HAS_SINKS": variant.sinks,
                   "STAGES": config.num_stages}
     return _gluon_unit("fwd", _FWD_WS, "attention_fwd_ws", _ws_blocks(config), [("LSE", "*fp32"), ("SINKS", "*fp32")],
-                       constexprs, config, variant)
+                       constexprs, config, variant, arch)
 
 
 # What every Gluon stage takes after its descriptors and pointers: the LSE's strides and the problem's scalars.
@@ -228,12 +228,12 @@ _GLUON_SCALARS = _strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i32"
 
 
 def _gluon_unit(stage: str, module: str, function: str, blocks: dict, pointers: list, constexprs: dict,
-                config: AttentionConfig, variant: AttentionVariant, helpers: tuple[str, ...] = ()) -> KernelUnit:
+                config: AttentionConfig, variant: AttentionVariant, arch: arch_facts.ArchInfo | None) -> KernelUnit:
     """A Gluon stage. It launches as one warpgroup (the first MMA partition); the second and the
-    loader's are added by `warp_specialize`. `helpers`: other modules its source imports from."""
+    loader's are added by `warp_specialize`."""
     args = _ws_descriptor_types(config, blocks) + pointers + _GLUON_SCALARS
     unit = _unit(stage, module, function, args, constexprs, config, variant, num_warps=4)
-    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config), modules=unit.modules + helpers)
+    return replace(unit, kind=UnitKind.GLUON, max_registers=_ws_cap(config, arch))
 
 
 def _ws_descriptor_types(config: AttentionConfig, blocks: dict) -> list[tuple[str, str]]:
@@ -245,10 +245,11 @@ def _ws_descriptor_types(config: AttentionConfig, blocks: dict) -> list[tuple[st
                    f"{gl.NVMMASharedLayout.get_default_for(list(block), dtype)!r}>") for name, block in blocks.items()]
 
 
-def _ws_cap(config: AttentionConfig) -> int:
-    """The register cap: what an sm_90 multiprocessor's registers (the one arch the Gluon families
-    compile for) give the MMA warpgroups and the loader's (registers go by warpgroup)."""
-    return arch_facts.load("sm_90").registers_per_sm // ((config.num_warps + 4) * 32) // 8 * 8
+def _ws_cap(config: AttentionConfig, arch: arch_facts.ArchInfo | None) -> int:
+    """The register cap: what `arch`'s multiprocessor registers give the MMA warpgroups and the loader's
+    (by warpgroup). No arch: the one the Gluon families are written for (the one with warpgroup MMA)."""
+    arch = arch or next(a for a in map(arch_facts.load, arch_facts.available()) if a.has(arch_facts.Feature.WGMMA))
+    return arch.registers_per_sm // ((config.num_warps + 4) * 32) // 8 * 8
 
 
 _WS_BACKWARD_POINTERS = [("LSE", "*fp32"), ("DELTA", "*fp32")]
@@ -263,13 +264,12 @@ def _ws_dkdv_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, i
             "dk_desc": (1, 1, rows, config.head_dim_qk), "dv_desc": (1, 1, rows, config.head_dim_v)}
 
 
-def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+def _ws_dkdv_unit(config: AttentionConfig, variant: AttentionVariant, arch: arch_facts.ArchInfo | None) -> KernelUnit:
     """bwd-ws's dK/dV stage; at wide heads the role-split kernel, which shares the narrow one's helpers."""
     wide = config.head_dim_qk in BWD_WS_WIDE_HEAD_DIMS
     module, function = (_BWD_WS_WIDE, "attention_bwd_dkdv_ws_wide") if wide else (_BWD_WS, "attention_bwd_dkdv_ws")
     return _gluon_unit("dkdv", module, function, _ws_dkdv_blocks(config), _WS_BACKWARD_POINTERS,
-                       {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant,
-                       helpers=(_BWD_WS,) if wide else ())
+                       {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant, arch)
 
 
 def _ws_dq_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int]]:
@@ -280,10 +280,10 @@ def _ws_dq_blocks(config: AttentionConfig) -> dict[str, tuple[int, int, int, int
             "dq_desc": (1, 1, rows, config.head_dim_qk)}
 
 
-def _ws_dq_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelUnit:
+def _ws_dq_unit(config: AttentionConfig, variant: AttentionVariant, arch: arch_facts.ArchInfo | None) -> KernelUnit:
     """bwd-ws's dQ stage."""
     return _gluon_unit("dq", _BWD_WS, "attention_bwd_dq_ws", _ws_dq_blocks(config), _WS_BACKWARD_POINTERS,
-                       {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant)
+                       {"HAS_SOFTCAP": variant.softcap, "STAGES": config.num_stages}, config, variant, arch)
 
 
 def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
@@ -316,12 +316,12 @@ _VENDOR_UNITS = {
     Direction.FORWARD: KernelUnit(
         stage="vendor", module=_VENDOR, function="forward",
         signature=tuple((n, "python") for n in ("family", "q", "k", "v", "result", "scale", "causal", "needs_lse")),
-        constexprs=(), num_warps=0, num_stages=0, modules=(_VENDOR,), kind=UnitKind.PYTHON),
+        constexprs=(), num_warps=0, num_stages=0, kind=UnitKind.PYTHON),
     Direction.BACKWARD: KernelUnit(
         stage="vendor", module=_VENDOR, function="backward",
         signature=tuple((n, "python") for n in ("family", "grads", "grad_out", "q", "k", "v", "out", "lse",
                                                  "scale", "causal")),
-        constexprs=(), num_warps=0, num_stages=0, modules=(_VENDOR,), kind=UnitKind.PYTHON),
+        constexprs=(), num_warps=0, num_stages=0, kind=UnitKind.PYTHON),
 }
 
 

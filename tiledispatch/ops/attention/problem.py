@@ -22,6 +22,8 @@ from ...core.errors import InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
 from .counting import band_pairs
 
+KIND = OpKind("attention")  # this op's name: its specs' and problems' `op`, registered in __init__.py
+
 HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 DTYPES = (DType.FP16, DType.BF16, DType.FP32)  # fp32: the interpreter's exact path, and tests
 # fp8 inputs, forward only (inference): per-tensor dequantization scales, a bf16 output.
@@ -124,7 +126,7 @@ class AttentionVariant:
 
 @dataclass(frozen=True)
 class AttentionProblem:
-    op: ClassVar[OpKind] = OpKind.ATTENTION
+    op: ClassVar[OpKind] = KIND
 
     batch: int
     heads_q: int

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...core.errors import UnsupportedError
-from ...core.op import OpDefinition, OpKind
+from ...core.op import OpDefinition, register
 from .config import (
     AnyConvConfig,
     ConvSignature,
@@ -21,6 +21,7 @@ from .inputs import tuning_operands
 from .operands import ConvOperands, check_operands, parse_activation
 from .plan import kernel_units, plan
 from .problem import (
+    KIND,
     ConvEpilogue,
     ConvProblem,
     ConvSpecialization,
@@ -32,8 +33,8 @@ from .ranking import rule_score
 from .rules import ConvRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS
 
-OP = OpDefinition(
-    kind=OpKind.CONV,
+OP = register(OpDefinition(
+    kind=KIND,
     problem_type=ConvProblem,
     config_type=AnyConvConfig,
     validate=validate,
@@ -51,7 +52,7 @@ OP = OpDefinition(
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.signature.types.name,
     tuning_operands=tuning_operands,
-)
+))
 
 
 def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, activation=None, residual=None,

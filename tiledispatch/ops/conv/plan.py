@@ -44,15 +44,9 @@ _KERNELS = "tiledispatch.ops.conv.kernels"
 FAMILY_MODULES = {Family.IMPLICIT_GEMM: f"{_KERNELS}.implicit_gemm", Family.DIRECT: f"{_KERNELS}.direct",
                   Family.IMPLICIT_GEMM_FLAT: f"{_KERNELS}.implicit_gemm_flat",
                   Family.IMPLICIT_GEMM_TMA: f"{_KERNELS}.implicit_gemm_tma"}
-# A family's kernel modules that import another family's (part of the cache key).
-_FAMILY_IMPORTS = {Family.IMPLICIT_GEMM_FLAT: (FAMILY_MODULES[Family.IMPLICIT_GEMM],)}
 _REDUCE_MODULE = f"{_KERNELS}.weight_reduce"
 _TOEPLITZ_MODULE = f"{_KERNELS}.toeplitz"
 _PAD_MODULE = f"{_KERNELS}.channel_pad"
-_EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
-# The kernels' sources besides their own file (part of the cache key): every module they import from.
-_SHARED_MODULES = (f"{_KERNELS}.geometry", _EPILOGUE_MODULE,
-                   "tiledispatch.ops.gemm.kernels.tile_order", _REDUCE_MODULE)
 FUNCTIONS = {
     (Family.IMPLICIT_GEMM, Direction.FORWARD): "conv_fwd_igemm",
     (Family.IMPLICIT_GEMM, Direction.BWD_DATA): "conv_bwd_data_igemm",
@@ -90,7 +84,8 @@ CHANNELS_FASTEST_PIXEL_BYTES = 2048  # pixels this long: window kernels step cha
 ALIGNED = ConvSpecialization()
 
 
-def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSpecialization) -> KernelUnit:
+def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSpecialization,
+               arch: arch_facts.ArchInfo | None) -> KernelUnit:
     sig = config.signature
     t = sig.types.dtype.triton
     pointer = {"ws_ptr": "*fp32"}
@@ -129,15 +124,22 @@ def _main_unit(config: ImplicitGemmConfig | DirectConfig, specialization: ConvSp
         stage="main", module=module, function=function,
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=warps, num_stages=stages,
-        modules=(module, *_FAMILY_IMPORTS.get(config.family, ()), *_SHARED_MODULES),
-        divisible_by_16=aligned_pointers, max_registers=_window_cap(config, vec) if windowed else None,
+        divisible_by_16=aligned_pointers, max_registers=_window_cap(config, vec, arch) if windowed else None,
     )
 
 
-def _window_cap(config: DirectConfig, vector: int) -> int | None:
+def _window_cap(config: DirectConfig, vector: int, arch: arch_facts.ArchInfo | None) -> int | None:
     if config.signature.direction is Direction.BWD_WEIGHT:
-        return weight_window_register_cap(config, arch_facts.load("sm_90").registers_per_sm)
+        return weight_window_register_cap(config, _target(arch).registers_per_sm)
     return window_register_cap(config, vector)
+
+
+def _target(arch: arch_facts.ArchInfo | None) -> arch_facts.ArchInfo:
+    """The arch a unit is built for: `arch`, or where none is named, the one the Gluon families are
+    written for (the known arch with warpgroup MMA), whose register file sizes the caps."""
+    if arch is not None:
+        return arch
+    return next(a for a in map(arch_facts.load, arch_facts.available()) if a.has(arch_facts.Feature.WGMMA))
 
 
 def channels_fastest(config: DirectConfig, p) -> bool:
@@ -173,7 +175,6 @@ def _reduce_unit(config, specialization: ConvSpecialization) -> KernelUnit:
     return KernelUnit(
         stage="reduce", module=_REDUCE_MODULE, function="conv_weight_reduce", signature=tuple(signature),
         constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
-        modules=(_REDUCE_MODULE, f"{_KERNELS}.geometry"),
         divisible_by_16=("ws_ptr", "w_ptr") if specialization.aligned else ("ws_ptr",),
     )
 
@@ -188,7 +189,6 @@ def _col2im_unit(config: ImplicitGemmConfig) -> KernelUnit:
     return KernelUnit(
         stage="col2im", module=module, function="conv_col2im", signature=tuple(signature),
         constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
-        modules=(module, *_FAMILY_IMPORTS[Family.IMPLICIT_GEMM_FLAT], *_SHARED_MODULES),
     )
 
 
@@ -208,14 +208,13 @@ def _pad_unit(config: ImplicitGemmConfig) -> KernelUnit:
     return KernelUnit(
         stage="pad", module=_PAD_MODULE, function="pad_channels", signature=tuple(signature),
         constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
-        modules=(_PAD_MODULE, f"{_KERNELS}.geometry"),
     )
 
 
 _UNPAD_UNIT = KernelUnit(
     stage="unpad", module="tiledispatch.ops.conv.plan", function="unpad_weight",
     signature=(("padded", "python"), ("out", "python")), constexprs=(), num_warps=0, num_stages=0,
-    modules=("tiledispatch.ops.conv.plan",), kind=UnitKind.PYTHON,
+    kind=UnitKind.PYTHON,
 )
 
 
@@ -227,14 +226,14 @@ def unpad_weight(padded: torch.Tensor, out: torch.Tensor) -> None:
 _POINTWISE_UNIT = KernelUnit(
     stage="gemm", module="tiledispatch.ops.conv.pointwise", function="run",
     signature=tuple((name, "python") for name in ("operands", "out", "dispatcher")),
-    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.conv.pointwise",), kind=UnitKind.PYTHON,
+    constexprs=(), num_warps=0, num_stages=0, kind=UnitKind.PYTHON,
 )
 
 
 _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.conv.vendor", function="run",
     signature=tuple((name, "python") for name in ("operands", "out")),
-    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.conv.vendor",), kind=UnitKind.PYTHON,
+    constexprs=(), num_warps=0, num_stages=0, kind=UnitKind.PYTHON,
 )
 
 
@@ -245,21 +244,24 @@ def splits(config: AnyConvConfig) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
-def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED) -> tuple[KernelUnit, ...]:
+def kernel_units(config: AnyConvConfig, specialization: ConvSpecialization = ALIGNED,
+                 arch: arch_facts.ArchInfo | None = None) -> tuple[KernelUnit, ...]:
+    """What `config` compiles and runs for `specialization` on `arch` (None: `_target`'s)."""
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
     if isinstance(config, PointwiseConfig):
         return (_POINTWISE_UNIT,)
     if isinstance(config, ToeplitzConfig):
-        return _toeplitz_units(config, specialization)
+        return _toeplitz_units(config, specialization, arch)
     if isinstance(config, ImplicitGemmConfig) and config.pad_channels:  # pad, the padded problem's units, unpad
         padded = specialization.channels_padded(config.signature.types.dtype)
-        inner = kernel_units(replace(config, pad_channels=False), padded)
+        inner = kernel_units(replace(config, pad_channels=False), padded, arch)
         weight = config.signature.direction is Direction.BWD_WEIGHT
         return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
     if flat_data_gradient(config):
-        return (_main_unit(config, specialization), _col2im_unit(config))
-    main = _tma_unit(config, specialization) if isinstance(config, TmaConfig) else _main_unit(config, specialization)
+        return (_main_unit(config, specialization, arch), _col2im_unit(config))
+    main = (_tma_unit(config, specialization) if isinstance(config, TmaConfig)
+            else _main_unit(config, specialization, arch))
     return (main, _reduce_unit(config, specialization)) if splits(config) else (main,)
 
 
@@ -317,7 +319,7 @@ def _tma_unit(config: TmaConfig, specialization: ConvSpecialization) -> KernelUn
         stage="main", module=module, function=FUNCTIONS[(Family.IMPLICIT_GEMM_TMA, direction)],
         signature=tuple(signature + [(name, "constexpr") for name in constexprs]),
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(module, *_SHARED_MODULES), divisibility=divisibility,
+        divisibility=divisibility,
     )
 
 
@@ -557,7 +559,8 @@ TOEPLITZ_STRIDES = ("sxn", "sxh", "sxw", "syn", "syh", "syw", "srn", "srh", "srw
 TOEPLITZ_FILTER_STRIDES = ("swk", "swy", "swx")  # the weight [C, 1, FY, FX]
 
 
-def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) -> tuple[KernelUnit, ...]:
+def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization,
+                    arch: arch_facts.ArchInfo | None) -> tuple[KernelUnit, ...]:
     """Forward and backward-data: the walk, which builds its banded filters itself. Backward-weight:
     the walk into the workspace, then weight_reduce's sum of its slabs."""
     t = config.signature.types.dtype.triton
@@ -591,8 +594,8 @@ def _toeplitz_units(config: ToeplitzConfig, specialization: ConvSpecialization) 
     main = KernelUnit(
         stage="main", module=_TOEPLITZ_MODULE, function=function, signature=tuple(signature),
         constexprs=tuple(sorted(walk.items())), num_warps=config.num_warps, num_stages=1,
-        modules=(_TOEPLITZ_MODULE, _EPILOGUE_MODULE), divisibility=divisibility, kind=UnitKind.GLUON,
-        max_registers=toeplitz_register_cap(config, arch_facts.load("sm_90").registers_per_sm))
+        divisibility=divisibility, kind=UnitKind.GLUON,
+        max_registers=toeplitz_register_cap(config, _target(arch).registers_per_sm))
     if direction is Direction.BWD_WEIGHT:
         return main, _reduce_unit(config, specialization)
     return (main,)

@@ -21,6 +21,8 @@ from ...core.errors import InvalidArgumentError, InvalidProblemError, Unsupporte
 from ...core.op import OpKind
 from ..gemm.problem import Epilogue
 
+KIND = OpKind("conv")  # this op's name: its specs' and problems' `op`, registered in __init__.py
+
 MAX_SPATIAL_DIMS = 3
 DTYPES = (DType.FP16, DType.BF16, DType.FP32)
 # The first value a 32-bit index cannot hold. The Triton kernels compute pixel indices and
@@ -205,7 +207,7 @@ def output_size(size: int, filt: int, stride: int, pad: int, dilation: int) -> i
 
 @dataclass(frozen=True)
 class ConvProblem:
-    op: ClassVar[OpKind] = OpKind.CONV
+    op: ClassVar[OpKind] = KIND
 
     direction: Direction
     n: int

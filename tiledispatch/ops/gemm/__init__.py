@@ -7,19 +7,19 @@ import torch
 from ...core.dispatcher import Dispatcher, default_dispatcher
 from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, UnsupportedError
-from ...core.op import OpDefinition, OpKind
+from ...core.op import OpDefinition, register
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
 from .inputs import tuning_operands
 from .operands import GemmOperands, check_operands
 from .plan import kernel_units, plan
-from .problem import Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS
 
-OP = OpDefinition(
-    kind=OpKind.GEMM,
+OP = register(OpDefinition(
+    kind=KIND,
     problem_type=GemmProblem,
     config_type=AnyGemmConfig,
     validate=validate,
@@ -34,7 +34,7 @@ OP = OpDefinition(
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.types.name,
     tuning_operands=tuning_operands,
-)
+))
 
 
 def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype=None,

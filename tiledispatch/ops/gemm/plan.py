@@ -34,9 +34,6 @@ FAMILY_MODULES = {
     Family.WS_PINGPONG: "tiledispatch.ops.gemm.kernels.ws_pingpong",
 }
 _TMA_FUNCTIONS = {Family.TMA_PERSISTENT: "gemm_tma_persistent", Family.STREAM_K: "gemm_stream_k"}
-_EPILOGUE_MODULE = "tiledispatch.ops.gemm.kernels.epilogue"
-_TILE_ORDER_MODULE = "tiledispatch.ops.gemm.kernels.tile_order"  # the tiled kernel's grouped tile order
-_TMA_MAINLOOP_MODULE = "tiledispatch.ops.gemm.kernels.tma_mainloop"  # the TMA families' K loop
 _REDUCE_MODULE = "tiledispatch.ops.gemm.kernels.splitk_reduce"
 _REALIGN_MODULE = "tiledispatch.ops.gemm.kernels.realign"
 _COPY_STRIDES = ("src_batch", "src_row", "dst_batch", "dst_row")
@@ -86,15 +83,18 @@ def _divisibility(alignment: Alignment, types: GemmTypes, signature, split: bool
 
 
 @functools.lru_cache(maxsize=4096)  # called on every launch: the plan reads the signature
-def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment()) -> tuple[KernelUnit, ...]:
+def kernel_units(config: AnyGemmConfig, alignment: Alignment = Alignment(),
+                 arch: arch_facts.ArchInfo | None = None) -> tuple[KernelUnit, ...]:
+    """What `config` compiles and runs for `alignment` on `arch` (None: the arch its family is written for)."""
     if isinstance(config, VendorConfig):
         return (_VENDOR_UNIT,)
     if config.realign:  # the copies, then its twin's stages on aligned buffers
-        return (*_realign_units(config, alignment), *kernel_units(replace(config, realign=False), alignment.realigned()))
+        twin = kernel_units(replace(config, realign=False), alignment.realigned(), arch)
+        return (*_realign_units(config, alignment), *twin)
     if config.family is Family.GEMV:
         return (_gemv_unit(config, alignment),)
     if config.family.warp_specialised:
-        return (_ws_unit(config, alignment),)
+        return (_ws_unit(config, alignment, arch),)
     main = _persistent_unit(config, alignment) if config.family.uses_tma else _tiled_unit(config, alignment)
     return (main, _reduce_unit(config, alignment)) if config.split_k > 1 else (main,)
 
@@ -123,7 +123,6 @@ def _pointer_unit(config: GemmConfig, alignment: Alignment, function: str, const
         stage="main", module=module, function=function,
         signature=tuple(signature), constexprs=tuple(sorted(constexprs.items())),
         num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(module, _EPILOGUE_MODULE) + ((_TILE_ORDER_MODULE,) if config.family is Family.TILED else ()),
         divisibility=_divisibility(alignment, config.types, signature, config.split_k > 1),
     )
 
@@ -172,7 +171,7 @@ def _reduce_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     return KernelUnit(
         stage="reduce", module=_REDUCE_MODULE, function="splitk_reduce",
         signature=tuple(reduce_signature), constexprs=tuple(sorted(reduce_constexprs.items())),
-        num_warps=4, num_stages=1, modules=(_REDUCE_MODULE, _EPILOGUE_MODULE),
+        num_warps=4, num_stages=1,
         divisibility=_divisibility(replace(alignment, a=False, b=False), t, reduce_signature, False)
         + (("ws_ptr", VECTOR_BYTES),),
     )
@@ -200,7 +199,6 @@ def _realign_units(config: GemmConfig, alignment: Alignment) -> tuple[KernelUnit
         units.append(KernelUnit(
             stage=f"realign_{role}", module=_REALIGN_MODULE, function="copy_rows", signature=rows_signature,
             constexprs=(("BLOCK_C", REALIGN_BLOCK[1]), ("BLOCK_R", REALIGN_BLOCK[0])), num_warps=4, num_stages=1,
-            modules=(_REALIGN_MODULE,),
             divisibility=((f"{ours}_ptr", VECTOR_BYTES), (f"{ours}_batch", per_vector), (f"{ours}_row", per_vector)),
         ))
         dense_signature = pointers + (("TOTAL", "i32"), ("COLS", "i32"), ("buffer_row", "i32"),
@@ -208,7 +206,6 @@ def _realign_units(config: GemmConfig, alignment: Alignment) -> tuple[KernelUnit
         units.append(KernelUnit(
             stage=f"realign_{role}_dense", module=_REALIGN_MODULE, function="copy_dense", signature=dense_signature,
             constexprs=(("BLOCK", REALIGN_DENSE_BLOCK), ("INTO_BUFFER", into)), num_warps=4, num_stages=1,
-            modules=(_REALIGN_MODULE,),
             divisibility=(("src_ptr", VECTOR_BYTES), ("dst_ptr", VECTOR_BYTES), ("buffer_row", per_vector)),
         ))
     return tuple(units)
@@ -257,11 +254,11 @@ def _persistent_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     return KernelUnit(
         stage="main", module=module, function=_TMA_FUNCTIONS[config.family], signature=signature,
         constexprs=tuple(sorted(constexprs.items())), num_warps=config.num_warps, num_stages=config.num_stages,
-        modules=(module, _EPILOGUE_MODULE, _TILE_ORDER_MODULE, _TMA_MAINLOOP_MODULE), divisibility=divisibility,
+        divisibility=divisibility,
     )
 
 
-def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
+def _ws_unit(config: GemmConfig, alignment: Alignment, arch: arch_facts.ArchInfo | None) -> KernelUnit:
     """The Gluon families. Each launches as one warpgroup (the first MMA partition); the second and
     the loader's warp are added by `warp_specialize`, so the launch's registers are capped at
     what all three warpgroups share (the partitions then move them by setmaxnreg)."""
@@ -280,14 +277,14 @@ def _ws_unit(config: GemmConfig, alignment: Alignment) -> KernelUnit:
     constexprs = {"GROUP_M": config.group_m, "STAGES": config.num_stages, **_epilogue_constexprs(config)}
     signature = tuple(args + [(name, "constexpr") for name in constexprs])
     module = FAMILY_MODULES[config.family]
-    pingpong = config.family is Family.WS_PINGPONG  # its kernel imports ws-persistent's helpers
-    shared = (_EPILOGUE_MODULE,) + ((FAMILY_MODULES[Family.WS_PERSISTENT],) if pingpong else ())
     threads = (config.num_warps + 4) * 32  # the MMA warpgroups and the loader's (registers go by warpgroup)
+    # No arch: the one the Gluon families are written for (the one with warpgroup MMA).
+    arch = arch or next(a for a in map(arch_facts.load, arch_facts.available()) if a.has(arch_facts.Feature.WGMMA))
     return KernelUnit(
         stage="main", module=module, function=f"gemm_{config.family.value.replace('-', '_')}", signature=signature,
-        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1, modules=(module, *shared),
+        constexprs=tuple(sorted(constexprs.items())), num_warps=4, num_stages=1,
         divisibility=_divisibility(alignment, t, signature, False), kind=UnitKind.GLUON,
-        max_registers=arch_facts.load("sm_90").registers_per_sm // threads // 8 * 8,
+        max_registers=arch.registers_per_sm // threads // 8 * 8,
     )
 
 
@@ -401,7 +398,7 @@ _VENDOR_UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.gemm.vendor", function="run",
     signature=tuple((name, "python") for name in
                     ("a", "b", "out", "bias", "residual", "scale_a", "scale_b", "activation")),
-    constexprs=(), num_warps=0, num_stages=0, modules=("tiledispatch.ops.gemm.vendor",), kind=UnitKind.PYTHON,
+    constexprs=(), num_warps=0, num_stages=0, kind=UnitKind.PYTHON,
 )
 
 

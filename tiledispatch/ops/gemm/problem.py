@@ -16,6 +16,8 @@ from ...core.dtypes import DType
 from ...core.errors import InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
 
+KIND = OpKind("gemm")  # this op's name: its specs' and problems' `op`, registered in __init__.py
+
 
 class Layout(enum.Enum):
     ROW = "r"
@@ -219,7 +221,7 @@ class Alignment:
 
 @dataclass(frozen=True)
 class GemmProblem:
-    op: ClassVar[OpKind] = OpKind.GEMM
+    op: ClassVar[OpKind] = KIND
 
     m: int
     n: int
