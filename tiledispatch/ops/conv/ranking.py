@@ -65,11 +65,11 @@ POINTWISE_GEMM_FIT = 0.83
 # Fractions of the ideal each path reaches at its best. Tiled Triton GEMMs reached 0.62
 # of peak on an H200 (ops/gemm/ranking.py); an implicit GEMM pays its address arithmetic.
 TILED_FRACTION = 0.5
-# cuDNN through PyTorch, H200, benchmarks/results/h200/conv.csv (commit 5a217eb): ideal /
-# (measured - VENDOR_CALL_SECONDS), geomean over the suite's cases of each class, bf16 and
-# fp16. The directions differ by 3x: cuDNN's backward-data is its weak path (dense
-# 0.11-0.24, where the Triton implicit GEMM is 1.6-2.2x faster), its forward and
-# backward-weight its strong ones (dense 0.41-0.71 and 0.39-0.61).
+# cuDNN through PyTorch: ideal / (measured - VENDOR_CALL_SECONDS), geomean over the suite's cases
+# of each class, bf16 and fp16, on the H200 conv table that benchmarks/results/h200/README.md names
+# for VENDOR_FRACTION, unless an entry names an H100 table. The dense forward and backward-weight
+# run 0.41-0.71 and 0.39-0.61; that table's backward-data (0.11-0.24) is timed with torch.nn.grad's
+# stand-in for x, so the dense backward-data entry comes from the H100 (below).
 FEW_CHANNELS = 8  # dense convs with fewer input channels are their own class (ShapeClass.FEW_CHANNELS)
 VENDOR_CALL_SECONDS = 2e-6  # GPU-side fixed cost of a cuDNN call (the benchmark times graph replays)
 
@@ -165,7 +165,7 @@ DIRECT_REGISTERS_PER_ACCUMULATOR = 3
 DIRECT_REGISTER_BASE = 32
 DIRECT_ISSUE_ROWS = 1.0  # rows a thread needs to halve its issue overhead (a guess to calibrate on the H200)
 # The direct kernels' rate of output-taps as a fraction of the CUDA-core FMA rate, per
-# direction and lane kind (conv.csv, commit 5a217eb): each tap of each row costs a load,
+# direction and lane kind (the H200 conv table of VENDOR_FRACTION): each tap of each row costs a load,
 # a widening, the border mask and the FMA, ~10 instructions a useful FMA. Depthwise
 # forward / bwd_data: mbv2 3x3 4.2 TFLOP/s, 5x5 4.2, 7x7 6.7, mamba 3.6 (0.06-0.11 of 61.75);
 # backward-weight 1.1-1.5 TFLOP/s (0.018-0.025: a product, a row sum per tap, split-K);
@@ -190,10 +190,10 @@ WINDOW_WEIGHT_INSTRUCTIONS = 2.25  # a weight element of the filter row
 WINDOW_ROW_INSTRUCTIONS = 44  # a filter row's fixed cost a thread
 WINDOW_STORE_INSTRUCTIONS = 8  # an output vector: narrowing, address, mask, store
 WINDOW_ISSUE_EFFICIENCY = 0.6  # of the SM's issue rate: convnext 7x7 on the H200 (modelled 60 us, ran 56)
-# Refitted on 18 depthwise forward shapes, 7x7 to 112x112 maps (conv.csv, conv_depthwise_extra.csv and
-# conv_depthwise_shapes.csv, the two best window tiles of each): measured ~ max(memory side x 0.64,
-# issue side x 0.98) + 2 us, within -18 % .. +19 %; the fit before (memory side as is, + 4 us) read
-# 1.0-1.8x slow, most on the small maps, where cuDNN then kept MobileNet's 14x14 3x3 (window 1.30x)
+# Fitted on 18 depthwise forward shapes, 7x7 to 112x112 maps (H200: conv.csv, conv_depthwise_extra.csv
+# and conv_depthwise_shapes.csv, the two best window tiles of each): measured ~ max(memory side x 0.64,
+# issue side x 0.98) + 2 us, within -18 % .. +19 %. The memory side unscaled, with 4 us of launch,
+# reads 1.0-1.8x slow, most on the small maps, and keeps cuDNN on MobileNet's 14x14 3x3 (window 1.30x)
 # and EfficientNet's 7x7 5x5 (1.66x). The memory side's terms overstate its time, and the launch is one
 # kernel's in the graph replays the benchmark times, as cuDNN's VENDOR_CALL_SECONDS.
 WINDOW_MEMORY_FIT = 0.64
@@ -202,11 +202,11 @@ WINDOW_SPILL_REGISTERS = 320
 # This model's error on the H200 sweep of these kernels (conv_depthwise.csv: 4 cases x 2
 # directions, ~58 tiles each): the picks' modelled / measured time 0.95-1.2, against the 0.8-1.9
 # of the models VENDOR_TRUST guards against. Its scores are raised to match, so the dispatcher
-# takes a window kernel over cuDNN when it is modelled faster by more than this. After the refit
-# (WINDOW_MEMORY_FIT) cuDNN modelled 1.11x the window kernel on MobileNet's 112x112 3x3, where the
+# takes a window kernel over cuDNN when it is modelled faster by more than this. With
+# WINDOW_MEMORY_FIT cuDNN models 1.11x the window kernel on MobileNet's 112x112 3x3, where the
 # kernel ran 0.98x (71.0 against 69.4 us); 1.15 keeps cuDNN there and takes the window kernel on
 # MobileNet's 28x28 and 14x14 and EfficientNet's 7x7, cuDNN modelled 1.20-1.33x it (the kernel ran
-# 1.13-1.54x). MobileNet's 7x7 (cuDNN modelled 0.91x, the kernel ran 1.22x) is still missed.
+# 1.13-1.54x). MobileNet's 7x7 (cuDNN modelled 0.91x, the kernel ran 1.22x) is a miss.
 WINDOW_MODEL_ERROR = 1.15
 # Operand re-reads served from L2, as a multiple of DRAM bandwidth. A kernel term, not a machine
 # fact: the multiple follows the kernels' tile order and re-reads (the GEMM op's grouped tile order
@@ -223,7 +223,7 @@ TMA_WARPS_TO_FILL_SM = 4
 # Atomic split-K sums in a different order each run: taken only when clearly faster.
 NONDETERMINISTIC_PENALTY = 0.97
 # Issue cost of one reduction step of an implicit GEMM besides its MMAs, in instructions a
-# warp: sm_90 SASS of the 128x128x64 8-warp tile spends ~199 a step (commit 55f6272), of
+# warp: sm_90 SASS of the 128x128x64 8-warp tile spends ~199 a step, of
 # which 8 are 16-byte loads a thread; the rest is the fixed cost of the step. A load that
 # the alignment leaves at one element costs as much as a vector one, for one element.
 STEP_INSTRUCTIONS = 100
@@ -243,11 +243,11 @@ FLAT_GATHER_INSTRUCTIONS = 6
 SM_PORT_BYTES_PER_S = 200e9
 # igemm-tma (kernels/implicit_gemm_tma.py). Fraction of the tensor-core peak at its best, after
 # its own terms, per direction. Forward: fitted to the H200 (benchmarks/results/h200/conv_tma.csv, 5
-# dense and 2 grouped cases, bf16, 97 TMA tiles timed). Backward-weight: refitted with the intake and
+# dense and 2 grouped cases, bf16, 97 TMA tiles timed). Backward-weight: fitted with the intake and
 # latency terms below to the H100 sweeps of every backward-weight kernel (results/h100/
 # conv_sweep_igemm-tma_bwd_weight_dense.csv and _grouped.csv): with 0.8 the measured time of each
 # case's 15 fastest kernels is 0.68-1.36x the modelled (median by case; 0.82 over the five dense
-# cases, 1.09 over the four grouped). Without those terms it was 0.52.
+# cases, 1.09 over the four grouped). Without those terms the fit gives 0.52.
 TMA_FRACTION = {Direction.FORWARD: 0.74, Direction.BWD_WEIGHT: 0.8}
 TMA_SWIZZLE_BYTES = 128
 # A step's issue cost a warp besides its MMAs: the barrier wait, the carried (tap, channel block)
@@ -267,20 +267,20 @@ TMA_BANDWIDTH_FRACTION = 0.80  # gemm's tma-persistent streamed 3.8-4.0 of 4.8 T
 # slower than the best 128x128 tile) and the narrow boxes first on conv3d_g4 and resnext g32 (2.5-2.8x
 # slower than the best). Fitted to the sweeps above with cuDNN's and the igemm family's default
 # kernels (conv_sweep_igemm_bwd_weight.csv): over nine cases the Triton pick ran at 0.91 of the best
-# measured kernel (geomean; 0.78 before), 0.95x cuDNN (0.81x before). The forward's boxes pay the
+# measured kernel (geomean; 0.78 without the terms), 0.95x cuDNN (0.81x). The forward's boxes pay the
 # same port: fitted to backward-weight alone, it also ranks ResNet's 3x3 forward right, one 128-pixel
 # box an SM (15.8 us) before two 64-pixel ones sharing it (18.2; conv_sweep_igemm-tma_forward_dense.csv).
 TMA_PORT_BYTES_PER_S = 150e9
-# 0.5e-6 until b910d73, which ranked the 3-D video conv's 8x16x64x64 over 14 splits first: its 378
-# programs, two a round on an SM, took two rounds and 161 us, where 8 splits (216 programs: one round
-# of twice the steps) took 145 (conv_sweep_igemm-tma_bwd_weight_dense.csv; 0.64 us a step). Over the
-# committed sweeps and suite tables 0.6e-6 moves that pick and regnet's (16 -> 14 splits, 96.0 -> 95.4
-# us), no other.
+# At 0.5e-6 the model ranks the 3-D video conv's 8x16x64x64 over 14 splits first: its 378 programs,
+# two a round on an SM, took two rounds and 161 us, where 8 splits (216 programs: one round of twice
+# the steps) took 145 (conv_sweep_igemm-tma_bwd_weight_dense.csv; 0.64 us a step). Over the committed
+# sweeps and suite tables 0.6e-6 against 0.5e-6 moves that pick and regnet's (16 -> 14 splits, 96.0 ->
+# 95.4 us), no other.
 TMA_WEIGHT_STEP_SECONDS = 0.6e-6
 # A forward whose input channels fit one box (C/G <= block_in) moves to the next tap every step: the
 # C/G = 64 convs ran 1.4-1.6x their model (2-D and 3-D alike, every box shape of `full`: ncu has the
 # warps waiting on memory 60 % of the time), where C/G >= 256 ran at 0.9-1.05x. Fitted there
-# (results/h100/conv_sweep_tma_c64_probe.csv): the 3-D video conv and ResNet's 56x56 C=64 layer now
+# (results/h100/conv_sweep_tma_c64_probe.csv): the 3-D video conv and ResNet's 56x56 C=64 layer
 # take igemm's 128x64x64 (129 us against TMA's 144; 31.8 against 33.7); the probe's N=64 twin of that
 # layer, where TMA ran 54 us and igemm 62, takes igemm too: igemm's model is 1.2-1.3x fast on the 2-D
 # convs and 0.9x on the 3-D one, which this term does not separate.
@@ -811,39 +811,38 @@ def direct_score(config: DirectConfig, p: ConvProblem, arch) -> Score:
 # x 32 channels on 16 warps, and scales as the block's size to the 0.78th power (16 x 16 on 8 warps:
 # 0.31). Where many programs walk at once the bytes set the time instead: the walks move them at a
 # third of the bandwidth (MobileNet's 112x112 3x3 ran 88 us, its rows alone would take 48). Within
-# 0.74-1.27x of the timings (launch included); the fit before the walk built its own filters (the
-# filter stage took 2-2.5 us) read 0.77 us a row and no bytes term.
+# 0.74-1.27x of the timings (launch included).
 TOEPLITZ_ROW_SECONDS = 0.53e-6  # a program's row of a 16 x 32 block
 TOEPLITZ_FRACTION = 0.34  # of the bandwidth, where the walks' bytes bound them
 TOEPLITZ_ROW_BLOCK = 16 * 32
 TOEPLITZ_BLOCK_EXPONENT = 0.78
 # Its margin against cuDNN, the same as the window kernel's, so that between the two only their
-# modelled times decide: at 1.25 the refitted window model kept the window kernel on EfficientNet's
-# 28x28 5x5 (22.6 against the walk's 18.4 us), at 1.1 (window 1.15) the walk took EfficientNet's
+# modelled times decide: at 1.25 the window model keeps the window kernel on EfficientNet's
+# 28x28 5x5 (22.6 against the walk's 18.4 us), at 1.1 (window 1.15) the walk takes EfficientNet's
 # 14x14 5x5 (1.18x cuDNN, the window kernel 1.45x). On the 18 shapes of the fit the two agree with
 # the faster but on MobileNet's 112x112 (32 channels) and 56x56 3x3, where the walk ran 2 % faster.
 TOEPLITZ_MODEL_ERROR = WINDOW_MODEL_ERROR
 # Backward-weight walks its rows as the forward does (an x and a dy row loaded and converted a row,
 # no store), each program its share of the blocks one after another, then the sum of the slabs:
 # a row costs the forward's x (TOEPLITZ_WEIGHT_ROW_FACTOR + TOEPLITZ_WEIGHT_MMA_FACTOR x its
-# filter_rows MMAs). Refitted on the H100 since the slabs' sum takes 128 elements a program (plan.py's
-# REDUCE_BLOCK; the walk ran 4-9 % faster) to the default tiles' 72 timings on 18 depthwise layers,
-# 3x3 to 7x7 on 7x7 to 112x112 maps (benchmarks/results/h100/conv_toeplitz_weight_refit.csv): within
-# 0.87-1.23x of them (0.96 + 0.03 x filter_rows before, within 0.91-1.14x of the timings then).
+# filter_rows MMAs). Fitted on the H100, the slabs' sum taking 128 elements a program (plan.py's
+# REDUCE_BLOCK), to the default tiles' 72 timings on 18 depthwise layers, 3x3 to 7x7 on 7x7 to
+# 112x112 maps (benchmarks/results/h100/conv_toeplitz_weight_refit.csv): within 0.87-1.23x of them.
 # Its margin against cuDNN is none (TOEPLITZ_WEIGHT_MODEL_ERROR): cuDNN's model, within 0.84-1.25x,
-# is the comparison's error. On those layers the rules now pick within 0.96-1.0 of the faster of the
-# two (mean 0.998; 0.78-1.0, mean 0.97, with the factors before); the 0.96 is MobileNet's 28x28 3x3,
-# where cuDNN is kept at 26.6 us and the walk ran 25.6. At 1.15, the forward's margin, the rules
-# kept cuDNN on the suite's 5x5, where the walk ran 1.5x faster.
+# is the comparison's error. On those layers the rules pick within 0.96-1.0 of the faster of the
+# two (mean 0.998); the 0.96 is MobileNet's 28x28 3x3, where cuDNN is kept at 26.6 us and the
+# walk ran 25.6. At 1.15, the forward's margin, the rules keep cuDNN on the suite's 5x5, where the
+# walk ran 1.5x faster.
 TOEPLITZ_WEIGHT_ROW_FACTOR = 0.88
 TOEPLITZ_WEIGHT_MMA_FACTOR = 0.02
 TOEPLITZ_WEIGHT_MODEL_ERROR = 1.0
 # The forward's walk skips the steps only padding feeds, and finishes the output rows it leaves in
 # its slots after the walk (kernels/toeplitz.py): such a finish (a row's staging and store, no load
-# or MMA) counts as TOEPLITZ_FINISH_STEPS of a step, a guess that the timings cannot pin down. With
-# the rates above (fitted to the walk before it skipped padding) the model is within 0.81-1.39x of
-# the default tiles' 36 timings since (benchmarks/results/h100/conv_toeplitz_trim_shapes.csv); the
-# 1.39 is 16 x 16 over 8 warps on ConvNeXt's 7x7, which the rules do not pick.
+# or MMA) counts as TOEPLITZ_FINISH_STEPS of a step, a guess that the timings cannot pin down. The
+# rates above come from tables whose walk ran the padding's steps too (conv_toeplitz_fit_*.csv); on
+# the default tiles' 36 timings of the walk that skips them the model is within 0.81-1.39x
+# (benchmarks/results/h100/conv_toeplitz_trim_shapes.csv); the 1.39 is 16 x 16 over 8 warps on
+# ConvNeXt's 7x7, which the rules do not pick.
 TOEPLITZ_FINISH_STEPS = 0.65
 
 

@@ -154,9 +154,9 @@ DEFAULT_GEMM = TESTS_GEMM + (
     GemmTile(64, 256, 64, 8, 3, 8),
     GemmTile(256, 128, 64, 8, 3, 8),
     # Narrow N for C/G = K/G = 32 (conv1d_g16, conv3d_g4) and the stem. 256 x 32 x 32 over 8 warps and
-    # 3 stages, once here, ran 6-19 % slower than 128 x 32 x 32 on every row of the suite that timed
-    # both, on the H100 and the H200 (benchmarks/results/*/conv.csv), and was the best timed on none;
-    # the model still ranked it first on 10 of them, so it is in `full` only.
+    # 3 stages ran 6-19 % slower than 128 x 32 x 32 on every row of the suite that timed both, on the
+    # H100 and the H200 (benchmarks/results/*/conv.csv), and was the best timed on none; the model
+    # ranks it first on 10 of them, so it is in `full` only.
     GemmTile(128, 32, 32, 4, 4, 8),
     GemmTile(128, 16, 16, 4, 4, 8),
     GemmTile(64, 64, 64, 4, 4, 8, split_k=8),
@@ -255,7 +255,7 @@ DEFAULT_WEIGHT_WINDOWS = tuple(itertools.chain.from_iterable(
 ) + weight_windows((DirectTile(16, 64, 4, run=16),), ((1, 3), (1, 5), (1, 7)), (32,))
 DEFAULT_DIRECT = DEFAULT_DIRECT + DEFAULT_WEIGHT_WINDOWS
 # Stride 2 along W: the downsampling depthwise layers of MobileNet (3x3) and EfficientNet (3x3, 5x5),
-# off the stride-1 windows above, ran on cuDNN (backward-data at 0.2-0.4 TB/s) before these. Forward
+# off the stride-1 windows above, run on cuDNN (backward-data at 0.2-0.4 TB/s) without these. Forward
 # and backward-data windows of even runs (backward-data's rule) covering their 7-56 wide outputs;
 # backward-weight one output row a block (a band shares input rows only at stride 1 along H). On the
 # H100 (results/h100/conv_depthwise_strided.csv) backward-data ran 2.2-5.6x cuDNN, forward 1.0-1.5x,

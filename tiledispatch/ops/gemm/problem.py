@@ -172,7 +172,7 @@ class Align(enum.IntEnum):
 
 
 def _level(value) -> Align:
-    """Booleans keep their old meaning (True: everything aligned, in 16-element units)."""
+    """A boolean is all or nothing: True is everything aligned, in 16-element units; False none."""
     if isinstance(value, bool):
         return Align.ELEMS16 if value else Align.NONE
     return Align(value)

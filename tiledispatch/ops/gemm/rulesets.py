@@ -156,15 +156,16 @@ DEFAULT_TILES = TESTS_TILES + (
     # sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's pick ran
     # 0.92-1.0x and 0.92-0.94x. With bias or an activation only the 128x128 ones are valid
     # (rules.WS_EPILOGUE_REGISTERS). fp8's 128x256x64 over 6 stages, which tied 128x256x128 over 3
-    # on the H100, ran 2-11 % behind it on the H200's large rows (results/h200/gemm.csv at 319b63b): it is in
-    # `full` only (offline on that table the fp8 picks went from 0.971 to 0.982 of the oracle).
+    # on the H100, ran 2-11 % behind it on the H200's large rows (the gemm.csv that results/h200/README.md
+    # names for it): it is in `full` only (re-ranked offline on that table, the fp8 picks reach 0.982 of
+    # the oracle without it, 0.971 with it).
     _ws(128, 256, 64, 3, (2,)), _ws(128, 128, 64, 6, (2,)), _ws(128, 128, 64, 4, (2,)),
     _ws(128, 256, 128, 3, (1,)), _ws(128, 128, 128, 5, (1,)),
     # One row of A (the decode projections at T = 1; results/h100/gemm_sweep_gemv.csv): in bf16
     # the tile within 1 % of the best of 104 on each of six Llama projections (1.05-1.27x cuBLAS).
     # In fp8 the tile of the best worst case among 129 with 1, 2 or 4 K steps loaded together
     # (results/h100/gemm_sweep_gemv_steps.csv): 4 steps of 2 x 512, 1.03-1.17x torch._scaled_mm,
-    # where the two tiles of one step it replaces ran 1.01-1.15x and 0.98-1.14x. In bf16 no tile
+    # where the one-step tiles 1x1x2048 w4 and 1x8x1024 w8 ran 1.01-1.15x and 0.98-1.14x. In bf16 no tile
     # of several steps beat the one-step tile on the same sweep.
     _gemv(2, 2048, 2, 1, b_itemsizes=(2, 4)),
     _gemv(2, 512, 2, 4, b_itemsizes=(1,)),
