@@ -290,9 +290,9 @@ TMA_TAP_STEP_EFFICIENCY = 0.69
 ATOMIC_ADDS_PER_S = 1.2e11
 # wgmma computes 64 rows a warpgroup: a forward box of fewer pixels pays for 64. conv3d_g4's
 # forward took the 2x16x32x32 box, modelled 30 us, and ran 59 on the H200 (128x32x32 igemm: 32);
-# with this term the Triton-only selection on conv.csv rose 0.962 -> 0.970 mean, its minimum
-# 0.536 -> 0.757. Not backward-weight, whose rows are K/G channels: there it moved resnext
-# g32 c512 from 2x16x32x32 (70.8 us on the H100) to 8x16x64x64 (90.8; conv_tma_rows.csv).
+# with this term the Triton-only selection on the H200's conv.csv is 0.970 mean, its minimum 0.757
+# (0.962 and 0.536 without). Not backward-weight, whose rows are K/G channels: there it would move
+# resnext g32 c512 from 2x16x32x32 (70.8 us on the H100) to 8x16x64x64 (90.8; conv_tma_rows.csv).
 WGMMA_ROWS = 64
 
 

@@ -202,7 +202,7 @@ def weight_window_register_cap(config: DirectConfig, registers_per_sm: int) -> i
     bf16, no spill under the cap): three programs of 4 warps an SM, not four, and 0.89 of a copy against
     bf16's 0.97 (H100). Tiles the fit puts above the cap stay uncapped: the 2-D ones ran 1.0-1.49x slower
     at 168 (benchmarks/results/h100/conv_window_cap_bwdw.txt), and a cap above ptxas's own choice is no
-    ceiling but a budget it spends (a 16x64 one-row tile went from 114 registers to 168)."""
+    ceiling but a budget it spends (a 16x64 one-row tile takes 114 registers uncapped, 168 capped at 168)."""
     cap = _registers_a_thread(WEIGHT_WINDOW_WARPS_TO_OVERLAP * 32, registers_per_sm)
     return cap if weight_window_registers(config) <= cap else None
 
