@@ -15,20 +15,12 @@ from tiledispatch import OpKind
 
 from . import tensors as T
 from .cases import DEVICE, Expect, bad_tensors, kernel_of, other_float
-
-
-def _kw(call, **changes):
-    return replace(call, kwargs={**call.kwargs, **changes})
+from .cases import with_arg as _arg
+from .cases import with_kwargs as _kw
 
 
 def _without(call, *names):
     return replace(call, kwargs={k: v for k, v in call.kwargs.items() if k not in names})
-
-
-def _arg(call, index, value):
-    args = list(call.args)
-    args[index] = value
-    return replace(call, args=tuple(args))
 
 
 def _tensor_mutations(call, rng, gen) -> list:

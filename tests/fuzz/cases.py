@@ -7,11 +7,12 @@ float64 reference of its outputs, and the inputs it must leave untouched.
 
 from __future__ import annotations
 
+
 import enum
 import functools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -206,3 +207,15 @@ def describe_value(value: Any) -> str:
         return text + ("/neg_view" if value.is_neg() else "") + ("/conj" if value.is_conj() else "")
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def with_kwargs(call, **changes):
+    """`call` (a frozen case) with some keyword arguments replaced."""
+    return replace(call, kwargs={**call.kwargs, **changes})
+
+
+def with_arg(call, index: int, value):
+    """`call` with its positional argument `index` replaced."""
+    args = list(call.args)
+    args[index] = value
+    return replace(call, args=tuple(args))

@@ -16,19 +16,11 @@ from tiledispatch import OpKind
 
 from . import tensors as T
 from .cases import DEVICE, Expect, bad_tensors, kernel_of, other_float
+from .cases import with_arg as _arg
+from .cases import with_kwargs as _kw
 
 ROLES = {"forward": ("x", "w"), "bwd_data": ("dy", "w"), "bwd_weight": ("x", "dy")}
 SIZE_NAME = {"bwd_data": "input_size", "bwd_weight": "weight_size"}
-
-
-def _kw(call, **changes):
-    return replace(call, kwargs={**call.kwargs, **changes})
-
-
-def _arg(call, index, value):
-    args = list(call.args)
-    args[index] = value
-    return replace(call, args=tuple(args))
 
 
 def _tensor_mutations(call, rng, gen) -> list:
