@@ -451,6 +451,18 @@ def default_dispatcher(rule_set: RuleSet | str = RuleSet.DEFAULT) -> Dispatcher:
 default_dispatcher.cache_clear = _DEFAULTS.clear
 
 
+def dispatcher_or_default(dispatcher: Any) -> Dispatcher:
+    """The `dispatcher` argument of a public op: a Dispatcher, or None for the default one."""
+    if dispatcher is None:
+        return default_dispatcher()
+    if not isinstance(dispatcher, Dispatcher):
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"dispatcher must be a tiledispatch.Dispatcher, or None for the default one; "
+                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
+    return dispatcher
+
+
 def _make_default(rule_set: RuleSet) -> Dispatcher:
     arch = current_arch()
     registry = Registry()

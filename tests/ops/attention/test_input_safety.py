@@ -78,7 +78,7 @@ def neg_view(values: torch.Tensor) -> torch.Tensor:
     ({"deterministic": 1}, r"deterministic must be True or False"),
     ({"kernel": 123}, r"kernel must be a kernel name"),
     ({"backward_kernel": 1.5}, r"backward_kernel must be a kernel name"),
-    ({"dispatcher": "foo"}, r"dispatcher must be a tiledispatch Dispatcher"),
+    ({"dispatcher": "foo"}, r"dispatcher must be a tiledispatch\.Dispatcher"),
 ])
 def test_scalar_arguments_are_refused_by_name(kwargs, words):
     with pytest.raises(InvalidArgumentError, match=words):

@@ -50,7 +50,7 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
               return_lse, deterministic, kernel, backward_kernel, dispatcher) -> tuple[Call, bool, bool]:
     """attention()'s non-tensor arguments, checked: a Call (without its bound forward yet), whether
     a gradient may follow, and whether the LSE is returned."""
-    from ...core.dispatcher import Dispatcher, default_dispatcher
+    from ...core.dispatcher import dispatcher_or_default
 
     _refuse_untracked_grads(mask, alibi_slopes)
     dropout_p = dropout_probability(dropout_p)
@@ -68,11 +68,8 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
         dropout_p=dropout_p, dropout_seed=0 if dropout_seed is None else dropout_seed,
         dropout_offset=dropout_offset, needs_lse=return_lse or grad, deterministic=deterministic,
     )
-    if dispatcher is not None and not isinstance(dispatcher, Dispatcher):
-        raise InvalidArgumentError(f"dispatcher must be a tiledispatch Dispatcher, or None for the default one; "
-                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
     call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"),
-                dispatcher or default_dispatcher())
+                dispatcher_or_default(dispatcher))
     return call, grad, return_lse
 
 

@@ -18,7 +18,8 @@ from .config import (
 )
 from .function import ConvCall, ConvFunction, check_dtype_on_arch, needs_grad, run
 from .inputs import tuning_operands
-from .operands import ConvOperands, check_operands, parse_activation
+from ..gemm.problem import Activation
+from .operands import ConvOperands, check_operands
 from .plan import kernel_units, plan
 from .problem import (
     KIND,
@@ -74,7 +75,7 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
         if out is not None:
             raise UnsupportedError("out= cannot take part in autograd, and an input requires grad: call conv "
                                    "without out, or under torch.no_grad()")
-        call = ConvCall(stride, padding, dilation, groups, parse_activation(activation), allow_tf32, kernel,
+        call = ConvCall(stride, padding, dilation, groups, Activation.of_argument(activation), allow_tf32, kernel,
                         dispatcher)
         return ConvFunction.apply(x, w, bias, residual, call)
     return run(Direction.FORWARD, dispatcher, kernel, x=x, w=w, stride=stride, padding=padding,

@@ -30,13 +30,9 @@ from .vendor import ACTIVATIONS
 
 def run(direction: Direction, dispatcher, kernel, **arguments):
     """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
-    from ...core.dispatcher import Dispatcher, default_dispatcher
+    from ...core.dispatcher import dispatcher_or_default
 
-    if dispatcher is None:
-        dispatcher = default_dispatcher()
-    elif not isinstance(dispatcher, Dispatcher):
-        raise InvalidArgumentError(f"dispatcher must be a tiledispatch.Dispatcher, or None for the default one; "
-                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
+    dispatcher = dispatcher_or_default(dispatcher)
     tensors = tuple(arguments.get(role) for role in fastpath.ROLES)
     key = None
     if kernel is None or type(kernel) is str:

@@ -125,15 +125,6 @@ def _sizes(value, dims: int, what: str) -> tuple[tuple[int, ...] | None, tuple[i
     return (sizes[:2], sizes[2:]) if len(sizes) == dims + 2 else (None, sizes)
 
 
-def parse_activation(value) -> Activation:
-    """None, an Activation or its name; a function (torch.relu) or a module is refused, not guessed at."""
-    if value is not None and not isinstance(value, (str, Activation)):
-        raise InvalidArgumentError(
-            f"activation must be None or one of {', '.join(repr(a.value) for a in Activation)} (a name, not a "
-            f"function), got {value!r} ({type(value).__name__})")
-    return Activation.parse(value)
-
-
 def _padding(padding, filt: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
              direction: Direction) -> tuple[int, ...]:
     """Padding as integers, or 'valid' (none) or 'same' (the output the input's size, at stride 1), as
@@ -238,10 +229,10 @@ def check_operands(direction, *, x=None, w=None, dy=None, stride=1, padding=0, d
     direction = Direction.parse(direction)
     tensors = _read_tensors(direction, {"x": x, "w": w, "dy": dy})
     first = next(iter(tensors.values()))
-    device, dims, dtype = first.device, first.dim() - 2, DType.from_torch(first.dtype)
+    dims, dtype = first.dim() - 2, DType.from_torch(first.dtype)
     groups = positive_int(groups, "groups")
     allow_tf32 = as_bool(allow_tf32, "allow_tf32")
-    activation = parse_activation(activation)
+    activation = Activation.of_argument(activation)
     if direction is not Direction.FORWARD and (bias is not None or residual is not None
                                               or activation is not Activation.NONE):
         raise InvalidProblemError(f"bias, activation and residual apply to the forward conv only, "

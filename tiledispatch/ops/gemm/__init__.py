@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ...core.dispatcher import Dispatcher, default_dispatcher
+from ...core.dispatcher import dispatcher_or_default
 from ...core.dtypes import DType
-from ...core.errors import InvalidArgumentError, UnsupportedError
+from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, register
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
@@ -46,11 +46,7 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     scales and give bf16 unless `out_dtype` says otherwise. `kernel` forces a kernel by
     name; `dispatcher` replaces the default one (its registry, strategy and cache).
     """
-    if dispatcher is None:
-        dispatcher = default_dispatcher()
-    elif not isinstance(dispatcher, Dispatcher):
-        raise InvalidArgumentError(f"dispatcher must be a tiledispatch.Dispatcher (or None: the default one), "
-                                   f"got {dispatcher!r} ({type(dispatcher).__name__})")
+    dispatcher = dispatcher_or_default(dispatcher)
     # Written flat: it runs on every call, and grad mode is on by default (None has no requires_grad).
     if torch.is_grad_enabled() and (
             getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)

@@ -171,14 +171,6 @@ def _plain_inputs(a, b, bias, residual, out) -> tuple:
             tensors.check_plain(residual, "residual"), tensors.check_plain(out, "out", written=True))
 
 
-def _activation(value: Any) -> Activation:
-    if value is not None and not isinstance(value, (str, Activation)):
-        raise InvalidArgumentError(
-            f"activation must be None or one of {', '.join(repr(m.value) for m in Activation)} (a str), "
-            f"got {value!r} ({type(value).__name__})")
-    return Activation.parse(value)
-
-
 def _asked_dtype(out_dtype: Any) -> DType | None:
     if out_dtype is None or isinstance(out_dtype, DType):
         return out_dtype
@@ -293,7 +285,7 @@ def check_operands(a, b, *, bias=None, activation=None, residual=None, out=None,
                    allow_tf32: bool = False, scale_a=None, scale_b=None) -> GemmOperands:
     a, b, bias, residual, out = _plain_inputs(a, b, bias, residual, out)
     allow_tf32 = as_bool(allow_tf32, "allow_tf32")
-    epilogue_activation = _activation(activation)
+    epilogue_activation = Activation.of_argument(activation)
     a3, b3 = _as_batched(a, "a"), _as_batched(b, "b")
     batch, m, n, k = _sizes(a, b, a3, b3)
     types = _input_types(a, b, out, out_dtype, allow_tf32, scale_a, scale_b)

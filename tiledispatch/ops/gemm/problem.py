@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from ...core.choice import Choice
 from ...core.dtypes import DType
-from ...core.errors import InvalidProblemError, UnsupportedError
+from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
 
 KIND = OpKind("gemm")  # this op's name: its specs' and problems' `op`, registered in __init__.py
@@ -48,6 +48,16 @@ class Activation(Choice):
     @classmethod
     def parse(cls, value: "str | Activation | None") -> "Activation":
         return cls.NONE if value is None else super().parse(value)
+
+    @classmethod
+    def of_argument(cls, value) -> "Activation":
+        """The `activation` argument of a public op: None, an Activation or its name; a function
+        (torch.relu) or a module is refused, not guessed at."""
+        if value is not None and not isinstance(value, (str, Activation)):
+            raise InvalidArgumentError(
+                f"activation must be None or one of {', '.join(repr(a.value) for a in cls)} (a name, not a "
+                f"function), got {value!r} ({type(value).__name__})")
+        return cls.parse(value)
 
 
 @dataclass(frozen=True)
