@@ -17,23 +17,17 @@ filter copied on the host), which the swap would not refresh.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.dispatcher import stream_getter
-from ...core.kernel import CudaLauncher
 from ...core.launch import Plan
-from ...core.replay import Workspace, rebase, tensor_meta
+from ...core.replay import Binding, BoundPlan, Unbindable, tensor_meta
 from ...core.tensors import check_no_alias
 from .operands import ConvOperands
 
 # The order of `BoundConv.__call__`'s tensors: ConvOperands' fields after the problem, so that the vendor
 # stage's operands are ConvOperands(problem, *tensors).
 ROLES = ("x", "w", "dy", "bias", "residual", "out")
-_OPERANDS = -1  # a slot that takes the whole ConvOperands (the vendor stage)
 
 
 def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
@@ -72,69 +66,26 @@ def typed(options: tuple) -> tuple:
                  for name, value in options)
 
 
-@dataclass(frozen=True)
-class _Stage:
-    """One launch: its launcher and grid, its arguments with holes, and what fills them."""
-
-    launcher: Any
-    grid: tuple
-    template: list
-    slots: tuple[tuple[int, int, TensorDescriptor | None], ...]  # (argument index, role or _OPERANDS, descriptor)
-    scratch: tuple[Workspace, ...]
-
-
-class Unbindable(Exception):
-    """The plan reads a tensor that is neither the caller's nor its own scratch."""
-
-
 class BoundConv:
     """A checked, selected and planned call, replayable on new tensors of the same signature."""
 
     def __init__(self, operands: ConvOperands, plan: Plan, launchers: dict) -> None:
         if operands.converted:
             raise Unbindable(f"{', '.join(operands.converted)} copied into channels-last")
-        by_id = {id(getattr(operands, role)): i for i, role in enumerate(ROLES) if getattr(operands, role) is not None}
+        roles = [getattr(operands, role) for role in ROLES]
         self._allocates = operands.out is None
         if self._allocates:
-            by_id[id(plan.output)] = ROLES.index("out")
+            roles[-1] = plan.output
         # The vendor stage hands over its own result's storage (vendor.run): an allocation of y's size
         # would only be dropped, so it gets an empty tensor to take that storage.
         self._hands_over = self._allocates and any(launch.stage == "vendor" for launch in plan.launches)
-        made: dict[int, int] = {}  # id of each tensor the plan made -> its scratch key
-        zeroed, scratch = {id(t) for t in plan.zeroed}, {id(t) for t in plan.scratch}
-        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, made, zeroed, scratch)
-                             for launch in plan.launches)
+        self._plan = BoundPlan(plan, launchers, Binding(roles, operands_type=ConvOperands), operands.device).seal()
         out = plan.output
         self._out = (tuple(out.shape), out.stride(), out.dtype)
         self._problem = operands.problem
         self._device = operands.device
         self._stream = stream_getter(operands.device)
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
-
-    @staticmethod
-    def _stage(launch, launcher, by_id: dict, made: dict, zeroed: set, scratch: set) -> _Stage:
-        slots, scratches = [], []
-        for j, value in enumerate(launch.args):
-            if isinstance(value, ConvOperands):
-                slots.append((j, _OPERANDS, None))
-                continue
-            descriptor = value if isinstance(value, TensorDescriptor) else None
-            tensor = value if descriptor is None else value.base
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            role = by_id.get(id(tensor))
-            if role is not None:
-                slots.append((j, role, descriptor))
-            elif id(tensor) in scratch:
-                key = made.setdefault(id(tensor), len(made))
-                scratches.append(Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor,
-                                           id(tensor) in zeroed))
-            else:
-                raise Unbindable(f"stage {launch.stage} reads a tensor the plan copied on the host")
-        # Tensors are filled in per call; holding the planning ones would pin their memory.
-        template = [None if isinstance(v, (torch.Tensor, TensorDescriptor, ConvOperands)) else v for v in launch.args]
-        run = launcher.launch if isinstance(launcher, CudaLauncher) else launcher  # one frame less a call
-        return _Stage(run, launch.grid, template, tuple(slots), tuple(scratches))
 
     def __call__(self, tensors: tuple) -> torch.Tensor:
         out = tensors[-1]
@@ -148,22 +99,8 @@ class BoundConv:
             if pointers != self._unaliased:
                 check_no_alias(out, dict(zip(ROLES[:4], tensors[:4])), in_place_ok={"residual": tensors[4]})
                 self._unaliased = pointers
-        values = (*tensors[:-1], out)
-        operands = None
-        made = {}
-        stream = self._stream()
-        for stage in self._stages:
-            args = stage.template.copy()
-            for index, role, descriptor in stage.slots:
-                if role == _OPERANDS:
-                    if operands is None:  # with the caller's out: None tells the vendor to hand over its own
-                        operands = ConvOperands(self._problem, *tensors)  # ROLES are its fields' order
-                    args[index] = operands
-                else:
-                    args[index] = values[role] if descriptor is None else rebase(descriptor, values[role])
-            for s in stage.scratch:
-                s.fill(args, made, self._device)
-            stage.launcher(stage.grid, args, stream)
+        # with the caller's out: None tells the vendor to hand over its own (ROLES are ConvOperands' fields' order)
+        self._plan((*tensors[:-1], out), self._stream(), operands=lambda: ConvOperands(self._problem, *tensors))
         return out
 
 

@@ -14,8 +14,6 @@ is wrong with it) and an unhashable one.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import torch
@@ -24,9 +22,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ...core.dispatcher import stream_getter
 from ...core.dtypes import DType
 from ...core.errors import BuildError
-from ...core.kernel import CudaLauncher, PythonLauncher
 from ...core.launch import Plan
-from ...core.replay import Workspace, rebase, tensor_meta
+from ...core.replay import Binding, BoundPlan, tensor_meta
 from . import vendor
 from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
@@ -84,38 +81,22 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
             activation, out_dtype, allow_tf32, kernel, optional)
 
 
-class _Fill(Enum):
-    """How a per-call tensor goes into its argument slot."""
-
-    BATCHED_VIEW = 1  # a Python stage (the vendor path) reads shapes: the 3-D view it was planned with
-    DESCRIPTOR = 2  # a TMA descriptor keeps its planned shape, strides and block, and takes the new base
+def _batched(tensor: torch.Tensor) -> torch.Tensor:
+    """What the vendor stage, planned with 3-D operands, reads of a call's tensor."""
+    return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor
 
 
-@dataclass(frozen=True)
-class _Slot:
-    """Argument `index` of a launch takes the tensor of role `ROLES[role]`, filled as `fill` says."""
-
-    index: int
-    role: int
-    fill: _Fill
-    descriptor: TensorDescriptor | None = None
-
-    def value(self, tensor: torch.Tensor):
-        if self.fill is _Fill.BATCHED_VIEW:
-            return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor
-        return rebase(self.descriptor, tensor)
-
-
-@dataclass(frozen=True)
-class _Stage:
-    """One launch of the plan: its launcher and grid, its arguments with holes, and what fills them."""
-
-    launcher: Any  # the bare launch of a CudaLauncher (one frame less a call), or a PythonLauncher
-    grid: tuple
-    template: list
-    plain: tuple[tuple[int, int], ...]  # (argument index, role) of the slots filled with the tensor as it is
-    slots: tuple[_Slot, ...]  # the others: views and descriptors
-    workspaces: tuple[Workspace, ...]
+def _made(plan: Plan, roles: list) -> tuple:
+    """Every tensor the plan's launches read that is not the call's: gemm plans copy nothing on the host
+    (realigned operands are filled by a copy stage), so each is scratch to make anew per call."""
+    known = {id(t) for t in roles if t is not None}
+    made = []
+    for launch in plan.launches:
+        for value in launch.args:
+            tensor = value.base if isinstance(value, TensorDescriptor) else value
+            if isinstance(tensor, torch.Tensor) and id(tensor) not in known:
+                made.append(tensor)
+    return tuple(made)
 
 
 class BoundGemm:
@@ -123,46 +104,18 @@ class BoundGemm:
 
     def __init__(self, operands: GemmOperands, plan: Plan, launchers: dict, result_2d: bool) -> None:
         p = operands.problem
-        by_id = {id(getattr(operands, role)): i for i, role in enumerate(ROLES) if getattr(operands, role) is not None}
-        by_id[id(plan.output)] = ROLES.index("out")
-        own: dict[int, int] = {}  # id of each tensor the plan made -> its workspace key
-        zeroed = {id(t) for t in plan.zeroed}
-        self._stages = tuple(self._stage(launch, launchers[launch.stage], by_id, own, zeroed)
-                             for launch in plan.launches)
+        roles = [getattr(operands, role) for role in ROLES]
+        roles[ROLES.index("out")] = plan.output
+        binding = Binding(roles, scratch=_made(plan, roles), view=_batched)
+        self._plan = BoundPlan(plan, launchers, binding, operands.device).seal()
         shape = (p.m, p.n) if result_2d else (p.batch, p.m, p.n)  # a 2-D result needs no view of a 3-D one
         # The result is made by empty_like of one element expanded to its shape (a contiguous tensor, as
         # the expanded one is not dense): half the host time of torch.empty's keyword parsing (H200
         # host, 16x16: benchmarks/results/h200/gemm_host_profile_no_out.txt).
         self._like = torch.empty((), dtype=p.types.c.torch, device=operands.device).expand(shape)
-        self._device = operands.device
         self._scale_a, self._scale_b = operands.scale_a, operands.scale_b
         self._stream = stream_getter(operands.device)
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
-
-    @staticmethod
-    def _stage(launch_plan, launcher, by_id: dict, own: dict, zeroed: set) -> _Stage:
-        python = isinstance(launcher, PythonLauncher)
-        launch = launcher.launch if isinstance(launcher, CudaLauncher) else launcher
-        plain, slots, workspaces = [], [], []
-        for j, value in enumerate(launch_plan.args):
-            descriptor = value if isinstance(value, TensorDescriptor) else None
-            tensor = value if descriptor is None else value.base
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            role = by_id.get(id(tensor))
-            if role is None:  # made by the plan itself: a workspace
-                key = own.setdefault(id(tensor), len(own))
-                workspaces.append(Workspace(j, key, tuple(tensor.shape), tensor.stride(), tensor.dtype, descriptor,
-                                             id(tensor) in zeroed))
-            elif descriptor is not None:
-                slots.append(_Slot(j, role, _Fill.DESCRIPTOR, descriptor))
-            elif python and tensor.dim() == 3:
-                slots.append(_Slot(j, role, _Fill.BATCHED_VIEW))
-            else:
-                plain.append((j, role))
-        # Tensors are filled in per call; holding the planning ones would pin their memory.
-        template = [None if isinstance(v, (torch.Tensor, TensorDescriptor)) else v for v in launch_plan.args]
-        return _Stage(launch, launch_plan.grid, template, tuple(plain), tuple(slots), tuple(workspaces))
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
         if out is None:
@@ -177,19 +130,8 @@ class BoundGemm:
                 check_no_alias(out, a, b, bias, residual, scale_a, scale_b)
                 self._unaliased = pointers
             result = out
-        values = (a, b, bias, residual, result, self._scale_a if scale_a is None else scale_a,
-                  self._scale_b if scale_b is None else scale_b)
-        shared = {}
-        stream = self._stream()
-        for stage in self._stages:
-            args = stage.template.copy()
-            for index, role in stage.plain:
-                args[index] = values[role]
-            for slot in stage.slots:
-                args[slot.index] = slot.value(values[slot.role])
-            for ws in stage.workspaces:
-                ws.fill(args, shared, self._device)
-            stage.launcher(stage.grid, args, stream)
+        self._plan((a, b, bias, residual, result, self._scale_a if scale_a is None else scale_a,
+                    self._scale_b if scale_b is None else scale_b), self._stream())
         return result
 
 
