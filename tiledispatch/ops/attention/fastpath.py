@@ -20,14 +20,13 @@ remembered as checked-only.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.dispatcher import stream_getter
 from ...core.launch import Plan
+from ...core.replay import Binding, BoundPlan, Unbindable
 from . import vendor
 from .config import VendorConfig
 from .operands import AttentionOperands, AttentionOptions, sinks_fp32, view_bias, view_mask, view_slopes
@@ -50,10 +49,6 @@ class _Checked:
 
 
 CHECKED = _Checked()
-
-
-class _NotReplayable(Exception):
-    pass
 
 
 # -- signatures -----------------------------------------------------------------------------
@@ -151,118 +146,37 @@ def lookup(dispatcher, key: tuple, checked: Callable[[], AttentionOperands], ker
 
 
 # -- bound calls ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Buffer:
-    """An output or workspace the plan allocated: made again per call, in the same layout."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    zero: bool
-
-    def make(self, device: torch.device) -> torch.Tensor:
-        t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
-        return t.zero_() if self.zero else t
+_SCALARS = ("seed", "rng_offset")  # filled per call: the dropout seed and offset are not in the signature
 
 
-@dataclass(frozen=True)
-class _Stage:
-    """One launch: its launcher and grid, its arguments with holes, and what fills each hole."""
-
-    launcher: Any
-    grid: tuple[int, int, int]
-    template: list
-    tensors: tuple[tuple[int, int], ...]  # (argument, role)
-    buffers: tuple[tuple[int, int], ...]  # (argument, buffer)
-    descriptors: tuple[tuple[int, int, dict], ...]  # (argument, role of its base, its other fields)
-    buffer_descriptors: tuple[tuple[int, int, dict], ...]  # (argument, buffer, fields): Gluon stages store by TMA
-    seed: int | None  # the argument that takes the dropout seed, if any
-    offset: int | None
-
-
-def _descriptor(base: torch.Tensor, fields: dict) -> TensorDescriptor:
-    """The planned descriptor on a new base of the same signature, without re-running the
-    checks of TensorDescriptor.__post_init__ (they passed for this signature)."""
-    descriptor = object.__new__(TensorDescriptor)
-    descriptor.__dict__.update(fields)
-    descriptor.base = base
-    return descriptor
+def _binding(operands: AttentionOperands, plan: Plan, units: dict) -> Binding:
+    """The plan's roles, its outputs and the arguments the kernels expect as zeros (ZEROED_ARGS)."""
+    names = {stage: tuple(name for name, _ in unit.signature) for stage, unit in units.items()}
+    zeroed = tuple(value for launch in plan.launches for name, value in zip(names[launch.stage], launch.args,
+                                                                           strict=True)
+                   if name in ZEROED_ARGS and isinstance(value, torch.Tensor))
+    outputs = tuple(getattr(plan.output, f.name) for f in dataclasses.fields(plan.output))
+    return Binding([getattr(operands, role) for role in ROLES], scratch=(*outputs, *zeroed), zeroed=zeroed,
+                   names=names, scalars=_SCALARS)
 
 
 class BoundAttention:
     """A checked, selected and planned Triton call, replayable on new tensors of its signature."""
 
     def __init__(self, operands: AttentionOperands, plan: Plan, launchers: dict, units: dict) -> None:
-        roles: dict[int, int] = {}
-        for i, role in enumerate(ROLES):
-            t = getattr(operands, role)
-            if t is not None:
-                roles.setdefault(id(t), i)
-        self._buffer_ids: dict[int, int] = {}
-        self._buffers: list[_Buffer] = []
+        bound = BoundPlan(plan, launchers, _binding(operands, plan, units), operands.device)
         result = plan.output
         self._result_type = type(result)
-        self._result = tuple(self._result_buffer(getattr(result, f.name), roles) for f in dataclasses.fields(result))
-        self._stages = tuple(self._stage(launch, launchers[launch.stage], units[launch.stage], roles)
-                             for launch in plan.launches)
-        self._buffers = tuple(self._buffers)
-        del self._buffer_ids  # ids of the planning tensors: meaningless once they are freed
+        self._result = tuple(None if t is None else bound.buffer_of(t)
+                             for t in (getattr(result, f.name) for f in dataclasses.fields(result)))
+        self._plan = bound.seal()
         p = operands.problem
         self._full = (p.batch, p.heads_q, p.seqlen_q, p.seqlen_kv)
         self._optional = any(getattr(operands, r) is not None for r in ("bias", "mask", "alibi_slopes", "sinks"))
-        self._device = operands.device
         # fp8: a scale the caller leaves out is 1, as the checks made it
-        self._unit_scale = torch.ones(1, dtype=torch.float32, device=self._device) if operands.scale_q is not None \
-            else None
-        self._stream = stream_getter(self._device)
-
-    def _buffer(self, t: torch.Tensor, zero: bool) -> int:
-        index = self._buffer_ids.get(id(t))
-        if index is None:
-            index = self._buffer_ids[id(t)] = len(self._buffers)
-            self._buffers.append(_Buffer(tuple(t.shape), tuple(t.stride()), t.dtype, zero))
-        elif zero and not self._buffers[index].zero:
-            self._buffers[index] = dataclasses.replace(self._buffers[index], zero=True)
-        return index
-
-    def _result_buffer(self, t: torch.Tensor | None, roles: dict) -> int | None:
-        if t is None:
-            return None
-        if id(t) in roles:
-            raise _NotReplayable("the plan hands an input back as a result")
-        return self._buffer(t, zero=False)
-
-    def _stage(self, launch, launcher, unit, roles: dict) -> _Stage:
-        names = [name for name, _ in unit.signature]
-        tensors, buffers, descriptors, buffer_descriptors, seed, offset = [], [], [], [], None, None
-        template = list(launch.args)
-        for j, (name, value) in enumerate(zip(names, launch.args, strict=True)):
-            if isinstance(value, TensorDescriptor):
-                fields = {f: v for f, v in vars(value).items() if f != "base"}
-                role = roles.get(id(value.base))
-                if role is not None:
-                    descriptors.append((j, role, fields))
-                elif id(value.base) in self._buffer_ids:
-                    buffer_descriptors.append((j, self._buffer_ids[id(value.base)], fields))
-                else:
-                    raise _NotReplayable(f"{name} describes a tensor the plan made from the inputs")
-            elif isinstance(value, torch.Tensor):
-                role = roles.get(id(value))
-                if role is not None:
-                    tensors.append((j, role))
-                elif id(value) in self._buffer_ids or name in ZEROED_ARGS:
-                    buffers.append((j, self._buffer(value, zero=name in ZEROED_ARGS)))
-                else:  # made from the inputs (a negated K): a replay could not make it
-                    raise _NotReplayable(f"{name} is a tensor the plan made from the inputs")
-            elif name == "seed":
-                seed = j
-            elif name == "rng_offset":
-                offset = j
-            else:
-                continue
-            template[j] = None  # a planning tensor kept here would pin its memory
-        return _Stage(launcher, launch.grid, template, tuple(tensors), tuple(buffers), tuple(descriptors),
-                      tuple(buffer_descriptors), seed, offset)
+        self._unit_scale = torch.ones(1, dtype=torch.float32, device=operands.device) \
+            if operands.scale_q is not None else None
+        self._stream = stream_getter(operands.device)
 
     def _views(self, bias, mask, alibi_slopes, sinks) -> tuple:
         full = self._full
@@ -277,24 +191,7 @@ class BoundAttention:
         if self._unit_scale is not None:
             one = self._unit_scale
             values += tuple(one if s is None else s for s in (scale_q, scale_k, scale_v))  # the kernel reads s[0]
-        device = self._device
-        buffers = [b.make(device) for b in self._buffers]
-        stream = self._stream()
-        for stage in self._stages:
-            args = stage.template.copy()
-            for j, role in stage.tensors:
-                args[j] = values[role]
-            for j, index in stage.buffers:
-                args[j] = buffers[index]
-            for j, role, fields in stage.descriptors:
-                args[j] = _descriptor(values[role], fields)
-            for j, index, fields in stage.buffer_descriptors:
-                args[j] = _descriptor(buffers[index], fields)
-            if stage.seed is not None:
-                args[stage.seed] = seed
-            if stage.offset is not None:
-                args[stage.offset] = offset
-            stage.launcher(stage.grid, args, stream)
+        buffers = self._plan(values, self._stream(), (seed, offset))
         return self._result_type(*[None if i is None else buffers[i] for i in self._result])
 
 
@@ -336,5 +233,5 @@ def bind(dispatcher, operands: AttentionOperands, kernel) -> BoundAttention | Ve
     units = {unit.stage: unit for unit in kernel_units(spec.config, p.variant)}
     try:
         return BoundAttention(operands, spec.definition.plan(spec.config, operands), launchers, units)
-    except _NotReplayable:
+    except Unbindable:
         return CHECKED
