@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from tiledispatch import Dispatcher, Registry
 from tiledispatch.core.dtypes import DType
