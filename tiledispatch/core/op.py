@@ -12,7 +12,7 @@ import enum
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from .choice import Choice
 from .errors import UnsupportedError
@@ -147,7 +147,9 @@ class OpDefinition:
     config_type: type
     validate: Callable[[Any, Any], Any]  # (config, arch) -> ValidationResult
     auto_correct: Callable[[Any, Any], tuple[Any, tuple]]  # (config, arch) -> (config, corrections)
-    rule_sets: Mapping[RuleSet, Callable[[], Iterable[Any]]]  # rule set -> config generator
+    # rule set -> config generator; with `problem_class`, a generator also takes `within=<class>`
+    # and yields that class's configs alone, in the order of the whole set
+    rule_sets: Mapping[RuleSet, Callable[..., Iterable[Any]]]
     supports: Callable[[Any, Any], str | None]  # (config, problem) -> None, or why not
     kernel_units: Callable[..., tuple[KernelUnit, ...]]  # (config, specialization, arch) -> what to compile
     specialization_of: Callable[[Any], Any]  # problem -> what the artifact specialises on (has .tag)
@@ -159,6 +161,9 @@ class OpDefinition:
     # (problem, device, seed) -> fresh random operands laid out as the problem says, or None where
     # none reproduce it; what the `autotune` strategy times. None: the op is ranked by rules only.
     tuning_operands: Callable[[Any, Any, int], Any] | None = None
+    # problem -> its class (hashable): the configs of other classes never take the problem, so a
+    # lazy registry generates only the class's (`core.registry.RuleSetSource`). None: no classes.
+    problem_class: Callable[[Any], Hashable] | None = None
 
 
 # The registered ops by name, in registration order (the order `all_ops` and a default

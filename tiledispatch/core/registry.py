@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 from .. import arch as arch_facts
 from .errors import RegistryFormatError, UnknownKernelError
 from .jsonio import JsonFileError, read_json
+from .memo import LruTable
 from .op import OpKind, RuleSet, get_op
 from .spec import KernelSpec
 
@@ -37,21 +38,67 @@ class Entry:
 
 
 class Registry:
+    """Kernel specs by name, in insertion order.
+
+    A registry made by `from_rule_sets` is lazy: it generates, validates and names the kernels of
+    one class of problems (an op's `problem_class`: gemm's dtypes and epilogue, say) when a problem
+    of that class first asks for `candidates`, so that a process starts without enumerating whole
+    rule sets. Anything that reads the whole registry (iteration, `len`, export, a kernel forced by
+    a name not generated yet) generates the rest once, in the order an eager registry has.
+    """
+
     def __init__(self, specs: Iterable[KernelSpec] = (), priority: int = 0) -> None:
-        self._entries: dict[str, Entry] = {}
+        self._table: dict[str, Entry] = {}
         self._lock = threading.RLock()
+        self._pending: tuple[RuleSetSource, ...] = ()  # lazy sources not yet generated whole
+        self._by_op: dict[OpKind, tuple[KernelSpec, ...]] | None = None
         for spec in specs:
             self.add(spec, priority)
+
+    @property
+    def _entries(self) -> dict[str, Entry]:
+        """Every entry: the lazy sources are generated whole on first use."""
+        if self._pending:
+            with self._lock:
+                pending, self._pending = self._pending, ()
+                for source in pending:
+                    for spec in source.everything():
+                        self._table[spec.name] = Entry(spec, 0)
+        return self._table
+
+    @classmethod
+    def from_rule_sets(cls, ops: Iterable[OpKind | str], rule_set: RuleSet | str, arch) -> "Registry":
+        """A lazy registry of each op's `rule_set` on `arch` (see the class docstring)."""
+        registry = cls()
+        registry._pending = tuple(RuleSetSource(get_op(op), RuleSet.parse(rule_set), arch) for op in ops)
+        return registry
+
+    def candidates(self, op: OpKind, problem) -> tuple[KernelSpec, ...]:
+        """The specs that may take `problem`, in registry order: those of its class where a lazy
+        source generates by class, else all of the op's."""
+        if self._pending:
+            for source in self._pending:
+                if source.definition.kind is op and source.by_class:
+                    return source.of_class(problem)
+        by_op = self._by_op
+        if by_op is None:
+            grouped: dict[OpKind, list[KernelSpec]] = {}
+            for entry in self.entries():
+                grouped.setdefault(entry.spec.op, []).append(entry.spec)
+            by_op = self._by_op = {kind: tuple(specs) for kind, specs in grouped.items()}
+        return by_op.get(op, ())
 
     # -- building -----------------------------------------------------------------
     def add(self, spec: KernelSpec, priority: int = 0) -> bool:
         """Adds `spec`; returns False when an entry of that name with equal or higher priority stays."""
         name = spec.name
         with self._lock:
-            old = self._entries.get(name)
+            entries = self._entries
+            old = entries.get(name)
             if old is not None and priority <= old.priority:
                 return False
-            self._entries[name] = Entry(spec, priority)
+            entries[name] = Entry(spec, priority)
+            self._by_op = None
             return True
 
     @classmethod
@@ -64,20 +111,7 @@ class Registry:
     def from_configs(cls, op: OpKind | str, configs: Iterable, arch, source: str = "configs") -> "Registry":
         """The specs of `configs` that are valid on `arch` (a sweep's own tile space, say).
         Duplicate names are a bug, and raise."""
-        definition = get_op(op)
-        registry, skipped, seen = cls(), 0, set()
-        for config in configs:
-            spec = KernelSpec(definition.kind, config, arch.name)
-            if spec.name in seen:  # also for configs this arch drops: rule sets are arch-independent
-                raise ValueError(f"{source} generates {spec.name} twice")
-            seen.add(spec.name)
-            if not definition.validate(config, arch).ok:
-                skipped += 1
-                continue
-            registry.add(spec)
-        if skipped:
-            log.debug("%s/%s on %s: %d configs invalid there, left out", op, source, arch.name, skipped)
-        return registry
+        return cls(_valid_specs(get_op(op), configs, arch, source))
 
     def merge(self, other: "Registry") -> "Registry":
         """A new registry with both; on equal names the higher priority wins, ties keep ours."""
@@ -95,6 +129,8 @@ class Registry:
 
     def for_arch(self, arch) -> "Registry":
         name = arch if isinstance(arch, str) else arch.name
+        if self._pending and all(source.arch.name == name for source in self._pending) and not self._table:
+            return self  # lazy, and of this arch only: stays lazy
         return self.filter(lambda spec: spec.arch == name)
 
     def for_op(self, op: OpKind | str) -> "Registry":
@@ -103,6 +139,10 @@ class Registry:
 
     # -- reading ------------------------------------------------------------------
     def get(self, name: str) -> KernelSpec:
+        for source in self._pending:  # a kernel of a class generated already needs no whole registry
+            spec = source.generated(name)
+            if spec is not None:
+                return spec
         with self._lock:
             entry = self._entries.get(name)
         if entry is None:
@@ -112,8 +152,9 @@ class Registry:
         return entry.spec
 
     def priority(self, name: str) -> int:
-        self.get(name)
-        return self._entries[name].priority
+        spec = self.get(name)
+        entry = self._table.get(name)
+        return entry.priority if entry is not None and entry.spec is spec else 0
 
     def entries(self) -> list[Entry]:
         with self._lock:
@@ -124,6 +165,11 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether some rule set is still generated one problem class at a time."""
+        return bool(self._pending)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -219,3 +265,54 @@ class Registry:
                 f"cannot read registry file {path}: it {reason}; a registry file is the JSON that "
                 "`tiledispatch registry export` writes, whole (was it truncated or edited?)") from None
         return cls.from_json(data, str(path))
+
+
+class RuleSetSource:
+    """One op's rule set on one arch, generated one problem class at a time.
+
+    The op's `problem_class(problem)` names the class, and its rule set generates that class's
+    configs alone (`rule_sets[rule_set](within=class)`), in the order of the whole set: so a
+    class's candidates are the whole registry's for that problem, in the same order. An op
+    without classes is generated whole on first use.
+    """
+
+    def __init__(self, definition, rule_set: RuleSet, arch) -> None:
+        self.definition, self.rule_set, self.arch = definition, rule_set, arch
+        self.by_class = definition.problem_class is not None
+        self._classes = LruTable(None)  # class -> tuple of specs: bounded by the op's classes
+        self._names: dict[str, KernelSpec] = {}
+
+    def of_class(self, problem) -> tuple[KernelSpec, ...]:
+        key = self.definition.problem_class(problem)
+        return self._classes.get_or_make(key, lambda: self._generate(key))
+
+    def generated(self, name: str) -> KernelSpec | None:
+        return self._names.get(name)
+
+    def _generate(self, within) -> tuple[KernelSpec, ...]:
+        specs = _valid_specs(self.definition, self.definition.rule_sets[self.rule_set](within=within), self.arch,
+                             f"rule set {self.rule_set.value!r}")
+        for spec in specs:
+            self._names[spec.name] = spec
+        return specs
+
+    def everything(self) -> tuple[KernelSpec, ...]:
+        return _valid_specs(self.definition, self.definition.rule_sets[self.rule_set](), self.arch,
+                            f"rule set {self.rule_set.value!r}")
+
+
+def _valid_specs(definition, configs: Iterable, arch, source: str) -> tuple[KernelSpec, ...]:
+    """The specs of `configs` valid on `arch`. Duplicate names are a bug, and raise."""
+    specs, skipped, seen = [], 0, set()
+    for config in configs:
+        spec = KernelSpec(definition.kind, config, arch.name)
+        if spec.name in seen:  # also for configs this arch drops: rule sets are arch-independent
+            raise ValueError(f"{source} generates {spec.name} twice")
+        seen.add(spec.name)
+        if not definition.validate(config, arch).ok:
+            skipped += 1
+            continue
+        specs.append(spec)
+    if skipped:
+        log.debug("%s/%s on %s: %d configs invalid there, left out", definition.kind, source, arch.name, skipped)
+    return tuple(specs)
