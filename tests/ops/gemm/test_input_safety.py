@@ -167,15 +167,18 @@ def test_residual_that_is_out_adds_in_place(dispatcher):
 
 # -- 3. gradients ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("role", ["a", "b", "bias", "residual", "out"])
-def test_inputs_that_require_grad_are_refused(dispatcher, role):
+def test_out_is_refused_where_autograd_records(dispatcher, role):
     args = {"a": t(16, 8), "b": t(8, 16), "bias": t(16), "residual": t(16, 16), "out": t(16, 16)}
     args[role].requires_grad_()
     a, b = args.pop("a"), args.pop("b")
-    with raises(UnsupportedError, "gemm is not differentiable yet: call it under torch.no_grad()"):
+    with raises(UnsupportedError, f"out= cannot take part in autograd, and {role} requires grad"):
         tiledispatch.gemm(a, b, dispatcher=dispatcher, **args)
     with torch.no_grad():
         got = tiledispatch.gemm(a, b, dispatcher=dispatcher, **args)
         close(got, reference(a, b, args["bias"], args["residual"]))
+    if role != "out":  # without out, the call is recorded (gradients: tests/ops/gemm/test_autograd.py)
+        args.pop("out")
+        assert tiledispatch.gemm(a, b, dispatcher=dispatcher, **args).grad_fn is not None
 
 
 # -- 4. forced kernels and dispatchers ----------------------------------------------------------------

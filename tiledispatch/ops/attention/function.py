@@ -3,6 +3,8 @@
 The forward keeps the log-sum-exp whenever a gradient may follow, and the backward plan
 reads it (P is recomputed, never stored). The LSE returned by `return_lse=True` carries
 no gradient. Both directions replay a bound call (fastpath.py) on a signature seen before.
+A call that autograd records, or that torch.compile traces, goes through the custom op
+tiledispatch::attention (library.py), whose registered autograd runs the backward plan.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import torch
 
 from ...core.args import as_bool, as_kernel_name
 from ...core.errors import InvalidArgumentError, UnsupportedError
-from ...core.tensors import check_plain
+from ..library_common import dispatcher_token
 from . import fastpath
 from .arguments import dropout_probability, parse_causal, parse_window
 from .operands import AttentionOperands, AttentionOptions, check_operands
-from .problem import FP8_DTYPES, Direction
+from .plan import AttentionResult
+from .problem import FP8_DTYPES, Direction, MaskKind, Window
 
 FP8_TORCH = tuple(d.torch for d in FP8_DTYPES)
 
@@ -54,7 +57,11 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
 
     _refuse_untracked_grads(mask, alibi_slopes)
     dropout_p = dropout_probability(dropout_p)
+    compiling = torch.compiler.is_compiling()
     if dropout_p and dropout_seed is None:
+        if compiling:
+            raise UnsupportedError("[dropout-seed] dropout_p > 0 under torch.compile needs dropout_seed= (drawing "
+                                   "one reads a tensor on the host, which breaks the graph): pass an integer seed")
         dropout_seed = int(torch.randint(0, 2**62, (1,)).item())
     if return_lse is not True and return_lse is not False:
         return_lse = as_bool(return_lse, "return_lse")
@@ -68,8 +75,8 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
         dropout_p=dropout_p, dropout_seed=0 if dropout_seed is None else dropout_seed,
         dropout_offset=dropout_offset, needs_lse=return_lse or grad, deterministic=deterministic,
     )
-    call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"),
-                dispatcher_or_default(dispatcher))
+    chosen = None if compiling and dispatcher_token(dispatcher) == 0 else dispatcher_or_default(dispatcher)
+    call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"), chosen)
     return call, grad, return_lse
 
 
@@ -84,7 +91,13 @@ def _checked(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, **ex
 
 
 def forward(call: Call, q, k, v, tensors: dict):
-    """The forward by the bound call of the signature, or checked, selected and planned."""
+    """The forward by the bound call of the signature, or checked, selected and planned; under
+    torch.compile, the custom op."""
+    if torch.compiler.is_compiling():
+        return AttentionResult(*recorded(q, k, v, tensors["bias"], tensors["sinks"], tensors["mask"],
+                                         tensors["alibi_slopes"], tensors["cu_seqlens_q"], tensors["cu_seqlens_k"],
+                                         call, (tensors.get("scale_q"), tensors.get("scale_k"),
+                                                tensors.get("scale_v"))))
     if call.bound is not None:
         o = call.options
         return call.bound(q, k, v, tensors["bias"], tensors["mask"], tensors["alibi_slopes"], tensors["sinks"],
@@ -95,8 +108,8 @@ def forward(call: Call, q, k, v, tensors: dict):
 
 
 def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, kernel):
-    """The forward's bound call for this signature, or None (varlen, checked-only signatures)."""
-    if tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
+    """The forward's bound call for this signature, or None (varlen, checked-only signatures, a trace)."""
+    if torch.compiler.is_compiling() or tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
         return None  # cu_seqlens are read on the host: every call is checked
     key = fastpath.forward_key(q, k, v, (tensors["bias"], tensors["mask"], tensors["alibi_slopes"],
                                          tensors["sinks"]), options, kernel,
@@ -106,7 +119,7 @@ def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions,
     return fastpath.lookup(dispatcher, key, lambda: _checked(dispatcher, q, k, v, tensors, options), kernel)
 
 
-def _backward_grads(call: Call, q, k, v, out, lse, grad_out, tensors: dict, bias_grad: bool):
+def backward_grads(call: Call, q, k, v, out, lse, grad_out, tensors: dict, bias_grad: bool):
     """The backward plan's gradients, by the bound call of the backward's signature where it has one."""
     def checked():
         return _checked(call.dispatcher, q, k, v, tensors, call.options, direction=Direction.BACKWARD,
@@ -124,47 +137,32 @@ def _backward_grads(call: Call, q, k, v, out, lse, grad_out, tensors: dict, bias
     return call.dispatcher.run(checked(), kernel=call.backward_kernel)
 
 
-class AttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call: Call):
-        tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
-                   "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
-        result = forward(call, q, k, v, tensors)
-        ctx.save_for_backward(q, k, v, result.out, result.lse, bias, sinks, mask, alibi_slopes,
-                              cu_seqlens_q, cu_seqlens_k)
-        ctx.call = call
-        ctx.mark_non_differentiable(result.lse)
-        return result.out, result.lse
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, bias, sinks, mask, alibi_slopes, cu_q, cu_k = ctx.saved_tensors
-        call: Call = ctx.call
-        grad_out = check_plain(grad_out, "grad_out")  # a negated view's memory does not hold its values
-        if grad_out.stride(-1) != 1:
-            grad_out = grad_out.contiguous()
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
-                   "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
-        grads = _backward_grads(call, q, k, v, out, lse, grad_out, tensors, bias_grad)
-        dbias = _reduce_to(grads.dbias, bias) if bias_grad else None
-        dsinks = None
-        if sinks is not None and ctx.needs_input_grad[4]:
-            # d loss / d sink_h = -sum over rows of P(sink) * delta, with P(sink) = exp(sink - lse).
-            heads_axis = 0 if cu_q is not None else 1  # varlen: (heads, tokens)
-            shape = [1] * lse.dim()
-            shape[heads_axis] = -1
-            p_sink = torch.exp(sinks.float().reshape(shape) - lse)
-            dims = [d for d in range(lse.dim()) if d != heads_axis]
-            dsinks = (-(p_sink * grads.delta).sum(dim=dims)).to(sinks.dtype)
-        return grads.dq, grads.dk, grads.dv, dbias, dsinks, None, None, None, None, None
+def options_of(causal: str, window, scale, softcap, dropout_p, dropout_seed, dropout_offset, needs_lse,
+               deterministic) -> AttentionOptions:
+    """The options a custom op's scalars stand for (scalars_of's inverse)."""
+    return AttentionOptions(causal=MaskKind(causal), window=None if window is None else Window(*window),
+                            scale=scale, softcap=softcap, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                            dropout_offset=dropout_offset, needs_lse=needs_lse, deterministic=deterministic)
 
 
-def _reduce_to(full: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """The (batch, heads, Sq, Skv) gradient summed over the dims the bias broadcast along."""
-    lead = full.dim() - bias.dim()
-    grad = full.sum(dim=tuple(range(lead))) if lead else full
-    dims = tuple(i for i, n in enumerate(bias.shape) if n == 1 and grad.shape[i] != 1)
-    if dims:
-        grad = grad.sum(dim=dims, keepdim=True)
-    return grad.to(bias.dtype)
+def scalars_of(options: AttentionOptions) -> tuple:
+    """The custom op's scalars of `options`: causal as MaskKind's value, the window as [left, right]."""
+    window = None if options.window is None else [options.window.left, options.window.right]
+    return (options.causal.value, window, options.scale, options.softcap, options.dropout_p, options.dropout_seed,
+            options.dropout_offset, options.needs_lse, options.deterministic)
+
+
+def recorded(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call: Call,
+             scales: tuple = (None, None, None)):
+    """(out, lse) by the custom op tiledispatch::attention (lse None where it is not needed): what
+    autograd records (its registered autograd runs the backward plan) and torch.compile traces."""
+    out, lse = torch.ops.tiledispatch.attention.default(
+        q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *scales, *scalars_of(call.options),
+        call.kernel, call.backward_kernel, dispatcher_token(call.dispatcher))
+    return out, lse if call.options.needs_lse else None
+
+
+class AttentionFunction:
+    """The name `attention()` records a differentiable call by: `AttentionFunction.apply` is `recorded`."""
+
+    apply = staticmethod(recorded)

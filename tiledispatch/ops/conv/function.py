@@ -1,12 +1,15 @@
-"""A conv call: the fast path or every check, and `conv()` under autograd.
+"""A conv call: the fast path or every check, and `conv()` where autograd records it or
+torch.compile traces it.
 
-Where an input of `conv()` requires grad, it runs through `ConvFunction`, whose backward
-takes dx from the backward-data conv and dw from the backward-weight conv, each selected
-for its own problem as a direct call would be; bias's gradient is dy summed over all but
-the channels, residual's is dy. An activation's gradient needs its input, so with one the
-forward runs the conv with the bias fused and keeps its result z, and the activation and
-residual follow as PyTorch ops in fp32: one more pass over the output each way, where an
-inference call fuses them into the conv's epilogue.
+An eager call that autograd does not record runs `eager_run`: the fast path, or every check.
+Where an input of `conv()` requires grad, or torch.compile traces a call, it goes through the
+custom ops (library.py), whose autograd takes dx from the backward-data conv and dw from the
+backward-weight conv, each selected for its own problem as a direct call would be; bias's
+gradient is dy summed over all but the channels, residual's is dy. An activation's gradient
+needs its input, so while recording, the op runs the conv with the bias fused and gives its
+result z, and the activation and residual follow as PyTorch ops in fp32 (their autograd takes
+their derivatives): one more pass over the output each way, where an inference call fuses
+them into the conv's epilogue.
 """
 
 from __future__ import annotations
@@ -15,20 +18,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ...core.args import as_kernel_name
 from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, UnsupportedError
 from ...core.op import OpKind
-from ..gemm.problem import Activation
+from ..gemm import Activation
+from ..library_common import dispatcher_token
 from . import fastpath
-from .operands import ConvOperands, check_operands
-from .problem import ConvTypes, Direction
+from .operands import ConvOperands, _padding, check_operands
+from .problem import MAX_DILATION, MAX_STRIDE, ConvTypes, Direction, spatial_tuple
 from .vendor import ACTIVATIONS
 
 
 def run(direction: Direction, dispatcher, kernel, **arguments):
+    """A call: through the custom op where torch.compile traces it or autograd records a backward
+    direction (the forward's recording is `conv()`'s, by ConvFunction), else `eager_run`."""
+    if torch.compiler.is_compiling() or direction is not Direction.FORWARD and needs_grad(
+            arguments.get("x"), arguments.get("w"), arguments.get("dy")):
+        return traced(direction, dispatcher, kernel, arguments)
+    return eager_run(direction, dispatcher, kernel, **arguments)
+
+
+def eager_run(direction: Direction, dispatcher, kernel, **arguments):
     """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
     from ...core.dispatcher import dispatcher_or_default
 
@@ -107,43 +119,68 @@ class ConvCall:
                 "allow_tf32": self.allow_tf32}
 
 
-class ConvFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, bias, residual, call: ConvCall):
-        activation = ACTIVATIONS[call.activation]
-        if activation is None:
-            y = run(Direction.FORWARD, call.dispatcher, call.kernel, x=x, w=w, bias=bias, residual=residual,
-                    **call.options())
-            z = None
-        else:
-            z = run(Direction.FORWARD, call.dispatcher, call.kernel, x=x, w=w, bias=bias, **call.options())
-            out = activation(z.float())
-            if residual is not None:
-                out += residual
-            y = out.to(z.dtype)
-        ctx.save_for_backward(x, w, z)
-        ctx.call = call
-        ctx.has_bias = bias is not None
-        return y
+def geometry(x, filter_size, stride, padding, dilation, groups, allow_tf32) -> tuple:
+    """(stride, padding, dilation, groups, allow_tf32) as the custom ops take them: an integer list a
+    spatial dim each, 'same' and 'valid' read against the filter; the checks are the ops'."""
+    dims = x.dim() - 2
+    stride = spatial_tuple(stride, dims, "stride", 1, MAX_STRIDE)
+    dilation = spatial_tuple(dilation, dims, "dilation", 1, MAX_DILATION)
+    padding = _padding(padding, tuple(filter_size[-dims:]), stride, dilation, Direction.FORWARD)
+    return list(stride), list(padding), list(dilation), groups, allow_tf32
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        x, w, z = ctx.saved_tensors
-        call: ConvCall = ctx.call
-        dz = dy
-        if z is not None:  # through the activation, at its input z, in fp32
-            with torch.enable_grad():
-                z32 = z.detach().float().requires_grad_()
-                dz = torch.autograd.grad(ACTIVATIONS[call.activation](z32), z32, dy.float())[0].to(dy.dtype)
-        dx = dw = dbias = None
-        if ctx.needs_input_grad[0]:
-            dx = run(Direction.BWD_DATA, call.dispatcher, None, dy=dz, w=w, input_size=tuple(x.shape),
-                     **call.options())
-        if ctx.needs_input_grad[1]:
-            dw = run(Direction.BWD_WEIGHT, call.dispatcher, None, x=x, dy=dz, weight_size=tuple(w.shape),
-                     **call.options())
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            dbias = dz.sum(dim=(0, *range(2, dz.dim())), dtype=torch.float32).to(dz.dtype)
-        dresidual = dy if ctx.needs_input_grad[3] else None
-        return dx, dw, dbias, dresidual, None
+
+def traced(direction: Direction, dispatcher, kernel, arguments: dict):
+    """A call of any direction as its custom op (torch.compile's trace, or a recorded backward direction)."""
+    ops = torch.ops.tiledispatch
+    args = dict(arguments)
+    out = args.pop("out", None)
+    if out is not None and needs_grad(args.get("x"), args.get("w"), args.get("dy")):
+        raise UnsupportedError("out= cannot take part in autograd, and an input requires grad: call without out, "
+                               "or under torch.no_grad()")
+    token, kernel = dispatcher_token(dispatcher), as_kernel_name(kernel, "kernel")
+    options = [args.pop(name, default) for name, default in
+               (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1), ("allow_tf32", False))]
+    x, w, dy = args.pop("x", None), args.pop("w", None), args.pop("dy", None)
+    if direction is Direction.FORWARD:
+        activation = args.pop("activation", None)
+        if activation is not None and not isinstance(activation, str):
+            activation = Activation.of_argument(activation).value
+        geo = geometry(x, w.shape[2:], *options)
+        y = ops.conv.default(x, w, args.pop("bias", None), args.pop("residual", None), *geo[:4], activation,
+                             geo[4], kernel, token)
+    elif direction is Direction.BWD_DATA:
+        size = list(args.pop("input_size"))
+        size = size if len(size) == dy.dim() else [dy.shape[0], w.shape[1] * options[3], *size]
+        y = ops.conv_backward_data.default(dy, w, size, *geometry(dy, w.shape[2:], *options), kernel, token)
+    else:
+        size = list(args.pop("weight_size"))
+        size = size if len(size) == x.dim() else [dy.shape[1], x.shape[1] // options[3], *size]
+        y = ops.conv_backward_weight.default(x, dy, size, *geometry(x, size[2:], *options), kernel, token)
+    if args:
+        raise InvalidArgumentError(f"{direction.value} takes no {', '.join(sorted(args))}")
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def recorded(x, w, bias, residual, call: ConvCall):
+    """conv() where autograd records it: the custom op tiledispatch::conv, whose registered autograd
+    (library.py) runs the backward; an activation and its residual follow the op as PyTorch ops."""
+    conv_op = torch.ops.tiledispatch.conv.default
+    geo = geometry(x, w.shape[2:], call.stride, call.padding, call.dilation, call.groups, call.allow_tf32)
+    token, kernel = dispatcher_token(call.dispatcher), as_kernel_name(call.kernel, "kernel")
+    activation = ACTIVATIONS[call.activation]
+    if activation is None:
+        return conv_op(x, w, bias, residual, *geo[:4], None, geo[4], kernel, token)
+    z = conv_op(x, w, bias, None, *geo[:4], None, geo[4], kernel, token)
+    y = activation(z.float())
+    if residual is not None:
+        y = y + residual
+    return y.to(z.dtype)
+
+
+class ConvFunction:
+    """The name `conv()` records a differentiable call by: `ConvFunction.apply` is `recorded`."""
+
+    apply = staticmethod(recorded)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ...core.args import as_kernel_name
 from ...core.dispatcher import dispatcher_or_default
 from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
@@ -11,12 +12,16 @@ from ...core.op import OpDefinition, register
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
 from .inputs import tuning_operands
-from .operands import GemmOperands, check_operands
+from ..library_common import dispatcher_token
+from .operands import GemmOperands, _asked_dtype, check_operands
 from .plan import kernel_units, plan
 from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS
+from .vendor import ACTIVATIONS
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 OP = register(OpDefinition(
     kind=KIND,
@@ -45,15 +50,20 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     (M, N) or (batch, M, N), both in the output dtype. fp8 inputs take per-tensor float32
     scales and give bf16 unless `out_dtype` says otherwise. `kernel` forces a kernel by
     name; `dispatcher` replaces the default one (its registry, strategy and cache).
+
+    Differentiable where a, b, bias or residual requires grad (fp16, bf16, fp32): dA and dB
+    are GEMMs selected for their own problems (library.py). Under torch.compile the call is
+    the custom op tiledispatch::gemm, with the default dispatcher.
     """
-    dispatcher = dispatcher_or_default(dispatcher)
     # Written flat: it runs on every call, and grad mode is on by default (None has no requires_grad).
-    if torch.is_grad_enabled() and (
+    if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
             getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
             or getattr(out, "requires_grad", False) or getattr(bias, "requires_grad", False)
             or getattr(residual, "requires_grad", False) or getattr(scale_a, "requires_grad", False)
             or getattr(scale_b, "requires_grad", False)):
-        raise UnsupportedError(NOT_DIFFERENTIABLE)
+        return _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel,
+                         dispatcher)
+    dispatcher = dispatcher_or_default(dispatcher)
     key = fastpath.call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel)
     if key is not None:  # a GPU call: bound once per signature, then replayed
         bound = dispatcher.memo(key, lambda: fastpath.bind(
@@ -65,10 +75,51 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
 
 
-# No backward is defined, so a result computed from tensors that require grad would silently
-# have no gradient: refused rather than detached behind the caller's back.
-NOT_DIFFERENTIABLE = ("gemm is not differentiable yet: call it under torch.no_grad() or on detached tensors, "
-                      "or use torch.matmul (a tensor argument of this call requires grad)")
+def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel, dispatcher):
+    """gemm() as the custom op tiledispatch::gemm, where autograd records it or torch.compile traces it.
+
+    While autograd records, an activation stays out of the op: the op gives its input z and
+    the activation and residual follow as PyTorch ops in fp32, whose autograd takes their
+    derivatives (one more pass over C each way; an inference call fuses them).
+    """
+    token = dispatcher_token(dispatcher)
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (a, b, bias, residual, out, scale_a, scale_b))
+    if grad:
+        _check_differentiable(a, b, bias, residual, out, scale_a, scale_b)
+    if activation is not None and not isinstance(activation, str):
+        activation = Activation.of_argument(activation).value
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        out_dtype = _asked_dtype(out_dtype).torch
+    scale_a, scale_b = (s if s is None or isinstance(s, torch.Tensor) else
+                        torch.full((), float(s), dtype=torch.float32, device=a.device) for s in (scale_a, scale_b))
+    kernel = as_kernel_name(kernel, "kernel")
+    op = torch.ops.tiledispatch.gemm.default
+    if grad and activation is not None and activation != Activation.NONE.value:
+        z = op(a, b, bias, None, None, out_dtype, allow_tf32, scale_a, scale_b, kernel, token)
+        y = ACTIVATIONS[Activation.of_argument(activation)](z.float())
+        if residual is not None:
+            y = y + residual
+        return y.to(z.dtype)
+    c = op(a, b, bias, activation, residual, out_dtype, allow_tf32, scale_a, scale_b, kernel, token)
+    if out is None:
+        return c
+    out.copy_(c.reshape(out.shape))
+    return out
+
+
+def _check_differentiable(a, b, bias, residual, out, scale_a, scale_b) -> None:
+    """A recorded call: no out= (autograd cannot follow a write into it), no fp8 (forward only)."""
+    given = {"a": a, "b": b, "bias": bias, "residual": residual, "out": out, "scale_a": scale_a, "scale_b": scale_b}
+    name = next(n for n, t in given.items() if isinstance(t, torch.Tensor) and t.requires_grad)
+    if out is not None:
+        raise UnsupportedError(f"out= cannot take part in autograd, and {name} requires grad: call gemm without "
+                               "out, or under torch.no_grad()")
+    for role, t in (("a", a), ("b", b)):
+        if isinstance(t, torch.Tensor) and t.dtype in FP8:
+            raise UnsupportedError(
+                f"{role} is {t.dtype} and {name} requires grad: fp8 gemm is forward only (inference); call it "
+                f"under torch.no_grad() or on {name}.detach(), or train in bf16 or fp16")
 
 
 def _checked(dispatcher, a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b) -> GemmOperands:

@@ -1,0 +1,60 @@
+"""What the ops' custom-op modules (ops/<op>/library.py) share: the dispatcher token and the
+test of whether a call inside a backward may take the fast path.
+
+A schema takes tensors and plain scalars only, so a dispatcher travels as a token: 0 for the
+default one, else the id of a Dispatcher held here (weakly) for as long as the caller holds
+it. torch.compile traces the default dispatcher only: a graph keeps its arguments as
+constants and would keep a token whose dispatcher is gone.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..core.dispatcher import dispatcher_or_default
+from ..core.errors import UnsupportedError
+
+NAMESPACE = "tiledispatch"
+DEFAULT_DISPATCHER = 0
+_DISPATCHERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+# The tensor types whose memory the kernels read; a fake or functional tensor (a trace) is
+# neither, and goes through the custom op.
+_REAL = (torch.Tensor, torch.nn.Parameter)
+
+
+def dispatcher_token(dispatcher) -> int:
+    """The schema's stand-in for the `dispatcher` argument (see the module's docstring)."""
+    if dispatcher is None:
+        return DEFAULT_DISPATCHER
+    if torch.compiler.is_compiling():
+        raise UnsupportedError(
+            "dispatcher: torch.compile traces tiledispatch's ops with the default dispatcher only (a compiled "
+            "graph holds its arguments as constants); pass dispatcher=None there, or call the op outside "
+            "torch.compile (TILEDISPATCH_STRATEGY sets the default dispatcher's strategy)")
+    dispatcher = dispatcher_or_default(dispatcher)
+    _DISPATCHERS[id(dispatcher)] = dispatcher
+    return id(dispatcher)
+
+
+def dispatcher_of(token: int):
+    """The Dispatcher a token stands for (None: the default one)."""
+    if token == DEFAULT_DISPATCHER:
+        return None
+    dispatcher = _DISPATCHERS.get(token)
+    if dispatcher is None:
+        raise UnsupportedError(
+            f"dispatcher token {token} names no live tiledispatch.Dispatcher: the custom ops take 0 (the default "
+            "dispatcher) or a token from tiledispatch.library.dispatcher_token(d) while d is alive")
+    return dispatcher
+
+
+def runs_eagerly(*tensors) -> bool:
+    """Whether a call inside a backward may take the fast path: real tensors, and no gradient of its
+    own to record (a double backward, or a trace, goes through the custom op)."""
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _REAL or (grad and t.requires_grad)):
+            return False
+    return True
