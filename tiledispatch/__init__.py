@@ -17,6 +17,7 @@ from . import ops as _ops  # noqa: F401  (registers every op with the core)
 from .ops.attention import attention
 from .ops.conv import conv, conv_backward_data, conv_backward_weight
 from .ops.gemm import gemm
+from . import library  # noqa: E402  (registers the custom ops tiledispatch::*)
 
 __version__ = "0.1.0"
 
