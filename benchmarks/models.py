@@ -1,0 +1,678 @@
+"""Whole models with tiledispatch's ops against PyTorch, in the same run (issue 40 item 6).
+
+Five torchvision CNNs at 224x224 (resnet50 32, convnext_tiny 32, mobilenet_v3_large 64,
+regnet_y_1_6gf 32, resnext50_32x4d 32) and a transformers Llama-shaped decoder (hidden 2048,
+8 layers, 16 heads, 4 KV heads, MLP 5632, vocab 32000: prefill of 4 x 512 tokens without a
+cache, and a one-token decode over a 512-token KV cache), bf16, channels-last, random weights.
+Ours: every nn.Conv2d calls `tiledispatch.conv`, every nn.Linear `tiledispatch.gemm` (the
+weight's transposed view, the bias fused), and Llama's attention `tiledispatch.attention`
+through transformers' attention interface. PyTorch: the same weights, unchanged modules.
+
+Modes, each timed for both in the same run, in turns (bench.timing.interleaved_medians):
+  eager    inference forward, host time included (CUDA events around back-to-back calls);
+  graph    the forward captured once in a CUDA graph, replays timed;
+  compile  torch.compile (default mode) of each model: ours against PyTorch's own compile;
+  train    forward, cross-entropy loss and backward; no optimizer step; dropout and stochastic
+           depth off, so that the gradients of the two can be compared.
+Correctness: each output (train: the logits and the gradients of three weights) against an
+fp32 PyTorch model of the same weights (TF32 off), ours beside PyTorch's own bf16 error.
+A mode that fails records a row with status "error: ..." and the run goes on.
+
+    python benchmarks/models.py [--models resnet50,...,llama] [--modes eager,graph,train,compile]
+        [--out DIR] [--budget-s 450] [--fresh] [--smoke]
+
+Writes models.csv (long format: one row per model, mode and provider) and models_summary.json
+(per model and mode the ratio PyTorch time / ours, and issue 40's targets with pass/fail).
+Rows of an earlier run in DIR whose (model, mode) this run does not repeat are kept (--fresh
+drops them), so that the default run and the compile runs add up to one table.
+Time: the default modes (eager, graph, train) cost a few seconds of timing per model (7 rounds
+of a sample of ~40 ms per provider, medians); what is long is compiling: our kernels at first
+sight of each shape (a cold kernel cache) and torch.compile (tens of seconds per model and
+provider), hence compile is not among the default modes. --budget-s stops starting new
+(model, mode) pairs past it; they are recorded as skipped.
+--smoke: a tiny CNN and a 1-layer Llama on the CPU (fp32 against a float64 reference, the
+kernels under Triton's interpreter), eager and train: the code path, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import gc
+import importlib
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+OUT = Path("benchmarks/results/h200")
+CNN_BATCH = {"resnet50": 32, "convnext_tiny": 32, "mobilenet_v3_large": 64, "regnet_y_1_6gf": 32,
+             "resnext50_32x4d": 32}
+LLAMA_NAMES = ("llama_prefill", "llama_decode")
+SMOKE_NAMES = ("tiny_cnn", "tiny_llama_prefill", "tiny_llama_decode")
+MODES = ("eager", "graph", "compile", "train")
+DEFAULT_MODES = ("eager", "graph", "train")
+PROVIDERS = ("pytorch", "tiledispatch")
+FIELDS = ["model", "batch", "mode", "provider", "time_ms", "rel_error", "status", "gpu", "torch", "triton", "date"]
+ERROR_FACTOR = 2.0  # ours may err up to this multiple of PyTorch's own low-precision error
+ERROR_FLOOR = 1e-5  # below this an error is rounding noise, whatever PyTorch's own is
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where and in what precision a run computes, and how long it samples."""
+    device: str
+    dtype: torch.dtype
+    reference_dtype: torch.dtype
+    image: int
+    rounds: int
+    sample_ms: float  # GPU time one timing sample aims at
+    smoke: bool
+
+
+GPU = Setting("cuda", torch.bfloat16, torch.float32, 224, 7, 40.0, False)
+CPU_SMOKE = Setting("cpu", torch.float32, torch.float64, 8, 1, 0.0, True)  # the interpreter has no bf16 tl.dot
+GPU_SMOKE = Setting("cuda", torch.bfloat16, torch.float32, 8, 1, 5.0, True)
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    batch: int
+    tokens: int  # the prefill's length, and the decode's cache
+
+
+LLAMA = LlamaShape(2048, 8, 16, 4, 5632, 32000, 4, 512)
+TINY_LLAMA = LlamaShape(64, 1, 2, 1, 128, 128, 2, 8)  # head dim 32: the smallest attention takes
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model and how to drive it: `build` gives the model in the reference precision,
+    `inputs` its inputs (floating ones in the run's dtype) and labels, and `session(model,
+    runner, inputs)` a step: a callable that runs one forward through `runner` and returns the
+    output (a decode step restores the KV cache it appends to)."""
+    name: str
+    batch: int
+    modes: tuple[str, ...]
+    build: Callable
+    inputs: Callable
+    session: Callable
+
+
+# ---- our modules: the same parameters, the forward through tiledispatch ----
+
+class TiledispatchConv2d(nn.Conv2d):
+    def forward(self, x):
+        import tiledispatch
+        return tiledispatch.conv(x, self.weight, stride=self.stride, padding=self.padding, dilation=self.dilation,
+                                 groups=self.groups, bias=self.bias)
+
+
+class TiledispatchLinear(nn.Linear):
+    def forward(self, x):
+        import tiledispatch
+        lead = x.shape[:-1]
+        y = tiledispatch.gemm(x.reshape(-1, x.shape[-1]), self.weight.t(), bias=self.bias)
+        return y.reshape(*lead, y.shape[-1])
+
+
+def use_tiledispatch(model: nn.Module) -> int:
+    """Swaps the class of every nn.Conv2d (zero padding) and nn.Linear for ours: parameters,
+    names and hooks stay. Returns how many modules now call tiledispatch."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is nn.Conv2d and module.padding_mode == "zeros":
+            module.__class__ = TiledispatchConv2d
+        elif type(module) is nn.Linear:
+            module.__class__ = TiledispatchLinear
+        else:
+            continue
+        swapped += 1
+    return swapped
+
+
+# ---- workloads ----
+
+class TinyCNN(nn.Sequential):
+    """The smoke stand-in: a strided stem, a depthwise and a dilated grouped conv, a linear."""
+    def __init__(self, classes: int = 10):
+        super().__init__(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, padding=2, dilation=2, groups=4), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(16, classes))
+
+
+def cnn_build(name: str):
+    def build(setting: Setting) -> nn.Module:
+        if name == "tiny_cnn":
+            return TinyCNN()
+        import torchvision
+        return getattr(torchvision.models, name)(weights=None)
+    return build
+
+
+def cnn_inputs(batch: int, classes: int):
+    def inputs(setting: Setting) -> dict:
+        x = torch.randn(batch, 3, setting.image, setting.image, device=setting.device).to(setting.dtype)
+        return {"x": x.contiguous(memory_format=torch.channels_last),
+                "labels": torch.randint(0, classes, (batch,), device=setting.device)}
+    return inputs
+
+
+def cnn_session(model, runner, inputs):
+    return lambda: runner(inputs["x"])
+
+
+def llama_build(shape: LlamaShape):
+    def build(setting: Setting) -> nn.Module:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        config = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                             num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                             num_key_value_heads=shape.kv_heads, vocab_size=shape.vocab,
+                             max_position_embeddings=4 * shape.tokens, tie_word_embeddings=False)
+        config._attn_implementation = "sdpa"
+        return LlamaForCausalLM(config)
+    return build
+
+
+def llama_inputs(shape: LlamaShape):
+    def inputs(setting: Setting) -> dict:
+        ids = torch.randint(0, shape.vocab, (shape.batch, shape.tokens + 1), device=setting.device)
+        return {"ids": ids[:, :-1], "next": ids[:, -1:], "labels": ids[:, 1:]}
+    return inputs
+
+
+def prefill_session(model, runner, inputs):
+    """A prefill filling a fresh cache, as a server's does: with a cache transformers asks no mask
+    of either attention (without one it looks for packed sequences, which under a graph capture
+    gives both a mask, and SDPA its slower masked kernel)."""
+    return lambda: runner(input_ids=inputs["ids"], use_cache=True).logits
+
+
+def cache_keyword(model) -> str:
+    """transformers renamed past_key_values to cache: the name this version's forward takes."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def decode_session(model, runner, inputs):
+    """One token a sequence over a cache of the prefill's length: the cache comes from `model`'s
+    own prefill, and each step crops the token it appended (crop(-1) removes one in every version)."""
+    keyword = cache_keyword(model)
+    with torch.no_grad():
+        out = model(input_ids=inputs["ids"], use_cache=True)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        model(input_ids=inputs["next"], use_cache=True, **{keyword: cache})
+        cache.crop(-1)  # the cache as every step leaves it (views of a longer tensor): compile guards on it
+
+    def step():
+        logits = runner(input_ids=inputs["next"], use_cache=True, **{keyword: cache}).logits
+        cache.crop(-1)
+        return logits
+    step.state = cache  # a graph capture keeps its tensors alive
+    return step
+
+
+def workloads(smoke: bool) -> dict[str, Workload]:
+    if smoke:
+        shape, cnns = TINY_LLAMA, {"tiny_cnn": 2}
+        names = ("tiny_llama_prefill", "tiny_llama_decode")
+    else:
+        shape, cnns, names = LLAMA, CNN_BATCH, LLAMA_NAMES
+    table = {name: Workload(name, batch, MODES, cnn_build(name), cnn_inputs(batch, 10 if smoke else 1000),
+                            cnn_session) for name, batch in cnns.items()}
+    table[names[0]] = Workload(names[0], shape.batch, MODES, llama_build(shape), llama_inputs(shape), prefill_session)
+    table[names[1]] = Workload(names[1], shape.batch, ("eager", "graph", "compile"), llama_build(shape),
+                               llama_inputs(shape), decode_session)
+    return table
+
+
+# ---- attention through transformers ----
+
+ATTENTION_CALLS = [0]  # how many attention calls reached tiledispatch: a mode checks that some did
+
+
+def tiledispatch_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                           **kwargs):
+    """transformers' attention-interface signature: q (batch, heads, seq, dim), k and v with the KV
+    heads (GQA as is); returns (batch, seq, heads, dim). With no mask the causal diagonal is the
+    bottom-right one: the last query on the last key, right for a prefill and for a cache."""
+    import tiledispatch
+    ATTENTION_CALLS[0] += 1
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is not None:
+        mask, causal = attention_mask[..., : key.shape[-2]], False
+    else:
+        mask, causal = None, "bottom_right" if causal and query.shape[-2] > 1 else False
+    out = tiledispatch.attention(query, key, value, causal=causal, mask=mask, scale=scaling, dropout_p=dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def route_attention(model: nn.Module) -> None:
+    """Registers the function under the name "tiledispatch" (with sdpa's mask builder, so that a
+    padded batch still gets its mask) and sets the model to it."""
+    import transformers
+    name = "tiledispatch"
+    interface = getattr(transformers, "AttentionInterface", None)
+    if interface is not None:
+        interface.register(name, tiledispatch_attention)
+    else:  # older transformers: the module-level table
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        ALL_ATTENTION_FUNCTIONS[name] = tiledispatch_attention
+    try:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    except (ImportError, KeyError):
+        pass
+    try:
+        model.set_attn_implementation(name)
+    except (AttributeError, ValueError, KeyError, TypeError):
+        model.config._attn_implementation = name
+
+
+# ---- variants, checks and timing ----
+
+@dataclass
+class Variants:
+    reference: nn.Module
+    pytorch: nn.Module
+    ours: nn.Module
+    inputs: dict
+    reference_inputs: dict
+    first_call_s: dict
+
+
+def cast(inputs: dict, dtype: torch.dtype) -> dict:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def make_variants(work: Workload, setting: Setting) -> Variants:
+    torch.manual_seed(0)
+    with torch.device(setting.device):
+        reference = work.build(setting).to(setting.reference_dtype).eval()
+    for module in reference.modules():  # off in training too: the gradients are compared
+        if "Dropout" in type(module).__name__ or "StochasticDepth" in type(module).__name__:
+            module.p = 0.0
+    low = [copy.deepcopy(reference).to(setting.dtype) for _ in PROVIDERS]
+    for model in (reference, *low):
+        if not work.name.startswith(("llama", "tiny_llama")):
+            model.to(memory_format=torch.channels_last)
+    if use_tiledispatch(low[1]) == 0:
+        raise RuntimeError(f"{work.name} has no Conv2d or Linear to replace")
+    if hasattr(low[1], "config"):
+        route_attention(low[1])
+    inputs = work.inputs(setting)
+    return Variants(reference, low[0], low[1], inputs, cast(inputs, setting.reference_dtype), {})
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double(), ref.double()
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def synchronize(setting: Setting) -> None:
+    if setting.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def sampler(fn, setting: Setting):
+    """A sampler of fn's time per call (ms): CUDA events around back-to-back calls, as many as
+    fill setting.sample_ms, on the GPU; one wall-clock call on the CPU."""
+    if setting.device != "cuda":
+        def wall() -> float:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        return wall
+    from tiledispatch.bench.timing import event_sampler, time_call
+    once = time_call(fn, on_gpu=True, repeats=2, warmup=1).median_ms
+    return event_sampler(fn, max(1, min(10, round(setting.sample_ms / max(once, 1e-3)))))
+
+
+def tensors_in(obj, depth: int = 4) -> list:
+    """Every tensor reachable from obj through attributes, lists, tuples and dicts (a KV cache's)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth == 0:
+        return []
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+    return [t for item in items for t in tensors_in(item, depth - 1)]
+
+
+def graphed(step):
+    """step captured in a CUDA graph after two warm-up calls on a side stream; returns the replay
+    (which also holds what the graph reads) and the graph's output tensor."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    held = tensors_in(getattr(step, "state", None))  # a decode step's cache: read by the replays
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()  # a capture runs nothing: the output is the replay's
+
+    def replay():
+        graph.replay()
+    replay.held = (graph, held, step)
+    return replay, out
+
+
+def first_error_line(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip().splitlines()
+    return "error: " + (text[0] if text else type(error).__name__)[:300]
+
+
+def loss_of(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out.float().flatten(0, -2), labels.flatten())
+
+
+def train_step(model, work: Workload, inputs: dict):
+    """Forward, loss and backward; gradients set to None first (no optimizer step)."""
+    step = work.session(model, model, inputs)
+
+    def run():
+        for p in model.parameters():
+            p.grad = None
+        out = step()
+        loss_of(out, inputs["labels"]).backward()
+        return out
+    return run
+
+
+def watched_parameters(model: nn.Module) -> list[str]:
+    """The first, a middle and the last weight of the modules we replace: the gradients compared."""
+    names = [f"{n}.weight" for n, m in model.named_modules()
+             if isinstance(m, (nn.Conv2d, nn.Linear)) and m.weight.dim() >= 2]
+    return sorted({names[0], names[len(names) // 2], names[-1]}, key=names.index) if names else []
+
+
+def reference_of(mode: str, work: Workload, v: Variants):
+    """The fp32 (smoke: float64) output, and for train the watched gradients too."""
+    if mode != "train":
+        with torch.no_grad():
+            return work.session(v.reference, v.reference, v.reference_inputs)().double(), {}
+    v.reference.train()
+    with torch.enable_grad():
+        out = train_step(v.reference, work, v.reference_inputs)().detach().double()
+    params = dict(v.reference.named_parameters())
+    grads = {n: params[n].grad.double() for n in watched_parameters(v.reference)}
+    v.reference.eval()
+    return out, grads
+
+
+def provider_step(mode: str, work: Workload, model: nn.Module, inputs: dict):
+    """The callable to time for one provider in one mode, and the output it gave first."""
+    if mode == "train":
+        model.train()
+        run = train_step(model, work, inputs)
+        return run, run()
+    model.eval()
+    runner = torch.compile(model) if mode == "compile" else model
+    step = work.session(model, runner, inputs)
+    if mode == "graph":
+        return graphed(step)
+    return step, step()
+
+
+def errors_of(mode, model, out, ref_out, ref_grads) -> float:
+    errors = [rel_error(out.detach(), ref_out)]
+    params = dict(model.named_parameters())
+    for name, grad in ref_grads.items():
+        if params[name].grad is None:
+            raise RuntimeError(f"no gradient reached {name}")
+        errors.append(rel_error(params[name].grad, grad))
+    return max(errors)
+
+
+def run_mode(work: Workload, mode: str, v: Variants, setting: Setting) -> list[dict]:
+    """Both providers in one mode: checked against the reference, then timed in turns."""
+    ref_out, ref_grads = reference_of(mode, work, v)
+    models = {"pytorch": (v.pytorch, v.inputs), "tiledispatch": (v.ours, v.inputs)}
+    rows, samplers = {}, {}
+    for provider, (model, inputs) in models.items():
+        rows[provider] = {"model": work.name, "batch": work.batch, "mode": mode, "provider": provider,
+                          "time_ms": None, "rel_error": None, "status": "ok"}
+        calls_before = ATTENTION_CALLS[0]
+        try:
+            with torch.set_grad_enabled(mode == "train"):
+                start = time.perf_counter()
+                fn, out = provider_step(mode, work, model, inputs)
+                synchronize(setting)
+                v.first_call_s.setdefault(f"{provider} {mode}", round(time.perf_counter() - start, 3))
+                rows[provider]["rel_error"] = errors_of(mode, model, out, ref_out, ref_grads)
+                if provider == "tiledispatch" and hasattr(model, "config") and ATTENTION_CALLS[0] == calls_before:
+                    raise RuntimeError("transformers did not route attention to tiledispatch")
+                samplers[provider] = _grad_mode(sampler(fn, setting), mode == "train")
+        except Exception as error:  # recorded, and the run goes on
+            rows[provider]["status"] = first_error_line(error)
+            print(f"  {work.name} {mode} {provider}: {rows[provider]['status']}", file=sys.stderr, flush=True)
+            if os.environ.get("MODELS_TRACEBACK"):
+                traceback.print_exc()
+    try:
+        with torch.set_grad_enabled(mode == "train"):
+            from tiledispatch.bench.timing import interleaved_medians
+            for provider, ms in interleaved_medians(samplers, setting.rounds).items():
+                rows[provider]["time_ms"] = round(ms, 4)
+    except Exception as error:
+        for provider in samplers:
+            rows[provider]["status"] = first_error_line(error)
+    for p in (*v.pytorch.parameters(), *v.ours.parameters(), *v.reference.parameters()):
+        p.grad = None
+    return [rows[p] for p in PROVIDERS]
+
+
+def _grad_mode(sample, enabled: bool):
+    def run():
+        with torch.set_grad_enabled(enabled):
+            return sample()
+    return run
+
+
+def skipped_rows(work: Workload, mode: str, why: str) -> list[dict]:
+    return [{"model": work.name, "batch": work.batch, "mode": mode, "provider": p, "time_ms": None,
+             "rel_error": None, "status": why} for p in PROVIDERS]
+
+
+def run_workload(work: Workload, modes: list[str], setting: Setting, deadline: float, firsts: dict) -> list[dict]:
+    modes = [m for m in MODES if m in modes and m in work.modes]  # train last: it moves BatchNorm's statistics
+    try:
+        variants = make_variants(work, setting)
+    except Exception as error:
+        print(f"{work.name}: {first_error_line(error)}", file=sys.stderr, flush=True)
+        return [row for m in modes for row in skipped_rows(work, m, first_error_line(error))]
+    rows = []
+    for mode in modes:
+        if time.perf_counter() > deadline:
+            rows += skipped_rows(work, mode, "skipped: time budget (--budget-s)")
+        elif mode == "graph" and setting.device != "cuda":
+            rows += skipped_rows(work, mode, "skipped: CUDA graphs need a GPU")
+        else:
+            start = time.perf_counter()
+            rows += run_mode(work, mode, variants, setting)
+            if mode == "compile":
+                torch._dynamo.reset()
+            pt, ours = rows[-2], rows[-1]
+            ratio = pt["time_ms"] / ours["time_ms"] if pt["time_ms"] and ours["time_ms"] else None
+            print(f"{work.name:<20} {mode:<8} pytorch {pt['time_ms']} ms (err {fmt(pt['rel_error'])})  tiledispatch "
+                  f"{ours['time_ms']} ms (err {fmt(ours['rel_error'])})  ratio {fmt(ratio)}  "
+                  f"[{time.perf_counter() - start:.0f} s]", file=sys.stderr, flush=True)
+    firsts[work.name] = variants.first_call_s
+    del variants
+    gc.collect()
+    if setting.device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fmt(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+# ---- outputs ----
+
+def environment(setting: Setting) -> dict:
+    import triton
+    gpu = torch.cuda.get_device_name() if setting.device == "cuda" else "cpu (Triton interpreter)"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def merged_rows(path: Path, rows: list[dict], fresh: bool) -> list[dict]:
+    """This run's rows, after the rows of an earlier table for (model, mode) pairs it did not run."""
+    if fresh or not path.exists():
+        return rows
+    ran = {(r["model"], r["mode"]) for r in rows}
+    with path.open() as f:
+        kept = [r for r in csv.DictReader(f) if (r["model"], r["mode"]) not in ran]
+    return kept + rows
+
+
+def number(x):
+    return None if x in (None, "") else float(x)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per model and mode: the ratio PyTorch / ours and both errors; then issue 40's targets."""
+    from tiledispatch.bench.timing import geomean
+    per: dict = {}
+    for row in rows:
+        entry = per.setdefault(row["model"], {}).setdefault(row["mode"], {})
+        entry[f"{row['provider']}_ms"] = number(row["time_ms"])
+        entry[f"rel_error_{row['provider']}"] = number(row["rel_error"])
+        entry[f"status_{row['provider']}"] = row["status"]
+    for modes in per.values():
+        for e in modes.values():
+            pt, ours = e.get("pytorch_ms"), e.get("tiledispatch_ms")
+            e["ratio"] = round(pt / ours, 4) if pt and ours else None
+            err, err_pt = e.get("rel_error_tiledispatch"), e.get("rel_error_pytorch")
+            e["error_within_2x_of_pytorch"] = (None if err is None or err_pt is None
+                                               else err <= max(ERROR_FACTOR * err_pt, ERROR_FLOOR))
+
+    def target(mode_names, least):
+        ratios = {f"{m} {mode}": e["ratio"] for m, modes in per.items() for mode, e in modes.items()
+                  if mode in mode_names}
+        missing = sorted(k for k, r in ratios.items() if r is None)
+        below = sorted(k for k, r in ratios.items() if r is not None and r < least)
+        return {"at_least": least, "ratios": ratios, "below": below, "not_measured": missing,
+                "pass": bool(ratios) and not missing and not below}
+
+    graph = target(("graph",), 1.0)
+    graph_geomean = geomean(r for r in graph["ratios"].values() if r)
+    accuracy = {f"{m} {mode}": e["error_within_2x_of_pytorch"] for m, modes in per.items()
+                for mode, e in modes.items()}
+    targets = {
+        "eager_and_train_each_at_least_1.0x": target(("eager", "train"), 1.0),
+        "cuda_graph_each_at_least_1.0x": graph,
+        "cuda_graph_geomean_at_least_1.1x": {"geomean": graph_geomean, "at_least": 1.1,
+                                             "pass": graph["pass"] and (graph_geomean or 0) >= 1.1},
+        "compile_each_at_least_1.0x_of_torch_compile": target(("compile",), 1.0),
+        "error_within_2x_of_pytorch": {"entries": accuracy,
+                                       "pass": bool(accuracy) and all(v is True for v in accuracy.values())},
+    }
+    return {"models": per, "targets": targets}
+
+
+def write_outputs(out: Path, rows: list[dict], setting: Setting, args, firsts: dict, seconds: float) -> dict:
+    env = environment(setting)
+    rows = [{**row, **env} for row in rows]
+    path = out / "models.csv"
+    rows = merged_rows(path, rows, args.fresh)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows({k: row.get(k) for k in FIELDS} for row in rows)
+    summary_path = out / "models_summary.json"
+    old = json.loads(summary_path.read_text()) if summary_path.exists() and not args.fresh else {}
+    summary = summarize(rows)
+    summary["first_call_s"] = {**old.get("first_call_s", {}), **firsts}
+    summary.update({**env, "command": "python " + " ".join(sys.argv), "seconds": round(seconds, 1),
+                    "cudnn_benchmark": args.cudnn_benchmark, "smoke": setting.smoke,
+                    "llama": asdict(TINY_LLAMA if setting.smoke else LLAMA)})
+    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated: the five CNNs, llama_prefill, llama_decode "
+                        "(llama: both); default all (with --smoke: tiny_cnn, tiny_llama_prefill, tiny_llama_decode)")
+    parser.add_argument("--modes", default="", help=f"comma-separated of {','.join(MODES)}; default "
+                        f"{','.join(DEFAULT_MODES)} (--smoke: eager,train)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="start no new (model, mode) after this many seconds; the rest is recorded as skipped")
+    parser.add_argument("--fresh", action="store_true", help="drop the rows of an earlier run in --out")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
+    parser.add_argument("--smoke", action="store_true", help="tiny models on the CPU (Triton's interpreter)")
+    return parser.parse_args(argv)
+
+
+def selected(args, table: dict) -> tuple[list[Workload], list[str]]:
+    names = [n for part in args.models.split(",") if part
+             for n in ((LLAMA_NAMES if not args.smoke else SMOKE_NAMES[1:]) if part in ("llama", "tiny_llama")
+                       else (part,))] or list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"--models: unknown {unknown}; known: {', '.join(table)} (and llama)")
+    modes = [m for m in args.modes.split(",") if m] or list(("eager", "train") if args.smoke else DEFAULT_MODES)
+    if any(m not in MODES for m in modes):
+        raise SystemExit(f"--modes: {args.modes!r}; known: {', '.join(MODES)}")
+    return [table[n] for n in names], modes
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    if torch.cuda.is_available():
+        setting = GPU_SMOKE if args.smoke else GPU
+    elif args.smoke:
+        setting = CPU_SMOKE
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: kernels on CPU tensors
+    else:
+        raise SystemExit("no CUDA GPU: run with --smoke for the CPU stand-in")
+    importlib.import_module("tiledispatch")  # after TRITON_INTERPRET is set
+    work, modes = selected(args, workloads(args.smoke))
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    rows, firsts = [], {}
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:  # the fp32 reference is fp32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark
+        for w in work:
+            rows += run_workload(w, modes, setting, started + args.budget_s, firsts)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+    summary = write_outputs(args.out, rows, setting, args, firsts, time.perf_counter() - started)
+    print(json.dumps({k: v.get("pass") for k, v in summary["targets"].items()}), file=sys.stderr)
+    print(f"wrote {args.out / 'models.csv'} and models_summary.json in {time.perf_counter() - started:.0f} s",
+          file=sys.stderr)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
