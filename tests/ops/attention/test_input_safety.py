@@ -25,7 +25,7 @@ from tiledispatch.ops.attention import (
 from tiledispatch.ops.attention.counting import band_pairs, block_pairs, floor_sum
 from tiledispatch.ops.attention.dropout import keep_mask
 from tiledispatch.ops.attention.kernels.scores import UNBOUNDED
-from tiledispatch.ops.attention.plan import _runtime as planned_runtime
+from tiledispatch.ops.attention.plan import runtime_args as planned_runtime
 from tiledispatch.ops.attention.problem import MAX_SEQLEN
 from tiledispatch.ops.attention.ranking import computed_pairs
 

@@ -40,7 +40,8 @@ from tiledispatch.ops.attention import (
     vendor,
 )
 from tiledispatch.ops.attention.plan import AttentionResult, kernel_units, plan
-from tiledispatch.ops.attention.ranking import rule_score, vendor_head_dim_factor
+from tiledispatch.ops.attention.families.sdpa import vendor_head_dim_factor
+from tiledispatch.ops.attention.ranking import rule_score
 from tiledispatch.ops.attention.reference import compare_tensors, reference_from, tolerance
 
 from .helpers import dispatcher, randn

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ...core.op import OpDefinition, register
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
+from . import families  # noqa: F401  (registers the kernel families)
 from .arguments import parse_causal, parse_window
 from .function import AttentionFunction, bound_forward, forward, read_call
 from .operands import AttentionOperands, AttentionOptions, check_operands

@@ -1,16 +1,20 @@
-"""An attention kernel config: everything that changes the compiled code, and its name."""
+"""An attention kernel config: everything that changes the compiled code, and its name; and the
+table of kernel families (`FAMILIES`) that the op's shared code looks a config's family up in."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from ...core.choice import Choice
 from ...core.dtypes import DType
+from ...core.family import FamilyTable, KernelFamily
 from .problem import Direction
 
 
 class Family(Choice):
-    """A kernel family is one kernel file in ``kernels/`` (the vendor paths: ``vendor.py``)."""
+    """The name of a kernel family: one module in ``families/`` (and its kernel file in ``kernels/``,
+    or ``vendor.py`` for the SDPA backends)."""
 
     FWD = "fwd"  # online-softmax forward, pointer loads: every arch, every stride
     FWD_TMA = "fwd-tma"  # sm_90+: Q/K/V by tensor descriptors; bands, soft-cap, sinks, GQA (kernels/forward_tma.py)
@@ -24,22 +28,11 @@ class Family(Choice):
     @property
     def direction(self) -> Direction | None:
         """The direction a Triton family computes; None for the vendor ones (they do both)."""
-        return {Family.FWD: Direction.FORWARD, Family.FWD_TMA: Direction.FORWARD, Family.FWD_WS: Direction.FORWARD,
-                Family.BWD: Direction.BACKWARD, Family.BWD_ATOMIC: Direction.BACKWARD,
-                Family.BWD_WS: Direction.BACKWARD}.get(self)
-
-    @property
-    def uses_tma(self) -> bool:
-        return self in (Family.FWD_TMA, Family.FWD_WS, Family.BWD_WS)
-
-    @property
-    def warp_specialised(self) -> bool:
-        """Written in Gluon for Hopper's warpgroup MMA: a loader warp and two MMA warpgroups."""
-        return self in (Family.FWD_WS, Family.BWD_WS)
+        return FAMILIES.named(self.value).direction
 
     @property
     def is_vendor(self) -> bool:
-        return self in (Family.SDPA_FLASH, Family.SDPA_CUDNN)
+        return FAMILIES.named(self.value).config_type is VendorConfig
 
 
 @dataclass(frozen=True)
@@ -80,3 +73,36 @@ class VendorConfig:
 
 
 AnyAttentionConfig = AttentionConfig | VendorConfig
+
+
+@dataclass(frozen=True)
+class AttentionFamily(KernelFamily):
+    """An attention family: `core.family.KernelFamily` and two facts of attention's own. `direction`
+    is what the family computes (None: a vendor backend, which does both); `shared_memory` the bytes
+    a config of it stages (None: a library picks its own kernel), read by the rules and the model."""
+
+    direction: Direction | None = None
+    shared_memory: Callable[[Any], int] | None = None
+
+
+class AttentionFamilies(FamilyTable):
+    """The registered attention families, found by a config (`of`) or by the name configs spell (`named`)."""
+
+    def __init__(self) -> None:
+        super().__init__("attention", key=lambda config: config.family.value)
+        self._named: dict[str, AttentionFamily] = {}
+
+    def register(self, family: AttentionFamily) -> AttentionFamily:
+        if not isinstance(family, AttentionFamily):
+            raise TypeError(f"attention family {family.name!r} is a {type(family).__name__}, not an AttentionFamily")
+        self._named[family.name] = super().register(family)
+        return family
+
+    def named(self, name: str) -> AttentionFamily:
+        family = self._named.get(name)
+        if family is None:
+            raise KeyError(f"no attention kernel family {name!r} is registered (registered: {', '.join(self._named)})")
+        return family
+
+
+FAMILIES = AttentionFamilies()

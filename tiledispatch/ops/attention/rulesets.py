@@ -16,7 +16,8 @@ from ...core.dtypes import DType
 from ...core.op import RuleSet
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from .problem import HEAD_DIMS, Direction
-from .rules import BWD_WS_HEAD_DIMS, WS_HEAD_DIMS
+from .families.bwd_ws import BWD_WS_HEAD_DIMS
+from .families.fwd_ws import HEAD_DIMS as WS_HEAD_DIMS
 
 
 @dataclass(frozen=True)

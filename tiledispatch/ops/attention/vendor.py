@@ -1,4 +1,5 @@
-"""The vendor candidates: PyTorch SDPA's FlashAttention-2 and cuDNN backends.
+"""What the vendor families' units call: PyTorch SDPA's FlashAttention-2 and cuDNN backends
+(families/sdpa.py holds what those families take and how they rank).
 
 They take plain attention (no bias, sinks, soft-cap, window or varlen here) with an
 optional causal mask on square problems (SDPA's fused backends take is_causal only when
@@ -22,7 +23,7 @@ Backward: cuDNN through `_scaled_dot_product_cudnn_attention_backward`, which re
 LSE as (B, H, S, 1): ours is viewed so, never copied (it worked with the Triton forward's
 LSE on the H200: relative errors 2.4e-3 against fp32). The private ops build their cuDNN
 graph from the tensors' own strides (BHSD or BSHD alike, the head dim contiguous), so the
-plan passes the caller's views as they are. The flash backward is refused (see `supports`).
+plan passes the caller's views as they are. The flash backward is refused (families/sdpa.py says why).
 """
 
 from __future__ import annotations
@@ -31,16 +32,13 @@ import functools
 
 import torch
 
-from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
-from ...core.validation import Finding, Severity, ValidationResult
-from .config import Family, VendorConfig
-from .problem import AttentionProblem, Direction, MaskKind, UserMask
+from .config import Family
 
-# Head dims each backend takes here. cuDNN >= 9.10 takes up to 256 on sm_90 itself (torch's
-# own gate; the H200 benchmark ran SDPA cuDNN at d=256, forward and backward, torch 2.11 and
-# cuDNN 9.19); elsewhere 128. `cudnn_max_head_dim` asks the runtime.
-MAX_HEAD_DIM = {Family.SDPA_FLASH: 256, Family.SDPA_CUDNN: 128}
+# Head dims cuDNN takes here. cuDNN >= 9.10 takes up to 256 on sm_90 itself (torch's own gate;
+# the H200 benchmark ran SDPA cuDNN at d=256, forward and backward, torch 2.11 and cuDNN 9.19);
+# elsewhere 128. `cudnn_max_head_dim` asks the runtime.
+CUDNN_MAX_HEAD_DIM = 128
 CUDNN_HOPPER_MAX_HEAD_DIM = 256
 CUDNN_HOPPER_MIN_VERSION = 91000
 # The cuDNN backward takes K/V with fewer heads than Q (GQA/MQA) as they are: torch's dense
@@ -55,15 +53,11 @@ CUDNN_BACKWARD_TAKES_GQA = True
 def cudnn_max_head_dim() -> int:
     """The largest head dim the cuDNN backend takes on this machine (128 without a GPU)."""
     if not torch.cuda.is_available():
-        return MAX_HEAD_DIM[Family.SDPA_CUDNN]
+        return CUDNN_MAX_HEAD_DIM
     version = torch.backends.cudnn.version() or 0
     if version >= CUDNN_HOPPER_MIN_VERSION and torch.cuda.get_device_capability() == (9, 0):
         return CUDNN_HOPPER_MAX_HEAD_DIM
-    return MAX_HEAD_DIM[Family.SDPA_CUDNN]
-
-
-def max_head_dim(family: Family) -> int:
-    return cudnn_max_head_dim() if family is Family.SDPA_CUDNN else MAX_HEAD_DIM[family]
+    return CUDNN_MAX_HEAD_DIM
 
 
 def _backend(family: Family):
@@ -141,77 +135,3 @@ def backward(family: Family, grads, grad_out, q, k, v, out, lse, scale: float, c
         dk = dk.reshape(b, h, group, s, dk.shape[-1]).sum(dim=2)
         dv = dv.reshape(b, h, group, s, dv.shape[-1]).sum(dim=2)
     grads.dq, grads.dk, grads.dv = dq, dk, dv
-
-
-def validate(config: VendorConfig, arch) -> ValidationResult:
-    from .rules import AttentionRule
-
-    findings = []
-    if arch.is_interpreter:
-        findings.append(Finding(AttentionRule.FAMILY_ARCH, Severity.ERROR,
-                                "the SDPA backends are GPU libraries; the interpreter target runs Triton kernels",
-                                "use a GPU arch"))
-    elif config.family is Family.SDPA_FLASH and arch.sm is not None and arch.sm < 80:
-        findings.append(Finding(AttentionRule.FAMILY_ARCH, Severity.ERROR, "FlashAttention-2 needs sm_80 or newer"))
-    elif config.family is Family.SDPA_CUDNN and arch.sm is not None and arch.sm < 90:
-        findings.append(Finding(AttentionRule.FAMILY_ARCH, Severity.ERROR,
-                                "SDPA's cuDNN attention needs sm_90 or newer", "use sdpa-flash"))
-    if config.dtype not in (DType.FP16, DType.BF16):
-        findings.append(Finding(AttentionRule.DTYPE_ARCH, Severity.ERROR,
-                                f"the SDPA backends take fp16 and bf16, not {config.dtype.value}"))
-    if not config.family.is_vendor:
-        findings.append(Finding(AttentionRule.FAMILY_DIRECTION, Severity.ERROR,
-                                f"{config.family.value} is a Triton family, not a vendor one"))
-    return ValidationResult(tuple(findings))
-
-
-def _shared_refusal(config: VendorConfig, p: AttentionProblem) -> str | None:
-    """What neither backend takes here, in either direction."""
-    v = p.variant
-    if config.dtype is not p.dtype:
-        return f"built for {config.dtype.value}, the problem is {p.dtype.value}"
-    if p.head_dim_qk != p.head_dim_v:
-        return f"SDPA's {config.family.value} needs equal Q/K and V head dims, got {p.head_dim_qk}/{p.head_dim_v}"
-    limit = max_head_dim(config.family)
-    if p.head_dim_qk > limit:
-        why = (f" (cuDNN >= 9.10 takes {CUDNN_HOPPER_MAX_HEAD_DIM} on sm_90; not this runtime)"
-               if config.family is Family.SDPA_CUDNN and limit < CUDNN_HOPPER_MAX_HEAD_DIM else "")
-        return f"{config.family.value} takes head dims up to {limit}{why}"
-    features = [name for name, on in (("bias", v.bias), ("ALiBi", v.alibi), ("soft-cap", v.softcap),
-                                      ("sinks", v.sinks), ("dropout", v.dropout), ("varlen", v.varlen),
-                                      ("a mask tensor", v.user_mask is not UserMask.NONE)) if on]
-    if features:
-        return f"SDPA's {config.family.value} path here takes none of: {', '.join(features)}"
-    if p.mask is MaskKind.SLIDING_WINDOW:
-        return "SDPA has no sliding window"
-    if p.mask is not MaskKind.NONE and p.seqlen_q != p.seqlen_kv:
-        return "SDPA's fused backends take is_causal only with seqlen_q == seqlen_kv"
-    return None
-
-
-def _cudnn_refusal(p: AttentionProblem) -> str | None:
-    if p.seqlen_kv == 1:
-        return "cuDNN attention does not take a key/value length of 1"
-    if not p.variant.aligned:
-        return "cuDNN wants 16-byte aligned bases and strides (multiples of 16 elements); these operands are not"
-    if p.direction is Direction.BACKWARD and p.deterministic:
-        return "cuDNN's backward is not deterministic; the problem asks for deterministic gradients"
-    return None
-
-
-def supports(config: VendorConfig, problem: AttentionProblem) -> str | None:
-    p = problem
-    if config.direction is not p.direction:
-        return f"a {config.direction.value} kernel, the problem is {p.direction.value}"
-    if config.family is Family.SDPA_FLASH and config.direction is Direction.BACKWARD:
-        # Reachable only through a private ATen op, which refused a standalone call on the
-        # H200 (torch 2.11: "batch size must be positive" without its forward's offsets).
-        return "SDPA's flash backward is not callable apart from its own forward here; cuDNN's or Triton's runs"
-    refusal = _shared_refusal(config, p)
-    if refusal is None and config.family is Family.SDPA_CUDNN:
-        refusal = _cudnn_refusal(p)
-    if refusal is not None:
-        return refusal
-    if config.family is Family.SDPA_FLASH and p.needs_lse and p.heads_q != p.heads_kv:
-        return "flash's forward that keeps the LSE takes equal head counts only (GQA/MQA: sdpa-cudnn or Triton)"
-    return None
