@@ -1,7 +1,9 @@
 """Attention rule sets: named generators of configs.
 
-A config is a tile (`Tile`) bound to a family, a dtype and a pair of head dims. By
-construction tiny ⊂ tests ⊂ default ⊂ full; the tests prove it and that no name repeats.
+A config is a tile (`Tile`) bound to a family, a dtype and a pair of head dims; each Triton
+family has one `Entry` (its tiles in each rule set and what it binds them to), the vendor
+families one place in `VENDORS`. By construction tiny ⊂ tests ⊂ default ⊂ full; the tests
+prove it and that no name repeats.
 Rule sets are arch-independent: `Registry.from_rule_set` drops what an arch cannot run
 (bf16 and the vendor families on the interpreter, tiles beyond the shared memory).
 """
@@ -9,15 +11,16 @@ Rule sets are arch-independent: `Registry.from_rule_set` drops what an arch cann
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Callable
 
 from ...core.dtypes import DType
 from ...core.op import RuleSet
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
-from .problem import HEAD_DIMS, Direction
 from .families.bwd_ws import BWD_WS_HEAD_DIMS
 from .families.fwd_ws import HEAD_DIMS as WS_HEAD_DIMS
+from .problem import HEAD_DIMS, Direction
 
 
 @dataclass(frozen=True)
@@ -73,73 +76,85 @@ FULL_TILES = tuple(Tile(bm, bn, w, s) for bm, bn, w, s in itertools.product(
     (16, 32, 64, 128, 256), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
 
 DTYPES = (DType.FP16, DType.FP32, DType.BF16)  # bf16 last: the interpreter drops it
+# The half dtypes take every family; fp8 is bound to the tensor-descriptor forward alone.
+HALF_DTYPES = (DType.FP16, DType.BF16)
+FP8 = (DType.FP8E4M3,)
 HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((192, 128),)
+# The vendor families' entry: each backend once per dtype and direction.
 VENDORS = (Family.SDPA_CUDNN, Family.SDPA_FLASH)
 
 
-TMA_HEAD_DIMS = tuple((d_qk, d_v) for d_qk, d_v in HEAD_DIM_PAIRS if d_qk & (d_qk - 1) == 0 == d_v & (d_v - 1))
-# The half dtypes take every family; fp8 is bound to the tensor-descriptor forward alone.
-HALF_DTYPES = (DType.FP16, DType.BF16)
+def _any_head_dims(d_qk: int, d_v: int) -> bool:
+    return True
 
 
-def _bind(fwd_tiles, bwd_tiles, head_dims, dtypes=DTYPES, tma_tiles=(), ws_tiles=(),
-          bwd_ws_tiles=()) -> Iterator[AnyAttentionConfig]:
-    """Each tile for each (dtype, head dims), and the vendor candidates once per dtype and direction.
+def _power_of_two_head_dims(d_qk: int, d_v: int) -> bool:
+    return d_qk & (d_qk - 1) == 0 == d_v & (d_v - 1)
 
-    The tensor-descriptor families are bound to half dtypes and power-of-two head dims only;
-    fp8 inputs (forward only, no vendor backend takes them) to the tensor-descriptor forward;
-    the warp-specialised forward to the head dims it takes (64, 128 and 256).
-    """
-    tma_head_dims = [d for d in head_dims if d in TMA_HEAD_DIMS]
-    ws_head_dims = [(d_qk, d_v) for d_qk, d_v in head_dims if d_qk == d_v and d_qk in WS_HEAD_DIMS]
-    bwd_ws_head_dims = [(d_qk, d_v) for d_qk, d_v in head_dims if d_qk == d_v and d_qk in BWD_WS_HEAD_DIMS]
 
-    def tma_forwards(dtype: DType) -> Iterator[AttentionConfig]:
-        for (d_qk, d_v), tile in itertools.product(tma_head_dims, tma_tiles):
-            yield AttentionConfig(Family.FWD_TMA, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                                  tile.num_stages)
+@dataclass(frozen=True)
+class Entry:
+    """A Triton family's place in the rule sets: its tiles in each (`full`: FULL_TILES for every
+    family), and the dtypes and (d_qk, d_v) pairs of HEAD_DIM_PAIRS it is bound to."""
 
-    yield from tma_forwards(DType.FP8E4M3)
-    for dtype in dtypes:
-        for direction in Direction:
-            for family in VENDORS:
-                yield VendorConfig(family, dtype, direction)
-        for (d_qk, d_v), tile in itertools.product(head_dims, fwd_tiles):
-            yield AttentionConfig(Family.FWD, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                                  tile.num_stages)
-        if dtype in HALF_DTYPES:
-            yield from tma_forwards(dtype)
-            for (d_qk, d_v), tile in itertools.product(ws_head_dims, ws_tiles):
-                yield AttentionConfig(Family.FWD_WS, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                                      tile.num_stages)
-        for family, (d_qk, d_v), tile in itertools.product((Family.BWD, Family.BWD_ATOMIC), head_dims, bwd_tiles):
-            yield AttentionConfig(family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
-                                  tile.num_stages)
-        if dtype in HALF_DTYPES:
-            for (d_qk, d_v), tile in itertools.product(bwd_ws_head_dims, bwd_ws_tiles):
-                yield AttentionConfig(Family.BWD_WS, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
+    family: Family
+    tiles: Mapping[RuleSet, tuple[Tile, ...]]
+    dtypes: tuple[DType, ...]
+    head_dims: Callable[[int, int], bool] = _any_head_dims
+
+
+# One entry a Triton family, in the order the rule sets list them (within each dtype). The
+# tensor-descriptor families take half dtypes and power-of-two head dims only; fp8 inputs (forward
+# only, no vendor backend takes them) the tensor-descriptor forward; the warp-specialised ones the
+# equal head dims their kernels take.
+ENTRIES = (
+    Entry(Family.FWD, {RuleSet.TINY: TINY_FWD, RuleSet.TESTS: TESTS_FWD, RuleSet.DEFAULT: DEFAULT_FWD}, DTYPES),
+    Entry(Family.FWD_TMA, {RuleSet.TINY: TINY_TMA, RuleSet.TESTS: TESTS_TMA, RuleSet.DEFAULT: DEFAULT_TMA},
+          FP8 + HALF_DTYPES, _power_of_two_head_dims),
+    Entry(Family.FWD_WS, {RuleSet.DEFAULT: DEFAULT_WS}, HALF_DTYPES,
+          lambda d_qk, d_v: d_qk == d_v and d_qk in WS_HEAD_DIMS),
+    Entry(Family.BWD, {RuleSet.TINY: TINY_BWD, RuleSet.TESTS: TESTS_BWD, RuleSet.DEFAULT: DEFAULT_BWD}, DTYPES),
+    Entry(Family.BWD_ATOMIC, {RuleSet.TINY: TINY_BWD, RuleSet.TESTS: TESTS_BWD, RuleSet.DEFAULT: DEFAULT_BWD},
+          DTYPES),
+    Entry(Family.BWD_WS, {RuleSet.DEFAULT: DEFAULT_BWD_WS}, HALF_DTYPES,
+          lambda d_qk, d_v: d_qk == d_v and d_qk in BWD_WS_HEAD_DIMS),
+)
+
+
+def _bind(rule_set: RuleSet) -> Iterator[AnyAttentionConfig]:
+    """For each dtype (fp8 first), the vendor candidates once per direction, then each entry's
+    tiles for each head-dim pair it takes."""
+    for dtype in FP8 + DTYPES:
+        if dtype in DTYPES:
+            for direction in Direction:
+                for family in VENDORS:
+                    yield VendorConfig(family, dtype, direction)
+        for entry in ENTRIES:
+            if dtype not in entry.dtypes:
+                continue
+            tiles = FULL_TILES if rule_set is RuleSet.FULL else entry.tiles.get(rule_set, ())
+            head_dims = [pair for pair in HEAD_DIM_PAIRS if entry.head_dims(*pair)]
+            for (d_qk, d_v), tile in itertools.product(head_dims, tiles):
+                yield AttentionConfig(entry.family, dtype, d_qk, d_v, tile.block_m, tile.block_n, tile.num_warps,
                                       tile.num_stages)
 
 
 def tiny() -> Iterator[AnyAttentionConfig]:
-    return _bind(TINY_FWD, TINY_BWD, HEAD_DIM_PAIRS, tma_tiles=TINY_TMA)
+    return _bind(RuleSet.TINY)
 
 
 def tests() -> Iterator[AnyAttentionConfig]:
-    return _bind(TESTS_FWD, TESTS_BWD, HEAD_DIM_PAIRS, tma_tiles=TESTS_TMA)
+    return _bind(RuleSet.TESTS)
 
 
 def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(DEFAULT_FWD, DEFAULT_BWD, HEAD_DIM_PAIRS, tma_tiles=DEFAULT_TMA, ws_tiles=DEFAULT_WS,
-                 bwd_ws_tiles=DEFAULT_BWD_WS)
+    return _bind(RuleSet.DEFAULT)
 
 
 def full() -> Iterator[AnyAttentionConfig]:
     """Every default config, plus the whole tile space for every signature."""
     seen = set()
-    everything = _bind(FULL_TILES, FULL_TILES, HEAD_DIM_PAIRS, tma_tiles=FULL_TILES, ws_tiles=FULL_TILES,
-                       bwd_ws_tiles=FULL_TILES)
-    for config in itertools.chain(default(), everything):
+    for config in itertools.chain(default(), _bind(RuleSet.FULL)):
         if config not in seen:
             seen.add(config)
             yield config
