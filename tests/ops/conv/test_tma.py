@@ -29,11 +29,11 @@ from tiledispatch.ops.conv import (
     validate,
 )
 from tiledispatch.ops.conv.config import TmaConfig
+from tiledispatch.ops.conv.families.igemm_tma import register_a_operand, weight_matrix_descriptor
 from tiledispatch.ops.conv.inputs import make_inputs
-from tiledispatch.ops.conv.plan import kernel_units, plan, weight_matrix_descriptor
+from tiledispatch.ops.conv.plan import kernel_units, plan
 from tiledispatch.ops.conv.problem import ConvEpilogue
 from tiledispatch.ops.conv.reference import compare
-from tiledispatch.ops.conv.rules import register_a_operand
 from tiledispatch.ops.conv.rulesets import TESTS_TMA
 from tiledispatch.ops.gemm.problem import Activation
 

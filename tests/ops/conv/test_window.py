@@ -31,7 +31,7 @@ from tiledispatch.ops.conv import (
     validate,
 )
 from tiledispatch.ops.conv.inputs import make_inputs
-from tiledispatch.ops.conv.plan import channels_fastest
+from tiledispatch.ops.conv.families.direct import channels_fastest
 from tiledispatch.ops.conv.problem import ConvEpilogue
 from tiledispatch.ops.gemm.problem import Activation
 
@@ -189,7 +189,7 @@ def test_window_kernels_compile_under_a_register_cap_where_they_fit_it():
     from tiledispatch.core.kernel import unit_key
     from tiledispatch.ops.conv.plan import kernel_units
     from tiledispatch.ops.conv.problem import ConvSpecialization
-    from tiledispatch.ops.conv.rules import WINDOW_REGISTER_CAP, window_registers
+    from tiledispatch.ops.conv.families.direct_window import WINDOW_REGISTER_CAP, window_registers
 
     aligned = ConvSpecialization()
     bf16 = dataclasses.replace(FWD, types=ConvTypes.parse("bf16"))
@@ -216,7 +216,7 @@ def test_backward_weight_windows_are_capped_to_keep_sixteen_warps_where_they_fit
     fit puts above keeps ptxas's own allocation."""
     from tiledispatch.ops.conv.plan import kernel_units
     from tiledispatch.ops.conv.problem import ConvSpecialization
-    from tiledispatch.ops.conv.rules import weight_window_register_cap, weight_window_registers
+    from tiledispatch.ops.conv.families.direct_window import weight_window_register_cap, weight_window_registers
 
     weight = ConvSignature(Direction.BWD_WEIGHT, ConvTypes.parse("fp16"))
     mamba = DirectConfig(weight, 8, 64, 4, split_k=16, window=4, run=16)

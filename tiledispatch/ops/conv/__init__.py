@@ -18,7 +18,7 @@ from .config import (
 )
 from .function import ConvCall, ConvFunction, check_dtype_on_arch, needs_grad, run
 from .inputs import tuning_operands
-from ..gemm.problem import Activation
+from ..gemm import Activation
 from .operands import ConvOperands, check_operands
 from .plan import kernel_units, plan
 from .problem import (

@@ -16,7 +16,7 @@ from ...core.args import as_bool, as_int
 from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
 from ...core.tensors import check_no_alias, check_plain, overlaps_itself
-from ..gemm.problem import Activation
+from ..gemm import Activation
 from .problem import (
     DTYPES,
     INDEX_LIMIT,

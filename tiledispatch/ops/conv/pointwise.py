@@ -1,4 +1,5 @@
-"""Family `gemm`: a 1x1, stride-1, unpadded dense conv as one call of the GEMM op.
+"""Family `gemm`'s call: a 1x1, stride-1, unpadded dense conv as one call of the GEMM op (the family's
+config, rules and score: families/pointwise.py).
 
 Channels-last, each tensor of such a conv is a matrix of pixels x channels (x: P x C,
 dy and y: P x K) and the weight is K x C, so every direction is a plain product:
@@ -19,10 +20,9 @@ from ...core.memo import LruTable
 from ...core.op import RuleSet
 from ...core.registry import Registry
 from ...core.tensors import shares_storage
-from ..gemm import gemm
-from ..gemm.config import Family as GemmFamily
-from ..gemm.problem import GemmLayout, GemmProblem, GemmTypes, Layout
-from ..gemm.rulesets import RULE_SETS as GEMM_RULE_SETS
+from ..gemm import OP as GEMM_OP
+from ..gemm import Family as GemmFamily
+from ..gemm import GemmLayout, GemmProblem, GemmTypes, Layout, gemm
 from .problem import ConvProblem, Direction
 
 _DISPATCHERS = LruTable(None)  # one per arch, made once even when threads ask together
@@ -31,7 +31,7 @@ _DISPATCHERS = LruTable(None)  # one per arch, made once even when threads ask t
 def gemm_dispatcher(arch) -> Dispatcher:
     """The GEMM op's default kernels for `arch` without its vendor path (the family runs Triton), one per arch."""
     def make() -> Dispatcher:
-        configs = [c for c in GEMM_RULE_SETS[RuleSet.DEFAULT]() if c.family is not GemmFamily.VENDOR]
+        configs = [c for c in GEMM_OP.rule_sets[RuleSet.DEFAULT]() if c.family is not GemmFamily.VENDOR]
         return Dispatcher(Registry.from_configs("gemm", configs, arch, source="conv's gemm family"), arch)
     return _DISPATCHERS.get_or_make(arch.name, make)
 

@@ -19,7 +19,7 @@ from ...core.choice import Choice
 from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, InvalidProblemError, UnsupportedError
 from ...core.op import OpKind
-from ..gemm.problem import Epilogue
+from ..gemm import Epilogue
 
 KIND = OpKind("conv")  # this op's name: its specs' and problems' `op`, registered in __init__.py
 

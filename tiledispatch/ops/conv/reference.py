@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core.comparison import TF32_ROUNDOFF, UNIT_ROUNDOFF, Comparison, relative_comparison
-from ..gemm.problem import Activation
+from ..gemm import Activation
 from .operands import ConvOperands
 from .problem import ConvTypes, Direction
 

@@ -1,7 +1,9 @@
 """Conv rule sets: named generators of configs.
 
-A config is a tile bound to a signature (direction, types, epilogue). By construction
-tiny ⊂ tests ⊂ default ⊂ full; the tests prove it and that `full` never repeats a name.
+A config is a tile bound to a signature (direction, types, epilogue): each family's tile type
+says which signatures it serves (`configs`), and a rule set is a list of tiles bound to every
+signature in that order. By construction tiny ⊂ tests ⊂ default ⊂ full; the tests prove it
+and that `full` never repeats a name.
 Rule sets are arch-independent: `Registry.from_rule_set` drops the configs an arch
 cannot run (bf16 and the vendor path on the interpreter).
 """
@@ -9,12 +11,12 @@ cannot run (bf16 and the vendor path on the interpreter).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from ...core.dtypes import DType
 from ...core.op import RuleSet
-from ..gemm.problem import Activation
+from ..gemm import Activation
 from .config import (
     AnyConvConfig,
     ConvSignature,
@@ -50,6 +52,12 @@ class GemmTile:
         padded_ok = not self.pad_channels or direction is not Direction.BWD_DATA
         return (self.split_k == 1 or weight) and (self.groups_per_tile == 1 or not weight) and padded_ok
 
+    def configs(self, sig: ConvSignature) -> Iterator[ImplicitGemmConfig]:
+        if self.serves(sig.direction):
+            yield ImplicitGemmConfig(sig, self.block_m, self.block_n, self.block_k, self.group_m, self.num_warps,
+                                     self.num_stages, self.split_k, self.split_mode, self.groups_per_tile,
+                                     self.family, self.pad_channels)
+
 
 @dataclass(frozen=True)
 class DirectTile:
@@ -63,6 +71,11 @@ class DirectTile:
     band: int = 1  # output rows a thread's block spans (backward-weight window kernels only)
     directions: tuple[Direction, ...] = tuple(Direction)  # window tiles: set by `windows` / `weight_windows`
     window_stride: int = 1  # the stride along W a window kernel is built for
+
+    def configs(self, sig: ConvSignature) -> Iterator[DirectConfig]:
+        if (self.split_k == 1 or sig.direction is Direction.BWD_WEIGHT) and sig.direction in self.directions:
+            yield DirectConfig(sig, self.block_p, self.block_c, self.num_warps, self.split_k, self.window, self.run,
+                               self.rows, self.band, self.window_stride)
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,12 @@ class TmaTile:
     split_mode: SplitMode = SplitMode.WORKSPACE
     directions: tuple[Direction, ...] = tuple(Direction)  # backward-data: the forward kernel over dy
 
+    def configs(self, sig: ConvSignature) -> Iterator[TmaConfig]:
+        weight = sig.direction is Direction.BWD_WEIGHT
+        if sig.types in TMA_TYPES and sig.direction in self.directions and (self.split_k == 1 or weight):
+            yield TmaConfig(sig, self.tile_h, self.tile_w, self.block_out, self.block_in, self.num_warps,
+                            self.num_stages, self.split_k, self.split_mode)
+
 
 @dataclass(frozen=True)
 class ToeplitzTile:
@@ -90,6 +109,28 @@ class ToeplitzTile:
     rows: int
     split_k: int = 1  # > 1: backward-weight only
     directions: tuple[Direction, ...] = (Direction.FORWARD, Direction.BWD_DATA)
+
+    def configs(self, sig: ConvSignature) -> Iterator[ToeplitzConfig]:
+        """One config a filter height the kernel is built for (16-bit types only)."""
+        if sig.types in TMA_TYPES and sig.direction in self.directions:
+            for rows in TOEPLITZ_FILTER_ROWS:
+                yield ToeplitzConfig(sig, self.block_m, self.block_c, self.num_warps, self.rows, rows, self.split_k)
+
+
+@dataclass(frozen=True)
+class SignatureOnly:
+    """A family with one config a signature, that picks its own kernel (the vendor, the GEMM op)."""
+
+    config_type: type
+
+    def configs(self, sig: ConvSignature) -> Iterator[VendorConfig | PointwiseConfig]:
+        yield self.config_type(sig)
+
+
+# Tiles are bound in this order within a signature: the families that pick their own kernels first.
+SIGNATURE_ONLY = (SignatureOnly(VendorConfig), SignatureOnly(PointwiseConfig))
+TMA_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.BF16))  # 16-bit: the TMA and toeplitz families
+TOEPLITZ_FILTER_ROWS = (3, 5, 7)
 
 
 def splits_of(tiles: tuple[TmaTile, ...], split_ks: tuple[int, ...]) -> tuple[TmaTile, ...]:
@@ -206,7 +247,7 @@ TESTS_DIRECT = TINY_DIRECT + (
 # wide maps of those networks without an idle tail. Runs of 14 were the fastest on the H200
 # for every width (benchmarks/results/h200/conv_depthwise.csv: 5x5 forward 22.3 -> 16.2 us).
 WINDOW_WIDTHS = (3, 4, 5, 7)
-DEFAULT_WINDOW_TILES = (  # one run a thread, 4-8 channels: 127-255 registers (ranking.py)
+DEFAULT_WINDOW_TILES = (  # one run a thread, 4-8 channels: 127-255 registers (families/direct_window.py)
     DirectTile(16, 64, 4, run=4),
     DirectTile(16, 64, 4, run=7),
     DirectTile(16, 64, 4, run=8),
@@ -235,7 +276,7 @@ DEFAULT_DIRECT = TESTS_DIRECT + (
 # Depthwise backward-weight by sliding windows (kernels/direct.py): the accumulators are the taps of
 # `rows` filter rows, rows x window x (block_p * block_c / threads) a thread, so the channels a thread
 # holds shrink as the filter grows (3x3: 8, one 16-byte bf16 vector; 5x5: 2-4; 7x7: 1-2) to stay
-# within 255 registers (sm_90 builds: 168-255, ranking.py). A band of 2-4 output rows shares each
+# within 255 registers (sm_90 builds: 168-255, families/direct_window.py). A band of 2-4 output rows shares each
 # loaded input row among 2-4 filter rows: 7x7 run 7 band 2 spends 1.88 instructions an FMA, run 7
 # alone 2.49. 1-D (Mamba's k4) holds one filter row and long runs. Splits of the pixels: 16-64
 # programs a channel block, the fp32 workspace summed by conv_weight_reduce.
@@ -303,7 +344,7 @@ TESTS_TMA = TINY_TMA + (
 # pixels shaped for the maps of the suite's dense convs (14x14: 8x16 and 16x16 boxes cover 256
 # pixels in 1-2 boxes; 28-128 wide: 4x32 and 1-row boxes); forward steps 64 input channels a box
 # (128 bytes: one TMA swizzle line). Backward-weight boxes one row tall keep dy^T in shared memory
-# for wgmma; taller ones copy it to registers (rules.register_a_operand): both are listed.
+# for wgmma; taller ones copy it to registers (families/igemm_tma.py, register_a_operand): both are listed.
 # Backward-data at stride 1 runs the forward's boxes over dy, reading the filter turned in place: on the
 # H100 they ran ResNet's 3x3, UNet's and the dilated 3x3 at 18.1, 73.2 and 28.7 us, where igemm's best
 # took 24.2, 101.7 and 31.3 (results/h100/conv_tma_turned_bwd_data.csv). One warpgroup on a 128 x 128
@@ -362,7 +403,6 @@ FULL_TMA = tuple(
 # fastest at 5x5 and 7x7 (1.5x and 1.6x cuDNN) with a program a block of (image, chunk) rows (4
 # and 8 of them there), and at 3x3 (0.98x). Walking 56 rows with 16 programs a channel block took
 # ConvNeXt's 56x56 7x7 at 1.58x cuDNN (conv_toeplitz_weight_banded_shapes.csv).
-TOEPLITZ_FILTER_ROWS = (3, 5, 7)
 _WEIGHT = (Direction.BWD_WEIGHT,)
 _ROWS = (Direction.FORWARD, Direction.BWD_DATA)
 TESTS_TOEPLITZ = (ToeplitzTile(16, 32, 16, 28), ToeplitzTile(16, 16, 8, 14),
@@ -385,51 +425,36 @@ def signatures(epilogues=EPILOGUES) -> Iterator[ConvSignature]:
             yield ConvSignature(direction, types, epilogue)
 
 
-TMA_TYPES = (ConvTypes(DType.FP16), ConvTypes(DType.BF16))  # rules.TMA_DTYPES
-
-
-def _bind(gemm_tiles, direct_tiles, tma_tiles=(), epilogues=EPILOGUES, toeplitz_tiles=()) -> Iterator[AnyConvConfig]:
-    """Each tile for each signature (split tiles for backward-weight only), and the vendor path once per signature."""
+def _bind(tiles: Iterable, epilogues=EPILOGUES) -> Iterator[AnyConvConfig]:
+    """Each tile bound to each signature it serves, signature by signature, in the order of `tiles`."""
     for sig in signatures(epilogues):
-        weight = sig.direction is Direction.BWD_WEIGHT
-        yield VendorConfig(sig)
-        yield PointwiseConfig(sig)
-        if sig.types in TMA_TYPES:  # 16-bit: the TMA and toeplitz families
-            for t, rows in itertools.product(toeplitz_tiles, TOEPLITZ_FILTER_ROWS):
-                if sig.direction in t.directions:
-                    yield ToeplitzConfig(sig, t.block_m, t.block_c, t.num_warps, t.rows, rows, t.split_k)
-            for t in tma_tiles:
-                if sig.direction in t.directions and (t.split_k == 1 or weight):
-                    yield TmaConfig(sig, t.tile_h, t.tile_w, t.block_out, t.block_in, t.num_warps, t.num_stages,
-                                    t.split_k, t.split_mode)
-        for t in gemm_tiles:
-            if t.serves(sig.direction):
-                yield ImplicitGemmConfig(sig, t.block_m, t.block_n, t.block_k, t.group_m, t.num_warps,
-                                         t.num_stages, t.split_k, t.split_mode, t.groups_per_tile, t.family,
-                                         t.pad_channels)
-        for t in direct_tiles:
-            if (t.split_k == 1 or weight) and sig.direction in t.directions:
-                yield DirectConfig(sig, t.block_p, t.block_c, t.num_warps, t.split_k, t.window, t.run, t.rows,
-                                   t.band, t.window_stride)
+        for tile in tiles:
+            yield from tile.configs(sig)
+
+
+# Each rule set's tiles, family by family. A new family adds its tiles here.
+TINY = (*SIGNATURE_ONLY, *TINY_TMA, *TINY_GEMM, *TINY_DIRECT)
+TESTS = (*SIGNATURE_ONLY, *TESTS_TOEPLITZ, *TESTS_TMA, *TESTS_GEMM, *TESTS_DIRECT)
+DEFAULT = (*SIGNATURE_ONLY, *DEFAULT_TOEPLITZ, *DEFAULT_TMA, *DEFAULT_GEMM, *DEFAULT_DIRECT)
+FULL = (*SIGNATURE_ONLY, *FULL_TOEPLITZ, *FULL_TMA, *FULL_GEMM, *FULL_DIRECT)  # bound without epilogues
 
 
 def tiny() -> Iterator[AnyConvConfig]:
-    return _bind(TINY_GEMM, TINY_DIRECT, TINY_TMA)
+    return _bind(TINY)
 
 
 def tests() -> Iterator[AnyConvConfig]:
-    return _bind(TESTS_GEMM, TESTS_DIRECT, TESTS_TMA, toeplitz_tiles=TESTS_TOEPLITZ)
+    return _bind(TESTS)
 
 
 def default() -> Iterator[AnyConvConfig]:
-    return _bind(DEFAULT_GEMM, DEFAULT_DIRECT, DEFAULT_TMA, toeplitz_tiles=DEFAULT_TOEPLITZ)
+    return _bind(DEFAULT)
 
 
 def full() -> Iterator[AnyConvConfig]:
     """Every default config, plus the whole tile space for each signature without epilogue."""
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL_GEMM, FULL_DIRECT, FULL_TMA, (ConvEpilogue(),),
-                                                   FULL_TOEPLITZ)):
+    for config in itertools.chain(default(), _bind(FULL, (ConvEpilogue(),))):
         if config not in seen:
             seen.add(config)
             yield config

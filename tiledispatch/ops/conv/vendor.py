@@ -1,4 +1,5 @@
-"""The vendor candidate: cuDNN through PyTorch, with the epilogue as separate steps.
+"""The vendor family's call: cuDNN through PyTorch, with the epilogue as separate steps (the family's
+config, rules and score: families/vendor.py).
 
 Forward is `torch.nn.functional.conv{1,2,3}d`; the backward directions are
 `torch.ops.aten.convolution_backward` with only the wanted gradient. PyTorch picks the
@@ -14,11 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from ...core.dtypes import DType
-from ...core.validation import Finding, Severity, ValidationResult
-from ..gemm.problem import Activation
-from .config import VendorConfig
+from ..gemm import Activation
 from .operands import channels_last_empty
-from .problem import ConvProblem, Direction
+from .problem import Direction
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 ACTIVATIONS = {Activation.NONE: None, Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
@@ -73,23 +72,3 @@ class _tf32:
 
     def __exit__(self, *exc):
         torch.backends.cudnn.allow_tf32 = self.saved
-
-
-def validate(config: VendorConfig, arch) -> ValidationResult:
-    from .rules import ConvRule
-
-    if arch.is_interpreter:
-        return ValidationResult((Finding(ConvRule.FAMILY_ARCH, Severity.ERROR,
-                                         "the vendor path is cuDNN, a GPU library; the interpreter target runs "
-                                         "Triton kernels", "use a GPU arch"),))
-    return ValidationResult()
-
-
-def supports(config: VendorConfig, problem: ConvProblem) -> str | None:
-    from .config import ConvSignature
-
-    want = ConvSignature.of(problem)
-    if config.signature != want:
-        return f"built for {config.signature.name} {config.signature.epilogue.name}, the problem is {want.name} " \
-               f"{want.epilogue.name}"
-    return None
