@@ -13,8 +13,8 @@ from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import fastpath
 from .inputs import tuning_operands
 from ..library_common import dispatcher_token
-from .operands import GemmOperands, _asked_dtype, check_operands
-from .plan import kernel_units, plan
+from .operands import GemmOperands, _asked_dtype, _scale, check_operands
+from .plan import ACTIVATION_CODES, kernel_units, plan
 from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
@@ -56,7 +56,7 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     the custom op tiledispatch::gemm, with the default dispatcher.
     """
     # Written flat: it runs on every call, and grad mode is on by default (None has no requires_grad).
-    if torch.compiler.is_compiling() or torch.is_grad_enabled() and (
+    if torch.compiler.is_dynamo_compiling() or torch.is_grad_enabled() and (
             getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
             or getattr(out, "requires_grad", False) or getattr(bias, "requires_grad", False)
             or getattr(residual, "requires_grad", False) or getattr(scale_a, "requires_grad", False)
@@ -82,6 +82,8 @@ def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scal
     the activation and residual follow as PyTorch ops in fp32, whose autograd takes their
     derivatives (one more pass over C each way; an inference call fuses them).
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        check_operands(a, b)  # raises the error naming the argument that is not a tensor
     token = dispatcher_token(dispatcher)
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (a, b, bias, residual, out, scale_a, scale_b))
@@ -91,8 +93,10 @@ def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scal
         activation = Activation.of_argument(activation).value
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         out_dtype = _asked_dtype(out_dtype).torch
-    scale_a, scale_b = (s if s is None or isinstance(s, torch.Tensor) else
-                        torch.full((), float(s), dtype=torch.float32, device=a.device) for s in (scale_a, scale_b))
+    if scale_a is not None and not isinstance(scale_a, torch.Tensor):
+        scale_a = _scale(scale_a, a.device, "scale_a")  # a number as the op's one-element tensor, checked
+    if scale_b is not None and not isinstance(scale_b, torch.Tensor):
+        scale_b = _scale(scale_b, a.device, "scale_b")
     kernel = as_kernel_name(kernel, "kernel")
     op = torch.ops.tiledispatch.gemm.default
     if grad and activation is not None and activation != Activation.NONE.value:
@@ -150,4 +154,5 @@ def _result_shape(a, b, operands: GemmOperands) -> tuple[int, ...]:
 __all__ = [
     "OP", "gemm", "GemmProblem", "GemmConfig", "GemmTypes", "GemmLayout", "Layout", "Epilogue", "Activation",
     "Align", "Alignment", "Family", "VendorConfig", "GemmRule", "GemmOperands", "check_operands", "validate", "auto_correct", "supports",
+    "ACTIVATION_CODES",
 ]
