@@ -28,7 +28,7 @@ def dispatcher_token(dispatcher) -> int:
     """The schema's stand-in for the `dispatcher` argument (see the module's docstring)."""
     if dispatcher is None:
         return DEFAULT_DISPATCHER
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         raise UnsupportedError(
             "dispatcher: torch.compile traces tiledispatch's ops with the default dispatcher only (a compiled "
             "graph holds its arguments as constants); pass dispatcher=None there, or call the op outside "

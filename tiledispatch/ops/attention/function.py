@@ -35,6 +35,7 @@ class Call:
     backward_kernel: str | None
     dispatcher: Any
     bound: Any = None  # the forward's bound call (fastpath.py) when its signature has one
+    traced: bool = False  # torch.compile traces the call: the forward is the custom op
 
 
 def _refuse_untracked_grads(mask, alibi_slopes) -> None:
@@ -57,7 +58,7 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
 
     _refuse_untracked_grads(mask, alibi_slopes)
     dropout_p = dropout_probability(dropout_p)
-    compiling = torch.compiler.is_compiling()
+    compiling = torch.compiler.is_dynamo_compiling()
     if dropout_p and dropout_seed is None:
         if compiling:
             raise UnsupportedError("[dropout-seed] dropout_p > 0 under torch.compile needs dropout_seed= (drawing "
@@ -76,7 +77,8 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
         dropout_offset=dropout_offset, needs_lse=return_lse or grad, deterministic=deterministic,
     )
     chosen = None if compiling and dispatcher_token(dispatcher) == 0 else dispatcher_or_default(dispatcher)
-    call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"), chosen)
+    call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"), chosen,
+                traced=compiling)
     return call, grad, return_lse
 
 
@@ -93,7 +95,7 @@ def _checked(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, **ex
 def forward(call: Call, q, k, v, tensors: dict):
     """The forward by the bound call of the signature, or checked, selected and planned; under
     torch.compile, the custom op."""
-    if torch.compiler.is_compiling():
+    if call.traced:
         return AttentionResult(*recorded(q, k, v, tensors["bias"], tensors["sinks"], tensors["mask"],
                                          tensors["alibi_slopes"], tensors["cu_seqlens_q"], tensors["cu_seqlens_k"],
                                          call, (tensors.get("scale_q"), tensors.get("scale_k"),
@@ -108,8 +110,9 @@ def forward(call: Call, q, k, v, tensors: dict):
 
 
 def bound_forward(dispatcher, q, k, v, tensors: dict, options: AttentionOptions, kernel):
-    """The forward's bound call for this signature, or None (varlen, checked-only signatures, a trace)."""
-    if torch.compiler.is_compiling() or tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
+    """The forward's bound call for this signature, or None (varlen, checked-only signatures, a trace:
+    no dispatcher)."""
+    if dispatcher is None or tensors["cu_seqlens_q"] is not None or tensors["cu_seqlens_k"] is not None:
         return None  # cu_seqlens are read on the host: every call is checked
     key = fastpath.forward_key(q, k, v, (tensors["bias"], tensors["mask"], tensors["alibi_slopes"],
                                          tensors["sinks"]), options, kernel,

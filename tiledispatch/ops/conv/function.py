@@ -33,14 +33,19 @@ from .vendor import ACTIVATIONS
 
 def run(direction: Direction, dispatcher, kernel, **arguments):
     """A call: through the custom op where torch.compile traces it or autograd records a backward
-    direction (the forward's recording is `conv()`'s, by ConvFunction), else `eager_run`."""
-    if torch.compiler.is_compiling() or direction is not Direction.FORWARD and needs_grad(
+    direction (the forward's recording is `conv()`'s, by ConvFunction), else the fast path."""
+    if torch.compiler.is_dynamo_compiling() or direction is not Direction.FORWARD and needs_grad(
             arguments.get("x"), arguments.get("w"), arguments.get("dy")):
         return traced(direction, dispatcher, kernel, arguments)
-    return eager_run(direction, dispatcher, kernel, **arguments)
+    return _eager(direction, dispatcher, kernel, arguments)
 
 
 def eager_run(direction: Direction, dispatcher, kernel, **arguments):
+    """The fast path, or every check: what an eager call that records nothing runs (the custom ops' kernels)."""
+    return _eager(direction, dispatcher, kernel, arguments)
+
+
+def _eager(direction: Direction, dispatcher, kernel, arguments: dict):
     """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
     from ...core.dispatcher import dispatcher_or_default
 
