@@ -1,4 +1,9 @@
 """Attention's kernel families, one module each (`sdpa` and `bwd` hold two closely tied ones).
-Importing this package registers them all in `config.FAMILIES`."""
+Importing this package imports every module in it, and each registers its families in
+`config.FAMILIES`: a new family is a new module here, with no list to extend."""
 
-from . import bwd, bwd_ws, fwd, fwd_tma, fwd_ws, sdpa  # noqa: F401  (each registers itself)
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -142,11 +142,13 @@ def plan(config: AttentionConfig, ops: AttentionOperands) -> Plan:
                "dv_desc": grads.dv, "dq_desc": grads.dq}
     dkdv = {**start.common, **{name: tensor_descriptor(tensors[name], block)
                                for name, block in dkdv_blocks(config).items()}}
-    dq = {**start.common, **{name: tensor_descriptor(tensors[name], block) for name, block in dq_blocks(config).items()}}
+    dq = {**start.common, **{name: tensor_descriptor(tensors[name], block)
+                             for name, block in dq_blocks(config).items()}}
     return start.plan(
         Launch("dkdv", (triton.cdiv(p.seqlen_kv, bwd_ws_keys(config)), p.heads_kv, p.batch),
                bound_values(start.units["dkdv"], dkdv)),
-        Launch("dq", (triton.cdiv(p.seqlen_q, BWD_WS_DQ_ROWS), p.heads_q, p.batch), bound_values(start.units["dq"], dq)))
+        Launch("dq", (triton.cdiv(p.seqlen_q, BWD_WS_DQ_ROWS), p.heads_q, p.batch),
+               bound_values(start.units["dq"], dq)))
 
 
 FAMILY = FAMILIES.register(AttentionFamily(

@@ -96,7 +96,8 @@ def _validate(backend: Backend) -> Callable[[VendorConfig, object], list[Finding
         if refused is not None:
             out.append(error(AttentionRule.FAMILY_ARCH, *refused))
         if config.dtype not in (DType.FP16, DType.BF16):
-            out.append(error(AttentionRule.DTYPE_ARCH, f"the SDPA backends take fp16 and bf16, not {config.dtype.value}"))
+            out.append(error(AttentionRule.DTYPE_ARCH,
+                             f"the SDPA backends take fp16 and bf16, not {config.dtype.value}"))
         return out
 
     return validate
@@ -196,7 +197,7 @@ FLASH = Backend(
     refused_direction="SDPA's flash backward is not callable apart from its own forward here; cuDNN's or Triton's runs",
     head_dims=lambda: (FLASH_MAX_HEAD_DIM, ""), refusal=_flash_refusal)
 
-FAMILIES_OF_SDPA = tuple(FAMILIES.register(AttentionFamily(
+SDPA_FAMILIES = tuple(FAMILIES.register(AttentionFamily(
     op="attention", name=backend.family.value, config_type=VendorConfig, validate=_validate(backend),
     supports=_supports(backend), score=vendor_score, kernel_units=kernel_units, plan=plan,
 )) for backend in (CUDNN, FLASH))
