@@ -12,6 +12,7 @@ PyTorch ops. The backward op is differentiated once only.
 The options travel as scalars: causal as MaskKind's value, the window as [left, right].
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -27,11 +28,16 @@ Tensor = torch.Tensor
 OptTensor = Optional[torch.Tensor]
 
 
+@functools.lru_cache(maxsize=256)
+def _layout_strides(shape: tuple, strides: tuple, last: int) -> tuple:
+    """The strides of like_layout(t, last) for a t of `shape` and `strides`: computed once on the meta
+    device, so that checking a result's layout costs a lookup, not two allocations."""
+    return like_layout(torch.empty_strided(shape, strides, device="meta"), last).stride()
+
+
 def _in_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """t in the layout the fake promises (like_layout of `like`), copied only where it is not."""
-    want = like_layout(torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device="meta"),
-                       t.shape[-1])
-    if t.stride() == want.stride():
+    if t.stride() == _layout_strides(tuple(like.shape), like.stride(), t.shape[-1]):
         return t
     return like_layout(like, t.shape[-1], dtype=t.dtype).copy_(t)
 
