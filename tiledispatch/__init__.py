@@ -1,9 +1,5 @@
 """tiledispatch: pick the fastest kernel for each GEMM, convolution and attention, and run it."""
 
-from .core.runtime import choose_backend
-
-choose_backend()  # before anything imports Triton  # noqa: E402
-
 from .core.dispatcher import Dispatcher, Strategy, default_dispatcher
 from .core.errors import (
     ArchError, BuildError, CacheError, InsecureCacheError, InvalidConfigError, InvalidProblemError,

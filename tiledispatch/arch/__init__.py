@@ -4,7 +4,8 @@ Kernel selection needs hardware limits (shared memory, SM count, L2, ...) before
 any kernel is compiled, and it must behave the same on a machine without a GPU.
 So the facts live in one JSON file per architecture under ``data/`` (shipped in
 the wheel), ``detect()`` refines them with what a real device reports, and the
-``interpreter`` target stands in for a GPU under ``TRITON_INTERPRET=1``.
+``interpreter`` target stands in for a GPU where Triton's interpreter runs the kernels
+(CPU tensors: ``core.runtime``).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class ArchInfo:
         """The ``GPUTarget`` to compile for this architecture without a device present."""
         if self.sm is None:
             raise ArchError(
-                "the interpreter has no compile target: kernels run under TRITON_INTERPRET=1; "
+                "the interpreter has no compile target: its kernels run under Triton's interpreter; "
                 f"pick a GPU architecture ({', '.join(_KNOWN[:-1])}) to compile ahead of time"
             )
         from triton.backends.compiler import GPUTarget
@@ -290,7 +291,7 @@ def detect(device=None) -> ArchInfo:
     import torch
 
     if not torch.cuda.is_available():
-        raise ArchError("no CUDA device is available; use load('interpreter') or set TRITON_INTERPRET=1")
+        raise ArchError("no CUDA device is available; use load('interpreter'), or TILEDISPATCH_ARCH to name a GPU")
     major, minor = torch.cuda.get_device_capability(device)
     candidates = [
         info
@@ -325,15 +326,18 @@ def detect(device=None) -> ArchInfo:
 def current() -> ArchInfo:
     """The architecture to select kernels for now.
 
-    ``TILEDISPATCH_ARCH`` wins (e.g. to build for a GPU from a CPU machine); then
-    ``TRITON_INTERPRET=1`` means the interpreter even if a GPU is present, since
+    ``TILEDISPATCH_ARCH`` wins (e.g. to build for a GPU from a CPU machine); then a
+    forced interpreter (``TILEDISPATCH_BACKEND=interpreter`` or ``TRITON_INTERPRET=1``:
+    ``core.runtime.forced_backend``) means the interpreter even if a GPU is present, since
     kernels will not run on it; otherwise the local GPU, or the interpreter if none.
     Read afresh each call because the environment may change; ``load`` is cached.
     """
+    from ..core.runtime import Backend, forced_backend
+
     forced = os.environ.get(ENV_ARCH, "").strip()
     if forced:
         return load(forced)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if forced_backend() is Backend.INTERPRETER:
         return load(INTERPRETER)
     import torch
 

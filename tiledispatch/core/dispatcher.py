@@ -21,13 +21,13 @@ from typing import Any, Callable, Mapping
 from . import kernel as kernel_step
 from .choice import Choice
 from .cache import KernelCache
-from .errors import BuildError, CacheError, InsecureCacheError, InvalidProblemError, NoKernelError, UnsupportedError
+from .errors import BuildError, CacheError, InsecureCacheError, NoKernelError, UnsupportedError
 from .launch import execute
 from .memo import LruTable
 from .op import OpKind, RuleSet, Score, UnitKind, all_ops
 from .registry import Registry
 from .tuning import TuningRecord, TuningStore, policy
-from .runtime import Backend, current_arch, current_backend
+from .runtime import Backend, backend_for, check_device, current_arch, default_backend
 from .spec import KernelSpec
 
 log = logging.getLogger("tiledispatch.dispatcher")
@@ -248,7 +248,7 @@ class Dispatcher:
         """The stored record of this problem's finalists; timed now if there is none and `device` allows."""
         finalists = policy().finalists(accepted)
         names = [c.spec.name for c in finalists]
-        key = self.tuning.key(problem.op.value, self.arch.name, problem, names, _device_name(device))
+        key = self.tuning.key(problem.op.value, self.arch.name, problem, names, _device_name(device, self.arch))
         record = self.tuning.get(key, finalists=names)
         if record is None and device is not None:
             # One timing at a time: kernels timed at once on one device slow each other down,
@@ -325,7 +325,7 @@ class Dispatcher:
                                            functools.partial(self._load, spec, specialization), share_errors=True)
 
     def _load(self, spec: KernelSpec, specialization: Any | None) -> dict[str, Any]:
-        cache = None if current_backend() is Backend.INTERPRETER else self.cache
+        cache = None if self.arch.is_interpreter else self.cache
         return kernel_step.load(spec, cache, specialization)
 
     def run(self, operands, *, kernel: str | KernelSpec | None = None):
@@ -337,7 +337,7 @@ class Dispatcher:
     def prepare(self, operands, *, kernel: str | KernelSpec | None = None) -> tuple[KernelSpec, dict[str, Any]]:
         """The kernel for checked operands and its launchers: the first candidate that builds."""
         problem = operands.problem
-        _check_device(operands.device)
+        check_device(operands.device, self.arch)
         failure: Exception | None = None
         while True:
             try:
@@ -381,24 +381,13 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _check_device(device) -> None:
-    backend = current_backend()
-    if backend is Backend.INTERPRETER and device.type != "cpu":
-        raise InvalidProblemError(
-            f"tensors are on {device}, but this process runs kernels on the CPU interpreter "
-            "(no GPU, or TRITON_INTERPRET=1); move them to the CPU"
-        )
-    if backend is Backend.CUDA and device.type != "cuda":
-        raise InvalidProblemError(f"tensors are on {device}; tiledispatch runs on the GPU here: move them to cuda")
-
-
 def _run_next(plans, launchers, stream: Callable[[], int | None]) -> None:
     execute(next(plans), launchers, stream())
 
 
-def _device_name(device) -> str:
+def _device_name(device, arch) -> str:
     """The GPU's model (an H100 and an H200 share an arch, not a bandwidth); the interpreter's name."""
-    if current_backend() is Backend.INTERPRETER:
+    if arch.is_interpreter:
         return "interpreter"
     import torch
 
@@ -435,26 +424,28 @@ def _no_stream() -> None:
     return None
 
 
-# One dispatcher per rule set (four at most), made once: threads making their first calls
+# One dispatcher per rule set and backend (eight at most), made once: threads making their first calls
 # together share one, with one memo of rankings, selections and loaded kernels.
 _DEFAULTS = LruTable(None)
 
 
-def default_dispatcher(rule_set: RuleSet | str = RuleSet.DEFAULT) -> Dispatcher:
-    """One per process: the shipped rule sets of every implemented op, for this machine's arch,
-    ranked by `$TILEDISPATCH_STRATEGY` (rules unless it says otherwise). `cache_clear()` forgets
-    them (tests that change the environment)."""
-    rule_set = RuleSet.parse(rule_set)
-    return _DEFAULTS.get_or_make(rule_set, functools.partial(_make_default, rule_set))
+def default_dispatcher(rule_set: RuleSet | str = RuleSet.DEFAULT, backend: Backend | None = None) -> Dispatcher:
+    """One per process and backend (default: `runtime.default_backend`): the shipped rule sets of
+    every implemented op, for that backend's arch, ranked by `$TILEDISPATCH_STRATEGY` (rules unless
+    it says otherwise). `cache_clear()` forgets them (tests that change the environment)."""
+    key = (RuleSet.parse(rule_set), backend or default_backend())
+    return _DEFAULTS.get_or_make(key, functools.partial(_make_default, *key))
 
 
 default_dispatcher.cache_clear = _DEFAULTS.clear
 
 
-def dispatcher_or_default(dispatcher: Any) -> Dispatcher:
-    """The `dispatcher` argument of a public op: a Dispatcher, or None for the default one."""
+def dispatcher_or_default(dispatcher: Any, tensor: Any = None) -> Dispatcher:
+    """The `dispatcher` argument of a public op: a Dispatcher, or None for the default one of
+    the backend `tensor`'s device runs kernels on (the process's default without one)."""
     if dispatcher is None:
-        return default_dispatcher()
+        device = getattr(tensor, "device", None)
+        return default_dispatcher(backend=None if device is None else backend_for(device))
     if not isinstance(dispatcher, Dispatcher):
         from .errors import InvalidArgumentError
 
@@ -463,8 +454,8 @@ def dispatcher_or_default(dispatcher: Any) -> Dispatcher:
     return dispatcher
 
 
-def _make_default(rule_set: RuleSet) -> Dispatcher:
-    arch = current_arch()
+def _make_default(rule_set: RuleSet, backend: Backend) -> Dispatcher:
+    arch = current_arch(backend)
     registry = Registry()
     for definition in all_ops():
         registry = registry.merge(Registry.from_rule_set(definition.kind, rule_set, arch))

@@ -11,8 +11,9 @@ Two things keep the live functions' own keys from serving as they are:
   first (a kernel launched directly, another unit's key). Here every callee's key is computed
   before its caller's, always: the key is the complete one, in every process.
 - Under TRITON_INTERPRET=1, `triton.jit` makes InterpretedFunctions, which have no key (and a
-  Gluon kernel's key fails on the interpreted helpers it calls). An interpreting process (a
-  test reading what spawned builders cached) must find the key a compiling one computes.
+  Gluon kernel's key fails on the interpreted helpers it calls). A process that imported the
+  kernels so (a test reading what spawned builders cached) must find the key a compiling one
+  computes.
 So the key is computed on shadows: fresh JITFunctions over the same Python code, whose globals
 are the module's with every jit function replaced by its shadow.
 """
@@ -28,8 +29,13 @@ _KEYS: dict[int, tuple[Any, str]] = {}  # id(function) -> (function, key): the f
 
 
 def cache_key(fn: Any) -> str:
-    """Triton's cache key of jit function `fn` (compiled or interpreted), callees hashed first."""
-    with _LOCK:
+    """Triton's cache key of jit function `fn` (compiled or interpreted), callees hashed first.
+
+    Hashing walks the source's references to `triton.language`, which an interpreted kernel
+    patches while it runs: the walk holds the interpreter's lock."""
+    from . import runtime
+
+    with runtime.INTERPRETER_LOCK, _LOCK:
         known = _KEYS.get(id(fn))
         if known is not None and known[0] is fn:
             return known[1]

@@ -27,7 +27,6 @@ from . import jitkey, jsonio, runtime
 from .cache import CacheEntry, KernelCache, StaleEntryError
 from .errors import BuildError
 from .op import KernelUnit, UnitKind
-from .runtime import Backend, current_backend
 from .spec import KernelSpec
 
 CACHE_FORMAT = "triton-cubin-1"
@@ -95,14 +94,15 @@ def _function(unit: KernelUnit):
 
 
 def _source(unit: KernelUnit):
-    from triton.compiler import ASTSource
+    if unit.kind is UnitKind.GLUON:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        from triton.compiler import ASTSource as Source
 
     fn = _function(unit)
     divisors = {**{name: 16 for name in unit.divisible_by_16}, **dict(unit.divisibility)}
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", d]] for name, d in divisors.items() if d > 1}
-    if unit.kind is UnitKind.GLUON:
-        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
-    return ASTSource(fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
+    return Source(fn, dict(unit.signature), constexprs=dict(unit.constexprs), attrs=attrs)
 
 
 def _options(unit: KernelUnit) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def compile_unit(unit: KernelUnit, arch_name: str, out_dir: Path) -> dict[str, A
             "in this process; `tiledispatch build` compiles in worker processes"
         )
     target = arch.load(arch_name).triton_target()
-    with private_triton_cache(out_dir / TRITON_CACHE_SUBDIR):
+    with runtime.INTERPRETER_LOCK, private_triton_cache(out_dir / TRITON_CACHE_SUBDIR):
         try:
             compiled = triton.compile(_source(unit), target=target, options=_options(unit))
         except OSError as e:
@@ -287,24 +287,27 @@ class PythonLauncher:
 
 class InterpretedLauncher:
     """The same kernel source, run on the CPU by Triton's interpreter, one launch at a time in
-    the process (`runtime.INTERPRETER_LOCK`: the interpreter patches Triton module-wide)."""
+    the process (`runtime.interpreter_session`: the interpreter patches Triton module-wide)."""
 
     def __init__(self, unit: KernelUnit) -> None:
         if unit.kind is UnitKind.GLUON:  # validation keeps Gluon families off the interpreter arch
             raise BuildError(f"{unit.function} is a Gluon kernel: Triton's interpreter cannot run it")
-        self._fn = _function(unit)
+        self._fn = runtime.interpreted(_function(unit))
 
     def __call__(self, grid: tuple[int, int, int], args: tuple, stream: int | None) -> None:
-        with runtime.INTERPRETER_LOCK:  # read at each launch: see runtime._fresh_interpreter_lock
+        with runtime.interpreter_session():
             self._fn[grid](*args)
 
 
 def load(spec: KernelSpec, cache: KernelCache | None, specialization: Any | None = None) -> dict[str, Any]:
-    """Launchers by stage for `spec` (specialised so) on this process's backend."""
+    """Launchers by stage for `spec` (specialised so): interpreted where it is built for the
+    interpreter arch, else compiled for its GPU arch."""
+    from .. import arch
+
     todo = units(spec, specialization)
     launchers = {unit.stage: PythonLauncher(unit) for unit in todo if not unit.kind.compiled}
     compiled = [unit for unit in todo if unit.kind.compiled]
-    if current_backend() is Backend.INTERPRETER:
+    if arch.load(spec.arch).is_interpreter:
         return {**launchers, **{unit.stage: InterpretedLauncher(unit) for unit in compiled}}
     if compiled:
         launchers.update(_cuda_launchers(spec, compiled, cache if cache is not None else KernelCache(),
@@ -317,8 +320,9 @@ def _cuda_launchers(spec: KernelSpec, compiled: list[KernelUnit], cache: KernelC
     """The compiled stages' launchers; an entry that changes or vanishes between its
     verification and its load (a concurrent prune or clear) is looked up again, and rebuilt."""
     def attempt() -> dict[str, CudaLauncher]:
-        entries = build(spec, cache, specialization)
-        return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled}
+        with runtime.INTERPRETER_LOCK:  # compiling and loading read `triton.language`: see runtime
+            entries = build(spec, cache, specialization)
+            return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled}
 
     for tried in range(1, LOAD_ATTEMPTS):
         try:
@@ -372,9 +376,10 @@ def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
     results = []
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
-        # Workers compile real kernels: they must import Triton without the interpreter,
-        # and a spawned process takes the environment of the moment it starts.
-        with _environment(TRITON_INTERPRET="0"):
+        # Workers compile real kernels: they must import Triton without the interpreter, and
+        # select for the GPU whatever device they run on (a plan's constexprs follow the
+        # backend); a spawned process takes the environment of the moment it starts.
+        with _environment(TRITON_INTERPRET="0", TILEDISPATCH_BACKEND="cuda"):
             futures = [pool.submit(_worker_build, spec, str(cache.root), specializations) for spec in specs]
         for future in as_completed(futures):
             result = future.result()

@@ -1,17 +1,28 @@
-"""Where kernels run: on a CUDA GPU, or on the CPU under Triton's interpreter.
+"""Where kernels run: compiled on a CUDA GPU, or on the CPU under Triton's interpreter.
 
-The choice is made once per process, before any kernel module is imported, because
-``@triton.jit`` reads TRITON_INTERPRET when a kernel is decorated.
+Each call's tensors decide: CPU tensors run under the interpreter, CUDA tensors run compiled
+kernels. Importing tiledispatch sets nothing: the kernels are Triton's ordinary JITFunctions,
+and `interpreter_session` runs them under the interpreter on demand, so one process may run
+both and may import Triton before tiledispatch.
+
+``TILEDISPATCH_BACKEND`` (read at each call) forces one backend for the process: ``interpreter``
+or ``cuda``; a tensor on the other device is then refused. ``auto`` (or unset) lets the tensors
+decide. ``TRITON_INTERPRET=1`` set before the kernels are imported makes Triton decorate them for
+the interpreter only, so it forces the interpreter too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import os
-import sys
 import threading
+from typing import Any
+
+from .errors import InvalidProblemError, TiledispatchError
+
+ENV_BACKEND = "TILEDISPATCH_BACKEND"
+ENV_TRITON_INTERPRET = "TRITON_INTERPRET"
 
 
 class Backend(enum.Enum):
@@ -23,50 +34,108 @@ class Backend(enum.Enum):
         return "cuda" if self is Backend.CUDA else "cpu"
 
 
-def choose_backend() -> None:
-    """Runs at ``import tiledispatch``, before Triton is imported: with no GPU, the interpreter.
+# TILEDISPATCH_BACKEND's spellings; None lets each call's tensors decide.
+_SPELLINGS: dict[str, Backend | None] = {
+    "": None, "auto": None, "cuda": Backend.CUDA, "gpu": Backend.CUDA,
+    "interpreter": Backend.INTERPRETER, "cpu-interpreter": Backend.INTERPRETER, "cpu": Backend.INTERPRETER,
+}
 
-    Triton decorates its own library (``tl.cdiv`` and friends) at import time too, so the
-    choice cannot wait until the first kernel runs.
-    """
-    if "TRITON_INTERPRET" in os.environ:
-        return
+
+class BackendError(TiledispatchError, ValueError):
+    """TILEDISPATCH_BACKEND names no backend."""
+
+
+def triton_interprets() -> bool:
+    """Whether TRITON_INTERPRET asks Triton to decorate kernels for its interpreter only."""
+    return os.environ.get(ENV_TRITON_INTERPRET, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def forced_backend() -> Backend | None:
+    """The backend TILEDISPATCH_BACKEND (or TRITON_INTERPRET=1) forces, None where the tensors decide."""
+    raw = os.environ.get(ENV_BACKEND, "")
+    try:
+        forced = _SPELLINGS[raw.strip().lower()]
+    except KeyError:
+        raise BackendError(f"{ENV_BACKEND}={raw!r} names no backend; use 'interpreter' (the CPU), 'cuda' "
+                           "or 'auto' (each call's tensors decide)") from None
+    if forced is None and triton_interprets():
+        return Backend.INTERPRETER
+    return forced
+
+
+def default_backend() -> Backend:
+    """The backend where no tensor decides (the CLI's operands, `current_arch`): the forced one,
+    else the GPU where there is one, else the interpreter."""
+    forced = forced_backend()
+    if forced is not None:
+        return forced
     import torch
 
-    if not torch.cuda.is_available():
-        if "triton.language" in sys.modules:
-            raise RuntimeError(
-                "tiledispatch must be imported before triton on a machine without a GPU "
-                "(or set TRITON_INTERPRET=1), so that Triton's interpreter is used"
-            )
-        os.environ["TRITON_INTERPRET"] = "1"
+    return Backend.CUDA if torch.cuda.is_available() else Backend.INTERPRETER
 
 
-@functools.lru_cache(maxsize=1)
-def current_backend() -> Backend:
-    """TRITON_INTERPRET=1 (set by `choose_backend` when there is no GPU) means the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return Backend.INTERPRETER
-    return Backend.CUDA
+# The process's default, under the name the CLI and the ops read.
+current_backend = default_backend
+
+
+def backend_for(device: Any) -> Backend:
+    """The backend that runs kernels on tensors on `device` (a torch.device or its name)."""
+    kind = getattr(device, "type", None) or str(device).split(":")[0]
+    if kind == "cpu":
+        natural = Backend.INTERPRETER
+    elif kind == "cuda":
+        natural = Backend.CUDA
+    else:
+        raise InvalidProblemError(f"tensors are on {device}; tiledispatch runs kernels on CUDA tensors "
+                                  "(compiled) or CPU tensors (Triton's interpreter): move them to the CPU or a GPU")
+    forced = forced_backend()
+    if forced is not None and forced is not natural:
+        why = (f"{ENV_BACKEND}={os.environ.get(ENV_BACKEND)}" if os.environ.get(ENV_BACKEND, "").strip()
+               else f"{ENV_TRITON_INTERPRET}=1")
+        raise InvalidProblemError(f"tensors are on {device}, but {why} runs kernels on {forced.device} tensors only: "
+                                  f"move them to {forced.device}, or unset {ENV_BACKEND} to let the tensors decide")
+    return natural
+
+
+def check_device(device: Any, arch) -> Backend:
+    """The backend of a call on `device`, refused where the dispatcher selects for the other one."""
+    backend = backend_for(device)
+    if (backend is Backend.INTERPRETER) != arch.is_interpreter:
+        want = "interpreter" if backend is Backend.INTERPRETER else "a GPU arch (sm_90, ...)"
+        raise InvalidProblemError(
+            f"tensors are on {device}, which runs kernels on {backend.value}, but the dispatcher selects kernels "
+            f"for {arch.name}: pass dispatcher=None, or a Dispatcher made for {want}")
+    return backend
+
+
+def current_arch(backend: Backend | None = None):
+    """The arch kernels are selected for on `backend` (default: `default_backend`): the
+    interpreter target, or the GPU's (`arch.current`, which TILEDISPATCH_ARCH overrides)."""
+    from .. import arch
+
+    if (backend or default_backend()) is Backend.INTERPRETER:
+        return arch.load(arch.INTERPRETER)
+    return arch.current()
 
 
 # Triton's interpreter swaps `triton.language`'s functions for its own while a kernel runs
 # and puts them back after, module-wide: two kernels interpreted at once in one process see
-# each other's swaps undone ("Did you forget to add @triton.jit"). Every interpreted launch
-# holds this lock; reentrant, so that a launch made while holding it (a debugging aid
-# calling a kernel) does not deadlock. Read it as `runtime.INTERPRETER_LOCK` at each use:
-# a forked child takes a fresh one.
+# each other's swaps undone ("Did you forget to add @triton.jit"), and a kernel compiled
+# meanwhile would be built from the interpreter's functions. Every interpreted launch, every
+# compile and every hash of a kernel's source holds this lock; reentrant, so that a launch
+# made while holding it (a debugging aid calling a kernel) does not deadlock. Read it as
+# `runtime.INTERPRETER_LOCK` at each use: a forked child takes a fresh one.
 INTERPRETER_LOCK = threading.RLock()
 
 
-def interpreting():
-    """The context every launch of a kernel under Triton's interpreter runs in: one at a time.
-
-    On a GPU there is nothing to serialise, and the lock is not taken.
-    """
-    if current_backend() is Backend.INTERPRETER:
-        return INTERPRETER_LOCK
-    return contextlib.nullcontext()
+def interpreting(device: Any = None):
+    """The context a Triton launch outside the dispatcher runs in (`kernel[grid](...)`): on the
+    interpreter (for tensors on `device`, default: the default backend's), an `interpreter_session`;
+    on a GPU the lock alone, since Triton's JIT may compile there."""
+    backend = default_backend() if device is None else backend_for(device)
+    if backend is Backend.INTERPRETER:
+        return interpreter_session()
+    return INTERPRETER_LOCK
 
 
 def _fresh_interpreter_lock() -> None:
@@ -79,10 +148,97 @@ def _fresh_interpreter_lock() -> None:
 os.register_at_fork(after_in_child=_fresh_interpreter_lock)
 
 
-def current_arch():
-    """The arch kernels are selected for: the interpreter target unless a GPU runs them."""
-    from .. import arch
+# -- running JITFunctions under the interpreter ------------------------------------------
+# `triton.jit` makes a JITFunction unless TRITON_INTERPRET is set when it decorates, and
+# Triton's InterpretedFunction runs a plain Python kernel but calls its callees as they are:
+# a JITFunction callee (a helper, `tl.cdiv`, `tl.max`, `x.sum()`) refuses to be called outside
+# a compiled kernel. A session makes those calls interpreted ones for the thread that holds
+# it, patches `triton.language` and `triton.language.core` once for its whole length (a
+# callee's own patches of a module its kernel does not import are never undone by Triton, so
+# the session undoes them), and puts everything back when its outermost level ends.
+class _Session(threading.local):
+    depth = 0
 
-    if current_backend() is Backend.INTERPRETER:
-        return arch.load(arch.INTERPRETER)
-    return arch.current()
+
+_SESSION = _Session()
+_INTERPRETED: dict[int, tuple[Any, Any]] = {}  # id(JITFunction) -> (it, its InterpretedFunction)
+
+
+def interpreted(fn: Any) -> Any:
+    """`fn`'s InterpretedFunction: `fn` itself where Triton made one (TRITON_INTERPRET=1)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(fn, JITFunction):
+        return fn
+    known = _INTERPRETED.get(id(fn))  # by id: a JITFunction's hash walks its source's globals
+    if known is None or known[0] is not fn:
+        known = _INTERPRETED[id(fn)] = (fn, InterpretedFunction(fn.fn))
+    return known[1]
+
+
+@contextlib.contextmanager
+def interpreter_session():
+    """Holds INTERPRETER_LOCK; inside, the holding thread's JITFunctions run under the interpreter."""
+    with INTERPRETER_LOCK:
+        if _SESSION.depth:
+            _SESSION.depth += 1
+            try:
+                yield
+            finally:
+                _SESSION.depth -= 1
+            return
+        scopes = _enter_session()
+        _SESSION.depth = 1
+        try:
+            yield
+        finally:
+            _SESSION.depth = 0
+            for scope in reversed(scopes):
+                scope.restore()
+
+
+def _enter_session() -> tuple[Any, ...]:
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    calls = interpreter._LangPatchScope()
+    owner = threading.get_ident()
+    plain_call, plain_run = JITFunction.__call__, JITFunction.run
+
+    def call(self, *args, **kwargs):  # a callee, inside an interpreted kernel
+        if threading.get_ident() != owner:
+            return plain_call(self, *args, **kwargs)
+        return interpreted(self)(*args, **kwargs)
+
+    def run(self, *args, grid, warmup, **kwargs):  # `kernel[grid](...)`
+        if threading.get_ident() != owner:
+            return plain_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return interpreted(self).run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    calls.set_attr(JITFunction, "__call__", call)
+    calls.set_attr(JITFunction, "run", run)
+    for name, member in list(vars(tl.core.tensor).items()):
+        if isinstance(member, JITFunction):  # `x.sum()`: a method bound to the tensor
+            calls.set_attr(tl.core.tensor, name, lambda self, *a, _member=member, **k: _member(self, *a, **k))
+
+    def lang():  # both modules visible, so `_patch_lang` patches both
+        pass
+
+    both = type(lang)(lang.__code__, {"tl": tl, "core": tl.core})
+    inherited = _Inherited(tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+    return inherited, calls, interpreter._patch_lang(both)
+
+
+class _Inherited:
+    """Undoes what a patch scope's restore leaves: an attribute a class only inherited (tensor's
+    `__str__`) is put back as one of its own; removed, the class is as it was."""
+
+    def __init__(self, *classes: type) -> None:
+        self._before = [(cls, set(vars(cls))) for cls in classes]
+
+    def restore(self) -> None:
+        for cls, names in self._before:
+            for name in set(vars(cls)) - names:
+                delattr(cls, name)
