@@ -3,6 +3,7 @@ one of the documented exit codes (`common.ExitCode`, README's "Exit codes")."""
 
 from __future__ import annotations
 
+import platform
 import sys
 
 import typer
@@ -18,6 +19,35 @@ from .registry import build_command, registry_app
 app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.", cls=JsonGroup,
                   pretty_exceptions_enable=False, add_completion=False)
 explain_app = typer.Typer(help="Show how a problem's kernel is selected.", cls=JsonGroup)
+
+def versions() -> dict[str, str | None]:
+    """tiledispatch's version and those of what it runs on, from the installed metadata (fast:
+    nothing is imported), None where one is not installed."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    def installed(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"tiledispatch": __version__, "python": platform.python_version(),
+            "torch": installed("torch"), "triton": installed("triton")}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        emit(versions())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                          help="print the versions of tiledispatch, Python, torch and Triton")) -> None:
+    """tiledispatch: select, build and run the fastest kernel per problem."""
+
 
 app.command("gemm")(gemm_command)
 explain_app.command("gemm")(explain_gemm_command)
