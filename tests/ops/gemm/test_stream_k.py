@@ -16,6 +16,7 @@ import torch
 
 from tiledispatch import Dispatcher
 from tiledispatch.ops.gemm import Activation, Epilogue, Family, GemmLayout, GemmProblem, GemmTypes, check_operands
+from tiledispatch.ops.gemm.families.stream_k import stream_k_split
 from tiledispatch.ops.gemm.inputs import make_inputs
 
 from ...conftest import requires_gpu
@@ -52,7 +53,7 @@ def run(dispatcher: Dispatcher, problem: GemmProblem, *, kernel=None, broadcast_
     (2, 3, 132, (6, 2)),  # fewer K iterations than SMs: one program per iteration
 ])
 def test_split_deals_the_partial_wave(tiles, k_tiles, sms, want):
-    assert gemm_plan.stream_k_split(tiles, k_tiles, sms) == want
+    assert stream_k_split(tiles, k_tiles, sms) == want
 
 
 @pytest.mark.parametrize("m, n, k, sms_count", [

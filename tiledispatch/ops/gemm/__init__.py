@@ -10,6 +10,7 @@ from ...core.dtypes import DType
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, register
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
+from . import families  # noqa: F401  (each family module registers itself in family.FAMILIES)
 from . import fastpath
 from .inputs import tuning_operands
 from ..library_common import dispatcher_token

@@ -5,11 +5,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from .family import FAMILIES, named
 from .problem import Epilogue, GemmLayout, GemmProblem, GemmTypes
 
 
 class Family(enum.Enum):
-    """A kernel family is one kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
+    """A kernel family: its module in ``families/`` (holding its rules, ranking, units and plan)
+    and its kernel file in ``kernels/`` (the vendor path: ``vendor.py``)."""
 
     TILED = "tiled"  # portable pointer loads, grouped tile order, every arch and stride
     TMA_PERSISTENT = "tma-persistent"  # Hopper tensor descriptors, one program per SM (sm_90+)
@@ -22,12 +24,12 @@ class Family(enum.Enum):
     @property
     def uses_tma(self) -> bool:
         """Operands and output move through tensor descriptors: sm_90+, 16-byte aligned, unit-stride rows."""
-        return self in (Family.TMA_PERSISTENT, Family.STREAM_K) or self.warp_specialised
+        return named(self.value).uses_tma
 
     @property
     def warp_specialised(self) -> bool:
         """A Gluon kernel of a loader warp and two MMA warpgroups (sm_90 only)."""
-        return self in (Family.WS_PERSISTENT, Family.WS_PINGPONG)
+        return named(self.value).warp_specialised
 
 
 @dataclass(frozen=True)
@@ -46,18 +48,16 @@ class GemmConfig:
     epilogue_split: int = 1  # tma-persistent: store the C tile in this many column slices
     flatten: bool = False  # tma-persistent: one software pipeline across tiles, not per tile
     # Operands below 16-byte alignment (a base or a row not a multiple of 16 bytes: no TMA, no
-    # vector loads) are copied first into buffers whose rows are, C copied back after (plan._realigned_plan).
+    # vector loads) are copied first into buffers whose rows are, C copied back after (families/realign.py).
     realign: bool = False
 
     @property
     def name(self) -> str:
-        persistent = ""
-        if self.family is Family.TMA_PERSISTENT:
-            persistent = f"_e{self.epilogue_split}" + ("f" if self.flatten else "")
+        options = FAMILIES.of(self).name_options(self)  # e.g. tma-persistent's epilogue split
         return (
             f"gemm_{self.types.name}_{self.layout.name}_{self.family.value}"
             f"_{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
-            f"_g{self.group_m}_k{self.split_k}{persistent}{'_realign' if self.realign else ''}_{self.epilogue.name}"
+            f"_g{self.group_m}_k{self.split_k}{options}{'_realign' if self.realign else ''}_{self.epilogue.name}"
         )
 
     def for_problem(self, problem: GemmProblem) -> "GemmConfig":

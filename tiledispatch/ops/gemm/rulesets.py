@@ -15,6 +15,7 @@ from typing import Iterator
 from ...core.dtypes import DType
 from ...core.op import RuleSet
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
+from .family import FAMILIES
 from .problem import Activation, Epilogue, GemmLayout, GemmTypes
 
 
@@ -223,37 +224,22 @@ EPILOGUES = tuple(
 _PLAIN = (Epilogue(),)
 
 
-_K_MAJOR = GemmLayout.parse("rcr")
-
-
-def _fits(tile: Tile, types: GemmTypes, layout: GemmLayout, epilogue: Epilogue) -> bool:
-    """TMA descriptors need a contiguous last dim (no `s`), and fp8 / tf32 MMAs read K-major operands;
-    realign copies row- or column-major operands (no `s` either); a gemv tile may be chosen for
-    some element sizes of B only (its stream's best step differs in fp8); the warp-specialised
-    families read both operands K-major in 16-bit or fp8 and add no residual."""
-    if tile.realign and "s" in layout.name:
-        return False
-    if tile.family.warp_specialised and (
-            layout != _K_MAJOR or types.a is DType.FP32 or types.acc is not DType.FP32 or epilogue.residual):
-        return False
-    if types.b.itemsize not in tile.b_itemsizes:
-        return False
-    if not tile.family.uses_tma:
-        return True
-    if types.a.is_fp8 or types.a is DType.FP32:
-        return layout == _K_MAJOR
-    return "s" not in layout.name
-
-
 def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
-    """Each tile for each signature, and the vendor path once per signature (GPU arches keep it)."""
+    """Each tile for each signature its family takes (`GemmFamily.fits`: TMA descriptors need a
+    contiguous last dim, fp8 and tf32 MMAs K-major operands, realign row- or column-major ones,
+    the warp-specialised families 16-bit or fp8 rcr products without a residual) and the element
+    sizes of B it is registered for (a gemv tile's best step differs in fp8), and the vendor path
+    once per signature (GPU arches keep it)."""
     for t, epilogue in itertools.product(types, epilogues):
         yield VendorConfig(t, GemmLayout.parse("sss"), epilogue)
         for layout, tile in itertools.product(layouts, tiles):
-            if _fits(tile, t, layout, epilogue):
-                yield GemmConfig(tile.family, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
-                                 tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
-                                 tile.epilogue_split, tile.flatten, tile.realign)
+            if t.b.itemsize not in tile.b_itemsizes:
+                continue
+            config = GemmConfig(tile.family, t, layout, epilogue, tile.block_m, tile.block_n, tile.block_k,
+                                tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
+                                tile.epilogue_split, tile.flatten, tile.realign)
+            if FAMILIES.of(config).fits(config):
+                yield config
 
 
 def tiny() -> Iterator[AnyGemmConfig]:

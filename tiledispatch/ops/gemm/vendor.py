@@ -1,9 +1,8 @@
-"""The vendor candidate: cuBLAS through PyTorch, with the epilogue as separate steps.
+"""The vendor candidate's run: cuBLAS through PyTorch, with the epilogue as separate steps.
 
-It takes any strides (PyTorch copies what cuBLAS cannot read), so its layout is always
-``sss``; fp8 goes through ``torch._scaled_mm``, which wants A row-major, B column-major,
-K and N multiples of 16 and no batch. Each epilogue step is one more pass over C, and
-the ranking charges for it.
+It takes any strides (PyTorch copies what cuBLAS cannot read); fp8 goes through
+``torch._scaled_mm``, which wants A row-major, B column-major, K and N multiples of 16 and no
+batch. Its rules, ranking and plan are the vendor family's (families/vendor.py).
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...core.validation import Finding, Severity, ValidationResult
-from .config import VendorConfig
-from .problem import Activation, GemmProblem, GemmTypes, Layout
+from .problem import Activation, GemmTypes
 
 # cuBLAS takes each matrix's leading dimension as a 32-bit int: a wider stride is copied first.
 LEADING_DIM_LIMIT = 2**31
@@ -76,36 +73,3 @@ def warm_up(types: GemmTypes, device) -> None:
     else:
         x = torch.ones(16, 16, device=device, dtype=types.a.torch)
         torch.mm(x, x)
-
-
-def validate(config: VendorConfig, arch) -> ValidationResult:
-    from .rules import GemmRule
-
-    findings = []
-    if arch.is_interpreter:
-        findings.append(Finding(GemmRule.FAMILY_ARCH, Severity.ERROR,
-                                "the vendor path is a GPU library; the interpreter target runs Triton kernels",
-                                "use a GPU arch"))
-    t = config.types
-    if t.a.is_fp8 and not arch.supports_dtype(t.a):
-        findings.append(Finding(GemmRule.DTYPE_ARCH, Severity.ERROR, f"{t.a.value} needs sm_89 or newer"))
-    if t.acc.value != "fp32":
-        findings.append(Finding(GemmRule.ACCUMULATOR, Severity.ERROR, "cuBLAS through PyTorch accumulates in fp32"))
-    if config.layout.name != "sss":
-        findings.append(Finding(GemmRule.LAYOUT, Severity.ERROR, "the vendor path takes any strides: use layout sss"))
-    return ValidationResult(tuple(findings))
-
-
-def supports(config: VendorConfig, problem: GemmProblem) -> str | None:
-    if config.types != problem.types:
-        return f"built for {config.types.name}, the problem is {problem.types.name}"
-    if config.epilogue != problem.epilogue:
-        return f"built for epilogue {config.epilogue.name}, the problem needs {problem.epilogue.name}"
-    if problem.types.scaled:
-        layout = problem.layout
-        if layout.a is not Layout.ROW or layout.b is not Layout.COL or problem.batch > 1:
-            return "torch._scaled_mm needs A row-major, B column-major and no batch"
-        if problem.k % 16 or problem.n % 16:
-            return f"torch._scaled_mm needs K and N multiples of 16 (K={problem.k}, N={problem.n})"
-    return None
-
