@@ -27,7 +27,7 @@ from .memo import LruTable
 from .op import OpKind, RuleSet, Score, UnitKind, all_ops
 from .registry import Registry
 from .tuning import TuningRecord, TuningStore, policy
-from .runtime import Backend, backend_for, check_device, current_arch, default_backend
+from .runtime import Backend, check_device, current_arch, default_backend
 from .spec import KernelSpec
 
 log = logging.getLogger("tiledispatch.dispatcher")
@@ -442,10 +442,13 @@ default_dispatcher.cache_clear = _DEFAULTS.clear
 
 def dispatcher_or_default(dispatcher: Any, tensor: Any = None) -> Dispatcher:
     """The `dispatcher` argument of a public op: a Dispatcher, or None for the default one of
-    the backend `tensor`'s device runs kernels on (the process's default without one)."""
+    the backend `tensor`'s device runs kernels on (the process's default without one). The
+    device alone decides here, on every call: a forced backend is checked as the call selects."""
     if dispatcher is None:
-        device = getattr(tensor, "device", None)
-        return default_dispatcher(backend=None if device is None else backend_for(device))
+        on_gpu = getattr(tensor, "is_cuda", None)  # not `device`: it builds an object each read
+        if on_gpu is None:
+            return default_dispatcher()
+        return default_dispatcher(backend=Backend.CUDA if on_gpu else Backend.INTERPRETER)
     if not isinstance(dispatcher, Dispatcher):
         from .errors import InvalidArgumentError
 

@@ -5,9 +5,10 @@ kernels. Importing tiledispatch sets nothing: the kernels are Triton's ordinary 
 and `interpreter_session` runs them under the interpreter on demand, so one process may run
 both and may import Triton before tiledispatch.
 
-``TILEDISPATCH_BACKEND`` (read at each call) forces one backend for the process: ``interpreter``
-or ``cuda``; a tensor on the other device is then refused. ``auto`` (or unset) lets the tensors
-decide. ``TRITON_INTERPRET=1`` set before the kernels are imported makes Triton decorate them for
+``TILEDISPATCH_BACKEND`` forces one backend for the process: ``interpreter`` or ``cuda``; a
+tensor on the other device is then refused. ``auto`` (or unset) lets the tensors decide. It is
+read as a call selects its kernel (`check_device`): every call on the CPU, a GPU call's first
+(one seen before replays its bound plan, which reads no environment). ``TRITON_INTERPRET=1`` set before the kernels are imported makes Triton decorate them for
 the interpreter only, so it forces the interpreter too.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 import threading
 from typing import Any
@@ -69,9 +71,15 @@ def default_backend() -> Backend:
     forced = forced_backend()
     if forced is not None:
         return forced
+    return Backend.CUDA if _gpu_present() else Backend.INTERPRETER
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_present() -> bool:
+    """Whether torch sees a GPU: asked once, as `default_backend` runs on calls without a tensor."""
     import torch
 
-    return Backend.CUDA if torch.cuda.is_available() else Backend.INTERPRETER
+    return torch.cuda.is_available()
 
 
 # The process's default, under the name the CLI and the ops read.
@@ -110,12 +118,18 @@ def check_device(device: Any, arch) -> Backend:
 
 def current_arch(backend: Backend | None = None):
     """The arch kernels are selected for on `backend` (default: `default_backend`): the
-    interpreter target, or the GPU's (`arch.current`, which TILEDISPATCH_ARCH overrides)."""
+    interpreter target, or the GPU's (TILEDISPATCH_ARCH overrides it; the interpreter's where
+    there is no GPU). A forced backend does not change CUDA's arch: it refuses CUDA tensors."""
     from .. import arch
 
     if (backend or default_backend()) is Backend.INTERPRETER:
         return arch.load(arch.INTERPRETER)
-    return arch.current()
+    named = os.environ.get(arch.ENV_ARCH, "").strip()
+    if named:
+        return arch.load(named)
+    import torch
+
+    return arch.detect() if torch.cuda.is_available() else arch.load(arch.INTERPRETER)
 
 
 # Triton's interpreter swaps `triton.language`'s functions for its own while a kernel runs
