@@ -254,7 +254,8 @@ def tma_findings(config: GemmConfig, arch) -> Iterator[Finding]:
     """What the TMA families need: TMA, and descriptors with a unit-stride last dim."""
     t, layout, family = config.types, config.layout, config.family.value
     if not arch.has(Feature.TMA):
-        yield error(GemmRule.FAMILY_ARCH, f"{family} needs the tensor memory accelerator (sm_90+); {arch.name} has none",
+        yield error(GemmRule.FAMILY_ARCH,
+                    f"{family} needs the tensor memory accelerator (sm_90+); {arch.name} has none",
                     "use the tiled family")
     if Layout.STRIDED in (layout.a, layout.b) or layout.c is not Layout.ROW:
         yield error(GemmRule.LAYOUT, f"{family} reads A and B row- or column-major and writes C row-major, "

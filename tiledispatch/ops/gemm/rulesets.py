@@ -156,7 +156,7 @@ DEFAULT_TILES = TESTS_TILES + (
     # Large aligned rcr products (results/h100/gemm_sweep_ws.csv): ws-persistent's best tiles of the
     # sweep, 0.94-1.03x cuBLAS in bf16 and 0.98-1.07x in fp8 where tma-persistent's pick ran
     # 0.92-1.0x and 0.92-0.94x. With bias or an activation only the 128x128 ones are valid
-    # (rules.WS_EPILOGUE_REGISTERS). fp8's 128x256x64 over 6 stages, which tied 128x256x128 over 3
+    # (families/ws_persistent.WS_EPILOGUE_REGISTERS). fp8's 128x256x64 over 6 stages, which tied 128x256x128 over 3
     # on the H100, ran 2-11 % behind it on the H200's large rows (the gemm.csv that results/h200/README.md
     # names for it): it is in `full` only (re-ranked offline on that table, the fp8 picks reach 0.982 of
     # the oracle without it, 0.971 with it).
@@ -171,7 +171,8 @@ DEFAULT_TILES = TESTS_TILES + (
     _gemv(2, 2048, 2, 1, b_itemsizes=(2, 4)),
     _gemv(2, 512, 2, 4, b_itemsizes=(1,)),
 )
-# Stream-K tiles (accumulators of at most 64 registers per thread, rules.STREAM_K_MAX_ACCUMULATOR_REGISTERS).
+# Stream-K tiles (accumulators of at most 64 registers per thread,
+# families/stream_k.STREAM_K_MAX_ACCUMULATOR_REGISTERS).
 # In `full`, not `default`: on the H100 sweep (results/h100/gemm_sweep_stream_k.csv) none beat
 # the default set's best persistent or split-K tile on any of 14 cases in bf16 and fp8.
 STREAM_K_TILES = (
