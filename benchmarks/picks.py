@@ -209,7 +209,8 @@ def compute(arch_name: str, ops: tuple[str, ...] = OPS, keep: Callable[[Posed], 
     arch = arch_facts.load(arch_name)
     out = {}
     for op in ops:
-        dispatcher = Dispatcher(Registry.from_rule_set(op, "default", arch), arch, strategy="rules")
+        # lazy, as the default dispatcher's: each problem ranks its own class of the rule set
+        dispatcher = Dispatcher(Registry.from_rule_sets([op], "default", arch), arch, strategy="rules")
         for posed in POSERS[op]():
             if keep is None or keep(posed):
                 out[posed.key] = entry(posed, dispatcher)

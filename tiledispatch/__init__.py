@@ -1,6 +1,6 @@
 """tiledispatch: pick the fastest kernel for each GEMM, convolution and attention, and run it."""
 
-from .core.dispatcher import Dispatcher, Strategy, default_dispatcher
+from .core.dispatcher import Dispatcher, Strategy, default_dispatcher, using
 from .core.errors import (
     ArchError, BuildError, CacheError, InsecureCacheError, InvalidConfigError, InvalidProblemError,
     NoKernelError, RegistryFormatError, TiledispatchError, UnknownKernelError, UnsupportedError,
@@ -14,12 +14,13 @@ from .ops.attention import attention
 from .ops.conv import conv, conv_backward_data, conv_backward_weight
 from .ops.gemm import gemm
 from . import library  # noqa: E402  (registers the custom ops tiledispatch::*)
+from .recording import warmup
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "gemm", "attention", "conv", "conv_backward_data", "conv_backward_weight",
-    "Dispatcher", "Strategy", "default_dispatcher", "Registry", "KernelSpec", "OpKind", "RuleSet",
+    "gemm", "attention", "conv", "conv_backward_data", "conv_backward_weight", "warmup",
+    "Dispatcher", "Strategy", "default_dispatcher", "using", "Registry", "KernelSpec", "OpKind", "RuleSet",
     "TiledispatchError", "InvalidProblemError", "UnsupportedError", "InvalidConfigError", "UnknownKernelError",
     "NoKernelError", "RegistryFormatError", "CacheError", "InsecureCacheError", "BuildError", "ArchError",
 ]

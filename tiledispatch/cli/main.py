@@ -15,6 +15,7 @@ from .common import ExitCode, JsonGroup, emit, parse_option
 from .conv import conv_command, explain_conv_command
 from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
+from .warmup import warmup_command
 
 app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.", cls=JsonGroup,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -59,6 +60,7 @@ app.add_typer(explain_app, name="explain")
 app.add_typer(registry_app, name="registry")
 app.add_typer(cache_app, name="cache")
 app.command("build")(build_command)
+app.command("warmup")(warmup_command)
 
 
 @app.command("arch")

@@ -9,6 +9,8 @@ keyed by problem are bounded, so a process that sees millions of shapes stays sm
 from __future__ import annotations
 
 import array
+import contextlib
+import contextvars
 import functools
 import itertools
 import logging
@@ -24,7 +26,7 @@ from .cache import KernelCache
 from .errors import BuildError, CacheError, InsecureCacheError, NoKernelError, UnsupportedError
 from .launch import execute
 from .memo import LruTable
-from .op import OpKind, RuleSet, Score, UnitKind, all_ops
+from .op import RuleSet, Score, UnitKind, all_ops
 from .registry import Registry
 from .tuning import TuningRecord, TuningStore, policy
 from .runtime import Backend, check_device, current_arch, default_backend
@@ -125,10 +127,6 @@ class Dispatcher:
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
         self._cache = cache
-        by_op: dict[OpKind, list[KernelSpec]] = {}
-        for spec in self.registry:
-            by_op.setdefault(spec.op, []).append(spec)
-        self._by_op: dict[OpKind, tuple[KernelSpec, ...]] = {op: tuple(specs) for op, specs in by_op.items()}
         self._selected = LruTable(SELECTIONS_KEPT)  # problem key -> KernelSpec
         self._rankings = LruTable(RANKINGS_KEPT)  # see _ranking
         self._bound = LruTable(BOUND_KEPT)  # an op's bound calls: see memo
@@ -170,7 +168,7 @@ class Dispatcher:
         return self._rankings.get_or_make(key, lambda: self._rank(problem), share_errors=True)
 
     def _rank(self, problem) -> Ranking:
-        specs = self._by_op.get(problem.op, ())
+        specs = self.registry.candidates(problem.op, problem)
         accepted, reasons, reason_ids = [], {None: 0}, []
         for spec in specs:
             reason = spec.definition.supports(spec.config, problem)
@@ -445,6 +443,9 @@ def dispatcher_or_default(dispatcher: Any, tensor: Any = None) -> Dispatcher:
     the backend `tensor`'s device runs kernels on (the process's default without one). The
     device alone decides here, on every call: a forced backend is checked as the call selects."""
     if dispatcher is None:
+        scoped = _SCOPED.get()
+        if scoped is not None:
+            return scoped
         on_gpu = getattr(tensor, "is_cuda", None)  # not `device`: it builds an object each read
         if on_gpu is None:
             return default_dispatcher()
@@ -457,9 +458,27 @@ def dispatcher_or_default(dispatcher: Any, tensor: Any = None) -> Dispatcher:
     return dispatcher
 
 
+# The dispatcher `using` puts in place of the default one, in this thread or task.
+_SCOPED: contextvars.ContextVar[Dispatcher | None] = contextvars.ContextVar("tiledispatch_dispatcher", default=None)
+
+
+@contextlib.contextmanager
+def using(dispatcher: Dispatcher):
+    """Within it, ops called without `dispatcher=` use `dispatcher` (this thread or task only;
+    autograd's backward runs on threads of its own, and takes the forward's dispatcher there)."""
+    if not isinstance(dispatcher, Dispatcher):
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"using() takes a tiledispatch.Dispatcher; got {type(dispatcher).__name__}")
+    token = _SCOPED.set(dispatcher)
+    try:
+        yield dispatcher
+    finally:
+        _SCOPED.reset(token)
+
+
 def _make_default(rule_set: RuleSet, backend: Backend) -> Dispatcher:
+    """The shipped rule sets as one lazy registry: a problem class is generated at its first call."""
     arch = current_arch(backend)
-    registry = Registry()
-    for definition in all_ops():
-        registry = registry.merge(Registry.from_rule_set(definition.kind, rule_set, arch))
+    registry = Registry.from_rule_sets([definition.kind for definition in all_ops()], rule_set, arch)
     return Dispatcher(registry, arch, strategy=os.environ.get("TILEDISPATCH_STRATEGY", Strategy.RULES))

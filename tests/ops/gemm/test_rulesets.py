@@ -144,3 +144,34 @@ def test_duplicates_raise_even_when_the_arch_drops_the_config(monkeypatch):
 def test_full_dedup_keeps_default_first():
     first = list(itertools.islice(RULE_SETS[RuleSet.FULL](), 5))
     assert first == list(itertools.islice(RULE_SETS[RuleSet.DEFAULT](), 5))
+
+
+@pytest.mark.parametrize("rule_set", [RuleSet.TINY, RuleSet.TESTS, RuleSet.DEFAULT, RuleSet.FULL])
+def test_a_class_generates_exactly_its_configs_in_the_whole_set_s_order(rule_set):
+    """The lazy registry's premise: `within=(types, epilogue)` yields the whole set's configs of
+    that class, in the same order, and every config of the whole set belongs to one class."""
+    whole = list(RULE_SETS[rule_set]())
+    seen = 0
+    for types, epilogue in itertools.product(rulesets.TYPES, rulesets.EPILOGUES):
+        part = list(RULE_SETS[rule_set](within=(types, epilogue)))
+        assert part == [c for c in whole if (c.types, c.epilogue) == (types, epilogue)]
+        seen += len(part)
+    assert seen == len(whole)
+
+
+@pytest.mark.parametrize("target", [SM90, INTERP], ids=lambda a: a.name)
+def test_the_lazy_registry_ranks_what_the_eager_one_ranks(target):
+    """Candidates of a lazy registry are the eager registry's that take the problem, same order."""
+    from tiledispatch.ops.gemm import Epilogue, GemmProblem, GemmTypes
+
+    eager = Registry.from_rule_set("gemm", "default", target)
+    lazy = Registry.from_rule_sets(["gemm"], "default", target)
+    definition = get_op("gemm")
+    for types, epilogue in [(GemmTypes(DType.FP16, DType.FP16, DType.FP16), Epilogue()),
+                            (GemmTypes(DType.FP32, DType.FP32, DType.FP32), Epilogue(bias=True)),
+                            (GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16), Epilogue())]:
+        problem = GemmProblem(128, 96, 256, types=types, epilogue=epilogue)
+        takes = lambda specs: [s.name for s in specs if definition.supports(s.config, problem) is None]  # noqa: E731
+        assert takes(lazy.candidates(definition.kind, problem)) == takes(eager)
+        assert lazy.lazy  # nothing read the whole registry
+    assert [s.name for s in lazy] == [s.name for s in eager] and not lazy.lazy

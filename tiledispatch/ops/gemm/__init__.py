@@ -19,7 +19,7 @@ from .plan import ACTIVATION_CODES, kernel_units, plan
 from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
-from .rulesets import RULE_SETS
+from .rulesets import RULE_SETS, problem_class
 from .vendor import ACTIVATIONS
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -40,6 +40,7 @@ OP = register(OpDefinition(
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.types.name,
     tuning_operands=tuning_operands,
+    problem_class=problem_class,
 ))
 
 

@@ -243,27 +243,47 @@ def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
                 yield config
 
 
-def tiny() -> Iterator[AnyGemmConfig]:
-    return _bind(TINY_TILES, TYPES, LAYOUTS, EPILOGUES)
+def problem_class(problem) -> tuple:
+    """A problem's class: its types and epilogue, which a config must match exactly (`supports`)."""
+    return problem.types, problem.epilogue
 
 
-def tests() -> Iterator[AnyGemmConfig]:
-    return _bind(TESTS_TILES, TYPES, LAYOUTS, EPILOGUES)
+def _signatures(within: tuple | None) -> tuple[tuple, tuple]:
+    """The types and epilogues to bind: all of them, or those of the one class `within` names.
+    The class's configs come out in the order the whole set has them: types and epilogue are
+    `_bind`'s outer loops."""
+    if within is None:
+        return TYPES, EPILOGUES
+    types, epilogue = within
+    return tuple(t for t in TYPES if t == types), tuple(e for e in EPILOGUES if e == epilogue)
 
 
-def default() -> Iterator[AnyGemmConfig]:
-    return _bind(DEFAULT_TILES, TYPES, LAYOUTS, EPILOGUES)
+def tiny(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
+    types, epilogues = _signatures(within)
+    return _bind(TINY_TILES, types, LAYOUTS, epilogues)
 
 
-def full() -> Iterator[AnyGemmConfig]:
+def tests(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
+    types, epilogues = _signatures(within)
+    return _bind(TESTS_TILES, types, LAYOUTS, epilogues)
+
+
+def default(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
+    types, epilogues = _signatures(within)
+    return _bind(DEFAULT_TILES, types, LAYOUTS, epilogues)
+
+
+def full(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
     """Every default config, plus the whole tiled space, the stream-k and the warp-specialised
     tiles for each signature without epilogue.
 
     The epilogue barely changes which tile is fastest, so sweeps over the whole space
     need not repeat it for all 16 epilogues.
     """
+    types, epilogues = _signatures(within)
+    plain = tuple(e for e in _PLAIN if e in epilogues)
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL_TILES + STREAM_K_TILES + WS_TILES, TYPES, LAYOUTS, _PLAIN)):
+    for config in itertools.chain(default(within), _bind(FULL_TILES + STREAM_K_TILES + WS_TILES, types, LAYOUTS, plain)):
         if config not in seen:
             seen.add(config)
             yield config

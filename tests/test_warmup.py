@@ -1,0 +1,105 @@
+"""Warm-up ahead of time (tiledispatch/warmup.py): the problems a model poses are recorded with the
+dispatcher's own picks, nothing compiled runs while recording, the shapes survive a JSON round trip,
+and a bad shapes file is refused naming the entry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tiledispatch
+from tiledispatch.core.dispatcher import default_dispatcher
+from tiledispatch.recording import Recorder, build_shapes, load_shapes, record, save_shapes, warmup
+
+
+class Tiny(torch.nn.Module):
+    """A conv and a linear layer through tiledispatch: fp32, CPU-sized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(8, 4, 3, 3, generator=g) * 0.2)
+        self.fc = torch.nn.Parameter(torch.randn(8 * 6 * 6, 16, generator=g) * 0.05)
+
+    def forward(self, x):
+        y = tiledispatch.conv(x, self.w, padding=1)
+        return tiledispatch.gemm(y.reshape(y.shape[0], -1), self.fc)
+
+
+def _input() -> torch.Tensor:
+    return torch.randn(2, 4, 6, 6).to(memory_format=torch.channels_last)
+
+
+def test_recording_poses_the_model_s_problems_with_the_default_picks():
+    model, x = Tiny(), _input()
+    with torch.no_grad():
+        shapes = record(model, x)
+    assert [s.problem.op.value for s in shapes] == ["conv", "gemm"]
+    dispatcher = default_dispatcher()
+    for shape in shapes:
+        assert shape.kernel == dispatcher.select(shape.problem).name
+    gemm = shapes[1].problem
+    assert (gemm.m, gemm.n, gemm.k) == (2, 16, 8 * 36)
+
+
+def test_recording_launches_no_compiled_kernel():
+    """The recorder's stages are skipped: the output keeps the poison the caller put there."""
+    a, b = torch.randn(8, 16), torch.randn(16, 8)
+    out = torch.full((8, 8), float("nan"))
+    shapes = record(lambda: tiledispatch.gemm(a, b, out=out))
+    assert len(shapes) == 1 and torch.isnan(out).all()
+    tiledispatch.gemm(a, b, out=out)  # the real call after it: its bound call is not the recorder's
+    torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_backward_records_the_gradients_problems():
+    model, x = Tiny(), _input().requires_grad_()
+    shapes = warmup(model, x, backward=True)
+    ops = [(s.problem.op.value, getattr(s.problem, "direction", None)) for s in shapes]
+    assert len(shapes) > 2 and ("conv", None) not in ops
+    assert {str(getattr(d, "value", d)) for op, d in ops if op == "conv"} >= {"forward", "bwd_data", "bwd_weight"}
+
+
+def test_shapes_round_trip_and_build_nothing_on_the_interpreter(tmp_path):
+    with torch.no_grad():
+        shapes = record(Tiny(), _input())
+    path = save_shapes(shapes, tmp_path / "shapes.json")
+    assert load_shapes(path) == shapes
+    assert build_shapes(shapes) == []  # interpreter kernels are not compiled
+
+
+@pytest.mark.parametrize("bad", [
+    {"format": "other"},
+    {"format": "tiledispatch-shapes", "format_version": 1, "shapes": {}},
+    {"format": "tiledispatch-shapes", "format_version": 1, "shapes": [{"op": "gemm", "problem": {"m": -1},
+                                                                         "kernel": "x"}]},
+    {"format": "tiledispatch-shapes", "format_version": 1, "shapes": [{"op": "nope", "problem": {}, "kernel": "x"}]},
+])
+def test_a_bad_shapes_file_is_refused(tmp_path, bad):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="shapes"):
+        load_shapes(path)
+
+
+def test_the_recorder_keeps_no_bound_call():
+    recorder = Recorder(default_dispatcher())
+    assert recorder.memo("key", lambda: 1) == 1 and recorder.memo("key", lambda: 2) == 2
+
+
+def test_the_cli_warms_from_a_shapes_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from tiledispatch.cli.main import app
+
+    with torch.no_grad():
+        path = save_shapes(record(Tiny(), _input()), tmp_path / "shapes.json")
+    result = CliRunner().invoke(app, ["warmup", str(path), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["status"], document["shapes"], document["built"]) == ("ok", 2, 0)  # nothing to compile here
+    path.write_text("[]")
+    result = CliRunner().invoke(app, ["warmup", str(path)])
+    assert result.exit_code == 3 and "shapes file" in json.loads(result.stdout)["error"]["message"]

@@ -1,0 +1,173 @@
+"""Warm-up ahead of time: record the problems a model poses, compile their kernels in parallel.
+
+A model's first real call would otherwise compile each selected kernel in turn, on the calling
+thread (seconds a kernel). `warmup(model, example_inputs)` runs the model once through a
+`Recorder`: a dispatcher that selects exactly as the default one does and records each problem
+with its pick, but launches no compiled kernel (the vendor library's stages run, as they compile
+nothing), so the outputs are uninitialised memory of the right shapes. The picks are then built
+by worker processes together (`core.kernel.build_all`), and a model's first real call loads
+them from the cache.
+
+The recorded shapes are JSON (`save_shapes` / `load_shapes`) that a serving engine can ship and
+warm from, without the model: `tiledispatch warmup shapes.json`, or `build_shapes(load_shapes(...))`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .core.dispatcher import Dispatcher, default_dispatcher, using
+from .core.errors import InvalidArgumentError
+from .core.jsonio import read_json
+from .core.kernel import BuildResult, build_all, units
+from .core.op import UnitKind, get_op
+from .core.serialize import from_jsonable, to_jsonable
+
+FORMAT = "tiledispatch-shapes"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One problem a program posed, and the kernel the dispatcher picked for it."""
+
+    problem: Any
+    kernel: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.problem.op.value, "problem": to_jsonable(self.problem), "kernel": self.kernel}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "shape") -> "Shape":
+        if not isinstance(data, dict) or not {"op", "problem", "kernel"} <= set(data):
+            raise ValueError(f"{where}: expected an object with op, problem and kernel")
+        definition = get_op(data["op"])
+        return cls(from_jsonable(definition.problem_type, data["problem"], f"{where}.problem"), str(data["kernel"]))
+
+
+def _skip(grid, args, stream) -> None:
+    """A compiled stage under recording: nothing runs, nothing is built."""
+
+
+class Recorder(Dispatcher):
+    """Selects as `base` does (its registry, arch, strategy, cache and tuning store), records each
+    problem and pick once, and launches no compiled kernel. Nothing it binds outlives it: its memo
+    keeps nothing, so no bound call with skipped stages can serve a real call."""
+
+    def __init__(self, base: Dispatcher) -> None:
+        super().__init__(base.registry, base.arch, strategy=base.strategy, cache=base._cache, tuning=base._tuning)
+        self._seen: dict[Any, Shape] = {}
+        self._recording = threading.Lock()
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return tuple(self._seen.values())
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        return make()
+
+    def prepare(self, operands, *, kernel=None):
+        spec, launchers = super().prepare(operands, kernel=kernel)
+        with self._recording:
+            self._seen.setdefault((operands.problem.key(), spec.name), Shape(operands.problem, spec.name))
+        return spec, launchers
+
+    def _load(self, spec, specialization) -> dict[str, Any]:
+        skipped = {unit.stage: _skip for unit in units(spec, specialization) if unit.kind.compiled}
+        python = [unit for unit in units(spec, specialization) if not unit.kind.compiled]
+        if python:  # the vendor's stages: nothing to compile, and the outputs they hand over have shapes
+            skipped.update({stage: launcher for stage, launcher in super()._load(spec, specialization).items()
+                            if stage not in skipped})
+        return skipped
+
+
+def record(fn: Callable[..., Any], *args, dispatcher: Dispatcher | None = None, **kwargs) -> tuple[Shape, ...]:
+    """The problems `fn(*args, **kwargs)` poses to tiledispatch's ops, each with its pick, in
+    first-seen order; no compiled kernel runs (see the module docstring)."""
+    recorder = Recorder(dispatcher if dispatcher is not None else default_dispatcher())
+    with using(recorder):
+        fn(*args, **kwargs)
+    return recorder.shapes
+
+
+def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = None,
+                 jobs: int | None = None) -> list[BuildResult]:
+    """Compiles the kernel of each shape for its problem's specialisation, `jobs` worker processes
+    at once (default: the CPU count). On the interpreter nothing is compiled."""
+    dispatcher = dispatcher if dispatcher is not None else default_dispatcher()
+    if dispatcher.arch.is_interpreter:
+        return []
+    groups: dict[Any, dict[str, Any]] = {}  # specialisation -> kernel name -> spec
+    for shape in shapes:
+        spec = dispatcher.registry.get(shape.kernel)
+        specialization = spec.definition.specialization_of(shape.problem)
+        if any(unit.kind is not UnitKind.PYTHON for unit in units(spec, specialization)):
+            groups.setdefault(specialization, {})[spec.name] = spec
+    results: list[BuildResult] = []
+    for specialization, specs in groups.items():
+        results += build_all(specs.values(), dispatcher.cache, jobs or os.cpu_count() or 1,
+                             specializations=(specialization,))
+    return results
+
+
+def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, shapes_file: str | Path | None = None,
+           jobs: int | None = None, dispatcher: Dispatcher | None = None) -> tuple[Shape, ...]:
+    """Records the problems `model(*example_inputs)` poses (and its backward's, with `backward`),
+    compiles their kernels in parallel, and writes the shapes to `shapes_file` if given.
+
+    The model runs once with no compiled kernel launched: its outputs are not meaningful, and
+    a model whose control flow reads its activations' values records one path only.
+    """
+    def run() -> None:
+        import torch
+
+        with torch.set_grad_enabled(backward):
+            out = model(*example_inputs)
+            if backward:
+                tensors = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+                           if isinstance(t, torch.Tensor) and t.requires_grad]
+                if not tensors:
+                    raise InvalidArgumentError("backward=True: the model's output does not require grad")
+                torch.autograd.backward(tensors, [torch.zeros_like(t) for t in tensors])
+
+    shapes = record(run, dispatcher=dispatcher)
+    failed = [r for r in build_shapes(shapes, dispatcher=dispatcher, jobs=jobs) if not r.ok]
+    if shapes_file is not None:
+        save_shapes(shapes, shapes_file)
+    for result in failed:  # the dispatcher takes its next candidate for these at the first real call
+        import logging
+
+        logging.getLogger("tiledispatch.warmup").warning("kernel %s failed to build: %s", result.name, result.error)
+    return shapes
+
+
+def save_shapes(shapes: Iterable[Shape], path: str | Path) -> Path:
+    path = Path(path)
+    items = [shape.to_dict() for shape in shapes]
+    path.write_text(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "shapes": items}, indent=1) + "\n")
+    return path
+
+
+def load_shapes(path: str | Path) -> tuple[Shape, ...]:
+    """The shapes `save_shapes` wrote; the file is untrusted input, read bounded (core.jsonio),
+    and anything wrong with it raises ValueError naming the file and the entry."""
+    data = read_json(Path(path))
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path} is not a tiledispatch shapes file (format {FORMAT!r}, version {FORMAT_VERSION})")
+    items = data.get("shapes")
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: \"shapes\" must be a list")
+    shapes = []
+    for i, item in enumerate(items):
+        try:
+            shapes.append(Shape.from_dict(item, f"shapes[{i}]"))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        except Exception as e:  # an unknown op
+            raise ValueError(f"{path}: shapes[{i}]: {e}") from None
+    return tuple(shapes)
