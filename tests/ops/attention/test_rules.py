@@ -433,3 +433,16 @@ def test_the_warp_specialised_plans_bind_their_descriptors():
     args = _launch_args(backward, "dq", wide, ops.problem.variant)
     assert list(args["k_desc"].block_shape) == [1, 1, 32, 256] and list(args["q_desc"].block_shape) == [1, 1, 64, 256]
     assert args["dq_desc"].base is backward.output.dq
+
+
+@pytest.mark.parametrize("rule_set", list(RuleSet), ids=lambda r: r.value)
+def test_a_dtype_class_generates_exactly_its_configs_in_the_whole_set_s_order(rule_set):
+    """The lazy registry's premise (core.registry.RuleSetSource): `within=dtype` yields the whole
+    set's configs of that dtype, in the same order, and every config has one dtype."""
+    from tiledispatch.ops.attention.rulesets import RULE_SETS
+
+    whole = list(RULE_SETS[rule_set]())
+    parts = {dtype: list(RULE_SETS[rule_set](within=dtype)) for dtype in DType}
+    for dtype, part in parts.items():
+        assert part == [c for c in whole if c.dtype is dtype]
+    assert sum(map(len, parts.values())) == len(whole)

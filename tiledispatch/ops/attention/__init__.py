@@ -29,7 +29,7 @@ from .problem import (
 )
 from .ranking import rule_score
 from .rules import AttentionRule, auto_correct, supports, validate
-from .rulesets import RULE_SETS
+from .rulesets import RULE_SETS, problem_class
 
 OP = register(OpDefinition(
     kind=KIND,
@@ -47,6 +47,7 @@ OP = register(OpDefinition(
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.dtype.value,
+    problem_class=problem_class,
 ))
 
 

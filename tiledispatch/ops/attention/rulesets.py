@@ -121,10 +121,18 @@ ENTRIES = (
 )
 
 
-def _bind(rule_set: RuleSet) -> Iterator[AnyAttentionConfig]:
-    """For each dtype (fp8 first), the vendor candidates once per direction, then each entry's
-    tiles for each head-dim pair it takes."""
+def problem_class(problem) -> DType:
+    """A problem's class: its dtype, which every config must match (`supports`)."""
+    return problem.dtype
+
+
+def _bind(rule_set: RuleSet, within: DType | None = None) -> Iterator[AnyAttentionConfig]:
+    """For each dtype (fp8 first; only `within` where given: dtype is the outer loop, so a class
+    comes out in the order of the whole set), the vendor candidates once per direction, then each
+    entry's tiles for each head-dim pair it takes."""
     for dtype in FP8 + DTYPES:
+        if within is not None and dtype is not within:
+            continue
         if dtype in DTYPES:
             for direction in Direction:
                 for family in VENDORS:
@@ -139,22 +147,22 @@ def _bind(rule_set: RuleSet) -> Iterator[AnyAttentionConfig]:
                                       tile.num_stages)
 
 
-def tiny() -> Iterator[AnyAttentionConfig]:
-    return _bind(RuleSet.TINY)
+def tiny(within: DType | None = None) -> Iterator[AnyAttentionConfig]:
+    return _bind(RuleSet.TINY, within)
 
 
-def tests() -> Iterator[AnyAttentionConfig]:
-    return _bind(RuleSet.TESTS)
+def tests(within: DType | None = None) -> Iterator[AnyAttentionConfig]:
+    return _bind(RuleSet.TESTS, within)
 
 
-def default() -> Iterator[AnyAttentionConfig]:
-    return _bind(RuleSet.DEFAULT)
+def default(within: DType | None = None) -> Iterator[AnyAttentionConfig]:
+    return _bind(RuleSet.DEFAULT, within)
 
 
-def full() -> Iterator[AnyAttentionConfig]:
+def full(within: DType | None = None) -> Iterator[AnyAttentionConfig]:
     """Every default config, plus the whole tile space for every signature."""
     seen = set()
-    for config in itertools.chain(default(), _bind(RuleSet.FULL)):
+    for config in itertools.chain(default(within), _bind(RuleSet.FULL, within)):
         if config not in seen:
             seen.add(config)
             yield config
