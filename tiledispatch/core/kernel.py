@@ -320,9 +320,8 @@ def _cuda_launchers(spec: KernelSpec, compiled: list[KernelUnit], cache: KernelC
     """The compiled stages' launchers; an entry that changes or vanishes between its
     verification and its load (a concurrent prune or clear) is looked up again, and rebuilt."""
     def attempt() -> dict[str, CudaLauncher]:
-        with runtime.INTERPRETER_LOCK:  # compiling and loading read `triton.language`: see runtime
-            entries = build(spec, cache, specialization)
-            return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled}
+        entries = build(spec, cache, specialization)  # its hashing and compiling hold runtime's lock
+        return {unit.stage: CudaLauncher(unit, entries[unit.stage]) for unit in compiled}
 
     for tried in range(1, LOAD_ATTEMPTS):
         try:
