@@ -47,7 +47,7 @@ def test_roles_buffers_and_scalars_are_filled_per_call():
     assert bound.stages[0].template[3] == 2.0 and bound.stages[0].template[0] is None
     for _ in range(2):
         fx, fy, fout = torch.randn(4, 5), torch.randn(4, 5), torch.full((4, 5), float("nan"))
-        buffers = bound((fx, fy, fout), None, scalars=(11,))
+        buffers = bound.run((fx, fy, fout), None, scalars=(11,))
         torch.testing.assert_close(fout, (fx + fy) * 2.0)
         made_scratch, made_flags = buffers
         assert first.calls[-1][2] is made_scratch and second.calls[-1][0] is made_scratch  # one per call, shared
@@ -75,7 +75,7 @@ def test_descriptors_views_and_operands():
     assert [s.fill for s in bound.stages[0].slots] == [Fill.ROLE_DESCRIPTOR, Fill.ROLE_VIEW, Fill.OPERANDS,
                                                         Fill.ROLE_VIEW]
     fresh, made = torch.randn(8, 16), Operands()
-    bound((fresh, torch.empty(8, 16)), None, operands=lambda: made)
+    bound.run((fresh, torch.empty(8, 16)), None, operands=lambda: made)
     moved, view, operands, _ = python.calls[-1]
     assert moved.base is fresh and moved.block_shape == [4, 8] and moved.strides == descriptor.strides
     assert view.shape == (1, 8, 16) and view.data_ptr() == fresh.data_ptr()

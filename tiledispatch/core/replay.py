@@ -99,7 +99,7 @@ class Stage:
 
     launcher: Any
     grid: tuple
-    template: tuple
+    template: list  # copied per call, never written
     roles: tuple[tuple[int, int], ...]
     slots: tuple[Slot, ...]
 
@@ -141,6 +141,7 @@ class BoundPlan:
         self._view = binding.view
         self.stages = tuple(self._stage(launch, launchers[launch.stage]) for launch in plan.launches)
         self.device = device
+        self.run = self._run  # `seal` may put a leaner one for the plan's shape in its place
 
     def buffer_of(self, tensor: torch.Tensor) -> int:
         """The buffer number of a tensor the plan made (an output the op hands back), made one if
@@ -153,6 +154,8 @@ class BoundPlan:
         """Drops what binding needed: the planning tensors' ids mean nothing once they are freed."""
         self.buffers = tuple(self.buffers)
         del self._roles, self._scratch, self._zeroed, self._buffer_ids, self._kept, self._binding
+        if len(self.stages) == 1 and not self.buffers and not self.stages[0].slots:
+            self.run = _one_plain_stage(self.stages[0])
         return self
 
     def _buffer(self, tensor: torch.Tensor) -> int:
@@ -198,17 +201,18 @@ class BoundPlan:
             (roles if type(slot) is tuple else slots).append(slot)
             template[j] = None  # a planning tensor kept in the template would pin its memory
         run = launcher.launch if isinstance(launcher, CudaLauncher) else launcher  # one frame less a call
-        return Stage(run, launch.grid, tuple(template), tuple(roles), tuple(slots))
+        return Stage(run, launch.grid, template, tuple(roles), tuple(slots))
 
-    def __call__(self, values: Sequence, stream, scalars: Sequence = (), operands: Callable[[], Any] | None = None
-                 ) -> list[torch.Tensor]:
+    def _run(self, values: Sequence, stream, scalars: Sequence = (), operands: Callable[[], Any] | None = None
+             ) -> list[torch.Tensor]:
         """Launches every stage on `values` (the call's tensors in role order); returns the buffers
-        made for this call, so that the op can hand back the ones that are results."""
+        made for this call, so that the op can hand back the ones that are results. Called as
+        `run`, which for a plan of one stage that only takes role tensors is `_one_plain_stage`."""
         device = self.device
         buffers = [b.make(device) for b in self.buffers] if self.buffers else ()
         made = None
         for stage in self.stages:
-            args = list(stage.template)
+            args = stage.template.copy()
             for j, role in stage.roles:
                 args[j] = values[role]
             for slot in stage.slots:
@@ -229,3 +233,18 @@ class BoundPlan:
                     args[slot.index] = made
             stage.launcher(stage.grid, args, stream)
         return buffers
+
+
+def _one_plain_stage(stage: Stage) -> Callable[..., tuple]:
+    """`BoundPlan.run` for the most common plan, one launch that reads only the call's tensors:
+    each call is a host cost the caller pays, so this one does nothing else."""
+    launcher, grid, template, roles = stage.launcher, stage.grid, stage.template, stage.roles
+
+    def run(values, stream, scalars=(), operands=None) -> tuple:
+        args = template.copy()
+        for j, role in roles:
+            args[j] = values[role]
+        launcher(grid, args, stream)
+        return ()
+
+    return run

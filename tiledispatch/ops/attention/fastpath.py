@@ -169,7 +169,7 @@ class BoundAttention:
         self._result_type = type(result)
         self._result = tuple(None if t is None else bound.buffer_of(t)
                              for t in (getattr(result, f.name) for f in dataclasses.fields(result)))
-        self._plan = bound.seal()
+        self._run = bound.seal().run
         p = operands.problem
         self._full = (p.batch, p.heads_q, p.seqlen_q, p.seqlen_kv)
         self._optional = any(getattr(operands, r) is not None for r in ("bias", "mask", "alibi_slopes", "sinks"))
@@ -191,7 +191,7 @@ class BoundAttention:
         if self._unit_scale is not None:
             one = self._unit_scale
             values += tuple(one if s is None else s for s in (scale_q, scale_k, scale_v))  # the kernel reads s[0]
-        buffers = self._plan(values, self._stream(), (seed, offset))
+        buffers = self._run(values, self._stream(), (seed, offset))
         return self._result_type(*[None if i is None else buffers[i] for i in self._result])
 
 

@@ -79,7 +79,7 @@ class BoundConv:
         # The vendor stage hands over its own result's storage (vendor.run): an allocation of y's size
         # would only be dropped, so it gets an empty tensor to take that storage.
         self._hands_over = self._allocates and any(launch.stage == "vendor" for launch in plan.launches)
-        self._plan = BoundPlan(plan, launchers, Binding(roles, operands_type=ConvOperands), operands.device).seal()
+        self._run = BoundPlan(plan, launchers, Binding(roles, operands_type=ConvOperands), operands.device).seal().run
         out = plan.output
         self._out = (tuple(out.shape), out.stride(), out.dtype)
         self._problem = operands.problem
@@ -100,7 +100,7 @@ class BoundConv:
                 check_no_alias(out, dict(zip(ROLES[:4], tensors[:4])), in_place_ok={"residual": tensors[4]})
                 self._unaliased = pointers
         # with the caller's out: None tells the vendor to hand over its own (ROLES are ConvOperands' fields' order)
-        self._plan((*tensors[:-1], out), self._stream(), operands=lambda: ConvOperands(self._problem, *tensors))
+        self._run((*tensors[:-1], out), self._stream(), operands=lambda: ConvOperands(self._problem, *tensors))
         return out
 
 

@@ -107,7 +107,7 @@ class BoundGemm:
         roles = [getattr(operands, role) for role in ROLES]
         roles[ROLES.index("out")] = plan.output
         binding = Binding(roles, scratch=_made(plan, roles), view=_batched)
-        self._plan = BoundPlan(plan, launchers, binding, operands.device).seal()
+        self._run = BoundPlan(plan, launchers, binding, operands.device).seal().run
         shape = (p.m, p.n) if result_2d else (p.batch, p.m, p.n)  # a 2-D result needs no view of a 3-D one
         # The result is made by empty_like of one element expanded to its shape (a contiguous tensor, as
         # the expanded one is not dense): half the host time of torch.empty's keyword parsing (H200
@@ -130,7 +130,7 @@ class BoundGemm:
                 check_no_alias(out, a, b, bias, residual, scale_a, scale_b)
                 self._unaliased = pointers
             result = out
-        self._plan((a, b, bias, residual, result, self._scale_a if scale_a is None else scale_a,
+        self._run((a, b, bias, residual, result, self._scale_a if scale_a is None else scale_a,
                     self._scale_b if scale_b is None else scale_b), self._stream())
         return result
 
