@@ -118,7 +118,7 @@ class DirectConfig:
         """Source columns a window kernel's run loads once each, a filter row: input columns
         (run - 1) x stride + window wide for forward and backward-weight, dy columns that reach the
         run's input columns for backward-data. The kernels' own count (their loops' bound)."""
-        from ..kernels.direct import window_columns
+        from ..kernels.window import window_columns
 
         return window_columns(self.run, self.window, self.window_stride,
                               self.signature.direction is Direction.BWD_DATA)
