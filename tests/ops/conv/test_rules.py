@@ -279,3 +279,18 @@ def test_a_conv_of_one_channel_box_a_tap_prefers_igemm_in_3d(sm90_dispatcher):
         video = problem(direction, 4, 64, 64, 1, (16, 56, 56), (3, 3, 3), 1, 1, 1, "bf16")
         best = next(s for s in ranked(sm90_dispatcher, video) if s.family != "vendor")
         assert best.family == "igemm", best.name
+
+
+@pytest.mark.parametrize("rule_set", list(RuleSet), ids=lambda r: r.value)
+def test_a_signature_class_generates_exactly_its_configs_in_the_whole_set_s_order(rule_set):
+    """The lazy registry's premise (core.registry.RuleSetSource): `within=signature` yields the
+    whole set's configs of that signature, in the same order, and every config has one."""
+    from tiledispatch.ops.conv import rulesets
+
+    whole = list(rulesets.RULE_SETS[rule_set]())
+    seen = 0
+    for sig in rulesets.signatures():
+        part = list(rulesets.RULE_SETS[rule_set](within=sig))
+        assert part == [c for c in whole if c.signature == sig]
+        seen += len(part)
+    assert seen == len(whole)

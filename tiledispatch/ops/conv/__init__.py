@@ -32,7 +32,7 @@ from .problem import (
 )
 from .ranking import rule_score
 from .rules import ConvRule, auto_correct, supports, validate
-from .rulesets import RULE_SETS
+from .rulesets import RULE_SETS, problem_class
 
 OP = register(OpDefinition(
     kind=KIND,
@@ -53,6 +53,7 @@ OP = register(OpDefinition(
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.signature.types.name,
     tuning_operands=tuning_operands,
+    problem_class=problem_class,
 ))
 
 

@@ -419,15 +419,25 @@ EPILOGUES = tuple(ConvEpilogue(bias, activation, residual)
                   for bias, activation, residual in itertools.product((False, True), Activation, (False, True)))
 
 
-def signatures(epilogues=EPILOGUES) -> Iterator[ConvSignature]:
+def problem_class(problem) -> ConvSignature:
+    """A problem's class: its signature (direction, types, epilogue), which every config must
+    match (`rules.signature_refusal`, the vendor's own check)."""
+    return ConvSignature.of(problem)
+
+
+def signatures(epilogues=EPILOGUES, within: ConvSignature | None = None) -> Iterator[ConvSignature]:
+    """Every signature, or only `within`: signatures are `_bind`'s outer loop, so one class comes
+    out in the order of the whole set."""
     for direction, types in itertools.product(Direction, TYPES):
         for epilogue in epilogues if direction is Direction.FORWARD else (ConvEpilogue(),):
-            yield ConvSignature(direction, types, epilogue)
+            sig = ConvSignature(direction, types, epilogue)
+            if within is None or sig == within:
+                yield sig
 
 
-def _bind(tiles: Iterable, epilogues=EPILOGUES) -> Iterator[AnyConvConfig]:
+def _bind(tiles: Iterable, epilogues=EPILOGUES, within: ConvSignature | None = None) -> Iterator[AnyConvConfig]:
     """Each tile bound to each signature it serves, signature by signature, in the order of `tiles`."""
-    for sig in signatures(epilogues):
+    for sig in signatures(epilogues, within):
         for tile in tiles:
             yield from tile.configs(sig)
 
@@ -439,22 +449,22 @@ DEFAULT = (*SIGNATURE_ONLY, *DEFAULT_TOEPLITZ, *DEFAULT_TMA, *DEFAULT_GEMM, *DEF
 FULL = (*SIGNATURE_ONLY, *FULL_TOEPLITZ, *FULL_TMA, *FULL_GEMM, *FULL_DIRECT)  # bound without epilogues
 
 
-def tiny() -> Iterator[AnyConvConfig]:
-    return _bind(TINY)
+def tiny(within: ConvSignature | None = None) -> Iterator[AnyConvConfig]:
+    return _bind(TINY, within=within)
 
 
-def tests() -> Iterator[AnyConvConfig]:
-    return _bind(TESTS)
+def tests(within: ConvSignature | None = None) -> Iterator[AnyConvConfig]:
+    return _bind(TESTS, within=within)
 
 
-def default() -> Iterator[AnyConvConfig]:
-    return _bind(DEFAULT)
+def default(within: ConvSignature | None = None) -> Iterator[AnyConvConfig]:
+    return _bind(DEFAULT, within=within)
 
 
-def full() -> Iterator[AnyConvConfig]:
+def full(within: ConvSignature | None = None) -> Iterator[AnyConvConfig]:
     """Every default config, plus the whole tile space for each signature without epilogue."""
     seen = set()
-    for config in itertools.chain(default(), _bind(FULL, (ConvEpilogue(),))):
+    for config in itertools.chain(default(within), _bind(FULL, (ConvEpilogue(),), within)):
         if config not in seen:
             seen.add(config)
             yield config
