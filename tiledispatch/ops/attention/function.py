@@ -76,7 +76,7 @@ def read_call(q, k, v, bias, sinks, mask, alibi_slopes, *, causal, window, scale
         dropout_p=dropout_p, dropout_seed=0 if dropout_seed is None else dropout_seed,
         dropout_offset=dropout_offset, needs_lse=return_lse or grad, deterministic=deterministic,
     )
-    chosen = None if compiling and dispatcher_token(dispatcher) == 0 else dispatcher_or_default(dispatcher)
+    chosen = None if compiling and dispatcher_token(dispatcher) == 0 else dispatcher_or_default(dispatcher, q)
     call = Call(options, as_kernel_name(kernel, "kernel"), as_kernel_name(backward_kernel, "backward_kernel"), chosen,
                 traced=compiling)
     return call, grad, return_lse

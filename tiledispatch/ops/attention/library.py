@@ -58,7 +58,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, sinks: OptTen
 
     options = options_of(causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset, needs_lse,
                          deterministic)
-    chosen = dispatcher_or_default(dispatcher_of(dispatcher))
+    chosen = dispatcher_or_default(dispatcher_of(dispatcher), q)
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes, "cu_seqlens_q": cu_seqlens_q,
                "cu_seqlens_k": cu_seqlens_k, "scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v}
     call = Call(options, kernel, backward_kernel, chosen,
@@ -90,7 +90,7 @@ def backward_kernel(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     from ...core.dispatcher import dispatcher_or_default
 
     options = options_of(causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset, True, deterministic)
-    call = Call(options, None, backward_kernel, dispatcher_or_default(dispatcher_of(dispatcher)))
+    call = Call(options, None, backward_kernel, dispatcher_or_default(dispatcher_of(dispatcher), q))
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
     grad_out = check_plain(grad_out, "grad_out")  # a negated view's memory does not hold its values

@@ -49,7 +49,7 @@ def _eager(direction: Direction, dispatcher, kernel, arguments: dict):
     """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
     from ...core.dispatcher import dispatcher_or_default
 
-    dispatcher = dispatcher_or_default(dispatcher)
+    dispatcher = dispatcher_or_default(dispatcher, arguments.get("x", arguments.get("dy")))
     tensors = tuple(arguments.get(role) for role in fastpath.ROLES)
     key = None
     if kernel is None or type(kernel) is str:

@@ -65,7 +65,7 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
             or getattr(scale_b, "requires_grad", False)):
         return _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel,
                          dispatcher)
-    dispatcher = dispatcher_or_default(dispatcher)
+    dispatcher = dispatcher_or_default(dispatcher, a)
     key = fastpath.call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel)
     if key is not None:  # a GPU call: bound once per signature, then replayed
         bound = dispatcher.memo(key, lambda: fastpath.bind(
