@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+import torch
+
 from tiledispatch import Dispatcher, Registry
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.kernel import PythonLauncher
@@ -99,3 +101,13 @@ def test_the_vendor_stage_replays_on_new_tensors(case):
     launchers = {unit.stage: PythonLauncher(unit) for unit in definition.kernel_units(config, p.alignment, ARCH)}
     bound = fastpath.BoundGemm(ops, definition.plan(config, ops), launchers, result_2d=a.dim() == 2)
     _replay_and_check(bound, p, own_out=True)
+
+
+def test_a_model_s_parameters_have_a_signature():
+    """A Linear's weight and bias are nn.Parameters: a signature stands for them as for tensors
+    (a model whose calls all took the checked path ran several times slower than PyTorch)."""
+    from tiledispatch.core.replay import tensor_meta
+
+    bias = torch.nn.Parameter(torch.randn(8))
+    assert fastpath._optional(bias) == tensor_meta(bias)
+    assert fastpath._optional(bias.detach()._neg_view()) is fastpath._NOT_A_TENSOR

@@ -28,6 +28,9 @@ from .operands import ConvOperands
 # The order of `BoundConv.__call__`'s tensors: ConvOperands' fields after the problem, so that the vendor
 # stage's operands are ConvOperands(problem, *tensors).
 ROLES = ("x", "w", "dy", "bias", "residual", "out")
+# The tensor types a signature stands for: a model's weights and biases are Parameters. A subclass
+# with its own __torch_function__ may mean anything, and takes the checked path.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
@@ -52,7 +55,7 @@ def replayable(tensors: tuple) -> bool:
     """Whether a bound plan may stand in for the checks on these tensors: plain tensors whose memory
     holds their values (the checks copy a negated or conjugated input, and refuse such an out), and
     an out that autograd does not track (the checks refuse one that requires grad, in grad mode)."""
-    if any(t is not None and (type(t) is not torch.Tensor or t.is_neg() or t.is_conj()) for t in tensors):
+    if any(t is not None and (type(t) not in _PLAIN or t.is_neg() or t.is_conj()) for t in tensors):
         return False
     out = tensors[-1]
     return out is None or not out.requires_grad
