@@ -244,7 +244,7 @@ def mutate(rng: random.Random, line: Line, files: dict[str, Path]) -> Line:
 
 def garbage_line(rng: random.Random) -> Line:
     words = rng.choice([("gemmm",), ("",), ("explain", "matmul"), ("registry", "lsit"), ("cache", "rm"),
-                        ("--version",), ("-h",), ("\U0001f4a5",), ("explain",), ("registry",), ()])
+                        ("--versoin",), ("-h",), ("\U0001f4a5",), ("explain",), ("registry",), ()])
     return Line(words, valid=False, why="garbage")
 
 
