@@ -205,3 +205,27 @@ def test_a_model_s_parameters_have_a_signature():
     tensors = (x, w, None, bias, None, None)
     assert fastpath.replayable(tensors)
     assert not fastpath.replayable((x, w, None, bias.neg().detach()._neg_view(), None, None))
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
+def test_a_plain_vendor_forward_is_pytorch_s_own_call(with_bias):
+    """DirectConv: the vendor bound to a plain 2-D forward calls torch.conv2d on the caller's
+    tensors (here on the CPU), and only such calls: an epilogue, an out or fp32 keep the plan."""
+    from types import SimpleNamespace
+
+    p = problem("forward", 2, 8, 12, 2, (7, 6), (3, 3), 2, 1, 1, dtype="fp16",
+                **({"epilogue": ConvEpilogue(bias=True)} if with_bias else {}))
+    inputs = make_inputs(p, device=DEVICE, seed=3)
+    ops = check_operands(p.direction, **(inputs.kwargs(p) | {"out": None}))
+    vendor = SimpleNamespace(family="vendor")
+    assert fastpath.DirectConv.takes(vendor, ops)
+    assert not fastpath.DirectConv.takes(SimpleNamespace(family="igemm"), ops)
+    assert not fastpath.DirectConv.takes(vendor, check_operands(p.direction, **inputs.kwargs(p)))  # out given
+    fp32 = problem("forward", 2, 8, 12, 2, (7, 6), (3, 3), 2, 1, 1, dtype="fp32")
+    assert not fastpath.DirectConv.takes(vendor, check_operands(fp32.direction, **(
+        make_inputs(fp32, device=DEVICE).kwargs(fp32) | {"out": None})))
+    fresh = make_inputs(p, device=DEVICE, seed=4)
+    y = fastpath.DirectConv(ops)((fresh.x, fresh.w, None, fresh.bias, None, None))
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    cmp = compare(y.float().to(fresh.out.dtype), check_operands(p.direction, **fresh.kwargs(p)))
+    assert cmp.passed, cmp.to_dict()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+
+from ...core.dispatcher import dispatcher_or_default
 from ...core.errors import UnsupportedError
 from ...core.op import OpDefinition, register
 from .config import (
@@ -16,7 +19,8 @@ from .config import (
     ToeplitzConfig,
     VendorConfig,
 )
-from .function import ConvCall, ConvFunction, check_dtype_on_arch, needs_grad, run
+from .function import ConvCall, ConvFunction, check_dtype_on_arch, checked_forward, needs_grad, run
+from . import fastpath
 from .inputs import tuning_operands
 from ..gemm import Activation
 from .operands import ConvOperands, check_operands
@@ -79,9 +83,17 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
         call = ConvCall(stride, padding, dilation, groups, Activation.of_argument(activation), allow_tf32, kernel,
                         dispatcher)
         return ConvFunction.apply(x, w, bias, residual, call)
-    return run(Direction.FORWARD, dispatcher, kernel, x=x, w=w, stride=stride, padding=padding,
-               dilation=dilation, groups=groups, bias=bias, activation=activation, residual=residual, out=out,
-               allow_tf32=allow_tf32)
+    arguments = lambda: dict(x=x, w=w, stride=stride, padding=padding, dilation=dilation, groups=groups,  # noqa: E731
+                             bias=bias, activation=activation, residual=residual, out=out, allow_tf32=allow_tf32)
+    key = None if torch.compiler.is_dynamo_compiling() else fastpath.forward_key(
+        x, w, bias, residual, out, stride, padding, dilation, groups, activation, allow_tf32, kernel)
+    if key is not None:  # a GPU call: bound once per signature, then replayed
+        chosen = dispatcher_or_default(dispatcher, x)
+        bound = chosen.memo(key, lambda: fastpath.bind(
+            chosen, checked_forward(chosen, kernel, arguments()), kernel))
+        if bound is not fastpath.UNBOUND:
+            return bound((x, w, None, bias, residual, out))
+    return run(Direction.FORWARD, dispatcher, kernel, **arguments())
 
 
 def conv_backward_data(dy, w, input_size, *, stride=1, padding=0, dilation=1, groups: int = 1, out=None,

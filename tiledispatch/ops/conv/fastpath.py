@@ -23,7 +23,10 @@ from ...core.dispatcher import stream_getter
 from ...core.launch import Plan
 from ...core.replay import Binding, BoundPlan, Unbindable, tensor_meta
 from ...core.tensors import check_no_alias
+from ...core.dtypes import DType
+from ..gemm import Activation
 from .operands import ConvOperands
+from .problem import Direction
 
 # The order of `BoundConv.__call__`'s tensors: ConvOperands' fields after the problem, so that the vendor
 # stage's operands are ConvOperands(problem, *tensors).
@@ -44,6 +47,32 @@ def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
         return None  # the interpreter reads whole tensors, not just their pointers
     metas = tuple(None if t is None else tensor_meta(t) for t in tensors)
     key = ("conv", direction, metas, typed(options))  # "conv": memos are per dispatcher
+    try:
+        hash(key)
+    except TypeError:  # an unhashable option: the checked path takes it
+        return None
+    return key
+
+
+def forward_key(x, w, bias, residual, out, stride, padding, dilation, groups, activation, allow_tf32,
+                kernel) -> tuple | None:
+    """The signature of a forward call, or None where only the checked path can take it: what
+    `call_key` says of a forward call, written flat, since every call of a model's layer pays for it."""
+    if type(x) not in _PLAIN or type(w) not in _PLAIN or not x.is_cuda:
+        return None  # the interpreter reads whole tensors, not just their pointers
+    if x.is_neg() or x.is_conj() or w.is_neg() or w.is_conj() or (kernel is not None and type(kernel) is not str):
+        return None
+    optional = None
+    if bias is not None or residual is not None or out is not None:
+        if not replayable((bias, residual, out)):
+            return None
+        optional = (None if bias is None else tensor_meta(bias), None if residual is None else tensor_meta(residual),
+                    None if out is None else tensor_meta(out))
+    options = (stride, padding, dilation, groups, activation, allow_tf32, kernel)
+    # the type of each option and of a tuple's items: the checks refuse a float or a bool where an
+    # integer is meant, so options equal as numbers (2 and 2.0) are different calls
+    key = ("conv-forward", tensor_meta(x), tensor_meta(w), optional, options, tuple(map(type, options)),
+           tuple(tuple(map(type, v)) for v in (stride, padding, dilation) if type(v) is tuple))
     try:
         hash(key)
     except TypeError:  # an unhashable option: the checked path takes it
@@ -107,13 +136,36 @@ class BoundConv:
         return out
 
 
+class DirectConv:
+    """The vendor candidate on a plain 2-D forward call (no activation, residual or out; 16-bit,
+    so no tf32 switch): PyTorch's conv2d on the caller's own tensors, nothing planned, so the call
+    costs what F.conv2d costs plus the signature. Channels-last x and w give a channels-last y."""
+
+    def __init__(self, operands: ConvOperands) -> None:
+        p = operands.problem
+        self._args = (p.stride, p.padding, p.dilation, p.groups)
+
+    def __call__(self, tensors: tuple) -> torch.Tensor:
+        x, w, _, bias, _, _ = tensors
+        return torch.conv2d(x, w, bias, *self._args)
+
+    @staticmethod
+    def takes(spec, operands: ConvOperands) -> bool:
+        p = operands.problem
+        return (spec.family == "vendor" and p.direction is Direction.FORWARD and p.spatial_dims == 2
+                and operands.out is None and operands.residual is None and p.epilogue.activation is Activation.NONE
+                and p.types.dtype in (DType.FP16, DType.BF16) and not p.wide_offsets)
+
+
 UNBOUND = object()  # a signature whose plan the swap cannot replay: the checked path takes it
 
 
-def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | object:
-    """Selects (or resolves), loads and plans once: a `BoundConv` to replay, or UNBOUND where the plan
-    reads a copy the swap would not refresh."""
+def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | object:
+    """Selects (or resolves), loads and plans once: a `BoundConv` to replay, a `DirectConv` for a plain
+    call bound to the vendor, or UNBOUND where the plan reads a copy the swap would not refresh."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
+    if DirectConv.takes(spec, operands) and not operands.converted:
+        return DirectConv(operands)
     try:
         return BoundConv(operands, spec.definition.plan(spec.config, operands), launchers)
     except Unbindable:

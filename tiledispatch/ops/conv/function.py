@@ -70,6 +70,11 @@ def _checked(direction: Direction, dispatcher, kernel, arguments: dict) -> ConvO
     return operands
 
 
+def checked_forward(dispatcher, kernel, arguments: dict) -> ConvOperands:
+    """Every check of a forward call: what `conv()`'s own fast path binds on first sight."""
+    return _checked(Direction.FORWARD, dispatcher, kernel, arguments)
+
+
 def check_kernel(kernel, direction: Direction, dispatcher) -> None:
     """A forced kernel must be a registered conv kernel of this call's direction: another op's kernel
     or another direction's says so, naming the argument, before any support check reads the problem."""
