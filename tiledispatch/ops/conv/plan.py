@@ -20,7 +20,7 @@ from ... import arch as arch_facts
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
-from ..gemm.plan import ACTIVATION_CODES
+from ..gemm import ACTIVATION_CODES
 from .operands import ConvOperands, channels_last_empty
 from .problem import ConvSpecialization, Direction
 from .signature import FAMILIES, ConvSignature
