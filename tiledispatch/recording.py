@@ -104,6 +104,7 @@ def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = Non
         return []
     groups: dict[Any, dict[str, Any]] = {}  # specialisation -> kernel name -> spec
     for shape in shapes:
+        dispatcher.registry.candidates(shape.problem.op, shape.problem)  # a lazy registry makes the class only
         spec = dispatcher.registry.get(shape.kernel)
         specialization = spec.definition.specialization_of(shape.problem)
         if any(unit.kind is not UnitKind.PYTHON for unit in units(spec, specialization)):
