@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 from .core.dispatcher import Dispatcher, default_dispatcher, using
 from .core.errors import InvalidArgumentError
 from .core.jsonio import read_json
-from .core.kernel import BuildResult, build_all, units
+from .core.kernel import BuildResult, PythonLauncher, build_all, units
 from .core.op import UnitKind, get_op
 from .core.serialize import from_jsonable, to_jsonable
 
@@ -78,12 +78,9 @@ class Recorder(Dispatcher):
         return spec, launchers
 
     def _load(self, spec, specialization) -> dict[str, Any]:
-        skipped = {unit.stage: _skip for unit in units(spec, specialization) if unit.kind.compiled}
-        python = [unit for unit in units(spec, specialization) if not unit.kind.compiled]
-        if python:  # the vendor's stages: nothing to compile, and the outputs they hand over have shapes
-            skipped.update({stage: launcher for stage, launcher in super()._load(spec, specialization).items()
-                            if stage not in skipped})
-        return skipped
+        """Compiled stages skipped; the Python ones (the vendor library) run, as they compile nothing
+        and the outputs they hand over give the model its shapes."""
+        return {unit.stage: _skip if unit.kind.compiled else PythonLauncher(unit) for unit in units(spec, specialization)}
 
 
 def record(fn: Callable[..., Any], *args, dispatcher: Dispatcher | None = None, **kwargs) -> tuple[Shape, ...]:
