@@ -341,3 +341,18 @@ def test_every_candidate_failing_to_build_ends_in_no_kernel(registry, monkeypatc
     monkeypatch.setattr(kernel_step, "load", load)
     with pytest.raises(NoKernelError, match="failed to build on this machine"):
         dispatcher.run(operands())
+
+
+def test_the_default_for_a_tensor_is_the_default_dispatcher_and_forgotten_with_it():
+    """dispatcher_or_default's per-device table stands for default_dispatcher, cache_clear included."""
+    import torch
+
+    from tiledispatch.core.dispatcher import default_dispatcher, dispatcher_or_default
+    from tiledispatch.core.runtime import Backend
+
+    t = torch.zeros(1)
+    first = dispatcher_or_default(None, t)
+    assert first is default_dispatcher(backend=Backend.INTERPRETER) is dispatcher_or_default(None, t)
+    default_dispatcher.cache_clear()
+    again = dispatcher_or_default(None, t)
+    assert again is not first and again is default_dispatcher(backend=Backend.INTERPRETER)

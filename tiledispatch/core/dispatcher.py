@@ -435,7 +435,17 @@ def default_dispatcher(rule_set: RuleSet | str = RuleSet.DEFAULT, backend: Backe
     return _DEFAULTS.get_or_make(key, functools.partial(_make_default, *key))
 
 
-default_dispatcher.cache_clear = _DEFAULTS.clear
+# The default rule set's dispatcher by the call's `tensor.is_cuda`, once made: a plain dict read,
+# as every public call without `dispatcher=` asks for it.
+_BY_DEVICE: dict[bool, Dispatcher] = {}
+
+
+def _clear_defaults() -> None:
+    _BY_DEVICE.clear()
+    _DEFAULTS.clear()
+
+
+default_dispatcher.cache_clear = _clear_defaults
 
 
 def dispatcher_or_default(dispatcher: Any, tensor: Any = None) -> Dispatcher:
@@ -449,7 +459,10 @@ def dispatcher_or_default(dispatcher: Any, tensor: Any = None) -> Dispatcher:
         on_gpu = getattr(tensor, "is_cuda", None)  # not `device`: it builds an object each read
         if on_gpu is None:
             return default_dispatcher()
-        return default_dispatcher(backend=Backend.CUDA if on_gpu else Backend.INTERPRETER)
+        chosen = _BY_DEVICE.get(on_gpu)
+        if chosen is None:
+            chosen = _BY_DEVICE[on_gpu] = default_dispatcher(backend=Backend.CUDA if on_gpu else Backend.INTERPRETER)
+        return chosen
     if not isinstance(dispatcher, Dispatcher):
         from .errors import InvalidArgumentError
 
