@@ -10,7 +10,7 @@ from tiledispatch import arch
 from tiledispatch.core.dtypes import DType
 from tiledispatch.core.op import OpKind, RuleSet, get_op
 from tiledispatch.core.registry import Registry
-from tiledispatch.ops.gemm import rulesets
+from tiledispatch.ops.gemm import GemmLayout, rulesets
 from tiledispatch.ops.gemm.rules import GemmRule, validate
 from tiledispatch.ops.gemm.rulesets import RULE_SETS
 
@@ -148,15 +148,16 @@ def test_full_dedup_keeps_default_first():
 
 @pytest.mark.parametrize("rule_set", [RuleSet.TINY, RuleSet.TESTS, RuleSet.DEFAULT, RuleSet.FULL])
 def test_a_class_generates_exactly_its_configs_in_the_whole_set_s_order(rule_set):
-    """The lazy registry's premise: `within=(types, epilogue)` yields the whole set's configs of
-    that class, in the same order, and every config of the whole set belongs to one class."""
+    """The lazy registry's premise: `within=(types, epilogue, layout)` yields the whole set's configs
+    of those types and epilogue whose layout is the problem's or the strided one, in the same order;
+    a layout no config has (mixed strided) gets the strided configs alone."""
     whole = list(RULE_SETS[rule_set]())
-    seen = 0
-    for types, epilogue in itertools.product(rulesets.TYPES, rulesets.EPILOGUES):
-        part = list(RULE_SETS[rule_set](within=(types, epilogue)))
-        assert part == [c for c in whole if (c.types, c.epilogue) == (types, epilogue)]
-        seen += len(part)
-    assert seen == len(whole)
+    strided = GemmLayout.parse("sss")
+    for layout in (*rulesets.LAYOUTS, GemmLayout.parse("rrs")):
+        for types, epilogue in itertools.product(rulesets.TYPES, rulesets.EPILOGUES):
+            part = list(RULE_SETS[rule_set](within=(types, epilogue, layout)))
+            assert part == [c for c in whole if (c.types, c.epilogue) == (types, epilogue)
+                            and c.layout in (layout, strided)]
 
 
 @pytest.mark.parametrize("target", [SM90, INTERP], ids=lambda a: a.name)
@@ -167,10 +168,11 @@ def test_the_lazy_registry_ranks_what_the_eager_one_ranks(target):
     eager = Registry.from_rule_set("gemm", "default", target)
     lazy = Registry.from_rule_sets(["gemm"], "default", target)
     definition = get_op("gemm")
-    for types, epilogue in [(GemmTypes(DType.FP16, DType.FP16, DType.FP16), Epilogue()),
-                            (GemmTypes(DType.FP32, DType.FP32, DType.FP32), Epilogue(bias=True)),
-                            (GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16), Epilogue())]:
-        problem = GemmProblem(128, 96, 256, types=types, epilogue=epilogue)
+    for types, epilogue, layout in [(GemmTypes(DType.FP16, DType.FP16, DType.FP16), Epilogue(), "rrr"),
+                                    (GemmTypes(DType.FP32, DType.FP32, DType.FP32), Epilogue(bias=True), "rcr"),
+                                    (GemmTypes(DType.FP8E4M3, DType.FP8E4M3, DType.BF16), Epilogue(), "rcr"),
+                                    (GemmTypes(DType.FP16, DType.FP16, DType.FP16), Epilogue(), "srr")]:
+        problem = GemmProblem(128, 96, 256, types=types, epilogue=epilogue, layout=GemmLayout.parse(layout))
         takes = lambda specs: [s.name for s in specs if definition.supports(s.config, problem) is None]  # noqa: E731
         assert takes(lazy.candidates(definition.kind, problem)) == takes(eager)
         assert lazy.lazy  # nothing read the whole registry

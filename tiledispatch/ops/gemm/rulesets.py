@@ -218,6 +218,7 @@ TYPES = _CPU_TYPES + (
     GemmTypes(DType.BF16, DType.BF16, DType.FP32),
 )
 LAYOUTS = tuple(GemmLayout.parse(x) for x in ("rrr", "rcr", "crr", "ccr", "sss"))
+_STRIDED = GemmLayout.parse("sss")
 EPILOGUES = tuple(
     Epilogue(bias, activation, residual)
     for bias, activation, residual in itertools.product((False, True), Activation, (False, True))
@@ -244,33 +245,33 @@ def _bind(tiles, types, layouts, epilogues) -> Iterator[AnyGemmConfig]:
 
 
 def problem_class(problem) -> tuple:
-    """A problem's class: its types and epilogue, which a config must match exactly (`supports`)."""
-    return problem.types, problem.epilogue
+    """A problem's class: its types and epilogue, which a config must match exactly, and its
+    layout, which a config matches role by role or takes as strided (`supports`)."""
+    return problem.types, problem.epilogue, problem.layout
 
 
-def _signatures(within: tuple | None) -> tuple[tuple, tuple]:
-    """The types and epilogues to bind: all of them, or those of the one class `within` names.
-    The class's configs come out in the order the whole set has them: types and epilogue are
-    `_bind`'s outer loops."""
+def _signatures(within: tuple | None) -> tuple[tuple, tuple, tuple]:
+    """The types, layouts and epilogues to bind: all of them, or those of the one class `within`
+    names (the layouts its problems can take: their own and the strided one). Types and epilogue
+    are `_bind`'s outer loops and layout its inner one, so a class comes out in the order of the
+    whole set."""
     if within is None:
-        return TYPES, EPILOGUES
-    types, epilogue = within
-    return tuple(t for t in TYPES if t == types), tuple(e for e in EPILOGUES if e == epilogue)
+        return TYPES, LAYOUTS, EPILOGUES
+    types, epilogue, layout = within
+    return (tuple(t for t in TYPES if t == types), tuple(x for x in LAYOUTS if x == layout or x == _STRIDED),
+            tuple(e for e in EPILOGUES if e == epilogue))
 
 
 def tiny(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
-    types, epilogues = _signatures(within)
-    return _bind(TINY_TILES, types, LAYOUTS, epilogues)
+    return _bind(TINY_TILES, *_signatures(within))
 
 
 def tests(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
-    types, epilogues = _signatures(within)
-    return _bind(TESTS_TILES, types, LAYOUTS, epilogues)
+    return _bind(TESTS_TILES, *_signatures(within))
 
 
 def default(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
-    types, epilogues = _signatures(within)
-    return _bind(DEFAULT_TILES, types, LAYOUTS, epilogues)
+    return _bind(DEFAULT_TILES, *_signatures(within))
 
 
 def full(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
@@ -280,10 +281,10 @@ def full(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
     The epilogue barely changes which tile is fastest, so sweeps over the whole space
     need not repeat it for all 16 epilogues.
     """
-    types, epilogues = _signatures(within)
+    types, layouts, epilogues = _signatures(within)
     plain = tuple(e for e in _PLAIN if e in epilogues)
     seen = set()
-    for config in itertools.chain(default(within), _bind(FULL_TILES + STREAM_K_TILES + WS_TILES, types, LAYOUTS, plain)):
+    for config in itertools.chain(default(within), _bind(FULL_TILES + STREAM_K_TILES + WS_TILES, types, layouts, plain)):
         if config not in seen:
             seen.add(config)
             yield config
