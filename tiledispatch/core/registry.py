@@ -41,7 +41,7 @@ class Registry:
     """Kernel specs by name, in insertion order.
 
     A registry made by `from_rule_sets` is lazy: it generates, validates and names the kernels of
-    one class of problems (an op's `problem_class`: gemm's dtypes and epilogue, say) when a problem
+    one class of problems (an op's `problem_class`: gemm's dtypes, epilogue and layout, say) when a problem
     of that class first asks for `candidates`, so that a process starts without enumerating whole
     rule sets. Anything that reads the whole registry (iteration, `len`, export, a kernel forced by
     a name not generated yet) generates the rest once, in the order an eager registry has.
@@ -59,11 +59,11 @@ class Registry:
     def _entries(self) -> dict[str, Entry]:
         """Every entry: the lazy sources are generated whole on first use."""
         if self._pending:
-            with self._lock:
-                pending, self._pending = self._pending, ()
-                for source in pending:
+            with self._lock:  # a thread that finds none pending finds the table whole
+                for source in self._pending:
                     for spec in source.everything():
-                        self._table[spec.name] = Entry(spec, 0)
+                        self._table.setdefault(spec.name, Entry(spec, 0))
+                self._pending = ()
         return self._table
 
     @classmethod
