@@ -231,3 +231,16 @@ def test_a_plain_vendor_forward_is_pytorch_s_own_call(with_bias):
     assert y.is_contiguous(memory_format=torch.channels_last)
     cmp = compare(y.float().to(fresh.out.dtype), check_operands(p.direction, **fresh.kwargs(p)))
     assert cmp.passed, cmp.to_dict()
+
+
+def test_the_custom_ops_list_arguments_reach_the_fast_path_as_tuples(monkeypatch):
+    """torch.library hands int[] arguments over as lists, which no signature can hold: eager_run
+    passes them on as tuples, and every training step's conv took the checked path before it."""
+    from tiledispatch.ops.conv import function
+
+    seen = {}
+    monkeypatch.setattr(function, "_eager", lambda direction, d, kernel, arguments: seen.update(arguments))
+    function.eager_run(Direction.FORWARD, None, None, x=None, w=None, stride=[1, 2], padding=[0, 1], groups=1)
+    assert seen["stride"] == (1, 2) and type(seen["stride"]) is tuple and type(seen["padding"]) is tuple
+    key = fastpath.typed(tuple(seen.items()))
+    assert hash(key) is not None
