@@ -1,7 +1,6 @@
 """Every attention config belongs to a registered kernel family, and the op's shared code asks the
 family rather than switching on it (issue 39: a kernel family is one module)."""
 
-import ast
 import importlib
 from pathlib import Path
 
@@ -14,6 +13,8 @@ from tiledispatch.ops.attention import AttentionConfig, Family, VendorConfig, va
 from tiledispatch.ops.attention.config import FAMILIES, AttentionFamily
 from tiledispatch.ops.attention.plan import kernel_units
 from tiledispatch.ops.attention.rulesets import RULE_SETS
+
+from ..family_switches import family_switches
 
 OP_DIR = Path(importlib.import_module("tiledispatch.ops.attention").__file__).parent
 # The op's shared modules: they look a config's family up in FAMILIES and call it.
@@ -67,20 +68,8 @@ def test_a_config_of_the_wrong_type_for_its_family_is_refused_by_name():
     assert not validate(wrong, arch.load("sm_90")).ok
 
 
-def _family_switches(path: Path) -> list[str]:
-    """`isinstance(x, <...>Config)` and `<...>.family is/in/==` in a module, by line."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
-            if "Config" in ast.unparse(node.args[1]):
-                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
-        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "family":
-            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
-    return found
-
-
 def test_the_shared_modules_hold_no_switch_over_families():
-    assert [s for name in SHARED for s in _family_switches(OP_DIR / name)] == []
+    assert [s for name in SHARED for s in family_switches(OP_DIR / name)] == []
 
 
 def test_the_switch_finder_finds_switches(tmp_path):
@@ -88,4 +77,4 @@ def test_the_switch_finder_finds_switches(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f(config):\n    if isinstance(config, VendorConfig):\n        return 1\n"
                       "    return config.family is Family.FWD\n")
-    assert len(_family_switches(module)) == 2
+    assert len(family_switches(module)) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import typing
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,8 @@ from tiledispatch.ops.gemm.config import AnyGemmConfig
 from tiledispatch.ops.gemm.family import FAMILIES, GemmFamily
 from tiledispatch.ops.gemm.plan import kernel_units
 from tiledispatch.ops.gemm.rulesets import RULE_SETS
+
+from ..family_switches import family_switches
 
 SM90 = arch.load("sm_90")
 
@@ -92,3 +95,13 @@ def test_registering_another_family_under_a_taken_name_fails():
     tiled = next(f for f in FAMILIES if f.name == "tiled")
     with pytest.raises(ValueError, match="registered already"):
         FAMILIES.register(replace(tiled, validate=lambda config, arch: ()))
+
+
+def test_the_shared_modules_hold_no_switch_over_families():
+    """rules, ranking, plan, rule sets and config ask FAMILIES instead of switching on a family."""
+    import tiledispatch.ops.gemm as gemm
+
+    shared = Path(gemm.__file__).parent
+    assert [s for name in ("rules.py", "ranking.py", "plan.py", "rulesets.py", "config.py", "family.py")
+            for s in family_switches(shared / name)] == []
+
