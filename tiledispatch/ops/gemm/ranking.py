@@ -333,6 +333,11 @@ def _memory_seconds(config: GemmConfig, p: GemmProblem, arch, kernel: TileKernel
     return soft_max(p.bytes() / (dram_bytes_per_s(arch) * in_flight), intake_s, 6), in_flight
 
 
+def split_launches(config: GemmConfig, problem: GemmProblem) -> int:
+    """A tile kernel's launches a call: the main one, and split-K's reduction where K is split."""
+    return 1 + int(config.split_k > 1)
+
+
 def tile_score(config: GemmConfig, problem: GemmProblem, arch, kernel: TileKernel) -> Score:
     """ideal / modelled device time of a tile family's kernel (the module's docstring says how)."""
     p = problem

@@ -93,10 +93,6 @@ def kernel_units(config: GemmConfig, alignment, arch=None):
     return (replace(plan.pointer_unit(config, alignment, MODULE, "gemm_gemv", constexprs), num_stages=1),)
 
 
-def host_launches(config: GemmConfig, problem) -> int:
-    return 1 + int(config.split_k > 1)
-
-
 def device_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
     """One row of A against B: the larger of B's stream (bytes in flight, sectors used), the
     busiest SM's intake and the FMAs.
@@ -140,6 +136,6 @@ def device_score(config: GemmConfig, problem: GemmProblem, arch) -> Score:
 FAMILY = register(realign.variant(GemmFamily(
     op=FAMILIES.op, name=Family.GEMV.value, config_type=GemmConfig, validate=validate,
     supports=supports, score=ranking.rule_score, kernel_units=kernel_units, plan=plan.pointer_plan,
-    correction=correction, device_score=device_score, host_launches=host_launches,
+    correction=correction, device_score=device_score, host_launches=ranking.split_launches,
     shared_memory_bytes=shared_memory_bytes_of, accumulator_registers=accumulator_registers_of,
 )))

@@ -103,7 +103,7 @@ def device_score(config: GemmConfig, problem, arch):
 
 
 def host_launches(config: GemmConfig, problem) -> int:
-    return 1 + int(config.split_k > 1) + 1  # and the flags' zeroing
+    return ranking.split_launches(config, problem) + 1  # and the flags' zeroing
 
 
 FAMILY = register(realign.variant(GemmFamily(

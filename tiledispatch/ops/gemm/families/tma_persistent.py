@@ -80,10 +80,6 @@ def device_score(config: GemmConfig, problem, arch):
     return ranking.tile_score(config, problem, arch, KERNEL)
 
 
-def host_launches(config: GemmConfig, problem) -> int:
-    return 1 + int(config.split_k > 1)
-
-
 def name_options(config: GemmConfig) -> str:
     return f"_e{config.epilogue_split}" + ("f" if config.flatten else "")
 
@@ -91,7 +87,7 @@ def name_options(config: GemmConfig) -> str:
 FAMILY = register(realign.variant(GemmFamily(
     op=FAMILIES.op, name=Family.TMA_PERSISTENT.value, config_type=GemmConfig, validate=validate,
     supports=rules.tma_tile_reason, score=ranking.rule_score, kernel_units=kernel_units, plan=launch_plan,
-    correction=rules.tile_correction, device_score=device_score, host_launches=host_launches,
+    correction=rules.tile_correction, device_score=device_score, host_launches=ranking.split_launches,
     shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
     fits=rules.tma_fits, name_options=name_options, uses_tma=True,
 )))

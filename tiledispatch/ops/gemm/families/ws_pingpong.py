@@ -53,7 +53,7 @@ def device_score(config: GemmConfig, problem, arch):
 FAMILY = register(realign.variant(GemmFamily(
     op=FAMILIES.op, name=Family.WS_PINGPONG.value, config_type=GemmConfig, validate=validate,
     supports=rules.tma_tile_reason, score=ranking.rule_score, kernel_units=kernel_units, plan=launch_plan,
-    correction=rules.tile_correction, device_score=device_score, host_launches=ws_persistent.host_launches,
+    correction=rules.tile_correction, device_score=device_score, host_launches=ranking.split_launches,
     shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
     fits=ws_persistent.ws_fits, uses_tma=True, warp_specialised=True,
 )))
