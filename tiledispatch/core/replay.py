@@ -29,15 +29,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .kernel import CudaLauncher, PythonLauncher
 
 
+# The tensor types a signature stands for: a model's weights and biases are Parameters. A subclass
+# with its own __torch_function__ may mean anything, and takes the checked path.
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def tensor_meta(t) -> tuple:
     """What the checks looked at: shape, strides, dtype, device index, 16-byte alignment."""
     return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
-
-
-def rebase(descriptor: TensorDescriptor, tensor: torch.Tensor) -> TensorDescriptor:
-    """The planned descriptor over `tensor`: its shape, strides and block passed their checks at
-    planning, for this signature, so TensorDescriptor's own checks are not run again."""
-    return _descriptor(tensor, _fields(descriptor))
 
 
 def _fields(descriptor: TensorDescriptor) -> dict:
@@ -45,6 +44,8 @@ def _fields(descriptor: TensorDescriptor) -> dict:
 
 
 def _descriptor(base: torch.Tensor, fields: dict) -> TensorDescriptor:
+    """The planned descriptor over `base`: its shape, strides and block passed their checks at
+    planning, for this signature, so TensorDescriptor's own checks are not run again."""
     moved = object.__new__(TensorDescriptor)
     moved.__dict__.update(fields)
     moved.base = base

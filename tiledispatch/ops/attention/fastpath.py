@@ -26,7 +26,7 @@ import torch
 
 from ...core.dispatcher import stream_getter
 from ...core.launch import Plan
-from ...core.replay import Binding, BoundPlan, Unbindable
+from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, Unbindable, tensor_meta
 from . import vendor
 from .config import VendorConfig
 from .operands import AttentionOperands, AttentionOptions, sinks_fp32, view_bias, view_mask, view_slopes
@@ -37,7 +37,6 @@ from .problem import Direction, MaskKind
 # AttentionOperands field of that name (bias, mask, alibi_slopes and sinks as derived there).
 ROLES = ("q", "k", "v", "bias", "mask", "alibi_slopes", "sinks", "out", "lse", "grad_out", "scale_q", "scale_k",
          "scale_v")
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _NUMBER_TYPES = (float, int, type(None))
 
 
@@ -52,15 +51,10 @@ CHECKED = _Checked()
 
 
 # -- signatures -----------------------------------------------------------------------------
-def _meta(t: torch.Tensor) -> tuple:
-    """What the checks read of a tensor: shape, strides, dtype, device and the 16-byte bit of its base."""
-    return (t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15)
-
-
 def _replayable(t) -> bool:
     """A plain tensor whose memory holds its values: a negated or conjugated view's does not, and
     the checks resolve it into a copy that a replay, binding the caller's tensor, would not make."""
-    return type(t) in _TENSOR_TYPES and not (t.is_neg() or t.is_conj())
+    return type(t) in PLAIN_TENSORS and not (t.is_neg() or t.is_conj())
 
 
 def _metas(tensors: tuple) -> tuple | None:
@@ -69,7 +63,7 @@ def _metas(tensors: tuple) -> tuple | None:
     for t in tensors:
         if not _replayable(t):
             return None
-        out.append(_meta(t))
+        out.append(tensor_meta(t))
     return tuple(out)
 
 
@@ -86,7 +80,7 @@ def _optional_metas(optional: tuple) -> tuple | None:
         if t is None:
             out.append(None)
         elif _replayable(t):
-            out.append(_meta(t))
+            out.append(tensor_meta(t))
         else:
             return None
     return tuple(out)

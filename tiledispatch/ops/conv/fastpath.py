@@ -21,19 +21,17 @@ import torch
 
 from ...core.dispatcher import stream_getter
 from ...core.launch import Plan
-from ...core.replay import Binding, BoundPlan, Unbindable, tensor_meta
+from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, Unbindable, tensor_meta
 from ...core.tensors import check_no_alias
 from ...core.dtypes import DType
 from ..gemm import Activation
 from .operands import ConvOperands
 from .problem import Direction
+from .signature import Family
 
 # The order of `BoundConv.__call__`'s tensors: ConvOperands' fields after the problem, so that the vendor
 # stage's operands are ConvOperands(problem, *tensors).
 ROLES = ("x", "w", "dy", "bias", "residual", "out")
-# The tensor types a signature stands for: a model's weights and biases are Parameters. A subclass
-# with its own __torch_function__ may mean anything, and takes the checked path.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def call_key(direction, tensors: tuple, options: tuple) -> tuple | None:
@@ -58,7 +56,7 @@ def forward_key(x, w, bias, residual, out, stride, padding, dilation, groups, ac
                 kernel) -> tuple | None:
     """The signature of a forward call, or None where only the checked path can take it: what
     `call_key` says of a forward call, written flat, since every call of a model's layer pays for it."""
-    if type(x) not in _PLAIN or type(w) not in _PLAIN or not x.is_cuda:
+    if type(x) not in PLAIN_TENSORS or type(w) not in PLAIN_TENSORS or not x.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
     if x.is_neg() or x.is_conj() or w.is_neg() or w.is_conj() or (kernel is not None and type(kernel) is not str):
         return None
@@ -84,7 +82,7 @@ def replayable(tensors: tuple) -> bool:
     """Whether a bound plan may stand in for the checks on these tensors: plain tensors whose memory
     holds their values (the checks copy a negated or conjugated input, and refuse such an out), and
     an out that autograd does not track (the checks refuse one that requires grad, in grad mode)."""
-    if any(t is not None and (type(t) not in _PLAIN or t.is_neg() or t.is_conj()) for t in tensors):
+    if any(t is not None and (type(t) not in PLAIN_TENSORS or t.is_neg() or t.is_conj()) for t in tensors):
         return False
     out = tensors[-1]
     return out is None or not out.requires_grad
@@ -152,7 +150,7 @@ class DirectConv:
     @staticmethod
     def takes(spec, operands: ConvOperands) -> bool:
         p = operands.problem
-        return (spec.family == "vendor" and p.direction is Direction.FORWARD and p.spatial_dims == 2
+        return (spec.family == Family.VENDOR.value and p.direction is Direction.FORWARD and p.spatial_dims == 2
                 and operands.out is None and operands.residual is None and p.epilogue.activation is Activation.NONE
                 and p.types.dtype in (DType.FP16, DType.BF16) and not p.wide_offsets)
 

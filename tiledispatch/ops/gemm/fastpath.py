@@ -23,7 +23,7 @@ from ...core.dispatcher import stream_getter
 from ...core.dtypes import DType
 from ...core.errors import BuildError
 from ...core.launch import Plan
-from ...core.replay import Binding, BoundPlan, tensor_meta
+from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, tensor_meta
 from . import vendor
 from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
@@ -36,15 +36,12 @@ ROLES = ("a", "b", "bias", "residual", "out", "scale_a", "scale_b")  # the order
 
 
 _NOT_A_TENSOR = object()  # an optional operand the fast path cannot key: the checked path says why
-# The tensor types a signature stands for: a model's weights and biases are Parameters. A subclass
-# with its own __torch_function__ may mean anything, and takes the checked path.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _optional(t):
     if t is None:
         return None
-    return tensor_meta(t) if type(t) in _PLAIN and not t.is_neg() else _NOT_A_TENSOR
+    return tensor_meta(t) if type(t) in PLAIN_TENSORS and not t.is_neg() else _NOT_A_TENSOR
 
 
 def _keyable(activation, out_dtype) -> bool:
@@ -62,7 +59,7 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
     Written flat, without helper calls for a and b: it runs on every call, and a plain
     call's whole host budget is a few microseconds.
     """
-    if type(a) not in _PLAIN or type(b) not in _PLAIN or not a.is_cuda:
+    if type(a) not in PLAIN_TENSORS or type(b) not in PLAIN_TENSORS or not a.is_cuda:
         return None  # the interpreter reads whole tensors, not just their pointers
     if a.is_neg() or b.is_neg():  # (a real dtype has no conjugate bit, and the checks refuse complex ones)
         return None
@@ -76,7 +73,7 @@ def call_key(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale
         if _NOT_A_TENSOR in optional:
             return None
     elif out is not None:  # the common keyword, keyed inline: a tuple of its own, unlike any 5-tuple above
-        if type(out) not in _PLAIN or out.is_neg():
+        if type(out) not in PLAIN_TENSORS or out.is_neg():
             return None
         optional = (out.shape, out.stride(), out.dtype, out.get_device(), not out.data_ptr() & 15)
     return ("gemm", a.shape, a.stride(), a.dtype, a.get_device(), not a.data_ptr() & 15,  # "gemm": memos are per dispatcher
