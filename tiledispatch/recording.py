@@ -15,6 +15,7 @@ warm from, without the model: `tiledispatch warmup shapes.json`, or `build_shape
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from .core.jsonio import read_json
 from .core.kernel import BuildResult, PythonLauncher, build_all, units
 from .core.op import UnitKind, get_op
 from .core.serialize import from_jsonable, to_jsonable
+
+log = logging.getLogger("tiledispatch.warmup")
 
 FORMAT = "tiledispatch-shapes"
 FORMAT_VERSION = 1
@@ -138,9 +141,7 @@ def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, s
     if shapes_file is not None:
         save_shapes(shapes, shapes_file)
     for result in failed:  # the dispatcher takes its next candidate for these at the first real call
-        import logging
-
-        logging.getLogger("tiledispatch.warmup").warning("kernel %s failed to build: %s", result.name, result.error)
+        log.warning("kernel %s failed to build: %s", result.name, result.error)
     return shapes
 
 
