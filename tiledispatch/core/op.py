@@ -164,6 +164,13 @@ class OpDefinition:
     # problem -> its class (hashable): the configs of other classes never take the problem, so a
     # lazy registry generates only the class's (`core.registry.RuleSetSource`). None: no classes.
     problem_class: Callable[[Any], Hashable] | None = None
+    # operands -> the op's float64 reference result, what a sweep checks every kernel's output
+    # against before timing it (computed once per operands, shared by the kernels checked on them).
+    # None: the op's kernels are timed unchecked.
+    reference: Callable[[Any], Any] | None = None
+    # (a plan's output, the reference, operands) -> core.comparison.Comparison under the tolerance
+    # of the problem's dtypes. Set wherever `reference` is.
+    check: Callable[[Any, Any, Any], Any] | None = None
 
 
 # The registered ops by name, in registration order (the order `all_ops` and a default

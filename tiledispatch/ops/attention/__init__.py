@@ -15,6 +15,7 @@ from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from . import families  # noqa: F401  (registers the kernel families)
 from .arguments import parse_causal, parse_window
 from .function import AttentionFunction, bound_forward, forward, read_call
+from .inputs import check_output, reference_output, tuning_operands
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
@@ -47,7 +48,10 @@ OP = register(OpDefinition(
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
     dtype_of=lambda config: config.dtype.value,
+    tuning_operands=tuning_operands,
     problem_class=problem_class,
+    reference=reference_output,
+    check=check_output,
 ))
 
 

@@ -43,3 +43,85 @@ def make_inputs(problem: AttentionProblem, device="cpu", seed: int = 0) -> Atten
     k = _tensor(p.batch, p.heads_kv, p.seqlen_kv, p.head_dim_qk, p.layout, dtype, device, g)
     v = _tensor(p.batch, p.heads_kv, p.seqlen_kv, p.head_dim_v, p.layout, dtype, device, g)
     return AttentionInputs(q, k, v, None, None)
+
+
+SOFTCAP = 30.0  # the cap of a soft-capped problem's fresh operands (Gemma 2's): the problem holds no value
+
+
+def _options(problem: AttentionProblem):
+    from .operands import AttentionOptions
+    from .problem import Direction, MaskKind
+
+    causal = problem.mask if problem.mask in (MaskKind.CAUSAL_TOP_LEFT, MaskKind.CAUSAL_BOTTOM_RIGHT) else None
+    window = (problem.window.left, problem.window.right) if problem.mask is MaskKind.SLIDING_WINDOW else None
+    return AttentionOptions(causal=causal, window=window, softcap=SOFTCAP if problem.variant.softcap else None,
+                            needs_lse=problem.needs_lse or problem.direction is Direction.BACKWARD,
+                            deterministic=problem.deterministic)
+
+
+def tuning_operands(problem: AttentionProblem, device, seed: int = 0):
+    """Fresh checked operands of exactly this problem (for `autotune` and sweeps), or None: a problem
+    with a mask or bias tensor, ALiBi or dropout, whose values fresh draws cannot stand for, or whose
+    layout fresh tensors do not reproduce. A backward problem's O and LSE are the float64 reference's
+    of the fresh Q, K, V (what a forward gives), its dO a fresh draw."""
+    from .operands import check_operands
+    from .problem import Direction, UserMask
+
+    v = problem.variant
+    if v.user_mask is not UserMask.NONE or v.bias or v.alibi or v.dropout or v.bias_grad:
+        return None
+    inputs = make_inputs(problem, device=device, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    sinks = torch.randn(problem.heads_q, generator=g).to(device) if v.sinks else None
+    common = dict(options=_options(problem), sinks=sinks, cu_seqlens_q=inputs.cu_seqlens_q,
+                  cu_seqlens_k=inputs.cu_seqlens_k)
+    forward = check_operands(inputs.q, inputs.k, inputs.v, **common)
+    if problem.direction is Direction.FORWARD:
+        return forward if forward.problem == problem else None
+    from .plan import like_layout
+    from .reference import reference
+
+    ref_out, ref_lse = reference(forward)
+    out = like_layout(inputs.q, problem.head_dim_v)
+    out.copy_(ref_out.reshape(out.shape))
+    lse = ref_lse.to(device=device, dtype=torch.float32).contiguous()
+    grad_out = like_layout(inputs.q, problem.head_dim_v)
+    grad_out.copy_(torch.randn(out.shape, generator=g).to(grad_out.dtype))
+    operands = check_operands(inputs.q, inputs.k, inputs.v, direction=Direction.BACKWARD, out=out, lse=lse,
+                              grad_out=grad_out, **common)
+    return operands if operands.problem == problem else None
+
+
+def reference_output(operands):
+    """The float64 result the sweep checks each kernel against: (out, lse) forward, (dq, dk, dv) backward."""
+    from .problem import Direction
+    from .reference import reference, reference_from
+
+    if operands.problem.direction is Direction.FORWARD:
+        return reference(operands)
+    f64 = [t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (operands.q, operands.k, operands.v)]
+    sinks = None if operands.sinks is None else operands.sinks.detach().to("cpu", torch.float64)
+    out, _ = reference_from(*f64, operands.problem, scale=operands.scale, softcap=operands.softcap, sinks=sinks,
+                            cu_seqlens_q=None if operands.cu_seqlens_q is None else operands.cu_seqlens_q.cpu(),
+                            cu_seqlens_k=None if operands.cu_seqlens_k is None else operands.cu_seqlens_k.cpu())
+    grad_out = operands.grad_out.detach().to("cpu", torch.float64).reshape(out.shape)
+    return torch.autograd.grad(out, f64, grad_out)
+
+
+def check_output(output, expected, operands):
+    """A plan's output (AttentionResult or AttentionGrads) against `reference_output`: the worst of
+    its parts, each under the dtype's tolerance (the LSE, where the problem asks for it, under 1e-5)."""
+    from .problem import Direction
+    from .reference import compare_tensors, tolerance
+
+    problem = operands.problem
+    if problem.direction is Direction.FORWARD:
+        parts = [(output.out, expected[0], tolerance(problem.dtype))]
+        if problem.needs_lse:
+            parts.append((output.lse, expected[1], 1e-5))
+    else:
+        tol = tolerance(problem.dtype, gradient=True)
+        parts = [(got, ref, tol) for got, ref in zip((output.dq, output.dk, output.dv), expected)]
+    checks = [compare_tensors(got, ref, tol) for got, ref, tol in parts]
+    failed = [c for c in checks if not c.passed]
+    return failed[0] if failed else max(checks, key=lambda c: c.relative_error / c.tolerance)

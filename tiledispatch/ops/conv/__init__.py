@@ -21,7 +21,7 @@ from .config import (
 )
 from .function import ConvCall, ConvFunction, check_dtype_on_arch, checked_forward, needs_grad, run
 from . import fastpath
-from .inputs import tuning_operands
+from .inputs import check_output, reference_output, tuning_operands
 from ..gemm import Activation
 from .operands import ConvOperands, check_operands
 from .plan import kernel_units, plan
@@ -58,6 +58,8 @@ OP = register(OpDefinition(
     dtype_of=lambda config: config.signature.types.name,
     tuning_operands=tuning_operands,
     problem_class=problem_class,
+    reference=reference_output,
+    check=check_output,
 ))
 
 

@@ -12,7 +12,7 @@ from ...core.op import OpDefinition, register
 from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import families  # noqa: F401  (each family module registers itself in family.FAMILIES)
 from . import fastpath
-from .inputs import tuning_operands
+from .inputs import check_output, reference_output, tuning_operands
 from ..library_common import dispatcher_token
 from .operands import GemmOperands, _asked_dtype, _scale, check_operands
 from .plan import ACTIVATION_CODES, kernel_units, plan
@@ -41,6 +41,8 @@ OP = register(OpDefinition(
     dtype_of=lambda config: config.types.name,
     tuning_operands=tuning_operands,
     problem_class=problem_class,
+    reference=reference_output,
+    check=check_output,
 ))
 
 

@@ -79,3 +79,18 @@ def tuning_operands(problem: GemmProblem, device, seed: int = 0):
     operands = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
                               activation=problem.epilogue.activation, **inputs.kwargs())
     return operands if operands.problem == problem else None
+
+
+def reference_output(operands):
+    """The float64 result the sweep checks each kernel against (`reference.reference`)."""
+    from .reference import reference
+
+    return reference(operands)
+
+
+def check_output(output, expected, operands):
+    """A kernel's output against `expected` (`reference_output`), under the types' tolerance."""
+    from ...core.comparison import relative_comparison
+    from .reference import tolerance
+
+    return relative_comparison(output, expected, tolerance(operands.problem.types))
