@@ -17,8 +17,7 @@ import logging
 import os
 import threading
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from . import kernel as kernel_step
 from .choice import Choice
@@ -26,7 +25,8 @@ from .cache import KernelCache
 from .errors import BuildError, CacheError, InsecureCacheError, NoKernelError, UnsupportedError
 from .launch import execute
 from .memo import LruTable
-from .op import RuleSet, Score, UnitKind, all_ops
+from .op import RuleSet, UnitKind, all_ops
+from .ranking import Candidate, Explanation, ModelSource, Ranking, model_source
 from .registry import Registry
 from .tuning import TuningRecord, TuningStore, policy
 from .runtime import Backend, check_device, current_arch, default_backend
@@ -39,54 +39,7 @@ class Strategy(Choice):
     FIRST = "first"  # the first supporting kernel in registry order
     RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
     AUTOTUNE = "autotune"  # the rules' finalists timed once per problem, the fastest remembered on disk
-
-
-@dataclass(frozen=True, slots=True)  # an explanation holds one per kernel of the registry
-class Candidate:
-    spec: KernelSpec
-    refused: str | None = None  # why it cannot run the problem; None if it can
-    score: Score | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kernel": self.spec.name}
-        if self.refused is not None:
-            out["refused"] = self.refused
-        if self.score is not None:
-            out["score"] = round(self.score.value, 6)
-            out["terms"] = {k: round(v, 4) for k, v in self.score.terms.items()}
-        return out
-
-
-@dataclass(frozen=True)
-class Explanation:
-    problem: Any
-    arch: str
-    strategy: Strategy
-    selected: KernelSpec | None
-    ranked: tuple[Candidate, ...]  # the accepted candidates, in the rules' order
-    refusals: Ranking = field(repr=False)  # `refused`, compactly
-    tuned_ms: Mapping[str, float] | None = None  # autotune: the finalists' measured times, if tuned
-
-    @functools.cached_property
-    def refused(self) -> tuple[Candidate, ...]:
-        """The refused candidates with their reasons, in registry order: spelled out when read,
-        since a caller after the ranking alone (gemm's graph replays' pick) need not pay an
-        object per kernel of the registry."""
-        return self.refusals.refused()
-
-    def to_dict(self, limit: int | None = None) -> dict[str, Any]:
-        refused = self.refused if limit is None else self.refused[:limit]
-        return {
-            "problem": self.problem.describe(),
-            "arch": self.arch,
-            "strategy": self.strategy.value,
-            "selected": self.selected.name if self.selected else None,
-            "accepted": len(self.ranked),
-            "refused_count": len(self.refused),
-            "ranking": [c.to_dict() for c in (self.ranked if limit is None else self.ranked[:limit])],
-            "refused": [c.to_dict() for c in refused],
-            **({"tuned_ms": dict(self.tuned_ms)} if self.tuned_ms is not None else {}),
-        }
+    MODEL = "model"  # a learned model's predicted times order what the rules accept (rules where none)
 
 
 # The memos' capacities. Selections and bound calls (1-3 KiB a shape, together) are kept
@@ -100,33 +53,15 @@ RANKINGS_KEPT = 32
 BROKEN = "failed to build on this machine"  # the refusal of a kernel that failed to build or load here
 
 
-@dataclass(frozen=True)
-class Ranking:
-    """One problem's ranking: the accepted candidates, best first, and the refusals, compactly.
-
-    A problem refuses nearly every kernel of the registry (other dtypes, layouts,
-    epilogues), with a few dozen distinct reasons: those are kept once each, and each
-    kernel's by its index in `reasons` (0, whose reason is None, where it was accepted).
-    """
-
-    accepted: tuple[Candidate, ...]
-    specs: tuple[KernelSpec, ...]  # the op's kernels, in registry order (shared, not copied)
-    reasons: tuple[str | None, ...]
-    reason_ids: array.array
-
-    def refused(self) -> tuple[Candidate, ...]:
-        """The refused candidates with their reasons, in registry order."""
-        specs, reasons = self.specs, self.reasons
-        return tuple(Candidate(specs[i], reasons[r]) for i, r in enumerate(self.reason_ids) if r)
-
-
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
-                 cache: KernelCache | None = None, tuning: TuningStore | None = None) -> None:
+                 cache: KernelCache | None = None, tuning: TuningStore | None = None,
+                 models: ModelSource | None = None) -> None:
         self.arch = arch if arch is not None else current_arch()
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
         self._cache = cache
+        self._models = models  # the `model` strategy's; None: the registered (shipped) ones
         self._selected = LruTable(SELECTIONS_KEPT)  # problem key -> KernelSpec
         self._rankings = LruTable(RANKINGS_KEPT)  # see _ranking
         self._bound = LruTable(BOUND_KEPT)  # an op's bound calls: see memo
@@ -183,8 +118,23 @@ class Dispatcher:
                 accepted.append(Candidate(spec))
         if self.strategy is not Strategy.FIRST:
             accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
+        model = None
+        if self.strategy is Strategy.MODEL and accepted:
+            accepted, model = self._model_order(problem, accepted)
         typecode = "B" if len(reasons) <= 0xFF else "H" if len(reasons) <= 0xFFFF else "L"
-        return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids))
+        return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids), model)
+
+    def _model_order(self, problem, accepted: list[Candidate]) -> tuple[list[Candidate], str | None]:
+        """The accepted candidates (in the rules' order) by a learned model's predicted time, one
+        batched prediction, with the model's label; as they are, with None, where no model covers
+        the problem's slice. Equal predictions keep the rules' order."""
+        source = self._models if self._models is not None else model_source()
+        model = source.model_for(problem, self.arch) if source is not None else None
+        if model is None:
+            return accepted, None
+        times = model.predict_ms(problem, [c.spec.config for c in accepted], self.arch, [c.score for c in accepted])
+        order = sorted(range(len(accepted)), key=lambda i: times[i])
+        return [Candidate(accepted[i].spec, None, accepted[i].score, float(times[i])) for i in order], model.label
 
     def ranked(self, problem) -> tuple[Candidate, ...]:
         """The candidates that accept `problem`, best first: `explain(problem).ranked` without
@@ -429,8 +379,9 @@ _DEFAULTS = LruTable(None)
 
 def default_dispatcher(rule_set: RuleSet | str = RuleSet.DEFAULT, backend: Backend | None = None) -> Dispatcher:
     """One per process and backend (default: `runtime.default_backend`): the shipped rule sets of
-    every implemented op, for that backend's arch, ranked by `$TILEDISPATCH_STRATEGY` (rules unless
-    it says otherwise). `cache_clear()` forgets them (tests that change the environment)."""
+    every implemented op, for that backend's arch, ranked by `$TILEDISPATCH_STRATEGY`, else by the
+    learned models where the arch ships any, else by the rules (`default_strategy`). `cache_clear()`
+    forgets them (tests that change the environment)."""
     key = (RuleSet.parse(rule_set), backend or default_backend())
     return _DEFAULTS.get_or_make(key, functools.partial(_make_default, *key))
 
@@ -494,4 +445,14 @@ def _make_default(rule_set: RuleSet, backend: Backend) -> Dispatcher:
     """The shipped rule sets as one lazy registry: a problem class is generated at its first call."""
     arch = current_arch(backend)
     registry = Registry.from_rule_sets([definition.kind for definition in all_ops()], rule_set, arch)
-    return Dispatcher(registry, arch, strategy=os.environ.get("TILEDISPATCH_STRATEGY", Strategy.RULES))
+    return Dispatcher(registry, arch, strategy=default_strategy(arch))
+
+
+def default_strategy(arch, source: ModelSource | None = None) -> Strategy:
+    """`$TILEDISPATCH_STRATEGY` where set; else `model` on an arch with shipped models (those of
+    `source`, by default the registered one), `rules` elsewhere."""
+    chosen = os.environ.get("TILEDISPATCH_STRATEGY")
+    if chosen:
+        return Strategy.parse(chosen)
+    source = source if source is not None else model_source()
+    return Strategy.MODEL if source is not None and source.ships(arch) else Strategy.RULES

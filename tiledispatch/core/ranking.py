@@ -1,0 +1,137 @@
+"""What a ranking holds (candidates, refusals, an explanation), and the learned models it may ask.
+
+The `model` strategy orders the candidates the rules accept by a learned model's predicted
+times. The models live above the core (`tiledispatch.heuristics.learned`: LightGBM, features,
+the files shipped per arch), which registers a `ModelSource` here (`set_model_source`), as
+the autotune policy registers itself in `core.tuning`: the core never imports the heuristics.
+"""
+
+from __future__ import annotations
+
+import array
+import functools
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+
+from .op import Score
+from .spec import KernelSpec
+
+if TYPE_CHECKING:
+    from .dispatcher import Strategy
+
+
+@dataclass(frozen=True, slots=True)  # an explanation holds one per kernel of the registry
+class Candidate:
+    spec: KernelSpec
+    refused: str | None = None  # why it cannot run the problem; None if it can
+    score: Score | None = None
+    predicted_ms: float | None = None  # the `model` strategy's predicted time, where a model ranked it
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kernel": self.spec.name}
+        if self.refused is not None:
+            out["refused"] = self.refused
+        if self.predicted_ms is not None:
+            out["predicted_ms"] = float(f"{self.predicted_ms:.6g}")
+        if self.score is not None:
+            out["score"] = round(self.score.value, 6)
+            out["terms"] = {k: round(v, 4) for k, v in self.score.terms.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """One problem's ranking: the accepted candidates, best first, and the refusals, compactly.
+
+    A problem refuses nearly every kernel of the registry (other dtypes, layouts,
+    epilogues), with a few dozen distinct reasons: those are kept once each, and each
+    kernel's by its index in `reasons` (0, whose reason is None, where it was accepted).
+    """
+
+    accepted: tuple[Candidate, ...]
+    specs: tuple[KernelSpec, ...]  # the op's kernels, in registry order (shared, not copied)
+    reasons: tuple[str | None, ...]
+    reason_ids: array.array
+    model: str | None = None  # the learned model that ordered `accepted`; None: the rules did
+
+    def refused(self) -> tuple[Candidate, ...]:
+        """The refused candidates with their reasons, in registry order."""
+        specs, reasons = self.specs, self.reasons
+        return tuple(Candidate(specs[i], reasons[r]) for i, r in enumerate(self.reason_ids) if r)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    problem: Any
+    arch: str
+    strategy: Strategy
+    selected: KernelSpec | None
+    ranked: tuple[Candidate, ...]  # the accepted candidates, in the ranking's order (rules' or model's)
+    refusals: Ranking = field(repr=False)  # `refused`, compactly
+    tuned_ms: Mapping[str, float] | None = None  # autotune: the finalists' measured times, if tuned
+
+    @functools.cached_property
+    def refused(self) -> tuple[Candidate, ...]:
+        """The refused candidates with their reasons, in registry order: spelled out when read,
+        since a caller after the ranking alone (gemm's graph replays' pick) need not pay an
+        object per kernel of the registry."""
+        return self.refusals.refused()
+
+    @property
+    def model(self) -> str | None:
+        """The learned model that ordered the candidates, or None where the rules did."""
+        return self.refusals.model
+
+    def to_dict(self, limit: int | None = None) -> dict[str, Any]:
+        refused = self.refused if limit is None else self.refused[:limit]
+        return {
+            "problem": self.problem.describe(),
+            "arch": self.arch,
+            "strategy": self.strategy.value,
+            **({"model": self.model} if self.model is not None else {}),
+            "selected": self.selected.name if self.selected else None,
+            "accepted": len(self.ranked),
+            "refused_count": len(self.refused),
+            "ranking": [c.to_dict() for c in (self.ranked if limit is None else self.ranked[:limit])],
+            "refused": [c.to_dict() for c in refused],
+            **({"tuned_ms": dict(self.tuned_ms)} if self.tuned_ms is not None else {}),
+        }
+
+
+class Predictor(Protocol):
+    """One learned model: the predicted milliseconds of configs on a problem."""
+
+    @property
+    def label(self) -> str:
+        """What `explain` names the model by (its slice, arch and training data)."""
+
+    def predict_ms(self, problem: Any, configs: Sequence[Any], arch: Any,
+                   scores: Sequence[Score] | None = None) -> Sequence[float]:
+        """One predicted time per config, in order; `scores` are the configs' rule scores where
+        the caller has them (the model reads them as features), computed otherwise."""
+
+
+class ModelSource(Protocol):
+    """Where the `model` strategy finds a model for a problem (`heuristics.learned`)."""
+
+    def model_for(self, problem: Any, arch: Any) -> Predictor | None:
+        """The model of the problem's slice on `arch`, or None where there is none."""
+
+    def ships(self, arch: Any) -> bool:
+        """Whether any model exists for `arch`: the default strategy there is `model`."""
+
+
+_SOURCE: list[ModelSource] = []
+_SOURCE_LOCK = threading.Lock()
+
+
+def set_model_source(source: ModelSource) -> None:
+    """Makes `source` the one the `model` strategy asks by default (the last set stands)."""
+    with _SOURCE_LOCK:
+        _SOURCE[:] = [source]
+
+
+def model_source() -> ModelSource | None:
+    """The source set (importing `tiledispatch.heuristics.learned` sets the shipped models'), or None."""
+    return _SOURCE[0] if _SOURCE else None
