@@ -1,0 +1,500 @@
+"""Selection quality, offline: how close each strategy's pick comes to the fastest kernel measured.
+
+A sweep (`bench.table`) times every candidate of a rule set, the vendor included, on every
+problem of a set. On one problem the oracle is the fastest OK row; a strategy picks one row,
+and its efficiency there is oracle time / pick time (1.0 at best). A pick whose row is not OK
+(wrong result, fault, timeout, failed build or launch) scores 0 and is listed. The strategies
+(`Picker`) are judged on the table's own times, so no GPU is needed; docs/selection.md,
+"Evaluation", says what each picks and what each number means.
+
+A learned model is judged on problems it never saw: `holdout` picks them, `check_unseen`
+refuses a model whose manifest shows it trained on them, and `cross_validate` judges every
+problem once, by a model trained on the other folds: the honest number.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import arch as arch_facts
+from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
+from ..core.choice import Choice
+from ..core.errors import InvalidArgumentError, TiledispatchError
+from ..core.op import get_op
+from . import autotune
+
+TOP1_TOLERANCE = 0.01  # a pick within 1 % of the oracle counts as a hit: sweeps repeat to about this
+SLOW = 2.0  # the issue's bound: no pick slower than twice the oracle
+VENDOR_FLOOR = 0.98  # the issue's bound against the vendor library: none below 0.98x
+WORST = 10  # problems listed per strategy, worst first
+KEY_COLUMNS = ("op", "direction", "dtype", "arch")
+REQUIRED = (*KEY_COLUMNS, "problem_id", "problem", "kernel", "family", "vendor", "status", "time_ms")
+
+
+class Picker(Choice):
+    """A strategy whose picks are judged."""
+
+    RULES = "rules"
+    MODEL = "model"
+    AUTOTUNE = "autotune"
+    VENDOR = "vendor"
+
+
+class EvaluationError(TiledispatchError, ValueError):
+    """A table or model that cannot be evaluated as asked; the message says what would work."""
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The problems of fold `index` of a `folds`-way split grouped by problem (`fold_of`)."""
+
+    index: int
+    folds: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.folds, int) and self.folds >= 2 and isinstance(self.index, int)
+                and 0 <= self.index < self.folds):
+            raise InvalidArgumentError(f"a fold is an integer in 0..folds-1, folds an integer >= 2; got fold "
+                                       f"{self.index!r} of {self.folds!r}")
+
+
+def fold_of(problem_id: str, folds: int) -> int:
+    """The fold of a problem: the problem sets' split where it exists, else a stable hash of the id."""
+    try:
+        from ..bench.problemsets import fold_of as shared
+    except ImportError:
+        digest = hashlib.sha256(str(problem_id).encode()).hexdigest()
+        return int(digest[:12], 16) % folds
+    return shared(problem_id, folds)
+
+
+def holdout_ids(frame, holdout) -> frozenset[str] | None:
+    """The problem ids `holdout` names among `frame`'s: None (all), a Fold, a table, or ids."""
+    if holdout is None:
+        return None
+    ids = frame["problem_id"].astype(str).unique()
+    if isinstance(holdout, Fold):
+        return frozenset(i for i in ids if fold_of(i, holdout.folds) == holdout.index)
+    if hasattr(holdout, "columns"):
+        if "problem_id" not in holdout.columns:
+            raise EvaluationError("holdout: a table needs a problem_id column (bench.table.COLUMNS)")
+        holdout = holdout["problem_id"]
+    if isinstance(holdout, (str, bytes)) or not isinstance(holdout, Iterable):
+        raise InvalidArgumentError(f"holdout must be None, a Fold, a table or problem ids; got {holdout!r}")
+    return frozenset(map(str, holdout))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One candidate kernel of one problem, as the table measured it."""
+
+    kernel: str
+    family: str
+    vendor: bool
+    status: Status
+    time_ms: float | None
+    rule_score: float | None
+    rule_rank: int | None
+    config: str | None
+    error: str | None
+    order: int  # its place among the problem's rows: the last tie-break
+
+    @property
+    def spec(self) -> "Measured":  # autotune.finalists reads a candidate's spec.family
+        return self
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def rules_key(self) -> tuple:
+        return (-self.rule_score, math.inf if self.rule_rank is None else self.rule_rank, self.order)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One strategy's pick on one problem."""
+
+    problem_id: str
+    problem: str  # canonical JSON
+    kernel: str
+    status: Status
+    pick_ms: float | None
+    oracle_ms: float
+    oracle_kernel: str
+    vendor_ms: float | None  # the vendor baseline's time, where it ran
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status is not Status.OK
+
+    @property
+    def efficiency(self) -> float:
+        return 0.0 if self.failed else self.oracle_ms / self.pick_ms
+
+    @property
+    def vs_vendor(self) -> float | None:
+        """vendor time / pick time (above 1: faster than the library); 0 for a failed pick."""
+        return None if self.vendor_ms is None else 0.0 if self.failed else self.vendor_ms / self.pick_ms
+
+    def to_dict(self, op: str) -> dict[str, Any]:
+        return {"problem_id": self.problem_id, "problem": problem_from_row(op, self.problem).describe(),
+                "pick": self.kernel, "status": self.status.value, "pick_ms": self.pick_ms,
+                "oracle": self.oracle_kernel, "oracle_ms": self.oracle_ms, "efficiency": round(self.efficiency, 6),
+                **({"error": self.error[:300]} if self.error else {})}
+
+
+def p10(values: Sequence[float]) -> float:
+    """The 10th percentile as the older evaluators read it: sorted values at index n // 10."""
+    return sorted(values)[len(values) // 10]
+
+
+def summarize(outcomes: Sequence[Outcome], op: str, worst: int = WORST) -> dict[str, Any]:
+    """A strategy's numbers over its outcomes (see docs/selection.md, "Evaluation")."""
+    if not outcomes:
+        return {"problems": 0}
+    eff = [o.efficiency for o in outcomes]
+    ran = [o for o in outcomes if not o.failed]
+    lost, oracle_sum = sum(o.pick_ms - o.oracle_ms for o in ran), sum(o.oracle_ms for o in ran)
+    ratios = [r for r in (o.vs_vendor for o in outcomes) if r is not None]
+    wins = [math.log(r) for r in ratios if r > 0]
+    vendor = {"problems": len(ratios), "geomean": math.exp(statistics.fmean(wins)) if wins else None,
+              "min": min(ratios) if ratios else None, "below_floor": sum(r < VENDOR_FLOOR for r in ratios)}
+    slow = sum(o.pick_ms > SLOW * o.oracle_ms for o in ran)
+    stats = {
+        "problems": len(outcomes), "failures": len(outcomes) - len(ran),
+        "efficiency": {"mean": statistics.fmean(eff), "median": statistics.median(eff), "p10": p10(eff),
+                       "min": min(eff)},
+        "top1": sum(o.pick_ms <= o.oracle_ms * (1 + TOP1_TOLERANCE) for o in ran) / len(outcomes),
+        "slower_than_2x": slow, "time_lost_ms": lost,
+        "time_lost_fraction": lost / oracle_sum if oracle_sum > 0 else 0.0, "vs_vendor": vendor}
+    stats["targets"] = {
+        "mean_ge_0.97": stats["efficiency"]["mean"] >= 0.97,
+        "p10_ge_0.90": stats["efficiency"]["p10"] >= 0.90,
+        "none_slower_than_2x": slow == 0 and not stats["failures"],
+        "vendor_geomean_ge_1": vendor["geomean"] is not None and vendor["geomean"] >= 1.0,
+        "none_below_0.98x_vendor": vendor["problems"] > 0 and vendor["below_floor"] == 0}
+    ranked = sorted(outcomes, key=lambda o: (o.efficiency, o.problem_id))
+    stats["worst"] = [o.to_dict(op) for o in ranked[:worst]]
+    stats["failed"] = [o.to_dict(op) for o in outcomes if o.failed]
+    return stats
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """One SelectionKey's evaluation: each strategy's outcomes, and what was left out and why."""
+
+    key: SelectionKey
+    outcomes: Mapping[Picker, tuple[Outcome, ...]]
+    without_oracle: tuple[str, ...] = ()  # problems none of whose rows is OK: no oracle to compare with
+    skipped: Mapping[Picker, str] = field(default_factory=dict)  # strategies not judged, and why
+    model: Mapping[str, Any] | None = None  # the model's manifest, summarised
+    unseen: str | None = None  # how we know the model never saw these problems
+
+    def to_dict(self, worst: int = WORST) -> dict[str, Any]:
+        return {"key": asdict(self.key), "name": self.key.name,
+                "problems": len({o.problem_id for outs in self.outcomes.values() for o in outs}),
+                "without_oracle": len(self.without_oracle), "model": self.model, "unseen": self.unseen,
+                "strategies": {p.value: summarize(outs, self.key.op, worst) for p, outs in self.outcomes.items()},
+                "skipped": {p.value: why for p, why in self.skipped.items()}}
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every SelectionKey's evaluation, in key order."""
+
+    keys: tuple[KeyReport, ...]
+    holdout: Mapping[str, Any]
+
+    def __getitem__(self, key: SelectionKey) -> KeyReport:
+        return next(report for report in self.keys if report.key == key)
+
+    def to_dict(self, worst: int = WORST) -> dict[str, Any]:
+        return {"holdout": dict(self.holdout), "keys": [k.to_dict(worst) for k in self.keys]}
+
+
+def merge(reports: Sequence[Report], holdout: Mapping[str, Any]) -> Report:
+    """Reports of disjoint problems (one per fold) as one: the outcomes of each key and strategy joined."""
+    by_key: dict[SelectionKey, list[KeyReport]] = {}
+    for report in reports:
+        for part in report.keys:
+            by_key.setdefault(part.key, []).append(part)
+    merged = []
+    for key in sorted(by_key):
+        parts = by_key[key]
+        pickers = dict.fromkeys(p for part in parts for p in part.outcomes)
+        outcomes = {p: sum((part.outcomes.get(p, ()) for part in parts), ()) for p in pickers}
+        skipped = {p: why for part in parts for p, why in part.skipped.items() if p not in outcomes}
+        unseen = sorted({part.unseen for part in parts if part.unseen})
+        merged.append(KeyReport(key, outcomes, sum((p.without_oracle for p in parts), ()), skipped,
+                                parts[-1].model, ", ".join(unseen) or None))
+    return Report(tuple(merged), holdout)
+
+
+class _Problem:
+    """One problem's objects, rebuilt from the table when a strategy needs them (a model, a rescore)."""
+
+    def __init__(self, op: str, problem_json: str, arch, model, configs: dict) -> None:
+        self.op, self.problem_json, self.arch, self.model = op, problem_json, arch, model
+        self._configs = configs  # config JSON -> object, shared by the key's problems
+
+    @functools.cached_property
+    def problem(self) -> Any:
+        return problem_from_row(self.op, self.problem_json)
+
+    def configs(self, candidates: Sequence[Measured]) -> list[Any]:
+        out = []
+        for c in candidates:
+            if c.config is None:
+                raise EvaluationError(f"row of kernel {c.kernel}: no config; the model and the rules' scores "
+                                      "read the config column (bench.table.COLUMNS)")
+            if c.config not in self._configs:
+                self._configs[c.config] = config_from_row(self.op, c.config)
+            out.append(self._configs[c.config])
+        return out
+
+    def scored(self, candidates: Sequence[Measured]) -> list[Measured]:
+        """The candidates with the op's `rule_score` of today, on this arch."""
+        score = get_op(self.op).rule_score
+        return [replace(c, rule_score=float(score(config, self.problem, self.arch).value))
+                for c, config in zip(candidates, self.configs(candidates))]
+
+    def predicted_ms(self, candidates: Sequence[Measured]) -> np.ndarray:
+        times = np.asarray(self.model.predict_ms(self.problem, self.configs(candidates), self.arch), dtype=float)
+        if times.shape != (len(candidates),) or not np.isfinite(times).all():
+            raise EvaluationError(f"the model predicted {times.shape} times (finite: {np.isfinite(times).all()}) "
+                                  f"for {len(candidates)} candidates; predict_ms gives one finite time per config")
+        return times
+
+
+def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
+    return ordered[int(np.argmin(problem.predicted_ms(ordered)))]  # ties: the rules' order
+
+
+def _pick_autotune(ordered: Sequence[Measured], _: _Problem) -> Measured:
+    finalists = autotune.finalists(ordered)
+    timed = [c for c in finalists if c.status is not Status.BUILD_FAILED]  # the dispatcher drops these
+    broken = next((c for c in timed if not c.ok), None)  # it runs these: a fault or hang ends the tuning
+    if broken is not None or not timed:
+        return broken or finalists[0]
+    name = autotune.winner({c.kernel: c.time_ms for c in timed}, [c.kernel for c in timed if c.vendor])
+    return next(c for c in timed if c.kernel == name)
+
+
+def _pick_vendor(ordered: Sequence[Measured], _: _Problem) -> Measured | None:
+    return next((c for c in ordered if c.vendor), None)
+
+
+PICKS: Mapping[Picker, Callable[[Sequence[Measured], _Problem], Measured | None]] = {
+    Picker.RULES: lambda ordered, _: ordered[0], Picker.MODEL: _pick_model, Picker.AUTOTUNE: _pick_autotune,
+    Picker.VENDOR: _pick_vendor}
+
+
+_OPTIONAL = ("rule_score", "rule_rank", "config", "error")
+
+
+def _check_columns(frame) -> None:
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise EvaluationError(f"the table lacks column(s) {missing}; a sweep's table has bench.table.COLUMNS")
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):  # None, pandas' NA
+        return None
+    return None if math.isnan(number) else number
+
+
+def _measured(values: dict[str, Any], order: int) -> Measured:
+    try:
+        status = Status(values["status"])
+    except ValueError:
+        raise EvaluationError(f"row of problem {values['problem_id']}, kernel {values['kernel']}: status "
+                              f"{values['status']!r} is not one of {[s.value for s in Status]}") from None
+    time_ms = _number(values["time_ms"]) if status is Status.OK else None
+    if status is Status.OK and not (time_ms is not None and math.isfinite(time_ms) and time_ms > 0):
+        raise EvaluationError(f"row of problem {values['problem_id']}, kernel {values['kernel']}: status ok "
+                              f"needs a time_ms > 0; got {values['time_ms']!r}")
+    rank, config, error = _number(values.get("rule_rank")), values.get("config"), values.get("error")
+    return Measured(str(values["kernel"]), str(values["family"]), bool(values["vendor"]), status, time_ms,
+                    _number(values.get("rule_score")), None if rank is None else int(rank),
+                    config if isinstance(config, str) else None, error if isinstance(error, str) and error else None,
+                    order)
+
+
+def _one_row(rows: list[Measured]) -> Measured:
+    """A kernel measured more than once on a problem (a sweep rerun): the median of its OK times."""
+    ok = [r for r in rows if r.ok]
+    return replace(ok[0], time_ms=statistics.median(r.time_ms for r in ok)) if ok else rows[0]
+
+
+def _problems(rows) -> dict[str, tuple[str, list[Measured]]]:
+    """Each problem's JSON and candidates (every row but those the kernel refused), in table order."""
+    names = [c for c in (*REQUIRED, *_OPTIONAL) if c in rows.columns]
+    found: dict[str, tuple[str, dict[str, list[Measured]]]] = {}
+    for values in zip(*(rows[c].tolist() for c in names)):
+        row = dict(zip(names, values))
+        pid = str(row["problem_id"])
+        problem_json, kernels = found.setdefault(pid, (row["problem"], {}))
+        measured = _measured(row, sum(map(len, kernels.values())))
+        if measured.status is not Status.UNSUPPORTED:
+            kernels.setdefault(measured.kernel, []).append(measured)
+    return {pid: (problem_json, [_one_row(r) for r in kernels.values()]) for pid, (problem_json, kernels) in
+            found.items()}
+
+
+def _by_key(frame) -> Iterable[tuple[SelectionKey, Any]]:
+    for values, rows in frame.groupby(list(KEY_COLUMNS), sort=True):
+        yield SelectionKey(*map(str, values)), rows
+
+
+
+def _model_for(key: SelectionKey, model) -> tuple[Any, str | None]:
+    """The model that ranks `key`'s problems, or None and why there is none."""
+    if isinstance(model, Mapping):
+        found = model.get(key)
+        return found, None if found is not None else f"no model for {key.name} on {key.arch} among those given"
+    if model is None or isinstance(model, (str, Path)):
+        try:
+            from . import learned
+
+            found = learned.shipped(key) if model is None else learned.load(Path(model), key)
+        except (ImportError, FileNotFoundError) as e:
+            return None, f"no model for {key.name} on {key.arch}: {e}"
+        return found, None if found is not None else (f"no model ships for {key.name} on {key.arch}; give one "
+                                                      "(--model DIR) or cross-validate (--cv)")
+    if not callable(getattr(model, "predict_ms", None)):
+        raise InvalidArgumentError(f"model must be a TrainedModel (predict_ms), a directory of models, a mapping "
+                                   f"of SelectionKey to models, or None for the shipped one; got {model!r}")
+    own = getattr(model, "key", None)
+    if own is not None and own != key:
+        return None, f"the model given ranks {own.name} on {own.arch}, not {key.name} on {key.arch}"
+    return model, None
+
+
+def check_unseen(model, evaluated: Iterable[str], rows, *, allow_seen: bool = False) -> str:
+    """How we know `model` never saw the `evaluated` problem ids of `rows` (the key's whole table):
+    "verified" (its manifest lists its training problems, none of these), "unverified" (it cannot
+    tell), or raises EvaluationError when it did see them, unless `allow_seen`."""
+    manifest = getattr(model, "manifest", None) or {}
+    trained = manifest.get("problem_ids")
+    evaluated = set(evaluated)
+    if trained is not None:
+        seen = evaluated & set(map(str, trained))
+        if not seen:
+            return "verified"
+        why = f"{len(seen)} of the {len(evaluated)} problems evaluated are among the model's training problems"
+    elif manifest.get("data_hash") is not None and manifest["data_hash"] == _data_hash(rows):  # trained on this
+        why = "the model's manifest has this table's data hash: it trained on these problems"
+    else:
+        return "unverified"
+    if allow_seen:
+        return f"seen (allowed): {why}"
+    raise EvaluationError(f"{why}; evaluate it on problems it never saw (a model trained without a fold, "
+                          "--holdout-fold; or --cv), or allow it (--allow-seen) to judge it on its training data")
+
+
+def _data_hash(rows) -> Any:  # the hash `learned` writes in a manifest, where it says how it makes one
+    try:
+        from .learned import data_hash
+    except ImportError:
+        return None
+    return data_hash(rows)
+
+
+
+def _pickers(strategies) -> tuple[Picker, ...]:
+    single = isinstance(strategies, (str, Picker))
+    chosen = tuple(dict.fromkeys(Picker.parse(s) for s in ([strategies] if single else strategies)))
+    if not chosen:
+        raise InvalidArgumentError("strategies names none; use some of: " + ", ".join(p.value for p in Picker))
+    return chosen
+
+
+def evaluate(frame, *, strategies=(Picker.RULES, Picker.MODEL, Picker.AUTOTUNE), model=None, arch=None,
+             holdout=None, rescore: bool = False, allow_seen: bool = False, held_out: bool = False) -> Report:
+    """Each strategy's picks on each problem of `frame` (a sweep's table) against the oracle, per key.
+
+    `model`: a TrainedModel, a directory of models, a mapping of SelectionKey to models, or None for
+    the shipped ones. `arch`: the facts the rules and model read (default: each key's). `holdout`:
+    the problems judged (None: all; a Fold; a table or problem ids). `rescore`: the rules' scores of
+    today, not the table's. `held_out`: the caller trained the model without these problems."""
+    pickers = _pickers(strategies)
+    _check_columns(frame)
+    ids = holdout_ids(frame, holdout)
+    judged = frame if ids is None else frame[frame["problem_id"].astype(str).isin(ids)]
+    reports, wholes = [], dict(_by_key(frame))
+    for key, rows in _by_key(judged):
+        reports.append(_evaluate_key(key, rows, wholes[key], pickers, model, arch_facts.load(arch or key.arch),
+                                     rescore, "held out" if held_out else None, allow_seen))
+    kind = {"kind": "all"} if holdout is None else {"kind": "problems", "problems": len(ids)}
+    if isinstance(holdout, Fold):
+        kind = {"kind": "fold", "fold": holdout.index, "folds": holdout.folds}
+    return Report(tuple(reports), kind)
+
+
+def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow_seen) -> KeyReport:
+    problems = _problems(rows)
+    skipped, predictor, summary = {}, None, None
+    if Picker.MODEL in pickers:
+        predictor, why = _model_for(key, model)
+        if predictor is None:
+            skipped[Picker.MODEL] = why
+        else:
+            summary = {k: v for k, v in (getattr(predictor, "manifest", None) or {}).items()
+                       if not (isinstance(v, (list, tuple)) and len(v) > 20)}  # no lists of training problems
+            unseen = unseen or check_unseen(predictor, problems, whole, allow_seen=allow_seen)
+    outcomes: dict[Picker, list[Outcome]] = {p: [] for p in pickers if p not in skipped}
+    without, configs = [], {}
+    for pid, (problem_json, candidates) in problems.items():
+        oracle = min((c for c in candidates if c.ok), key=lambda c: c.time_ms, default=None)
+        if oracle is None:
+            without.append(pid)
+            continue
+        problem = _Problem(key.op, problem_json, arch, predictor, configs)
+        if rescore or any(c.rule_score is None for c in candidates):
+            candidates = problem.scored(candidates)
+        ordered = sorted(candidates, key=Measured.rules_key)
+        vendor = _pick_vendor(ordered, problem)
+        vendor_ms = vendor.time_ms if vendor is not None and vendor.ok else None
+        for picker, outs in outcomes.items():
+            pick = PICKS[picker](ordered, problem)
+            if pick is not None:
+                outs.append(Outcome(pid, problem_json, pick.kernel, pick.status, pick.time_ms, oracle.time_ms,
+                                    oracle.kernel, vendor_ms, pick.error))
+    return KeyReport(key, {p: tuple(o) for p, o in outcomes.items()}, tuple(without), skipped, summary,
+                     unseen if predictor is not None else None)
+
+
+def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int = 0, strategies=tuple(Picker),
+                   arch=None, rescore: bool = False, train: Callable[..., Any] | None = None,
+                   inner_folds: int = 2) -> Report:
+    """The honest numbers: for each fold (or the `only` one), a model trained on the other folds
+    (`learned.train`, or `train`) judged on that fold's problems, so each is judged once, unseen."""
+    _check_columns(frame)
+    if train is None:
+        from .learned import train
+    ids = frame["problem_id"].astype(str)
+    fold = ids.map({i: fold_of(i, folds) for i in ids.unique()})
+    reports = []
+    for index in range(Fold(0, folds).folds) if only is None else [Fold(only, folds).index]:
+        rest = frame[fold != index]
+        models = {key: train(rows, key, folds=inner_folds, seed=seed) for key, rows in _by_key(rest)
+                  if Picker.MODEL in _pickers(strategies) and (rows["status"] == Status.OK.value).any()}
+        held = frame[fold == index]
+        if len(held):
+            reports.append(evaluate(held, strategies=strategies, model=models, arch=arch, rescore=rescore,
+                                    held_out=True))
+    return merge(reports, {"kind": "cross_validation", "folds": folds, "fold": only})
