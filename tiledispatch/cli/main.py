@@ -13,6 +13,7 @@ from .attention import attention_command, explain_attention_command
 from .cache import cache_app
 from .common import ExitCode, JsonGroup, emit, parse_option
 from .conv import conv_command, explain_conv_command
+from .evaluate import evaluate_command
 from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
 from .warmup import warmup_command
@@ -61,6 +62,7 @@ app.add_typer(registry_app, name="registry")
 app.add_typer(cache_app, name="cache")
 app.command("build")(build_command)
 app.command("warmup")(warmup_command)
+app.command("evaluate")(evaluate_command)
 
 
 @app.command("arch")
