@@ -1,0 +1,189 @@
+"""The sweep engine on the CPU interpreter: rows with every column, the check, faults, hangs,
+resuming, the Dask path, the CLI; gemm, conv and attention each swept once."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tiledispatch import arch as arch_facts
+from tiledispatch.bench import sweep_worker
+from tiledispatch.bench.sweep import CandidatePolicy, is_vendor, planned, read_table, sweep
+from tiledispatch.bench.table import COLUMNS, Status, canonical_json, problem_from_row, problem_id
+from tiledispatch.cli.main import app
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.registry import Registry
+
+from ..conftest import on_gpu
+
+pytestmark = pytest.mark.skipif(on_gpu(), reason="sweeps the interpreter's tiny rule set on CPU tensors")
+
+INTERP = "interpreter"
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def gemm_problems():
+    from tiledispatch.ops.gemm import check_operands
+
+    return [check_operands(meta(33, 40), meta(40, 24)).problem, check_operands(meta(5, 24), meta(24, 48)).problem]
+
+
+def conv_problem(direction=None):
+    from tiledispatch.ops.conv import Direction, check_operands
+
+    x = meta(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    w = meta(8, 8, 3, 3).to(memory_format=torch.channels_last)
+    return check_operands(Direction.FORWARD, x=x, w=w, padding=(1, 1)).problem
+
+
+def attention_problems():
+    from tiledispatch.ops.attention import AttentionOptions, Direction, check_operands
+
+    q, k = meta(1, 4, 16, 32, dtype=torch.float32), meta(1, 2, 16, 32, dtype=torch.float32)
+    forward = check_operands(q, k, k, options=AttentionOptions(causal=True)).problem
+    backward = check_operands(q, k, k, options=AttentionOptions(causal=True), direction=Direction.BACKWARD,
+                              out=meta(1, 4, 16, 32, dtype=torch.float32), lse=meta(1, 4, 16, dtype=torch.float32),
+                              grad_out=meta(1, 4, 16, 32, dtype=torch.float32)).problem
+    return [forward, backward]
+
+
+def ranked_names(problem, count):
+    dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP)), arch_facts.load(INTERP))
+    return [c.spec.name for c in dispatcher.ranked(problem)][:count]
+
+
+def test_gemm_rows_have_every_column_and_a_rerun_adds_none(tmp_path):
+    problems = gemm_problems()
+    policy = CandidatePolicy(top=2, sample=1, seed=3)
+    report = sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy,
+                   kernels_per_task=2, problem_set_name="unit")
+    frame = read_table(tmp_path)
+    assert list(frame.columns) == list(COLUMNS)
+    assert len(frame) == report.kernels == 6 and report.rows == {"ok": 6} and report.problems == 2
+    assert set(frame.problem_id) == {problem_id(p) for p in problems}
+    for _, row in frame.iterrows():
+        problem = problem_from_row("gemm", row.problem)
+        assert row.problem_id == problem_id(problem) and row.problem == canonical_json(problem)
+        assert (row.op, row.direction, row["dtype"], row.arch, row.problem_set) == ("gemm", "forward", "fp16", INTERP,
+                                                                                 "unit")
+        assert row.status == "ok" and row.time_ms > 0 and math.isclose(row.tflops, row.flops / row.time_ms / 1e9)
+        assert row.bytes == problem.bytes() and row.flops == problem.flops() and row.gbps > 0
+        assert row.kernel.endswith("_interp") and row.family and not row.vendor and row.triton and row.torch
+        assert row.host and row.timestamp and row.rule_score is not None and row.rule_rank >= 0
+    for problem in problems:  # the rules' top 2 of each problem are in, with their ranks
+        ranks = sorted(frame[frame.problem_id == problem_id(problem)].rule_rank)
+        assert ranks[:2] == [0, 1] and len(ranks) == 3
+    again = sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy, kernels_per_task=2)
+    assert again.kernels == 0 and again.skipped == 6 and len(read_table(tmp_path)) == 6
+
+
+def test_check_catches_a_wrong_kernel(monkeypatch):
+    """A kernel whose output is off is WRONG, its error naming the max error; the others are OK."""
+    from tiledispatch.core import launch
+
+    problem = gemm_problems()[0]
+    names = ranked_names(problem, 2)
+    registry = Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP))
+    registry.candidates(problem.op, problem)
+    specs = tuple(registry.get(n) for n in names)
+    real = launch.execute
+
+    def off_by_one(plan, launchers, stream):
+        out = real(plan, launchers, stream)
+        if launchers is wrong_launchers[0]:
+            out.add_(1.0)
+        return out
+
+    wrong_launchers = []
+    loaded = sweep_worker._Kernels.run
+
+    def run(self, spec):
+        launchers = self.dispatcher.launchers(spec, self.specialization)
+        wrong_launchers[:] = [launchers if spec.name == names[1] else None]
+        return loaded(self, spec)
+
+    monkeypatch.setattr(launch, "execute", off_by_one)
+    monkeypatch.setattr(sweep_worker._Kernels, "run", run)
+    result = sweep_worker.run_task(sweep_worker.Task(problem, specs))
+    right, wrong = result.outcomes
+    assert right.status is Status.OK and right.time_ms > 0
+    assert wrong.status is Status.WRONG and wrong.time_ms is None
+    detail = json.loads(wrong.error)
+    assert detail["max_abs_error"] >= 0.99 and not detail["passed"]
+
+
+def test_a_fault_and_a_hang_are_rows_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    problem = gemm_problems()[0]
+    names = ranked_names(problem, 4)
+    monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[1]: "exit", names[2]: "hang"}))
+    report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=4),
+                   kernels_per_task=4, timeout_s=12)
+    status = dict(zip(*(read_table(tmp_path)[c] for c in ("kernel", "status"))))
+    assert status == {names[0]: "ok", names[1]: "fault", names[2]: "timeout", names[3]: "ok"}
+    assert report.rows == {"ok": 2, "fault": 1, "timeout": 1}
+
+
+def test_conv_and_attention_sweep_with_refusals_recorded(tmp_path):
+    conv = sweep("conv", [conv_problem()], out=tmp_path / "conv", rule_set="tiny", arch=INTERP,
+                 candidates=CandidatePolicy(top=2, record_refused=True))
+    frame = read_table(tmp_path / "conv")
+    assert conv.rows["ok"] == 2 and conv.rows["unsupported"] == len(frame) - 2 > 0
+    refused = frame[frame.status == "unsupported"]
+    assert refused.error.str.len().min() > 0 and refused.time_ms.isna().all() and refused.rule_rank.isna().all()
+    attention = sweep("attention", attention_problems(), out=tmp_path / "attention", rule_set="tiny", arch=INTERP,
+                      candidates=CandidatePolicy(top=1))
+    frame = read_table(tmp_path / "attention")
+    assert attention.rows == {"ok": 2} and set(frame.direction) == {"fwd", "bwd"}
+
+
+def test_candidate_policy_and_the_vendor_flag():
+    policy = CandidatePolicy(top=2, sample=3, seed=1)
+    chosen = policy.choose(list(range(20)), "abc")
+    assert chosen[:2] == [0, 1] and len(chosen) == 5 and chosen == policy.choose(list(range(20)), "abc")
+    assert CandidatePolicy().choose(list(range(4)), "x") == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="top"):
+        CandidatePolicy(top=0)
+    # On a GPU arch the vendor kernel (cuBLAS through torch) is always timed, whatever the policy.
+    sm90 = arch_facts.load("sm_90")
+    problem = gemm_problems()[0]
+    dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "default", sm90), sm90)
+    rows = planned(dispatcher, problem, CandidatePolicy(top=1))
+    vendors = [r for r in rows if r.vendor]
+    assert vendors and all(is_vendor(r.spec, problem.alignment) for r in vendors)
+    assert rows[0].rule_rank == 0 and len(rows) == 1 + sum(r.rule_rank != 0 for r in vendors)
+
+
+def test_dask_cluster_gives_the_rows_of_one_worker(tmp_path):
+    pytest.importorskip("distributed")
+    problem = gemm_problems()[1]
+    policy = CandidatePolicy(top=3)
+    sweep("gemm", [problem], out=tmp_path / "one", rule_set="tiny", arch=INTERP, candidates=policy,
+          kernels_per_task=2)
+    report = sweep("gemm", [problem], out=tmp_path / "dask", rule_set="tiny", arch=INTERP, candidates=policy,
+                   kernels_per_task=2, gpus=[0, 1])
+    assert report.gpus == 2
+
+    def rows(path):
+        frame = read_table(path)
+        return sorted(zip(frame.problem_id, frame.kernel, frame.status, frame.rule_rank))
+
+    assert rows(tmp_path / "one") == rows(tmp_path / "dask") and len(rows(tmp_path / "dask")) == 3
+
+
+def test_cli_sweeps_a_problem_file(tmp_path):
+    problem = gemm_problems()[0]
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps([json.loads(canonical_json(problem))]))
+    result = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",
+                                      "--rule-set", "tiny", "--top", "1", "--out", str(tmp_path / "out")])
+    document = json.loads(result.output)
+    assert result.exit_code == 0, result.output
+    assert document["rows"] == {"ok": 1} and document["problem_set"] == "problems" and document["problems"] == 1
+    bad = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--gpus", "0,x",
+                                   "--out", str(tmp_path / "out")])
+    assert bad.exit_code == 3 and "--gpus" in json.loads(bad.output)["error"]["message"]

@@ -1,0 +1,121 @@
+"""A sweep over many GPUs and hosts, through Dask distributed.
+
+One Dask worker process per GPU, pinned by CUDA_VISIBLE_DEVICES, one thread each. A task is a
+(problem, kernel batch); the Dask worker hands it to a child process of its own
+(`sweep_worker.IsolatedRunner`), so a kernel that faults or hangs kills that child, not the
+worker: the kernel becomes a FAULT or TIMEOUT row and the batch goes on. Should a worker die all
+the same (the host lost, out of memory), the scheduler runs its tasks elsewhere; a task that took
+down workers `ALLOWED_FAILURES` + 1 times is recorded as FAULT rather than retried for ever. Tasks
+are idempotent: a worker returns outcomes, and the client alone writes rows.
+
+On one host, `run_tasks(gpus=[0, 1, ...])` starts a local cluster. Across hosts, start a scheduler
+(`dask scheduler`), then on each host one worker per GPU (`tiledispatch sweep-worker
+tcp://host:8786 --gpus 0,1,2,3`), and sweep with `--scheduler tcp://host:8786`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Iterator, Sequence
+
+from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult
+from .table import Status
+
+ALLOWED_FAILURES = 1  # a task that kills its worker twice is a fault, not retried again
+# A Dask worker process must be allowed children: each runs its tasks in one (and that child
+# compiles in a process pool of its own).
+WORKER_ENV = {"DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+              "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES)}
+
+_RUNNER: IsolatedRunner | None = None  # this Dask worker process's child, made by its first task
+
+
+def _require():
+    try:
+        import distributed
+    except ImportError:
+        raise ImportError("a sweep over several GPUs or a --scheduler needs Dask distributed: "
+                          "pip install 'tiledispatch[distributed]' (or run on one GPU, without Dask)") from None
+    return distributed
+
+
+def run_in_worker(task: Task, timeout_s: float) -> TaskResult:
+    """A Dask task: `task` in this worker's child process (started once, restarted after a fault)."""
+    global _RUNNER
+    if _RUNNER is None or _RUNNER.timeout_s != timeout_s:
+        _RUNNER = IsolatedRunner({}, timeout_s)
+    return _RUNNER.run(task)
+
+
+def worker_gpu() -> str:
+    """The GPU a worker is pinned to, by name as its rows record it ("" without one)."""
+    try:
+        index = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        if not index:
+            return ""
+        return subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cluster_gpu_names(scheduler: str) -> set[str]:
+    """The GPU names of a running cluster's workers, for resuming."""
+    distributed = _require()
+    with distributed.Client(scheduler) as client:
+        return set(client.run(worker_gpu).values()) or {""}
+
+
+def local_cluster(gpus: Sequence[str]):
+    """A cluster on this host: one worker process per GPU, pinned to it, one thread each."""
+    distributed = _require()
+    import dask
+
+    workers = {f"gpu{gpu}": {"cls": distributed.Nanny,
+                             "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(gpu), **WORKER_ENV},
+                                         "dashboard_address": None, "silence_logs": 40}}
+               for gpu in gpus}
+    scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None}}
+    with dask.config.set({"distributed.worker.daemon": False,
+                          "distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
+        return distributed.SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
+
+
+def _lost(task: Task, error: BaseException) -> TaskResult:
+    message = f"the task's workers died {ALLOWED_FAILURES + 1} times ({type(error).__name__}: {error})"[:2000]
+    return TaskResult(tuple(Outcome(s.name, Status.FAULT, message) for s in task.kernels), DeviceInfo())
+
+
+def run_tasks(tasks: list[Task], *, gpus: Sequence[str] | None, scheduler: str | None,
+              timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
+    """(task, result) as each finishes, on a local cluster of `gpus` or the cluster at `scheduler`."""
+    distributed = _require()
+    cluster = None if scheduler is not None else local_cluster(gpus or ["0"])
+    try:
+        with distributed.Client(scheduler if scheduler is not None else cluster) as client:
+            futures = {client.submit(run_in_worker, task, timeout_s, pure=False): task for task in tasks}
+            for future in distributed.as_completed(futures):
+                task = futures[future]
+                try:
+                    yield task, future.result()
+                except distributed.KilledWorker as e:
+                    yield task, _lost(task, e)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def start_workers(scheduler: str, gpus: Sequence[str], name: str | None = None) -> int:
+    """Runs one `dask worker` per GPU of this host against `scheduler`, pinned and allowed
+    children; returns when they all exit (the first nonzero exit status, else 0)."""
+    _require()
+    procs = []
+    for gpu in gpus:
+        env = {**os.environ, **WORKER_ENV, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        command = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1",
+                   "--nworkers", "1", "--name", f"{name or os.uname().nodename}-gpu{gpu}"]
+        procs.append(subprocess.Popen(command, env=env))
+    codes = [p.wait() for p in procs]
+    return next((c for c in codes if c), 0)

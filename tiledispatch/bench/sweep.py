@@ -1,0 +1,320 @@
+"""The sweep engine: time the candidates of a rule set on every problem of a set, into one table.
+
+For each problem the rule set's registry gives the candidates (refusals skipped, or recorded as
+UNSUPPORTED rows), a `CandidatePolicy` picks those to time (all, or the rules' top N plus a
+seeded sample of the rest: training data needs bad kernels too), and the vendor kernel is always
+among them. The (problem, kernel batch) tasks run in worker processes (`sweep_worker`): on one GPU
+in one child process, on several or on many hosts through Dask (`distributed`). Each finished task
+is one parquet part file in the output directory, so a killed sweep loses one task at most, and a
+sweep run again skips every (problem, kernel, GPU) the directory holds already.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import random
+import socket
+import subprocess
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from ..core.errors import InvalidArgumentError
+from ..core.op import OpKind, RuleSet, UnitKind, get_op
+from ..core.spec import KernelSpec
+from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult
+from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
+
+PART_GLOB = "part-*.parquet"
+
+
+@dataclass(frozen=True)
+class CandidatePolicy:
+    """Which accepted candidates of a problem a sweep times: all (`top` None), or the rules' best
+    `top` plus `sample` others drawn at random (seeded per problem, so a rerun draws the same). The
+    rules' pick and the vendor kernel are always timed; refusals become UNSUPPORTED rows with
+    `record_refused` only (they are most of a registry, and say nothing of speed)."""
+
+    top: int | None = None
+    sample: int = 0
+    seed: int = 0
+    record_refused: bool = False
+
+    def __post_init__(self) -> None:
+        if self.top is not None and (not isinstance(self.top, int) or self.top < 1):
+            raise InvalidArgumentError(f"CandidatePolicy.top={self.top!r} must be a positive integer, or None for all")
+        if not isinstance(self.sample, int) or self.sample < 0:
+            raise InvalidArgumentError(f"CandidatePolicy.sample={self.sample!r} must be an integer >= 0")
+
+    def choose(self, ranked: Sequence[Any], pid: str) -> list[int]:
+        """Indices into `ranked` (best first) to time."""
+        if self.top is None:
+            return list(range(len(ranked)))
+        chosen = list(range(min(self.top, len(ranked))))
+        rest = list(range(len(chosen), len(ranked)))
+        draw = random.Random(f"{self.seed}:{pid}")
+        return chosen + sorted(draw.sample(rest, min(self.sample, len(rest))))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One (problem, kernel) row to come: what the rules said of it before it runs."""
+
+    spec: KernelSpec
+    rule_score: float | None
+    rule_rank: int | None
+    vendor: bool
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What a sweep did. Rates are kernels timed per second per GPU: over the workers' time with
+    their compiles, and over their checking and timing alone."""
+
+    out: Path
+    problems: int
+    kernels: int  # (problem, kernel) pairs run now
+    skipped: int  # pairs the output held already
+    rows: Mapping[str, int]  # rows written now, by status
+    wall_s: float
+    build_s: float  # the workers' compile time, summed
+    run_s: float  # their check-and-time time, summed
+    gpus: int
+
+    @property
+    def per_s_per_gpu(self) -> float | None:
+        return self.kernels / (self.build_s + self.run_s) if self.build_s + self.run_s > 0 else None
+
+    @property
+    def per_s_per_gpu_without_compile(self) -> float | None:
+        return self.kernels / self.run_s if self.run_s > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": str(self.out), "problems": self.problems, "kernels": self.kernels, "skipped": self.skipped,
+                "rows": dict(self.rows), "wall_s": round(self.wall_s, 3), "build_s": round(self.build_s, 3),
+                "run_s": round(self.run_s, 3), "gpus": self.gpus,
+                "kernels_per_s_per_gpu": self.per_s_per_gpu,
+                "kernels_per_s_per_gpu_without_compile": self.per_s_per_gpu_without_compile,
+                "kernels_per_s_wall": self.kernels / self.wall_s if self.wall_s > 0 else None}
+
+
+# -- the table on disk ---------------------------------------------------------------------------
+
+def schema():
+    """The parquet schema of every part file: one type per column, whatever a part's values."""
+    import pyarrow as pa
+
+    floats = {"time_ms", "tflops", "gbps", "flops", "rule_score", "sm_clock_mhz", "mem_clock_mhz"}
+    types = {"vendor": pa.bool_(), "bytes": pa.int64(), "rule_rank": pa.int64()}
+    return pa.schema([(c, types.get(c, pa.float64() if c in floats else pa.string())) for c in COLUMNS])
+
+
+def read_table(out: str | Path):
+    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = sorted(Path(out).glob(PART_GLOB))
+    tables = [pq.read_table(p, schema=schema()) for p in parts]
+    return (pa.concat_tables(tables) if tables else schema().empty_table()).to_pandas()
+
+
+def write_part(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """`rows` as one new part file, written under a temporary name and renamed: a reader never
+    sees half a part."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist([{c: row.get(c) for c in COLUMNS} for row in rows], schema=schema())
+    name = f"part-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}.parquet"
+    staging = out / f".{name}.tmp"
+    pq.write_table(table, staging)
+    staging.rename(out / name)
+    return out / name
+
+
+def done_keys(out: Path) -> set[tuple[str, str, str]]:
+    """(problem_id, kernel, gpu) of every row already written ("" for the interpreter's gpu)."""
+    import pyarrow.parquet as pq
+
+    keys = set()
+    for part in Path(out).glob(PART_GLOB):
+        table = pq.read_table(part, columns=["problem_id", "kernel", "gpu"])
+        for pid, kernel, gpu in zip(*(table.column(c).to_pylist() for c in ("problem_id", "kernel", "gpu"))):
+            keys.add((pid, kernel, gpu or ""))
+    return keys
+
+
+# -- what to run ---------------------------------------------------------------------------------
+
+def is_vendor(spec: KernelSpec, specialization: Any) -> bool:
+    """A kernel whose every unit is a plain Python call: the vendor library through PyTorch."""
+    from ..core.kernel import units
+
+    return all(unit.kind is UnitKind.PYTHON for unit in units(spec, specialization))
+
+
+def planned(dispatcher, problem, policy: CandidatePolicy) -> list[Planned]:
+    """The rows a problem gets: the policy's choice of the accepted candidates (the vendor always
+    among them), then the refusals where the policy records them."""
+    explanation = dispatcher.explain(problem)
+    ranked = explanation.ranked
+    specialization = ranked[0].spec.definition.specialization_of(problem) if ranked else None
+    vendors = [i for i, c in enumerate(ranked) if is_vendor(c.spec, specialization)]
+    chosen = sorted(set(policy.choose(ranked, problem_id(problem))) | set(vendors))
+    rows = [Planned(ranked[i].spec, ranked[i].score.value, i, i in vendors) for i in chosen]
+    if policy.record_refused:
+        rows += [Planned(c.spec, None, None, False, c.refused) for c in explanation.refused]
+    return rows
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"torch": version("torch"), "triton": version("triton"), "commit": commit}
+
+
+@dataclass
+class _Rows:
+    """Makes the table's rows of a problem's planned kernels and their outcomes."""
+
+    problem_set: str
+    arch: str
+    versions: dict[str, str | None] = field(default_factory=_versions)
+
+    def row(self, problem, plan: Planned, outcome: Outcome, device: DeviceInfo) -> dict[str, Any]:
+        key = selection_key(problem, self.arch)
+        definition = plan.spec.definition
+        flops, nbytes, ms = float(problem.flops()), int(problem.bytes()), outcome.time_ms
+        return {
+            "op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": self.arch,
+            "problem_set": self.problem_set, "problem_id": problem_id(problem), "problem": canonical_json(problem),
+            "kernel": plan.spec.name, "family": definition.family_of(plan.spec.config), "vendor": plan.vendor,
+            "config": canonical_json(plan.spec.config), "status": outcome.status.value, "error": outcome.error,
+            "time_ms": ms, "tflops": flops / ms / 1e9 if ms else None, "gbps": nbytes / ms / 1e6 if ms else None,
+            "flops": flops, "bytes": nbytes, "rule_score": plan.rule_score, "rule_rank": plan.rule_rank,
+            "gpu": device.gpu, "sm_clock_mhz": device.sm_clock_mhz, "mem_clock_mhz": device.mem_clock_mhz,
+            **self.versions, "host": device.host or socket.gethostname(),
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+
+# -- running -------------------------------------------------------------------------------------
+
+def _local_gpu_names(gpus: Sequence[str] | None) -> set[str]:
+    """The names of the GPUs a local sweep runs on, as the workers will record them ("" off the GPU)."""
+    if not gpus:
+        return {""}
+    names = set()
+    for index in gpus:
+        try:
+            text = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=name", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        names.add(text)
+    return names
+
+
+def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
+    runner = IsolatedRunner({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}, timeout_s)
+    try:
+        for task in tasks:
+            yield task, runner.run(task)
+    finally:
+        runner.close()
+
+
+def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_set: RuleSet | str = RuleSet.DEFAULT,
+          arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
+          gpus: Sequence[int | str] | None = None, scheduler: str | None = None, kernels_per_task: int = 16,
+          jobs: int = 1, problem_set_name: str = "custom", seed: int = 0,
+          progress: Callable[[int, int], None] | None = None) -> SweepReport:
+    """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.
+
+    `gpus` (indices) run one worker process each, through a local Dask cluster when there are
+    several; `scheduler` (tcp://host:port) sends the tasks to a running Dask cluster instead (its
+    workers started with `tiledispatch sweep-worker`). Neither: one worker on this machine's device
+    (the interpreter without a GPU). `progress(done, total)` is called as tasks finish.
+    """
+    from .. import arch as arch_facts
+    from ..core.dispatcher import Dispatcher, Strategy
+    from ..core.registry import Registry
+    from ..core.runtime import current_arch
+
+    start = time.perf_counter()
+    kind, out = get_op(op).kind, Path(out)
+    facts = current_arch() if arch is None else arch if not isinstance(arch, str) else arch_facts.load(arch)
+    if kernels_per_task < 1:
+        raise InvalidArgumentError(f"kernels_per_task={kernels_per_task} must be at least 1")
+    gpus = [str(g) for g in gpus] if gpus else None
+    dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
+    problems = list(problems)
+    if scheduler is not None:
+        from .distributed import cluster_gpu_names
+
+        names = cluster_gpu_names(scheduler)
+    else:
+        names = _local_gpu_names(gpus if not facts.is_interpreter else None)
+    done = done_keys(out)
+    tasks, plans, skipped, refusals = [], {}, 0, 0
+    for problem in problems:
+        if problem.op is not kind:
+            raise InvalidArgumentError(f"problems: a {problem.op.value} problem in a {kind.value} sweep")
+        pid, rows = problem_id(problem), planned(dispatcher, problem, candidates)
+        todo = [p for p in rows if not any((pid, p.spec.name, n) in done for n in names)]
+        skipped += len(rows) - len(todo)
+        plans.update({(pid, p.spec.name): p for p in todo})
+        to_run = [p.spec for p in todo if p.refused is None]
+        for i in range(0, len(to_run), kernels_per_task):
+            tasks.append(Task(problem, tuple(to_run[i:i + kernels_per_task]), jobs, seed))
+        refused = [p for p in todo if p.refused is not None]
+        refusals += len(refused)
+        if refused:  # written at once: nothing runs for them
+            maker = _Rows(problem_set_name, facts.name)
+            write_part(out, [maker.row(problem, p, Outcome(p.spec.name, Status.UNSUPPORTED, p.refused), DeviceInfo())
+                             for p in refused])
+    statuses = Counter({Status.UNSUPPORTED.value: refusals} if refusals else {})
+    return _execute(tasks, plans, out, _Rows(problem_set_name, facts.name), gpus, scheduler, timeout_s,
+                    (statuses, skipped, len(problems), start), progress)
+
+
+def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress) -> SweepReport:
+    """Runs the tasks where they go and writes a part per finished task; the report."""
+    statuses, skipped, problems, start = counts
+    build_s = run_s = 0.0
+    kernels = 0
+    if scheduler is not None or (gpus and len(gpus) > 1):
+        from .distributed import run_tasks
+
+        results = run_tasks(tasks, gpus=gpus, scheduler=scheduler, timeout_s=timeout_s)
+    else:
+        results = _run_local(tasks, gpus[0] if gpus else None, timeout_s)
+    for finished, (task, result) in enumerate(results, 1):
+        pid = problem_id(task.problem)
+        rows = [maker.row(task.problem, plans[(pid, o.kernel)], o, result.device) for o in result.outcomes]
+        write_part(out, rows)
+        statuses.update(r["status"] for r in rows)
+        build_s, run_s, kernels = build_s + result.build_s, run_s + result.run_s, kernels + len(rows)
+        if progress is not None:
+            progress(finished, len(tasks))
+    return SweepReport(out, problems, kernels, skipped, dict(statuses), time.perf_counter() - start, build_s, run_s,
+                       max(1, len(gpus or ())))

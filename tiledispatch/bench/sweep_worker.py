@@ -1,0 +1,341 @@
+"""What a sweep runs in a worker process: build a batch of kernels, check each against its op's
+reference, time it.
+
+One child process per GPU (`IsolatedRunner`) does the work, pinned by its parent with
+CUDA_VISIBLE_DEVICES; the parent never touches the GPU. The child reports each kernel before it
+runs it and each outcome as it has it, so when it dies (an illegal address, a device assert) or
+outlives the time limit, the parent knows the kernel in flight: that kernel is a FAULT or a
+TIMEOUT row, and the rest of the batch goes to a fresh child. On the CPU the "GPU" is Triton's
+interpreter: the same path, one wall-clock run per kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import socket
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from ..core.spec import KernelSpec
+from .table import Status
+
+# Test hook: {"<kernel name>": "exit" | "hang"} makes the child die or hang when it reaches that
+# kernel, so that the FAULT and TIMEOUT paths can be exercised without a faulty kernel.
+INJECT_ENV = "TILEDISPATCH_SWEEP_INJECT"
+BUILDING = "<build>"  # the in-flight marker of a batch's parallel build
+SAMPLE_MS = 20.0  # each timing sample replays a graph of back-to-back calls lasting about this long
+MAX_CALLS = 200
+ROUNDS = 5  # samples per kernel; the median is kept
+ERROR_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem and a batch of its candidate kernels, for one worker."""
+
+    problem: Any
+    kernels: tuple[KernelSpec, ...]
+    jobs: int = 1  # compile processes of the batch's build
+    seed: int = 0  # of the fresh operands
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kernel: str
+    status: Status
+    error: str | None = None
+    time_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device that timed a batch: None on the CPU (the interpreter)."""
+
+    gpu: str | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    host: str = field(default_factory=socket.gethostname)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    outcomes: tuple[Outcome, ...]
+    device: DeviceInfo
+    build_s: float = 0.0  # wall time of the batch's compiles
+    run_s: float = 0.0  # wall time of its checks and timings
+
+
+def device_info() -> DeviceInfo:
+    """This process's GPU (the first visible one), its clocks from nvidia-smi where it answers."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return DeviceInfo()
+    name = torch.cuda.get_device_name(0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        text = subprocess.run(["nvidia-smi", "-i", visible, "--query-gpu=clocks.sm,clocks.mem",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        sm, mem = (float(x) for x in text.strip().splitlines()[0].split(","))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        sm = mem = None
+    return DeviceInfo(name, sm, mem)
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:ERROR_CHARS]
+
+
+def _poison(output: Any, zeroed: tuple) -> None:
+    """NaN into every floating tensor of a plan's output (a tensor or a dataclass of them), except
+    those the plan needs as zeros: an element the kernel never writes then fails the check."""
+    import torch
+
+    tensors = [output] if isinstance(output, torch.Tensor) else list(vars(output).values()) if hasattr(
+        output, "__dataclass_fields__") else []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not any(t is z for z in zeroed):
+            t.fill_(float("nan"))
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def _time(run: Callable[[], None], on_gpu: bool) -> float:
+    """Median milliseconds per call: CUDA-graph replays sampled in rounds on the GPU (events around
+    plain launches where a graph cannot capture the kernel), one wall-clock run on the CPU."""
+    from .timing import calls_lasting, event_sampler, graph_sampler, interleaved_medians, time_call
+
+    if not on_gpu:
+        return time_call(run, on_gpu=False).median_ms
+    calls = calls_lasting(run, SAMPLE_MS, least=1, most=MAX_CALLS, repeats=3)
+    try:
+        sampler = graph_sampler(lambda _: run(), [None], calls)
+    except RuntimeError:  # a stage that syncs or allocates on the host
+        sampler = event_sampler(run, calls)
+    return interleaved_medians({"kernel": sampler}, ROUNDS)["kernel"]
+
+
+class _Kernels:
+    """A task's kernels on this process's device: built, checked, timed in turn."""
+
+    def __init__(self, task: Task) -> None:
+        import torch
+
+        from .. import arch as arch_facts
+        from ..core.dispatcher import Dispatcher
+        from ..core.registry import Registry
+
+        self.task = task
+        self.definition = task.kernels[0].definition
+        self.arch = arch_facts.load(task.kernels[0].arch)
+        self.on_gpu = not self.arch.is_interpreter
+        self.device = torch.device("cuda" if self.on_gpu else "cpu")
+        self.dispatcher = Dispatcher(Registry(task.kernels), self.arch)
+        self.specialization = self.definition.specialization_of(task.problem)
+        self.operands: list | None = None
+        self.expected: Any = None
+
+    def build(self) -> dict[str, Outcome]:
+        """Compiles the batch in `jobs` processes at once; the kernels that failed, as outcomes."""
+        from ..core.kernel import build_all, units
+
+        if not self.on_gpu:
+            return {}
+        compiled = [s for s in self.task.kernels if any(u.kind.compiled for u in units(s, self.specialization))]
+        results = build_all(compiled, self.dispatcher.cache, self.task.jobs, specializations=(self.specialization,))
+        return {r.name: Outcome(r.name, Status.BUILD_FAILED, (r.error or "")[:ERROR_CHARS]) for r in results if not r.ok}
+
+    def prepare(self) -> str | None:
+        """The operand sets (enough to outgrow L2 on the GPU) and the reference; why not, if they cannot be made."""
+        from ..heuristics import autotune
+
+        make = self.definition.tuning_operands
+        if make is None:
+            return f"the {self.definition.kind.value} op makes no fresh operands (OpDefinition.tuning_operands)"
+        sets = autotune.operand_sets(self.task.problem.bytes(), self.arch.l2_bytes, self.on_gpu)
+        self.operands = [make(self.task.problem, self.device, self.task.seed + i) for i in range(sets)]
+        if any(o is None for o in self.operands):
+            return "fresh operands do not reproduce this problem (its layout, alignment or tensors)"
+        if self.definition.reference is not None:
+            self.expected = self.definition.reference(self.operands[0])
+        return None
+
+    def run(self, spec: KernelSpec) -> Outcome:
+        from ..core.dispatcher import stream_getter
+        from ..core.errors import BuildError, CacheError
+        from ..core.launch import execute
+
+        name, definition = spec.name, self.definition
+        try:
+            launchers = self.dispatcher.launchers(spec, self.specialization)
+        except (BuildError, CacheError) as e:
+            return Outcome(name, Status.BUILD_FAILED, _error(e))
+        stream = stream_getter(self.device)
+        try:
+            plan = definition.plan(spec.config, self.operands[0])
+            _poison(plan.output, plan.zeroed)
+            execute(plan, launchers, stream())
+            _sync(self.device)
+            if definition.check is not None:
+                comparison = definition.check(plan.output, self.expected, self.operands[0])
+                if not comparison.passed:
+                    return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
+            plans = itertools.cycle([plan] + [definition.plan(spec.config, o) for o in self.operands[1:]])
+            time_ms = _time(lambda: execute(next(plans), launchers, stream()), self.on_gpu)
+        except Exception as e:  # a Python error while planning, launching or timing: this kernel's alone
+            return Outcome(name, Status.LAUNCH_FAILED, _error(e))
+        if not math.isfinite(time_ms) or time_ms <= 0:
+            return Outcome(name, Status.LAUNCH_FAILED, f"timed at {time_ms} ms")
+        return Outcome(name, Status.OK, None, time_ms)
+
+
+def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
+             finished: Callable[[Outcome], None] = lambda outcome: None) -> TaskResult:
+    """Builds, checks and times `task`'s kernels in this process, calling `started(name)` before
+    each kernel (and `started(BUILDING)` before the build) and `finished(outcome)` after it."""
+    inject = json.loads(os.environ.get(INJECT_ENV, "{}"))
+    kernels = _Kernels(task)
+    started(BUILDING)
+    begin = time.perf_counter()
+    failed = kernels.build()
+    build_s = time.perf_counter() - begin
+    why_not = kernels.prepare()
+    outcomes = []
+    for spec in task.kernels:
+        started(spec.name)
+        action = inject.get(spec.name)
+        if action == "exit":
+            os._exit(3)
+        if action == "hang":
+            time.sleep(3600)
+        outcome = failed.get(spec.name) or (Outcome(spec.name, Status.UNSUPPORTED, why_not) if why_not
+                                            else kernels.run(spec))
+        outcomes.append(outcome)
+        finished(outcome)
+    return TaskResult(tuple(outcomes), device_info(), build_s, time.perf_counter() - begin - build_s)
+
+
+def _child(conn) -> None:
+    """A worker process: runs the tasks it is sent until it is sent None."""
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        try:
+            result = run_task(task, lambda name: conn.send(("started", name)),
+                              lambda outcome: conn.send(("finished", outcome)))
+        except Exception as e:  # the batch as a whole failed (its operands, its reference): every kernel says why
+            detail = _error(e) + "\n" + traceback.format_exc()[-ERROR_CHARS:]
+            result = TaskResult(tuple(Outcome(s.name, Status.LAUNCH_FAILED, detail) for s in task.kernels),
+                                DeviceInfo())
+        conn.send(("done", result))
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """os.environ with `values`, for a spawned child to take at its start."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class IsolatedRunner:
+    """Runs tasks in a child process of its own (pinned by `env`), restarting it after a fault or a
+    timeout: no kernel can take the caller down. `timeout_s` bounds each step: the batch's build, and
+    each kernel's check and timing."""
+
+    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 300.0) -> None:
+        self.env, self.timeout_s = dict(env or {}), timeout_s
+        self._process = self._conn = None
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        with _environment(self.env):
+            self._process = context.Process(target=_child, args=(child,), daemon=False)
+            self._process.start()
+        child.close()
+        self._conn = parent
+
+    def close(self) -> None:
+        if self._process is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._conn.send(None)
+            self._process.join(5)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+            self._process = self._conn = None
+
+    def _kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+            self._process = self._conn = None
+
+    def run(self, task: Task) -> TaskResult:
+        """Every kernel of `task` with an outcome: a kernel that killed the child is a FAULT, one
+        that outlived the limit a TIMEOUT, and the rest of the batch runs in a fresh child."""
+        done: dict[str, Outcome] = {}
+        device, build_s, run_s = DeviceInfo(), 0.0, 0.0
+        pending = task.kernels
+        while pending:
+            if self._process is None:
+                self._start()
+            result, in_flight, status = self._attempt(replace(task, kernels=pending), done)
+            if result is not None:
+                device, build_s, run_s = result.device, build_s + result.build_s, run_s + result.run_s
+                done.update({o.kernel: o for o in result.outcomes})
+            else:
+                what = "timed out" if status is Status.TIMEOUT else "died"
+                stuck = [s.name for s in pending if s.name not in done] if in_flight == BUILDING else [in_flight]
+                for name in stuck:
+                    if name is not None:
+                        done[name] = Outcome(name, status, f"the worker {what} while running this kernel"
+                                             if in_flight != BUILDING else f"the worker {what} building the batch")
+            left = tuple(s for s in pending if s.name not in done)
+            if left == pending:  # nothing learnt (the child died before its first report): give up on them
+                for s in left:
+                    done[s.name] = Outcome(s.name, Status.FAULT, "the worker died before running the batch")
+                left = ()
+            pending = left
+        return TaskResult(tuple(done[s.name] for s in task.kernels), device, build_s, run_s)
+
+    def _attempt(self, task: Task, done: dict[str, Outcome]) -> tuple[TaskResult | None, str | None, Status]:
+        in_flight = None
+        try:
+            self._conn.send(task)
+            while True:
+                if not self._conn.poll(self.timeout_s):
+                    self._kill()
+                    return None, in_flight, Status.TIMEOUT
+                kind, value = self._conn.recv()
+                if kind == "started":
+                    in_flight = value
+                elif kind == "finished":
+                    done[value.kernel] = value
+                else:
+                    return value, None, Status.OK
+        except (EOFError, OSError, BrokenPipeError):
+            self._kill()
+            return None, in_flight, Status.FAULT

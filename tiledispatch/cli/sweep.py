@@ -1,0 +1,129 @@
+"""`tiledispatch sweep` (time a rule set's candidates over a problem set, into a parquet table) and
+`tiledispatch sweep-worker` (this host's GPUs as Dask workers of a sweep on many hosts)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..core.errors import InvalidArgumentError, RegistryFormatError, UnsupportedError
+from ..core.op import get_op
+from .common import JOBS_MAX, RULE_SET, emit, limit_option, parse_option, seed_option, shown
+
+PROBLEMS_HELP = "a problem set's name (tiledispatch.bench.problemsets), or a JSON file: a list of problems"
+GPUS_HELP = "GPU indices, e.g. 0,1,2,3: one worker process each (several: through Dask)"
+
+
+def parse_gpus(value: Optional[str]) -> list[str] | None:
+    if value is None:
+        return None
+    gpus = [part.strip() for part in value.split(",")]
+    if not all(re.fullmatch(r"\d{1,4}", g) for g in gpus) or len(set(gpus)) != len(gpus):
+        raise InvalidArgumentError(f"--gpus {shown(value)} must be distinct GPU indices separated by commas, "
+                                   "e.g. 0,1,2,3")
+    return gpus
+
+
+def load_problem_file(op: str, path: Path) -> list[Any]:
+    """The problems of a JSON file: a list of problems as `bench.table.canonical_json` writes them,
+    or {"op": ..., "problems": [...]}; untrusted, read bounded (core.jsonio)."""
+    from ..core.jsonio import read_json
+    from ..core.serialize import from_jsonable
+
+    definition = get_op(op)
+    data = read_json(path)
+    if isinstance(data, dict):
+        if data.get("op", definition.kind.value) != definition.kind.value:
+            raise RegistryFormatError(f"{path} holds {data.get('op')!r} problems; this sweep is of {op}")
+        data = data.get("problems")
+    if not isinstance(data, list):
+        raise RegistryFormatError(f"{path}: expected a list of {op} problems, or an object with \"problems\"")
+    problems = []
+    for i, item in enumerate(data):
+        try:
+            problems.append(from_jsonable(definition.problem_type, item, f"problems[{i}]"))
+        except (ValueError, TypeError, KeyError) as e:
+            raise RegistryFormatError(f"{path}: {e}") from None
+    return problems
+
+
+def _matches(problem: Any, dtype: Optional[str], direction: Optional[str]) -> bool:
+    from ..bench.table import selection_key
+
+    key = selection_key(problem, "any")
+    return (dtype is None or key.dtype == dtype) and (direction is None or key.direction == direction)
+
+
+def resolve_problems(op: str, given: str, dtype: Optional[str], direction: Optional[str], limit: int,
+                     seed: int) -> tuple[list[Any], str]:
+    """(problems, the set's name for the table) from a file or a named problem set."""
+    path = Path(given)
+    if path.suffix == ".json" or path.is_file():
+        problems = [p for p in load_problem_file(op, path) if _matches(p, dtype, direction)]
+        return (problems[:limit] if limit else problems), path.stem
+    try:
+        from ..bench import problemsets
+    except ImportError:
+        raise UnsupportedError(f"--problems {shown(given)}: no problem sets in this installation "
+                               "(tiledispatch.bench.problemsets); give a JSON file of problems instead") from None
+    if dtype is None:
+        raise InvalidArgumentError(f"--problems {shown(given)} names a problem set: give its --dtype too (e.g. bf16)")
+    problems = parse_option("--problems", lambda name: problemsets.problem_set(
+        name, dtype=dtype, direction=direction, limit=limit or None, seed=seed), given)
+    return [p for p in problems if p.op is get_op(op).kind], given
+
+
+def sweep_command(
+        op: str = typer.Option(..., "--op", help="gemm, conv or attention"),
+        problems: str = typer.Option(..., "--problems", help=PROBLEMS_HELP),
+        out: Path = typer.Option(..., "--out", help="the table's directory: part-*.parquet, appended to"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16, fp32, fp8e4m3 ..."),
+        direction: Optional[str] = typer.Option(None, "--direction", help="forward, backward_data ... (conv), "
+                                                "fwd or bwd (attention)"),
+        rule_set: str = RULE_SET,
+        top: Optional[int] = typer.Option(None, "--top", min=1, help="the rules' best N only (default: all)"),
+        sample: int = typer.Option(0, "--sample", min=0, help="with --top: M other candidates drawn at random"),
+        seed: int = seed_option(),
+        arch: Optional[str] = typer.Option(None, "--arch", help="the arch to select for (default: this machine's)"),
+        gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
+        scheduler: Optional[str] = typer.Option(None, "--scheduler", help="a Dask scheduler, tcp://host:8786"),
+        timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds a build or a kernel may take"),
+        kernels_per_task: int = typer.Option(16, "--kernels-per-task", min=1, help="kernels a task"),
+        jobs: int = typer.Option(8, "-j", "--jobs", min=1, max=JOBS_MAX, help="compile processes per worker"),
+        limit: int = limit_option(0, "problems"),
+        record_refused: bool = typer.Option(False, "--record-refused",
+                                            help="a row per refused candidate too (status unsupported)")) -> None:
+    """Time the candidates of a rule set on every problem of a set; one long-format parquet table."""
+    from .. import arch as arch_facts
+    from ..bench.sweep import CandidatePolicy, sweep
+    from ..core.op import OpKind, RuleSet
+
+    kind = parse_option("--op", OpKind.parse, op)
+    found, set_name = resolve_problems(kind.value, problems, dtype, direction, limit, seed)
+    if not found:
+        raise InvalidArgumentError(f"--problems {shown(problems)}: no {kind.value} problems"
+                                   f"{' of dtype ' + dtype if dtype else ''}"
+                                   f"{' and direction ' + direction if direction else ''}")
+    report = sweep(kind, found, out=out, rule_set=parse_option("--rule-set", RuleSet.parse, rule_set),
+                   arch=None if arch is None else parse_option("--arch", arch_facts.load, arch),
+                   candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
+                   timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler,
+                   kernels_per_task=kernels_per_task, jobs=jobs, problem_set_name=set_name, seed=seed)
+    emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict()})
+
+
+def sweep_worker_command(scheduler: str = typer.Argument(..., help="the Dask scheduler, tcp://host:8786"),
+                         gpus: str = typer.Option("0", "--gpus", help="this host's GPUs to serve, e.g. 0,1,2,3"),
+                         name: Optional[str] = typer.Option(None, "--name", help="worker name prefix (default: host)")
+                         ) -> None:
+    """Serve this host's GPUs to a sweep: one Dask worker per GPU, pinned; runs until they stop."""
+    from ..bench.distributed import start_workers
+
+    code = start_workers(scheduler, parse_gpus(gpus), name)
+    emit({"status": "ok" if code == 0 else "failed", "scheduler": scheduler, "gpus": parse_gpus(gpus),
+          "exit_code": code})
+    if code:
+        raise typer.Exit(1)
