@@ -16,6 +16,7 @@ from .conv import conv_command, explain_conv_command
 from .evaluate import evaluate_command
 from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
+from .sweep import sweep_command, sweep_worker_command
 from .warmup import warmup_command
 
 app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.", cls=JsonGroup,
@@ -63,6 +64,8 @@ app.add_typer(cache_app, name="cache")
 app.command("build")(build_command)
 app.command("warmup")(warmup_command)
 app.command("evaluate")(evaluate_command)
+app.command("sweep")(sweep_command)
+app.command("sweep-worker")(sweep_worker_command)
 
 
 @app.command("arch")
