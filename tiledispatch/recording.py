@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core.dispatcher import Dispatcher, default_dispatcher, using
-from .core.errors import InvalidArgumentError
+from .core.dispatcher import Dispatcher, default_dispatcher, dispatcher_or_default, using
+from .core.errors import InvalidArgumentError, UnknownKernelError
 from .core.jsonio import read_json
 from .core.kernel import BuildResult, PythonLauncher, build_all, units
 from .core.op import UnitKind, get_op
@@ -89,10 +89,37 @@ class Recorder(Dispatcher):
 def record(fn: Callable[..., Any], *args, dispatcher: Dispatcher | None = None, **kwargs) -> tuple[Shape, ...]:
     """The problems `fn(*args, **kwargs)` poses to tiledispatch's ops, each with its pick, in
     first-seen order; no compiled kernel runs (see the module docstring)."""
-    recorder = Recorder(dispatcher if dispatcher is not None else default_dispatcher())
+    recorder = Recorder(dispatcher if dispatcher is not None else _default_for((args, kwargs)))
     with using(recorder):
         fn(*args, **kwargs)
     return recorder.shapes
+
+
+def _default_for(inputs: Any) -> Dispatcher:
+    """The default dispatcher of the backend the first tensor in `inputs` runs on (nested lists,
+    tuples and dicts searched), as the ops' own default follows their tensors' device."""
+    import torch
+
+    pending = [inputs]
+    while pending:
+        item = pending.pop(0)
+        if isinstance(item, torch.Tensor):
+            return dispatcher_or_default(None, item)
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+    return default_dispatcher()
+
+
+def _spec_of(dispatcher: Dispatcher, shape: Shape):
+    """The shape's recorded kernel, or this dispatcher's pick where the file was recorded for
+    another arch (its kernel names are that arch's): the problem is what a shapes file ships."""
+    dispatcher.registry.candidates(shape.problem.op, shape.problem)  # a lazy registry makes the class only
+    try:
+        return dispatcher.registry.get(shape.kernel)
+    except UnknownKernelError:
+        return dispatcher.select(shape.problem)
 
 
 def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = None,
@@ -104,8 +131,7 @@ def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = Non
         return []
     groups: dict[Any, dict[str, Any]] = {}  # specialisation -> kernel name -> spec
     for shape in shapes:
-        dispatcher.registry.candidates(shape.problem.op, shape.problem)  # a lazy registry makes the class only
-        spec = dispatcher.registry.get(shape.kernel)
+        spec = _spec_of(dispatcher, shape)
         specialization = spec.definition.specialization_of(shape.problem)
         if any(unit.kind is not UnitKind.PYTHON for unit in units(spec, specialization)):
             groups.setdefault(specialization, {})[spec.name] = spec
@@ -136,6 +162,7 @@ def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, s
                     raise InvalidArgumentError("backward=True: the model's output does not require grad")
                 torch.autograd.backward(tensors, [torch.zeros_like(t) for t in tensors])
 
+    dispatcher = dispatcher if dispatcher is not None else _default_for(example_inputs)
     shapes = record(run, dispatcher=dispatcher)
     failed = [r for r in build_shapes(shapes, dispatcher=dispatcher, jobs=jobs) if not r.ok]
     if shapes_file is not None:

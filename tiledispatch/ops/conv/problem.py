@@ -170,6 +170,8 @@ def spatial_tuple(value, dims: int, what: str, low: int, high: int) -> tuple[int
     if isinstance(value, (str, bytes)):
         raise InvalidArgumentError(f"{what} must be an integer or {dims} integers, got the string {value!r}")
     try:
+        if isinstance(value, int):  # tested first: torch.compile's tracer cannot follow tuple(int)'s TypeError
+            raise TypeError
         items = tuple(value)
         names = [f"{what}[{i}]" for i in range(len(items))]
     except TypeError:  # a scalar: as_int below says what is wrong with it, if anything
