@@ -198,7 +198,7 @@ class KeyReport:
     outcomes: Mapping[Picker, tuple[Outcome, ...]]
     without_oracle: tuple[str, ...] = ()  # problems none of whose rows is OK: no oracle to compare with
     skipped: Mapping[Picker, str] = field(default_factory=dict)  # strategies not judged, and why
-    model: Mapping[str, Any] | None = None  # the model's manifest, summarised
+    model: Mapping[str, Any] | list | None = None  # the model's manifest, summarised (one per fold)
     unseen: str | None = None  # how we know the model never saw these problems
 
     def to_dict(self, worst: int = WORST) -> dict[str, Any]:
@@ -237,7 +237,8 @@ def merge(reports: Sequence[Report], holdout: Mapping[str, Any]) -> Report:
         skipped = {p: why for part in parts for p, why in part.skipped.items() if p not in outcomes}
         unseen = sorted({part.unseen for part in parts if part.unseen})
         merged.append(KeyReport(key, outcomes, sum((p.without_oracle for p in parts), ()), skipped,
-                                parts[-1].model, ", ".join(unseen) or None))
+                                parts[0].model if len(parts) == 1 else [p.model for p in parts],
+                                ", ".join(unseen) or None))
     return Report(tuple(merged), holdout)
 
 
@@ -388,15 +389,14 @@ def check_unseen(model, evaluated: Iterable[str], rows, *, allow_seen: bool = Fa
     """How we know `model` never saw the `evaluated` problem ids of `rows` (the key's whole table):
     "verified" (its manifest lists its training problems, none of these), "unverified" (it cannot
     tell), or raises EvaluationError when it did see them, unless `allow_seen`."""
-    manifest = getattr(model, "manifest", None) or {}
+    manifest, evaluated = getattr(model, "manifest", None) or {}, set(evaluated)
     trained = manifest.get("problem_ids")
-    evaluated = set(evaluated)
     if trained is not None:
         seen = evaluated & set(map(str, trained))
         if not seen:
             return "verified"
         why = f"{len(seen)} of the {len(evaluated)} problems evaluated are among the model's training problems"
-    elif manifest.get("data_hash") is not None and manifest["data_hash"] == _data_hash(rows):  # trained on this
+    elif manifest.get("data_hash") is not None and manifest["data_hash"] == _data_hash(rows, model.key):
         why = "the model's manifest has this table's data hash: it trained on these problems"
     else:
         return "unverified"
@@ -406,12 +406,12 @@ def check_unseen(model, evaluated: Iterable[str], rows, *, allow_seen: bool = Fa
                           "--holdout-fold; or --cv), or allow it (--allow-seen) to judge it on its training data")
 
 
-def _data_hash(rows) -> Any:  # the hash `learned` writes in a manifest, where it says how it makes one
+def _data_hash(rows, key: SelectionKey) -> Any:  # the hash training writes in a manifest: of the ok rows
     try:
-        from .learned import data_hash
+        from .training import data_hash, rows_of
     except ImportError:
         return None
-    return data_hash(rows)
+    return data_hash(rows_of(rows, key))
 
 
 

@@ -1,0 +1,281 @@
+"""Offline evaluation of selection (heuristics/evaluate.py, `tiledispatch evaluate`) on synthetic tables.
+
+Every table here is made of real tiny-rule-set GEMM problems and configs, ranked by today's
+rules on sm_90 (no GPU: nothing runs), with times the test chooses, so each number the
+evaluator reports is checked against one computed here by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tiledispatch import arch as arch_facts
+from tiledispatch.bench.table import COLUMNS, SelectionKey, canonical_json, problem_id, selection_key
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.registry import Registry
+from tiledispatch.heuristics import autotune
+from tiledispatch.heuristics import evaluate as ev
+from tiledispatch.ops.gemm import GemmLayout, GemmProblem, GemmTypes
+
+SHAPES = ((100, 64, 48), (1, 256, 512), (4096, 4096, 64), (33, 17, 300), (512, 512, 512), (7, 1000, 1000),
+          (2048, 128, 4096), (64, 64, 64))
+KEY = SelectionKey("gemm", "forward", "fp16", "sm_90")
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    """Each problem with its accepted candidates in the rules' order."""
+    arch = arch_facts.load("sm_90")
+    dispatcher = Dispatcher(Registry.from_rule_set("gemm", "tiny", arch), arch)
+    out = []
+    for m, n, k in SHAPES:
+        problem = GemmProblem(m=m, n=n, k=k, types=GemmTypes.parse("fp16"), layout=GemmLayout.parse("rcr"))
+        out.append((problem, dispatcher.ranked(problem)))
+    assert all(selection_key(p, "sm_90") == KEY for p, _ in out)
+    return out
+
+
+def make_table(ranked, time_of, status_of=lambda i, r, c: "ok") -> pd.DataFrame:
+    """The sweep's table: time_of(problem index, rules rank, candidate) gives each row's ms."""
+    rows = []
+    for i, (problem, candidates) in enumerate(ranked):
+        for r, c in enumerate(candidates):
+            status = status_of(i, r, c)
+            ms = time_of(i, r, c) if status == "ok" else float("nan")
+            rows.append({"op": "gemm", "direction": "forward", "dtype": "fp16", "arch": "sm_90", "problem_set": "t",
+                         "problem_id": problem_id(problem), "problem": canonical_json(problem),
+                         "kernel": c.spec.name, "family": c.spec.family, "vendor": c.spec.family == "vendor",
+                         "config": canonical_json(c.spec.config), "status": status,
+                         "error": None if status == "ok" else "boom", "time_ms": ms, "rule_score": c.score.value,
+                         "rule_rank": r, "gpu": "NVIDIA H200", "torch": "2.x", "triton": "3.x"})
+    return pd.DataFrame(rows).reindex(columns=[c for c in COLUMNS if c in rows[0]])
+
+
+def stats(report, picker: str) -> dict:
+    return ev.summarize(report[KEY].outcomes[ev.Picker.parse(picker)], "gemm")
+
+
+class TableModel:
+    """A stand-in for learned.TrainedModel: predicts the table's own times (or their inverse)."""
+
+    def __init__(self, frame, reverse=False, manifest=None, key=KEY) -> None:
+        self.times = {(r.problem, r.config): r.time_ms for r in frame.itertuples()}
+        self.reverse, self.manifest, self.key = reverse, manifest or {}, key
+
+    def predict_ms(self, problem, configs, arch):
+        assert arch.name == "sm_90"
+        times = np.array([self.times[(canonical_json(problem), canonical_json(c))] for c in configs])
+        times = np.nan_to_num(times, nan=1e9)
+        return 1.0 / times if self.reverse else times
+
+
+def test_rules_numbers_are_exact(ranked):
+    # Even problems: the rules' top runs 2.0 ms where rank 1 runs 1.1 (efficiency 0.55); odd: the top is fastest.
+    frame = make_table(ranked, lambda i, r, c: (2.0 if i % 2 == 0 else 0.9) if r == 0 else 1.0 + 0.1 * r)
+    s = stats(ev.evaluate(frame, strategies=["rules"]), "rules")
+    half = len(SHAPES) // 2
+    assert s["problems"] == len(SHAPES) and s["failures"] == 0
+    assert s["efficiency"]["mean"] == pytest.approx((0.55 + 1.0) / 2)
+    assert s["efficiency"]["median"] == pytest.approx((0.55 + 1.0) / 2)
+    assert s["efficiency"]["p10"] == pytest.approx(0.55) and s["efficiency"]["min"] == pytest.approx(0.55)
+    assert s["top1"] == pytest.approx(0.5) and s["slower_than_2x"] == 0
+    assert s["time_lost_ms"] == pytest.approx(half * 0.9)
+    assert s["time_lost_fraction"] == pytest.approx(half * 0.9 / (half * 1.1 + half * 0.9))
+    assert s["targets"]["mean_ge_0.97"] is False and s["targets"]["none_slower_than_2x"] is True
+    assert [w["efficiency"] for w in s["worst"][:half]] == [pytest.approx(0.55)] * half
+    # Against the vendor: its row's time over the pick's, problem by problem.
+    expected = []
+    for i, (_, candidates) in enumerate(ranked):
+        r = next(r for r, c in enumerate(candidates) if c.spec.family == "vendor")
+        vendor = (2.0 if i % 2 == 0 else 0.9) if r == 0 else 1.0 + 0.1 * r
+        expected.append(vendor / (2.0 if i % 2 == 0 else 0.9))
+    assert s["vs_vendor"]["problems"] == len(SHAPES)
+    assert s["vs_vendor"]["geomean"] == pytest.approx(math.exp(statistics.fmean(map(math.log, expected))))
+    assert s["vs_vendor"]["min"] == pytest.approx(min(expected))
+    assert s["vs_vendor"]["below_floor"] == sum(e < 0.98 for e in expected)
+
+
+def test_a_model_of_the_true_times_scores_1_and_a_reversed_one_the_worst(ranked):
+    rng = np.random.default_rng(0)
+    times = {(i, r): float(rng.uniform(0.5, 5.0)) for i, (_, cs) in enumerate(ranked) for r in range(len(cs))}
+    frame = make_table(ranked, lambda i, r, c: times[(i, r)])
+    best = ev.evaluate(frame, strategies=["model"], model=TableModel(frame), allow_seen=True)
+    s = stats(best, "model")
+    assert s["efficiency"]["mean"] == 1.0 and s["efficiency"]["min"] == 1.0 and s["top1"] == 1.0
+    assert s["time_lost_ms"] == 0.0 and best[KEY].unseen == "unverified"
+    worst = stats(ev.evaluate(frame, strategies=["model"], model=TableModel(frame, reverse=True)), "model")
+    ratios = [min(times[(i, r)] for r in range(len(cs))) / max(times[(i, r)] for r in range(len(cs)))
+              for i, (_, cs) in enumerate(ranked)]
+    assert worst["efficiency"]["mean"] == pytest.approx(statistics.fmean(ratios))
+    assert worst["efficiency"]["min"] == pytest.approx(min(ratios))
+    assert worst["slower_than_2x"] == sum(r < 0.5 for r in ratios)
+
+
+def test_failed_picks_count_as_zero_and_are_listed(ranked):
+    # Problem 0: the rules' top faults. Problem 1: its top refuses the problem (not a candidate at all).
+    # Problem 2: every row failed to build, so there is no oracle.
+    def status(i, r, c):
+        return {(0, 0): "fault", (1, 0): "unsupported"}.get((i, r), "build_failed" if i == 2 else "ok")
+
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * r, status)
+    report = ev.evaluate(frame, strategies=["rules", "vendor"])
+    s = stats(report, "rules")
+    assert report[KEY].without_oracle == (problem_id(ranked[2][0]),)
+    assert s["problems"] == len(SHAPES) - 1 and s["failures"] == 1
+    assert s["failed"] == [s["worst"][0]]
+    assert s["failed"][0]["problem_id"] == problem_id(ranked[0][0]) and s["failed"][0]["status"] == "fault"
+    assert s["failed"][0]["error"] == "boom" and s["failed"][0]["efficiency"] == 0.0
+    assert s["efficiency"]["min"] == 0.0
+    assert s["efficiency"]["mean"] == pytest.approx((len(SHAPES) - 2) / (len(SHAPES) - 1))  # the others hit
+    assert s["vs_vendor"]["min"] == 0.0 and s["targets"]["none_slower_than_2x"] is False
+    assert next(o for o in report[KEY].outcomes[ev.Picker.RULES]
+                if o.problem_id == problem_id(ranked[1][0])).kernel == ranked[1][1][1].spec.name
+
+
+@pytest.mark.parametrize("vendor_ms, keeps_vendor", [(1.015, True), (1.05, False)])
+def test_autotune_times_its_finalists_and_keeps_the_vendor_within_its_margin(ranked, vendor_ms, keeps_vendor):
+    # The rules' top runs 1.0 ms, the vendor vendor_ms, and the first candidate that is not a
+    # finalist 0.5: the oracle, which autotune never times.
+    finalists = [{c.spec.name for c in autotune.finalists(cs)} for _, cs in ranked]
+    outside = [next((r for r, c in enumerate(cs) if c.spec.name not in names), None)
+               for (_, cs), names in zip(ranked, finalists)]
+
+    def time(i, r, c):
+        return 1.0 if r == 0 else vendor_ms if c.spec.family == "vendor" else 0.5 if r == outside[i] else 3.0
+
+    frame = make_table(ranked, time)
+    outcomes = ev.evaluate(frame, strategies=["autotune"])[KEY].outcomes[ev.Picker.AUTOTUNE]
+    assert any(o is not None for o in outside) and not all(cs[0].spec.family == "vendor" for _, cs in ranked)
+    for i, ((_, candidates), outcome) in enumerate(zip(ranked, outcomes)):
+        vendor_row = next(c for c in candidates if c.spec.family == "vendor")
+        expected = vendor_row if keeps_vendor else candidates[0]
+        assert outcome.kernel == expected.spec.name
+        oracle = min(time(i, r, c) for r, c in enumerate(candidates))
+        assert outcome.efficiency == pytest.approx(oracle / time(i, candidates.index(expected), expected))
+
+
+def test_autotune_drops_a_finalist_that_failed_to_build_and_fails_on_one_that_faults(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * r,
+                       lambda i, r, c: {(0, 0): "build_failed", (1, 0): "timeout"}.get((i, r), "ok"))
+    outcomes = ev.evaluate(frame, strategies=["autotune"])[KEY].outcomes[ev.Picker.AUTOTUNE]
+    assert outcomes[0].status.value == "ok" and outcomes[0].kernel == ranked[0][1][1].spec.name
+    assert outcomes[1].status.value == "timeout" and outcomes[1].efficiency == 0.0
+
+
+def test_missing_rule_scores_are_recomputed_as_the_rules_rank(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.01 * ((7 * r + i) % 5))
+    with_scores = ev.evaluate(frame, strategies=["rules", "autotune"])
+    without = ev.evaluate(frame.drop(columns=["rule_score", "rule_rank"]), strategies=["rules", "autotune"])
+    rescored = ev.evaluate(frame, strategies=["rules", "autotune"], rescore=True)
+    for picker in (ev.Picker.RULES, ev.Picker.AUTOTUNE):
+        picks = [o.kernel for o in with_scores[KEY].outcomes[picker]]
+        assert picks == [o.kernel for o in without[KEY].outcomes[picker]]
+        assert picks == [o.kernel for o in rescored[KEY].outcomes[picker]]
+    assert [o.kernel for o in with_scores[KEY].outcomes[ev.Picker.RULES]] == [cs[0].spec.name for _, cs in ranked]
+
+
+def test_holdout_folds_are_disjoint_by_problem_and_cover_the_table(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + r)
+    folds = [ev.holdout_ids(frame, ev.Fold(f, 3)) for f in range(3)]
+    assert set().union(*folds) == set(frame["problem_id"])
+    assert sum(map(len, folds)) == frame["problem_id"].nunique()
+    for f, ids in enumerate(folds):
+        report = ev.evaluate(frame, strategies=["rules"], holdout=ev.Fold(f, 3))
+        judged = {o.problem_id for o in report[KEY].outcomes[ev.Picker.RULES]} if report.keys else set()
+        assert judged == ids and report.holdout == {"kind": "fold", "fold": f, "folds": 3}
+    some = [problem_id(p) for p, _ in ranked[:3]]
+    assert ev.holdout_ids(frame, some) == set(some) == ev.holdout_ids(frame, frame[frame.problem_id.isin(some)])
+    with pytest.raises(ev.InvalidArgumentError, match="fold"):
+        ev.Fold(3, 3)
+
+
+def test_a_model_that_saw_the_problems_is_refused_unless_allowed(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + r)
+    ids = sorted(frame["problem_id"].unique())
+    seen = TableModel(frame, manifest={"problem_ids": ids[:2], "rows": 10})
+    with pytest.raises(ev.EvaluationError, match="training problems.*--allow-seen"):
+        ev.evaluate(frame, strategies=["model"], model=seen)
+    report = ev.evaluate(frame, strategies=["model"], model=seen, allow_seen=True)
+    assert report[KEY].unseen.startswith("seen (allowed)") and report[KEY].model == {"problem_ids": ids[:2],
+                                                                                      "rows": 10}
+    unseen = ev.evaluate(frame, strategies=["model"], model=seen, holdout=ids[2:])
+    assert unseen[KEY].unseen == "verified"
+    training = pytest.importorskip("tiledispatch.heuristics.training")
+    hashed = TableModel(frame, manifest={"data_hash": training.data_hash(training.rows_of(frame, KEY))})
+    with pytest.raises(ev.EvaluationError, match="data hash"):
+        ev.evaluate(frame, strategies=["model"], model=hashed, holdout=ids[2:])
+    other = TableModel(frame, key=SelectionKey("gemm", "forward", "bf16", "sm_90"))
+    skipped = ev.evaluate(frame, strategies=["rules", "model"], model=other)[KEY]
+    assert ev.Picker.MODEL not in skipped.outcomes and "gemm_forward_bf16" in skipped.skipped[ev.Picker.MODEL]
+
+
+def test_cross_validation_judges_every_problem_once_by_a_model_that_never_saw_it(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((3 * r + i) % 7))
+    trained = []
+
+    def train(rows, key, folds, seed):
+        assert key == KEY and folds == 2 and seed == 4
+        trained.append(set(rows["problem_id"]))
+        return TableModel(frame)
+
+    report = ev.cross_validate(frame, folds=3, seed=4, train=train)
+    outcomes = report[KEY].outcomes[ev.Picker.MODEL]
+    judged = [o.problem_id for o in outcomes]
+    assert sorted(judged) == sorted(frame["problem_id"].unique())  # each once
+    for f, seen in enumerate(trained):
+        held = ev.holdout_ids(frame, ev.Fold(f, 3))
+        assert not seen & held and seen | held == set(frame["problem_id"])
+    assert report[KEY].unseen == "held out" and stats(report, "model")["efficiency"]["mean"] == 1.0
+    assert set(report[KEY].outcomes) == set(ev.Picker)
+
+
+def test_cli_writes_one_json_document(ranked, tmp_path):
+    from typer.testing import CliRunner
+
+    from tiledispatch.cli.main import app
+
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((5 * r + i) % 4))
+    path = tmp_path / "sweep.parquet"
+    frame.to_parquet(path)
+    out = tmp_path / "evaluation.json"
+    result = CliRunner().invoke(app, ["evaluate", str(path), "--strategies", "rules,autotune,vendor", "--op", "gemm",
+                                      "--worst", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document == json.loads(result.output)
+    assert document["command"].startswith("tiledispatch evaluate ") and "--worst 3" in document["command"]
+    assert document["provenance"]["gpu"] == {"NVIDIA H200": len(frame)}
+    (entry,) = document["keys"]
+    assert entry["name"] == "gemm_forward_fp16" and entry["problems"] == len(SHAPES)
+    expected = ev.evaluate(frame, strategies=["rules", "autotune", "vendor"]).to_dict(worst=3)["keys"][0]
+    assert entry["strategies"] == json.loads(json.dumps(expected["strategies"]))
+    assert len(entry["strategies"]["rules"]["worst"]) == 3
+    bad = CliRunner().invoke(app, ["evaluate", str(path), "--dtype", "bf16"])
+    assert bad.exit_code == 3 and "--dtype bf16" in json.loads(bad.output)["error"]["message"]
+    frame.drop(columns=["status"]).to_parquet(path)
+    bad = CliRunner().invoke(app, ["evaluate", str(path)])
+    assert bad.exit_code == 3 and "status" in json.loads(bad.output)["error"]["message"]
+
+
+def test_cli_cross_validates_with_the_learned_model(ranked, tmp_path):
+    pytest.importorskip("tiledispatch.heuristics.learned")
+    from typer.testing import CliRunner
+
+    from tiledispatch.cli.main import app
+
+    # Times that the features explain: the rules' rank, a little noise.
+    rng = np.random.default_rng(1)
+    frame = make_table(ranked, lambda i, r, c: (1.0 + 0.2 * r) * float(rng.uniform(0.98, 1.02)))
+    frame.to_parquet(tmp_path / "sweep.parquet")
+    result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "sweep.parquet"), "--cv", "--folds", "3"])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.output)["keys"]
+    assert entry["unseen"] == "held out" and len(entry["model"]) == 3  # a manifest per fold
+    model = entry["strategies"]["model"]
+    assert model["problems"] == len(SHAPES) and model["failures"] == 0 and 0 < model["efficiency"]["min"] <= 1
