@@ -80,6 +80,8 @@ def load_problems(path: str | os.PathLike) -> tuple[Any, ...]:
         if set(data) != {"op", "problems"} or not isinstance(data["problems"], list):
             raise InvalidProblemError(f'problem file {path}: an object must be {{"op": ..., "problems": [...]}}, '
                                       f"got the keys {sorted(data)}")
+        if data["op"] not in OPS:
+            raise InvalidProblemError(f"problem file {path}: op {data['op']!r} is not one of {', '.join(OPS)}")
         return tuple(_problem(data["op"], item, f"{path}: problems[{i}]") for i, item in enumerate(data["problems"]))
     if not isinstance(data, list):
         raise InvalidProblemError(f"problem file {path}: expected a list of problems or "

@@ -44,9 +44,12 @@ def _erased(problem: Any) -> dict:
     fields = {f.name: to_jsonable(getattr(problem, f.name)) for f in dataclasses.fields(problem)}
     fields.pop("wide_offsets", None)
     if op == "gemm":
-        # Tokens are M, or K where A is the transposed activations (dW^T = X^T dY).
+        # Tokens are M, or K where A is the transposed activations (dW^T = X^T dY). The operands'
+        # alignment follows from the sizes (a row of 1 token has no row stride), so it goes too.
         tokens = "k" if problem.layout.a.value == "c" else "m"
-        del fields[tokens], fields["alignment"][tokens]
+        del fields[tokens]
+        for name in (tokens, "a", "b", "c"):
+            del fields["alignment"][name]
     elif op == "conv":
         del fields["n"]
     else:
