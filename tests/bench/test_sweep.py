@@ -122,7 +122,7 @@ def test_a_fault_and_a_hang_are_rows_and_the_sweep_goes_on(tmp_path, monkeypatch
     names = ranked_names(problem, 4)
     monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[1]: "exit", names[2]: "hang"}))
     report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=4),
-                   kernels_per_task=4, timeout_s=12)
+                   kernels_per_task=4, timeout_s=6)
     status = dict(zip(*(read_table(tmp_path)[c] for c in ("kernel", "status"))))
     assert status == {names[0]: "ok", names[1]: "fault", names[2]: "timeout", names[3]: "ok"}
     assert report.rows == {"ok": 2, "fault": 1, "timeout": 1}

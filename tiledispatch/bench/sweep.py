@@ -198,6 +198,7 @@ class _Rows:
 
     problem_set: str
     arch: str
+    gpu: str | None = None  # the sweep's one GPU model, for rows of a worker that died before it said
     versions: dict[str, str | None] = field(default_factory=_versions)
 
     def row(self, problem, plan: Planned, outcome: Outcome, device: DeviceInfo) -> dict[str, Any]:
@@ -211,7 +212,7 @@ class _Rows:
             "config": canonical_json(plan.spec.config), "status": outcome.status.value, "error": outcome.error,
             "time_ms": ms, "tflops": flops / ms / 1e9 if ms else None, "gbps": nbytes / ms / 1e6 if ms else None,
             "flops": flops, "bytes": nbytes, "rule_score": plan.rule_score, "rule_rank": plan.rule_rank,
-            "gpu": device.gpu, "sm_clock_mhz": device.sm_clock_mhz, "mem_clock_mhz": device.mem_clock_mhz,
+            "gpu": device.gpu or self.gpu, "sm_clock_mhz": device.sm_clock_mhz, "mem_clock_mhz": device.mem_clock_mhz,
             **self.versions, "host": device.host or socket.gethostname(),
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
@@ -274,7 +275,18 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
         names = cluster_gpu_names(scheduler)
     else:
         names = _local_gpu_names(gpus if not facts.is_interpreter else None)
-    done = done_keys(out)
+    only = next(iter(names)) if len(names) == 1 else ""
+    maker = _Rows(problem_set_name, facts.name, only or None)
+    tasks, plans, statuses, skipped = _tasks(kind, problems, dispatcher, candidates, done_keys(out), names, out,
+                                             maker, (kernels_per_task, jobs, seed))
+    return _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, (statuses, skipped, len(problems), start),
+                    progress)
+
+
+def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, sizes):
+    """(tasks, planned rows by (problem id, kernel), rows by status written now, rows skipped): the
+    refusals' rows are written at once, as nothing runs for them."""
+    kernels_per_task, jobs, seed = sizes
     tasks, plans, skipped, refusals = [], {}, 0, 0
     for problem in problems:
         if problem.op is not kind:
@@ -288,13 +300,9 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
             tasks.append(Task(problem, tuple(to_run[i:i + kernels_per_task]), jobs, seed))
         refused = [p for p in todo if p.refused is not None]
         refusals += len(refused)
-        if refused:  # written at once: nothing runs for them
-            maker = _Rows(problem_set_name, facts.name)
-            write_part(out, [maker.row(problem, p, Outcome(p.spec.name, Status.UNSUPPORTED, p.refused), DeviceInfo())
-                             for p in refused])
-    statuses = Counter({Status.UNSUPPORTED.value: refusals} if refusals else {})
-    return _execute(tasks, plans, out, _Rows(problem_set_name, facts.name), gpus, scheduler, timeout_s,
-                    (statuses, skipped, len(problems), start), progress)
+        write_part(out, [maker.row(problem, p, Outcome(p.spec.name, Status.UNSUPPORTED, p.refused), DeviceInfo())
+                         for p in refused])
+    return tasks, plans, Counter({Status.UNSUPPORTED.value: refusals} if refusals else {}), skipped
 
 
 def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress) -> SweepReport:

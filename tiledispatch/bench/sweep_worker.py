@@ -35,6 +35,7 @@ SAMPLE_MS = 20.0  # each timing sample replays a graph of back-to-back calls las
 MAX_CALLS = 200
 ROUNDS = 5  # samples per kernel; the median is kept
 ERROR_CHARS = 2000
+STARTUP_S = 600.0  # a child's imports (torch, Triton) on a loaded host, before it takes a task
 
 
 @dataclass(frozen=True)
@@ -73,21 +74,32 @@ class TaskResult:
     run_s: float = 0.0  # wall time of its checks and timings
 
 
+def smi_query(index: str, fields: str) -> list[str] | None:
+    """nvidia-smi's answer for one GPU (by the index CUDA_VISIBLE_DEVICES names), or None."""
+    try:
+        text = subprocess.run(["nvidia-smi", "-i", index, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [v.strip() for v in text.splitlines()[0].split(",")] if text else []
+    return values if len(values) == len(fields.split(",")) else None
+
+
 def device_info() -> DeviceInfo:
-    """This process's GPU (the first visible one), its clocks from nvidia-smi where it answers."""
+    """This process's GPU (the first visible one): its name and clocks as nvidia-smi gives them
+    (the name the parent resumes by), torch's name where nvidia-smi does not answer."""
     import torch
 
     if not torch.cuda.is_available():
         return DeviceInfo()
-    name = torch.cuda.get_device_name(0)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    found = smi_query(visible, "name,clocks.sm,clocks.mem")
+    if found is None:
+        return DeviceInfo(torch.cuda.get_device_name(0))
     try:
-        text = subprocess.run(["nvidia-smi", "-i", visible, "--query-gpu=clocks.sm,clocks.mem",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
-        sm, mem = (float(x) for x in text.strip().splitlines()[0].split(","))
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        sm = mem = None
-    return DeviceInfo(name, sm, mem)
+        return DeviceInfo(found[0], float(found[1]), float(found[2]))
+    except ValueError:  # "[N/A]" clocks
+        return DeviceInfo(found[0])
 
 
 def _error(e: BaseException) -> str:
@@ -128,6 +140,10 @@ def _time(run: Callable[[], None], on_gpu: bool) -> float:
     return interleaved_medians({"kernel": sampler}, ROUNDS)["kernel"]
 
 
+# (problem key, operand sets, reference) of the last problem this process prepared
+_PREPARED: tuple[Any, list, Any] | None = None
+
+
 class _Kernels:
     """A task's kernels on this process's device: built, checked, timed in turn."""
 
@@ -159,18 +175,27 @@ class _Kernels:
         return {r.name: Outcome(r.name, Status.BUILD_FAILED, (r.error or "")[:ERROR_CHARS]) for r in results if not r.ok}
 
     def prepare(self) -> str | None:
-        """The operand sets (enough to outgrow L2 on the GPU) and the reference; why not, if they cannot be made."""
+        """The operand sets (enough to outgrow L2 on the GPU) and the reference; why not, if they
+        cannot be made. The last problem's are kept: a problem's batches follow one another, and
+        its float64 reference (on the CPU) can take longer than timing a batch."""
+        global _PREPARED
         from ..heuristics import autotune
 
         make = self.definition.tuning_operands
         if make is None:
             return f"the {self.definition.kind.value} op makes no fresh operands (OpDefinition.tuning_operands)"
-        sets = autotune.operand_sets(self.task.problem.bytes(), self.arch.l2_bytes, self.on_gpu)
-        self.operands = [make(self.task.problem, self.device, self.task.seed + i) for i in range(sets)]
+        key = (self.definition.kind.value, self.task.problem, self.task.seed, str(self.device))
+        if _PREPARED is None or _PREPARED[0] != key:
+            _PREPARED = None  # the last problem's tensors go before this one's are made
+            sets = autotune.operand_sets(self.task.problem.bytes(), self.arch.l2_bytes, self.on_gpu)
+            operands = [make(self.task.problem, self.device, self.task.seed + i) for i in range(sets)]
+            expected = None
+            if all(o is not None for o in operands) and self.definition.reference is not None:
+                expected = self.definition.reference(operands[0])
+            _PREPARED = (key, operands, expected)
+        _, self.operands, self.expected = _PREPARED
         if any(o is None for o in self.operands):
             return "fresh operands do not reproduce this problem (its layout, alignment or tensors)"
-        if self.definition.reference is not None:
-            self.expected = self.definition.reference(self.operands[0])
         return None
 
     def run(self, spec: KernelSpec) -> Outcome:
@@ -229,7 +254,8 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
 
 
 def _child(conn) -> None:
-    """A worker process: runs the tasks it is sent until it is sent None."""
+    """A worker process: says it is ready, then runs the tasks it is sent until it is sent None."""
+    conn.send(("ready", None))  # after the imports: a task's time limit counts its work alone
     while True:
         task = conn.recv()
         if task is None:
@@ -276,6 +302,14 @@ class IsolatedRunner:
             self._process.start()
         child.close()
         self._conn = parent
+        limit = max(STARTUP_S, self.timeout_s)
+        try:
+            if not parent.poll(limit):
+                raise TimeoutError(f"no word from it in {limit} s")
+            parent.recv()
+        except (EOFError, OSError) as e:  # the environment cannot run a worker: no kernel can be swept here
+            self._kill()
+            raise RuntimeError(f"a sweep worker process failed to start ({type(e).__name__}: {e})") from e
 
     def close(self) -> None:
         if self._process is not None:
