@@ -1,0 +1,307 @@
+"""Learned selection: features, training, the model files, and the `model` strategy, on a synthetic table.
+
+The table's times come from a known formula (the rules' modelled time, with corrections the
+rules do not know: a family and a tile depth faster, the vendor slower) plus 3 % noise, over
+real tiny-rule-set GEMM configs and problems on sm_90; nothing here runs a kernel.
+"""
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("lightgbm")
+pytest.importorskip("pyarrow")
+
+import tiledispatch  # noqa: E402
+from tiledispatch import arch  # noqa: E402
+from tiledispatch.bench.table import COLUMNS, SelectionKey, Status, canonical_json, problem_id  # noqa: E402
+from tiledispatch.core.dispatcher import Dispatcher, Strategy, default_strategy  # noqa: E402
+from tiledispatch.core.dtypes import DType  # noqa: E402
+from tiledispatch.core.errors import UnsupportedError  # noqa: E402
+from tiledispatch.core.op import RuleSet, get_op  # noqa: E402
+from tiledispatch.core.registry import Registry  # noqa: E402
+from tiledispatch.heuristics import features, learned, training  # noqa: E402
+from tiledispatch.heuristics.features import Column, FeatureSpec, Kind, ModelFormatError, Source  # noqa: E402
+from tiledispatch.ops.gemm.problem import GemmTypes  # noqa: E402
+
+SM90, INTERP = arch.load("sm_90"), arch.load("interpreter")
+GEMM = get_op("gemm")
+KEY = SelectionKey("gemm", "forward", "fp16", "sm_90")
+
+
+def true_ms(spec, problem) -> float:
+    """The synthetic GPU: the rules' modelled time, corrected where the rules are wrong."""
+    ms = GEMM.rule_score(spec.config, problem, SM90).terms["modelled_us"] * 1e-3
+    if spec.family == "tma-persistent":
+        ms *= 0.6
+    if spec.family == "vendor":
+        ms *= 1.3
+    if getattr(spec.config, "block_m", 0) == 16:
+        ms *= 0.85
+    return ms
+
+
+def problems(count: int, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [GEMM.problem_type(m=int(2 ** rng.uniform(0, 13)), n=int(2 ** rng.uniform(3, 13)),
+                              k=int(2 ** rng.uniform(4, 13))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def rules() -> Dispatcher:
+    return Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy=Strategy.RULES)
+
+
+def synthetic_table(rules: Dispatcher, count: int = 36, seed: int = 0) -> "pd.DataFrame":
+    rng = np.random.default_rng(seed + 1)
+    rows = []
+    for problem in problems(count, seed):
+        for rank, candidate in enumerate(rules.ranked(problem)):
+            spec = candidate.spec
+            row = dict.fromkeys(COLUMNS)
+            row.update(op="gemm", direction="forward", dtype="fp16", arch="sm_90", problem_set="synthetic",
+                       problem_id=problem_id(problem), problem=canonical_json(problem), kernel=spec.name,
+                       family=spec.family, vendor=spec.family == "vendor", config=canonical_json(spec.config),
+                       status=Status.OK.value, time_ms=true_ms(spec, problem) * math.exp(rng.normal(0, 0.03)),
+                       gpu="synthetic-h200", rule_score=candidate.score.value, rule_rank=rank)
+            rows.append(row)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    failed = frame.iloc[:3].assign(status=Status.FAULT.value, time_ms=None)  # never learned from
+    return pd.concat([frame, failed], ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def table(rules):
+    return synthetic_table(rules)
+
+
+@pytest.fixture(scope="module")
+def model(table):
+    return learned.train(table, KEY, folds=3, seed=0)
+
+
+def efficiency(order_times: np.ndarray, picked: int) -> float:
+    return float(order_times.min() / order_times[picked])
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def test_the_model_picks_the_formulas_best_on_problems_it_never_saw(model, rules):
+    by_model, by_rules = [], []
+    for problem in problems(20, seed=99):
+        ranked = rules.ranked(problem)
+        times = np.array([true_ms(c.spec, problem) for c in ranked])
+        predicted = model.predict_ms(problem, [c.spec.config for c in ranked], SM90)
+        assert predicted.shape == (len(ranked),) and np.all(predicted > 0)
+        by_model.append(efficiency(times, int(np.argmin(predicted))))
+        by_rules.append(efficiency(times, 0))
+    assert np.mean(by_model) >= 0.97 and min(by_model) >= 0.85, by_model
+    assert np.mean(by_model) > np.mean(by_rules) + 0.05  # it learned what the rules do not know
+
+
+def test_the_manifest_says_what_the_model_learned_from(model, table):
+    m = model.manifest
+    ok = table[table["status"] == "ok"]
+    assert m["key"] == {"op": "gemm", "direction": "forward", "dtype": "fp16", "arch": "sm_90"}
+    assert (m["rows"], m["problems"]) == (len(ok), ok["problem_id"].nunique())
+    assert m["problem_ids"] == sorted(ok["problem_id"].unique()) and m["gpus"] == ["synthetic-h200"]
+    assert m["data_hash"] == learned.data_hash(table) == learned.data_hash(training.rows_of(table, KEY))
+    cv = m["cv"]
+    spread = float(np.log(ok["time_ms"].astype(float)).std())  # of log time over every row: about 2
+    assert cv["folds"] == 3 and cv["rmse_log"] < spread / 3 and 0.8 < cv["selection"]["mean"] <= 1.0
+    assert 1 <= m["trees"] <= training.MAX_ROUNDS and m["lightgbm"] and m["params"]["seed"] == 0
+    assert model.booster.num_trees() == m["trees"]
+
+
+def test_grouped_folds_keep_each_problem_in_one_fold(model, table):
+    ids = sorted(table["problem_id"].unique())
+    assert [training.fold_of(i, 3) for i in ids] == [training.fold_of(i, 3) for i in ids]
+    assert {training.fold_of(i, 3) for i in ids} == {0, 1, 2}
+
+
+def test_training_refuses_a_key_without_rows_and_a_table_without_columns(table):
+    with pytest.raises(UnsupportedError, match="no ok rows of gemm forward bf16 on sm_90.*fp16"):
+        learned.train(table, SelectionKey("gemm", "forward", "bf16", "sm_90"))
+    with pytest.raises(UnsupportedError, match=r"lacks the column\(s\) \['time_ms'\]"):
+        learned.train(table.drop(columns=["time_ms"]), KEY)
+    with pytest.raises(ValueError, match="folds must be a positive integer"):
+        learned.train(table, KEY, folds=0)
+
+
+# --- features ------------------------------------------------------------------------------
+
+
+def test_features_are_read_generically_and_the_spec_fixes_them(model):
+    names = {c.name: c for c in model.spec.columns}
+    assert names["problem.m"].transform is features.Transform.LOG2  # a size
+    assert names["config.family"].kind is Kind.CATEGORY and "tma-persistent" in names["config.family"].vocabulary
+    for name in ("derived.log2_flops", "derived.log2_intensity", "score.value", "score.waves", "score.tile_m",
+                 "arch.sm_count", "arch.l2_bytes", "arch.memory_bandwidth_gbs", "kernel.family"):
+        assert name in names, name
+    problem = problems(1, seed=5)[0]
+    config = next(c for c in GEMM.rule_sets[RuleSet.TINY]() if GEMM.family_of(c) == "tiled")
+    row = model.featurizer.matrix(problem, [config], SM90)[0]
+    column = list(names).index
+    assert row[column("problem.m")] == pytest.approx(math.log2(1 + problem.m))
+    assert row[column("config.block_m")] == config.block_m
+    assert row[column("arch.sm_count")] == SM90.sm_count
+    assert row[column("score.value")] == pytest.approx(GEMM.rule_score(config, problem, SM90).value)
+
+
+def test_an_unknown_category_and_a_missing_field_are_missing_values():
+    column = Column(Source.CONFIG, "family", Kind.CATEGORY, vocabulary=("tiled", "vendor"))
+    assert column.encode("vendor") == 1.0 and math.isnan(column.encode("warp-special")) and math.isnan(column.encode(None))
+    spec = FeatureSpec("gemm", (Column(Source.CONFIG, "block_m"), Column(Source.CONFIG, "no_such_field"), column))
+    vendor = next(c for c in GEMM.rule_sets[RuleSet.TINY]() if GEMM.family_of(c) == "vendor")
+    row = features.Featurizer(spec).matrix(problems(1, 0)[0], [vendor], SM90)[0]
+    assert math.isnan(row[0]) and math.isnan(row[1]) and row[2] == 1.0  # a vendor config has no block_m
+
+
+def test_the_spec_round_trips_through_json(model):
+    data = json.loads(json.dumps(model.spec.to_dict()))
+    assert FeatureSpec.from_dict(data) == model.spec
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda d: d.update(format=99), "format 99 is not 1"),
+    (lambda d: d["columns"][0].update(kind="colour"), r"columns\[0\].*'colour' is not a valid Kind"),
+    (lambda d: d["columns"][0].update(vocabulary=["a", "a"]), r"columns\[0\].*vocabulary of distinct strings"),
+    (lambda d: d["columns"].append(dict(d["columns"][0])), "two columns share a name"),
+    (lambda d: d.pop("op"), "expected an object with keys format, op and columns"),
+])
+def test_a_bad_spec_is_refused_saying_what_is_wrong(model, tamper, message):
+    data = json.loads(json.dumps(model.spec.to_dict()))
+    tamper(data)
+    with pytest.raises(ModelFormatError, match=message):
+        FeatureSpec.from_dict(data)
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def test_save_and_load_give_identical_predictions(model, rules, tmp_path):
+    paths = model.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["gemm_forward_fp16.txt", "gemm_forward_fp16.features.json", "gemm_forward_fp16.manifest.json"])
+    for path in paths.values():
+        path.read_text(encoding="utf-8")  # text, not a pickle
+    assert json.loads(paths["manifest"].read_text())["files"]["gemm_forward_fp16.txt"]
+    loaded = learned.load(tmp_path, KEY)
+    assert loaded.spec == model.spec and loaded.manifest["data_hash"] == model.manifest["data_hash"]
+    for problem in problems(5, seed=7):
+        configs = [c.spec.config for c in rules.ranked(problem)]
+        np.testing.assert_array_equal(loaded.predict_ms(problem, configs, SM90), model.predict_ms(problem, configs, SM90))
+    nested = tmp_path / "out"
+    model.save(nested / "sm_90")  # as `tiledispatch train --out` lays them out
+    assert learned.load(nested, KEY).manifest["rows"] == model.manifest["rows"]
+    assert [m.key for m in learned.load_directory(nested)] == [KEY]
+
+
+def test_a_tampered_file_is_refused_clearly(model, tmp_path):
+    paths = model.save(tmp_path)
+    spec = json.loads(paths["features"].read_text())
+    spec["columns"][0]["transform"] = "none"
+    paths["features"].write_text(json.dumps(spec))
+    with pytest.raises(ModelFormatError, match="gemm_forward_fp16.features.json is not the file its manifest"):
+        learned.load(tmp_path, KEY)
+    model.save(tmp_path)
+    paths["model"].write_text(paths["model"].read_text().replace("num_leaves=", "num_leaves=1", 1))
+    with pytest.raises(ModelFormatError, match="gemm_forward_fp16.txt is not the file its manifest"):
+        learned.load(tmp_path, KEY)
+    model.save(tmp_path)
+    other = SelectionKey("gemm", "forward", "fp16", "sm_80")
+    with pytest.raises(FileNotFoundError):
+        learned.load(tmp_path, SelectionKey("gemm", "forward", "bf16", "sm_90"))
+    manifest = json.loads(paths["manifest"].read_text())
+    manifest["key"] = other.__dict__
+    paths["manifest"].write_text(json.dumps(manifest))
+    with pytest.raises(ModelFormatError, match="its key .* is not"):
+        learned.load(tmp_path, KEY)
+
+
+def test_no_pickle_in_the_learned_modules():
+    folder = Path(tiledispatch.__file__).parent / "heuristics"
+    for name in ("features.py", "learned.py", "training.py"):
+        tree = ast.parse((folder / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not imported & {"pickle", "joblib", "cloudpickle", "dill"}, name
+
+
+# --- the model strategy -------------------------------------------------------------------------
+
+
+def test_the_model_strategy_orders_candidates_by_predicted_time(model, rules):
+    registry = Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90)
+    dispatcher = Dispatcher(registry, SM90, strategy="model", models=learned.Models([model]))
+    problem = problems(1, seed=42)[0]
+    ranked = dispatcher.ranked(problem)
+    predicted = [c.predicted_ms for c in ranked]
+    assert predicted == sorted(predicted) and len(ranked) == len(rules.ranked(problem))
+    expected = model.predict_ms(problem, [c.spec.config for c in ranked], SM90)
+    np.testing.assert_allclose(predicted, expected, rtol=1e-12)
+    assert {c.spec.name for c in ranked} == {c.spec.name for c in rules.ranked(problem)}
+    assert dispatcher.select(problem) == ranked[0].spec
+    explained = dispatcher.explain(problem).to_dict(limit=3)
+    assert explained["strategy"] == "model" and explained["model"] == model.label
+    assert explained["selected"] == ranked[0].spec.name
+    assert [e["predicted_ms"] for e in explained["ranking"]] == pytest.approx(predicted[:3], rel=1e-5)
+    assert all("score" in e for e in explained["ranking"])  # the rules' scores stay visible
+
+
+def test_without_a_model_for_the_slice_the_model_strategy_ranks_by_rules(model, rules):
+    fp16 = problems(1, seed=43)[0]
+    bf16 = GEMM.problem_type(m=300, n=200, k=100, types=GemmTypes(DType.BF16, DType.BF16, DType.BF16, DType.FP32, False))
+    sm80 = arch.load("sm_80")
+    cases = [(learned.Models([]), SM90, fp16, rules), (learned.Models([model]), SM90, bf16, rules),
+             (learned.Models([model]), sm80, fp16, Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, sm80), sm80))]
+    for models, on, problem, by_rules in cases:
+        dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, on), on, strategy="model", models=models)
+        ranked = dispatcher.ranked(problem)
+        assert ranked and [c.spec for c in ranked] == [c.spec for c in by_rules.ranked(problem)]
+        assert all(c.predicted_ms is None for c in ranked)
+        explained = dispatcher.explain(problem)
+        assert explained.model is None and explained.selected == ranked[0].spec
+        assert "model" not in explained.to_dict() and "predicted_ms" not in json.dumps(explained.to_dict())
+
+
+def test_the_default_strategy_is_model_only_where_models_ship(model, monkeypatch):
+    monkeypatch.delenv("TILEDISPATCH_STRATEGY", raising=False)
+    assert default_strategy(SM90, learned.Models([model])) is Strategy.MODEL
+    assert default_strategy(INTERP, learned.Models([model])) is Strategy.RULES
+    assert default_strategy(INTERP) is Strategy.RULES  # the interpreter never ships one
+    assert learned.shipped(SelectionKey("gemm", "forward", "fp16", "interpreter")) is None
+    assert not learned.ShippedModels().ships(INTERP)
+    monkeypatch.setenv("TILEDISPATCH_STRATEGY", "autotune")
+    assert default_strategy(SM90, learned.Models([model])) is Strategy.AUTOTUNE
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_tiledispatch_train_writes_a_model_per_key(table, tmp_path):
+    from typer.testing import CliRunner
+
+    from tiledispatch.cli.main import app
+
+    parts = tmp_path / "sweep"
+    parts.mkdir()
+    half = len(table) // 2
+    table.iloc[:half].to_parquet(parts / "part-0.parquet")
+    table.iloc[half:].to_parquet(parts / "part-1.parquet")
+    out = tmp_path / "models"
+    result = CliRunner().invoke(app, ["train", str(parts), "--out", str(out), "--folds", "2", "--dtype", "fp16"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    (entry,) = summary["models"]
+    assert (entry["op"], entry["dtype"], entry["arch"]) == ("gemm", "fp16", "sm_90")
+    assert entry["problems"] == table["problem_id"].nunique() and entry["cv"]["folds"] == 2
+    assert learned.load(out, KEY).manifest["data_hash"] == learned.data_hash(table)
+    result = CliRunner().invoke(app, ["train", str(parts), "--out", str(out), "--dtype", "bf16"])
+    assert result.exit_code == 3 and "no ok rows" in json.loads(result.output)["error"]["message"]

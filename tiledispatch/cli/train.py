@@ -1,0 +1,64 @@
+"""`tiledispatch train TABLE --out DIR`: a learned selection model per (op, direction, dtype, arch)
+of a sweep's results table, written as `DIR/<arch>/<op>_<direction>_<dtype>.{txt,features.json,
+manifest.json}` (copy `DIR/<arch>/` into `tiledispatch/arch/models/` to ship them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..core.errors import InvalidArgumentError, UnsupportedError
+from .common import emit
+
+
+def read_table(table: Path) -> Any:
+    """A results table: one parquet file, or every parquet file under a directory (a sweep's parts)."""
+    import pandas as pd
+
+    if not table.exists():
+        raise FileNotFoundError(f"no results table at {table}; give a parquet file or a sweep's directory")
+    parts = sorted(table.glob("**/*.parquet")) if table.is_dir() else [table]
+    if not parts:
+        raise UnsupportedError(f"{table} holds no parquet file; give the directory `tiledispatch sweep --out` wrote")
+    try:
+        frames = [pd.read_parquet(p) for p in parts]
+    except (ValueError, OSError) as e:
+        raise UnsupportedError(f"cannot read {table} as a parquet results table: {e}") from None
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _summary(model: Any, paths: dict[str, Path]) -> dict[str, Any]:
+    m = model.manifest
+    return {**m["key"], "rows": m["rows"], "problems": m["problems"], "kernels": m["kernels"], "trees": m["trees"],
+            "skipped": m["skipped"], "gpus": m["gpus"], "cv": m["cv"], "files": [str(p) for p in paths.values()]}
+
+
+def train_command(
+        table: Path = typer.Argument(..., help="a sweep's results: a parquet file, or the directory of its parts"),
+        out: Path = typer.Option(..., "--out", help="directory the models are written to, one folder per arch"),
+        op: Optional[str] = typer.Option(None, "--op", help="train this op's models only"),
+        direction: Optional[str] = typer.Option(None, "--direction", help="forward, backward_data, ... only"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="this dtype's models only (bf16, fp16, ...)"),
+        arch: Optional[str] = typer.Option(None, "--arch", help="this arch's models only (sm_90, ...)"),
+        folds: int = typer.Option(5, "--folds", min=1, max=100,
+                                  help="cross-validation folds, grouped by problem (1: none)"),
+        seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="LightGBM's seed")) -> None:
+    """Train a LightGBM selection model for every (op, direction, dtype, arch) of a results table."""
+    from ..heuristics import learned
+    from ..heuristics.training import selection_keys
+
+    frame = read_table(table)
+    chosen = {"op": op, "direction": direction, "dtype": dtype, "arch": arch}
+    present = selection_keys(frame)
+    keys = [k for k in present if all(v is None or getattr(k, f) == v for f, v in chosen.items())]
+    if not keys:
+        asked = {f: v for f, v in chosen.items() if v is not None}
+        raise InvalidArgumentError(f"no ok rows in {table} match {asked or 'any key'}; its keys: "
+                                   f"{[k.__dict__ for k in present] or 'none (no ok rows)'}")
+    models = []
+    for key in keys:
+        model = learned.train(frame, key, folds=folds, seed=seed)
+        models.append(_summary(model, model.save(out / key.arch)))
+    emit({"status": "ok", "table": str(table), "out": str(out), "models": models})

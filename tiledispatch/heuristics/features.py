@@ -1,0 +1,288 @@
+"""Numeric feature rows of (problem, config, arch) for the learned ranking, the same for every op.
+
+A problem and a config are frozen dataclasses: their fields, flattened (`flatten`), are the
+features, so no op needs code here. Numbers and booleans are numeric columns, enum values and
+strings categorical ones (their vocabulary fixed at training), tuples one column per index. A
+problem's integer fields (its sizes) are taken as log2(1 + size). Beside them: the problem's
+log2 FLOPs, bytes and arithmetic intensity; the op's rule score and every term of it (tile
+waste, waves, occupancy, modelled times: the analytic model's own estimate, which the learned
+model corrects); the kernel's family; and the arch's numeric facts (SM count, L2, bandwidth,
+clocks, calibration), which tell the slices of two GPUs apart.
+
+A `FeatureSpec` fixes the columns, their order and the vocabularies, and is saved as JSON
+beside the model, so prediction builds the very matrix training saw: a path the spec does not
+name is ignored, one it names but a value lacks is missing (NaN), and so is an unknown category.
+`Featurizer.matrix` builds one problem's rows for N configs straight into numpy, each config's
+columns computed once per process (configs are few and hashable), so ranking a new problem
+costs its rule scores, one row fill per candidate and one prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..core.errors import TiledispatchError
+from ..core.op import Score, get_op
+
+FORMAT = 1
+
+
+class ModelFormatError(TiledispatchError, ValueError):
+    """A learned model's file (model text, feature spec, manifest) that cannot be used as it is."""
+
+
+class Source(enum.Enum):
+    """What a column is read from."""
+
+    PROBLEM = "problem"  # a field of the problem
+    CONFIG = "config"  # a field of the kernel's config
+    KERNEL = "kernel"  # what the op says of the config (its family)
+    DERIVED = "derived"  # log2 FLOPs, bytes and intensity of the problem
+    SCORE = "score"  # the rules' score of (config, problem, arch): its value and terms
+    ARCH = "arch"  # a numeric fact of the arch
+
+
+class Kind(enum.Enum):
+    NUMBER = "number"
+    CATEGORY = "category"  # the value's index in the column's vocabulary; missing when not in it
+
+
+class Transform(enum.Enum):
+    NONE = "none"
+    LOG2 = "log2"  # log2(1 + v): sizes, whose ratios matter more than their differences
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    source: Source
+    path: str  # the flattened field: "m", "types.a", "tile_m", "padding.1"
+    kind: Kind = Kind.NUMBER
+    transform: Transform = Transform.NONE
+    vocabulary: tuple[str, ...] = ()  # a categorical column's values, in code order
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_codes", {v: i for i, v in enumerate(self.vocabulary)})
+
+    @property
+    def name(self) -> str:
+        return f"{self.source.value}.{self.path}"
+
+    def encode(self, value: Any) -> float:
+        """The column's number for a raw value: NaN where it is missing or unknown."""
+        if self.kind is Kind.CATEGORY:
+            if value is None:
+                return math.nan
+            code = self._codes.get(str(value))
+            return math.nan if code is None else float(code)
+        if value is None or isinstance(value, str):
+            return math.nan
+        number = float(value)
+        if self.transform is Transform.LOG2:
+            return math.log2(1.0 + number) if number >= 0 else math.nan
+        return number
+
+
+def flatten(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(path, scalar) for every leaf of a dataclass of dataclasses, enums, tuples, mappings and
+    scalars, as `core.serialize.to_jsonable` would spell it; sets are skipped (no order)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from flatten(getattr(obj, f.name), f"{prefix}{f.name}.")
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield from flatten(value, f"{prefix}{key.value if isinstance(key, enum.Enum) else key}.")
+    elif isinstance(obj, (tuple, list)):
+        for i, value in enumerate(obj):
+            yield from flatten(value, f"{prefix}{i}.")
+    elif isinstance(obj, enum.Enum):
+        yield prefix[:-1], obj.value
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        yield prefix[:-1], obj
+
+
+def problem_values(problem: Any) -> dict[str, Any]:
+    return dict(flatten(problem))
+
+
+def config_values(config: Any) -> dict[str, Any]:
+    return dict(flatten(config))
+
+
+def kernel_values(op: str, config: Any) -> dict[str, Any]:
+    return {"family": get_op(op).family_of(config)}
+
+
+def derived_values(problem: Any) -> dict[str, Any]:
+    flops, moved = float(problem.flops()), float(problem.bytes())
+    return {"log2_flops": math.log2(1.0 + flops), "log2_bytes": math.log2(1.0 + moved),
+            "log2_intensity": math.log2((1.0 + flops) / (1.0 + moved))}
+
+
+def score_values(score: Score) -> dict[str, Any]:
+    return {"value": score.value, **score.terms}
+
+
+def arch_values(arch: Any) -> dict[str, Any]:
+    """The arch's numbers (strings and text are no facts a model can read)."""
+    return {path: value for path, value in flatten(arch)
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+_LIGHTGBM_NAME = re.compile(r"[^0-9A-Za-z_]")
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """The columns of one model's matrix, in order; saved as JSON beside the model."""
+
+    op: str
+    columns: tuple[Column, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """The columns' names as LightGBM keeps them (letters, digits and '_')."""
+        return [_LIGHTGBM_NAME.sub("_", c.name) for c in self.columns]
+
+    @property
+    def categorical(self) -> list[int]:
+        return [i for i, c in enumerate(self.columns) if c.kind is Kind.CATEGORY]
+
+    def to_dict(self) -> dict[str, Any]:
+        def column(c: Column) -> dict[str, Any]:
+            out = {"source": c.source.value, "path": c.path, "kind": c.kind.value, "transform": c.transform.value}
+            return {**out, "vocabulary": list(c.vocabulary)} if c.kind is Kind.CATEGORY else out
+
+        return {"format": FORMAT, "op": self.op, "columns": [column(c) for c in self.columns]}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "feature spec") -> "FeatureSpec":
+        """The spec a JSON document holds, checked field by field; ModelFormatError names what is wrong."""
+        if not isinstance(data, dict) or set(data) != {"format", "op", "columns"}:
+            raise ModelFormatError(f"{where}: expected an object with keys format, op and columns; "
+                                   f"got {sorted(data) if isinstance(data, dict) else type(data).__name__}")
+        if data["format"] != FORMAT:
+            raise ModelFormatError(f"{where}: format {data['format']!r} is not {FORMAT}; train the model again "
+                                   "with this tiledispatch (`tiledispatch train`)")
+        if not isinstance(data["op"], str) or not isinstance(data["columns"], list) or not data["columns"]:
+            raise ModelFormatError(f"{where}: op must be an op's name and columns a non-empty list")
+        columns = tuple(_column(c, f"{where}: columns[{i}]") for i, c in enumerate(data["columns"]))
+        spec = cls(data["op"], columns)
+        if len(set(spec.names)) != len(columns):
+            raise ModelFormatError(f"{where}: two columns share a name; each (source, path) appears once")
+        return spec
+
+
+def _column(data: Any, where: str) -> Column:
+    keys = {"source", "path", "kind", "transform", "vocabulary"}
+    if not isinstance(data, dict) or not {"source", "path", "kind", "transform"} <= set(data) <= keys:
+        raise ModelFormatError(f"{where}: expected an object with source, path, kind, transform "
+                               f"(and vocabulary for a category); got {data!r}")
+    try:
+        source, kind, transform = Source(data["source"]), Kind(data["kind"]), Transform(data["transform"])
+    except ValueError as e:
+        raise ModelFormatError(f"{where}: {e}; sources are {[s.value for s in Source]}, kinds "
+                               f"{[k.value for k in Kind]}, transforms {[t.value for t in Transform]}") from None
+    vocabulary = data.get("vocabulary", [])
+    if not isinstance(data["path"], str) or not data["path"]:
+        raise ModelFormatError(f"{where}: path must be a non-empty string; got {data['path']!r}")
+    if (kind is Kind.CATEGORY) != ("vocabulary" in data) or not isinstance(vocabulary, list) \
+            or not all(isinstance(v, str) for v in vocabulary) or len(set(vocabulary)) != len(vocabulary):
+        raise ModelFormatError(f"{where}: a category column has a vocabulary of distinct strings and a number "
+                               f"column none; got kind {kind.value} with vocabulary {vocabulary!r}")
+    return Column(source, data["path"], kind, transform, tuple(vocabulary))
+
+
+def fit_spec(op: str, problems: Iterable[Any], configs: Iterable[Any], scores: Iterable[Score],
+             arch: Any) -> FeatureSpec:
+    """The columns that the training rows' problems, configs and scores have, by source and path."""
+    problems = list(problems)
+    values: dict[Source, list[dict[str, Any]]] = {
+        Source.PROBLEM: [problem_values(p) for p in problems],
+        Source.DERIVED: [derived_values(p) for p in problems],
+        Source.ARCH: [arch_values(arch)],
+    }
+    configs = list(configs)
+    values[Source.CONFIG] = [config_values(c) for c in configs]
+    values[Source.KERNEL] = [kernel_values(op, c) for c in configs]
+    values[Source.SCORE] = [score_values(s) for s in scores]
+    columns = []
+    for source in Source:
+        seen: dict[str, list[Any]] = {}
+        for row in values[source]:
+            for path, value in row.items():
+                seen.setdefault(path, []).append(value)
+        columns += [_fit_column(source, path, seen[path]) for path in sorted(seen)]
+    return FeatureSpec(op, tuple(columns))
+
+
+def _fit_column(source: Source, path: str, values: list[Any]) -> Column:
+    present = [v for v in values if v is not None]
+    if any(isinstance(v, str) for v in present):
+        return Column(source, path, Kind.CATEGORY, vocabulary=tuple(sorted({str(v) for v in present})))
+    sizes = source is Source.PROBLEM and present and all(isinstance(v, int) and not isinstance(v, bool)
+                                                         for v in present)
+    return Column(source, path, Kind.NUMBER, Transform.LOG2 if sizes else Transform.NONE)
+
+
+class Featurizer:
+    """Builds a spec's matrix for one problem and N configs (the dispatcher's hot path)."""
+
+    def __init__(self, spec: FeatureSpec) -> None:
+        self.spec = spec
+        self._groups = {source: [(i, c) for i, c in enumerate(spec.columns) if c.source is source]
+                        for source in Source}
+        self._index = {source: np.array([i for i, _ in group], dtype=np.intp) for source, group in self._groups.items()}
+        # the score columns' terms by name, None for the score's value
+        self._score_paths = [None if c.path == "value" else c.path for _, c in self._groups[Source.SCORE]]
+        self._configs: dict[Any, np.ndarray] = {}  # config -> its CONFIG and KERNEL columns' values
+        self._arch: dict[Any, np.ndarray] = {}
+
+    def _encode(self, sources: Sequence[Source], rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """The columns of `sources`, in turn, each read from its row of raw values."""
+        return np.array([c.encode(row.get(c.path)) for source, row in zip(sources, rows)
+                         for _, c in self._groups[source]], dtype=np.float64)
+
+    def _config_row(self, config: Any) -> np.ndarray:
+        try:
+            row = self._configs.get(config)
+        except TypeError:  # an unhashable config: computed each time
+            return self._config_values(config)
+        if row is None:
+            row = self._configs[config] = self._config_values(config)
+        return row
+
+    def _config_values(self, config: Any) -> np.ndarray:
+        op = self.spec.op
+        return self._encode((Source.CONFIG, Source.KERNEL), (config_values(config), kernel_values(op, config)))
+
+    def matrix(self, problem: Any, configs: Sequence[Any], arch: Any,
+               scores: Sequence[Score] | None = None) -> np.ndarray:
+        """One row per config (float64, NaN where missing); `scores` are the configs' rule scores
+        where the caller has them, computed here otherwise."""
+        if scores is None:
+            rule_score = get_op(self.spec.op).rule_score
+            scores = [rule_score(c, problem, arch) for c in configs]
+        out = np.empty((len(configs), len(self.spec.columns)), dtype=np.float64)
+        index = self._index
+        out[:, index[Source.PROBLEM]] = self._encode((Source.PROBLEM,), (problem_values(problem),))
+        out[:, index[Source.DERIVED]] = self._encode((Source.DERIVED,), (derived_values(problem),))
+        arch_row = self._arch.get(arch)
+        if arch_row is None:
+            arch_row = self._arch[arch] = self._encode((Source.ARCH,), (arch_values(arch),))
+        out[:, index[Source.ARCH]] = arch_row
+        if configs:
+            out[:, np.concatenate([index[Source.CONFIG], index[Source.KERNEL]])] = \
+                np.stack([self._config_row(c) for c in configs])
+        paths = self._score_paths
+        if paths and configs:
+            nan = math.nan
+            out[:, index[Source.SCORE]] = [[s.value if p is None else s.terms.get(p, nan) for p in paths]
+                                           for s in scores]
+        return out

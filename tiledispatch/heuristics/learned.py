@@ -1,0 +1,269 @@
+"""Learned selection models: one LightGBM regression of log time per (op, direction, dtype, arch).
+
+A model predicts the milliseconds of each candidate kernel on a problem from the features of
+`heuristics.features`; the `model` strategy (`core.ranking`) orders the candidates the rules
+accept by those predictions. A regression of log time rather than a learned ranking: it gives
+times `explain` shows and an evaluation weighs (time lost, not only rank), and it learns from
+every measured kernel of every problem at once; the log makes its errors relative, so a
+1 us and a 1 ms problem weigh alike.
+
+A model is three files in a directory, never a pickle: `<key.name>.txt` (LightGBM's own text),
+`<key.name>.features.json` (the `FeatureSpec`) and `<key.name>.manifest.json` (what it was
+trained on: the key, a hash of the rows, row and problem counts, the problems' ids, the GPUs,
+the cross-validation scores, LightGBM's version and parameters, the date, and the SHA-256 of
+the other two files, which `load` checks). Models that ship sit in
+`tiledispatch/arch/models/<arch>/`; `train` is in `heuristics.training`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..bench.table import SelectionKey, selection_key
+from ..core import jsonio
+from ..core.op import Score
+from ..core.ranking import set_model_source
+from .features import Featurizer, FeatureSpec, ModelFormatError
+
+__all__ = ["Models", "ModelFormatError", "ShippedModels", "TrainedModel", "data_hash", "load", "load_directory",
+           "shipped", "shipped_keys", "train"]
+
+log = logging.getLogger("tiledispatch.learned")
+
+FORMAT = 1
+MAX_MODEL_BYTES = 64 << 20  # a few hundred trees of 63 leaves take a few MB of text
+MAX_JSON_BYTES = 16 << 20  # a manifest lists its problems' ids: 20 bytes each
+SUFFIXES = {"model": ".txt", "features": ".features.json", "manifest": ".manifest.json"}
+
+
+def files_of(directory: Path, key: SelectionKey) -> dict[str, Path]:
+    """The model's three files in `directory` (or in its `<arch>/` folder, as `train --out` writes them)."""
+    directory = Path(directory)
+    if not (directory / f"{key.name}{SUFFIXES['manifest']}").exists() and (directory / key.arch).is_dir():
+        directory = directory / key.arch
+    return {part: directory / f"{key.name}{suffix}" for part, suffix in SUFFIXES.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class TrainedModel:
+    """A trained model with its feature spec and manifest; predicts milliseconds."""
+
+    key: SelectionKey
+    spec: FeatureSpec
+    booster: Any  # lightgbm.Booster
+    manifest: Mapping[str, Any]
+
+    @functools.cached_property
+    def featurizer(self) -> Featurizer:
+        return Featurizer(self.spec)
+
+    @property
+    def label(self) -> str:
+        """`sm_90/gemm_forward_bf16@<data hash>`: the slice and the rows it learned from."""
+        return f"{self.key.arch}/{self.key.name}@{str(self.manifest.get('data_hash', ''))[:12]}"
+
+    def predict_ms(self, problem: Any, configs: Sequence[Any], arch: Any,
+                   scores: Sequence[Score] | None = None) -> np.ndarray:
+        """The predicted milliseconds of each config on `problem`, in order (one batched prediction).
+        `scores` are the configs' rule scores where the caller has them (the dispatcher does)."""
+        if not configs:
+            return np.empty(0)
+        matrix = self.featurizer.matrix(problem, configs, arch, scores)
+        return np.exp(self.booster.predict(matrix, num_threads=1))
+
+    def save(self, directory: str | os.PathLike) -> dict[str, Path]:
+        """Writes the three files into `directory` (made if missing); returns their paths."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = {part: directory / f"{self.key.name}{suffix}" for part, suffix in SUFFIXES.items()}
+        texts = {"model": self.booster.model_to_string(),
+                 "features": json.dumps(self.spec.to_dict(), indent=1) + "\n"}
+        manifest = {**self.manifest, "files": {paths[p].name: _sha256(t) for p, t in texts.items()}}
+        texts["manifest"] = json.dumps(manifest, indent=1) + "\n"
+        for part, text in texts.items():
+            tmp = paths[part].with_name(f".{paths[part].name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, paths[part])
+        return paths
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_text(path: Path, max_bytes: int) -> str:
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ModelFormatError(f"{path} has more than {max_bytes} bytes; a model file is smaller")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelFormatError(f"{path} is not UTF-8 text ({e}); write it again with `tiledispatch train`") from None
+
+
+def _json(path: Path, text: str) -> Any:
+    try:
+        return jsonio.loads(text)
+    except jsonio.JsonFileError as e:
+        raise ModelFormatError(f"{path} {e}") from None
+
+
+def load(directory: str | os.PathLike, key: SelectionKey) -> TrainedModel:
+    """The model of `key` saved in `directory`, checked: the manifest names this key and the
+    spec and model text are the ones it hashed, and the model reads the spec's columns.
+    FileNotFoundError where a file is missing; ModelFormatError where one cannot be used."""
+    paths = files_of(Path(directory), key)
+    texts = {part: _read_text(path, MAX_MODEL_BYTES if part == "model" else MAX_JSON_BYTES)
+             for part, path in paths.items()}
+    manifest = _json(paths["manifest"], texts["manifest"])
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ModelFormatError(f"{paths['manifest']}: not a format-{FORMAT} model manifest; train the model "
+                               "again with this tiledispatch (`tiledispatch train`)")
+    if manifest.get("key") != _key_dict(key):
+        raise ModelFormatError(f"{paths['manifest']}: its key {manifest.get('key')!r} is not {_key_dict(key)}")
+    hashes = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    for part in ("model", "features"):
+        if hashes.get(paths[part].name) != _sha256(texts[part]):
+            raise ModelFormatError(f"{paths[part]} is not the file its manifest {paths['manifest'].name} was "
+                                   "written with (SHA-256 differs): it was edited or replaced; train again")
+    spec = FeatureSpec.from_dict(_json(paths["features"], texts["features"]), str(paths["features"]))
+    if spec.op != key.op:
+        raise ModelFormatError(f"{paths['features']}: a spec of op {spec.op!r}, not {key.op!r}")
+    booster = _booster(texts["model"], paths["model"])
+    if booster.feature_name() != spec.names:
+        raise ModelFormatError(f"{paths['model']} reads {booster.num_feature()} columns that are not the "
+                               f"{len(spec.columns)} of {paths['features'].name}")
+    return TrainedModel(key, spec, booster, manifest)
+
+
+def _booster(text: str, path: Path) -> Any:
+    import lightgbm
+
+    try:
+        return lightgbm.Booster(model_str=text)
+    except lightgbm.basic.LightGBMError as e:
+        raise ModelFormatError(f"{path} is not a LightGBM model: {e}") from None
+
+
+def _key_dict(key: SelectionKey) -> dict[str, str]:
+    return {"op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": key.arch}
+
+
+def load_directory(directory: str | os.PathLike) -> list[TrainedModel]:
+    """Every model saved in `directory` and its `<arch>/` folders (as `tiledispatch train --out` writes)."""
+    models = []
+    for manifest in sorted(Path(directory).glob("**/*" + SUFFIXES["manifest"])):
+        data = _json(manifest, _read_text(manifest, MAX_JSON_BYTES))
+        key = data.get("key") if isinstance(data, dict) else None
+        if not isinstance(key, dict) or set(key) != {"op", "direction", "dtype", "arch"}:
+            raise ModelFormatError(f"{manifest}: no key (op, direction, dtype, arch) in this manifest")
+        models.append(load(manifest.parent, SelectionKey(**{k: str(v) for k, v in key.items()})))
+    return models
+
+
+class Models:
+    """A `core.ranking.ModelSource` over given models, one per key: `Dispatcher(..., models=Models(m))`."""
+
+    def __init__(self, models: Iterable[TrainedModel] = ()) -> None:
+        self._by_key = {m.key: m for m in models}
+
+    @classmethod
+    def from_directory(cls, directory: str | os.PathLike) -> "Models":
+        return cls(load_directory(directory))
+
+    def model_for(self, problem: Any, arch: Any) -> TrainedModel | None:
+        return self._by_key.get(selection_key(problem, arch.name))
+
+    def ships(self, arch: Any) -> bool:
+        return any(key.arch == arch.name for key in self._by_key)
+
+
+def _shipped_folder(arch: str) -> Path:
+    """`tiledispatch/arch/models/<arch>/`: package data, installed as files (the wheel is unpacked)."""
+    return Path(str(importlib.resources.files("tiledispatch.arch"))) / "models" / arch
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_keys(arch: str) -> frozenset[SelectionKey]:
+    """The keys of the models that ship for `arch` (an arch name such as ``sm_90``)."""
+    folder = _shipped_folder(arch)
+    if not folder.is_dir():
+        return frozenset()
+    keys = set()
+    for manifest in folder.glob("*" + SUFFIXES["manifest"]):
+        data = _json(manifest, _read_text(manifest, MAX_JSON_BYTES))
+        key = data.get("key") if isinstance(data, dict) else None
+        if isinstance(key, dict) and key.get("arch") == arch:
+            keys.add(SelectionKey(**{k: str(key.get(k)) for k in ("op", "direction", "dtype", "arch")}))
+    return frozenset(keys)
+
+
+@functools.lru_cache(maxsize=None)
+def shipped(key: SelectionKey) -> TrainedModel | None:
+    """The model that ships for `key` (in `tiledispatch/arch/models/<arch>/`), or None. Loaded once."""
+    if key not in shipped_keys(key.arch):
+        return None
+    return load(_shipped_folder(key.arch), key)
+
+
+class ShippedModels:
+    """The models shipped with tiledispatch: the `model` strategy's default source."""
+
+    def model_for(self, problem: Any, arch: Any) -> TrainedModel | None:
+        return _usable(selection_key(problem, arch.name))
+
+    def ships(self, arch: Any) -> bool:
+        return bool(shipped_keys(arch.name))
+
+
+@functools.lru_cache(maxsize=None)
+def _usable(key: SelectionKey) -> TrainedModel | None:
+    """`shipped(key)`, or None (logged once) where it cannot be loaded here: the rules rank that
+    slice, and `explain` shows no model, rather than every call of the slice failing."""
+    try:
+        return shipped(key)
+    except ImportError as e:
+        log.warning("the shipped model %s needs LightGBM (pip install 'tiledispatch[selection]'): %s; "
+                    "ranking by rules", key.name, e)
+    except (OSError, ModelFormatError) as e:
+        log.warning("the shipped model %s/%s cannot be used (%s); ranking by rules", key.arch, key.name, e)
+    return None
+
+
+def data_hash(rows: Any) -> str:
+    """SHA-256 of the rows a model learns from: the ok rows with a time, one per (problem id,
+    kernel) with the median time, sorted, each as `id<TAB>kernel<TAB>repr(ms)`. Rows already so
+    reduced (as training holds them) hash the same, so a table's rows of one key can be checked
+    against a manifest."""
+    times = rows["time_ms"].astype(float)
+    keep = np.isfinite(times) & (times > 0)
+    if "status" in rows.columns:
+        keep &= rows["status"] == "ok"
+    kept = rows[keep].assign(time_ms=times[keep])
+    reduced = kept.groupby(["problem_id", "kernel"], sort=True)["time_ms"].median()
+    digest = hashlib.sha256()
+    for (pid, kernel), ms in reduced.items():
+        digest.update(f"{pid}\t{kernel}\t{float(ms)!r}\n".encode())
+    return digest.hexdigest()
+
+
+def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
+          params: Mapping[str, Any] | None = None) -> TrainedModel:
+    """Trains the model of `key` on a results table (`heuristics.training.train`)."""
+    from .training import train as train_model
+
+    return train_model(frame, key, folds=folds, seed=seed, params=params)
+
+
+set_model_source(ShippedModels())

@@ -1,0 +1,220 @@
+"""Training a learned selection model from a sweep's results table (`bench.table`).
+
+The rows of one `SelectionKey` that ran correctly (status ok) are the data: one row per
+(problem, kernel), its time the median over the GPUs and repeats that measured it, the target
+its natural log. Features come from `heuristics.features`, the rule scores recomputed for the
+key's arch, so training reads what the dispatcher will compute. Cross-validation is grouped
+by problem (a problem's rows are all in one fold): each fold's model is fitted with early
+stopping on the fold it does not see, which gives the CV scores (RMSE of log time, and the
+selection on the unseen problems: the oracle's time over the time of the kernel the model
+ranks first) and the number of trees; the model kept is then fitted on every row.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
+from ..core.errors import UnsupportedError
+from ..core.op import get_op
+from .features import Featurizer, FeatureSpec, fit_spec
+from .learned import FORMAT, TrainedModel, data_hash
+
+REQUIRED = ("op", "direction", "dtype", "arch", "problem_id", "problem", "kernel", "config", "status", "time_ms")
+# LightGBM's settings: modest trees (31 leaves) at a rate that fits a slice in a few hundred trees;
+# the model stays a few MB of text, small enough to ship, and predicts within the budget below.
+DEFAULT_PARAMS: Mapping[str, Any] = {
+    "objective": "regression", "metric": "rmse", "learning_rate": 0.1, "num_leaves": 31,
+    "min_data_in_leaf": 20, "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1,
+    "lambda_l2": 1.0, "max_bin": 255, "deterministic": True, "force_row_wise": True, "verbose": -1,
+}
+MAX_ROUNDS = 500  # each tree costs about 0.6 us a candidate to predict: 500 keep ~100 candidates near 0.3 ms
+EARLY_STOPPING = 50  # rounds without a better validation RMSE
+ROUNDS_WITHOUT_CV = 200  # one problem: no fold to stop on
+HIT = 1.01  # a pick within 1 % of the oracle counts as a hit
+
+
+def selection_keys(frame: Any) -> list[SelectionKey]:
+    """The keys that have ok rows in a results table, sorted."""
+    _require(frame)
+    ok = frame[frame["status"] == Status.OK.value]
+    combos = ok[["op", "direction", "dtype", "arch"]].drop_duplicates().itertuples(index=False)
+    return sorted(SelectionKey(*(str(v) for v in row)) for row in combos)
+
+
+def _require(frame: Any) -> None:
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise UnsupportedError(f"the results table lacks the column(s) {missing}; a sweep's table "
+                               f"(tiledispatch sweep, bench.table.COLUMNS) has {list(REQUIRED)}")
+
+
+def rows_of(frame: Any, key: SelectionKey) -> Any:
+    """The ok rows of `key`, one per (problem, kernel) with the median time, sorted by both."""
+    _require(frame)
+    times = frame["time_ms"].astype(float)
+    mask = ((frame["op"] == key.op) & (frame["direction"] == key.direction) & (frame["dtype"] == key.dtype)
+            & (frame["arch"] == key.arch) & (frame["status"] == Status.OK.value) & np.isfinite(times) & (times > 0))
+    ok = frame[mask]
+    if ok.empty:
+        raise UnsupportedError(f"no ok rows of {key.op} {key.direction} {key.dtype} on {key.arch} in the results "
+                               f"table; its keys with ok rows: {[k.__dict__ for k in selection_keys(frame)]}")
+    return (ok.groupby(["problem_id", "kernel"], sort=True)
+              .agg(problem=("problem", "first"), config=("config", "first"), time_ms=("time_ms", "median"))
+              .reset_index())
+
+
+@dataclass(frozen=True)
+class Data:
+    """One key's training matrix: rows grouped by problem (contiguous), the target log(ms)."""
+
+    spec: FeatureSpec
+    matrix: np.ndarray
+    log_ms: np.ndarray
+    problem_ids: np.ndarray
+    skipped: Mapping[str, int]  # rows left out, by reason
+
+
+def featurize(rows: Any, key: SelectionKey) -> Data:
+    """The feature matrix of `rows_of(frame, key)`: objects rebuilt from their JSON, rule scores
+    computed on the key's arch. A row whose problem or config this tiledispatch cannot read
+    (a table of another version) is left out and counted."""
+    from .. import arch as arch_facts
+
+    arch = arch_facts.load(key.arch)
+    definition = get_op(key.op)
+    problems, configs, skipped = {}, {}, {}
+    for text in rows["problem"].unique():
+        problems[text] = _parsed(problem_from_row, key.op, text, skipped, "problem unreadable")
+    for text in rows["config"].unique():
+        configs[text] = _parsed(config_from_row, key.op, text, skipped, "config unreadable")
+    kept = [i for i, (p, c) in enumerate(zip(rows["problem"], rows["config"]))
+            if problems[p] is not None and configs[c] is not None]
+    rows = rows.iloc[kept]
+    if rows.empty:
+        raise UnsupportedError(f"no row of {key.name} on {key.arch} holds a problem and config this tiledispatch "
+                               f"reads ({dict(skipped)}); sweep again with this version")
+    pairs = [(problems[p], configs[c]) for p, c in zip(rows["problem"], rows["config"])]
+    scores = [definition.rule_score(c, p, arch) for p, c in pairs]
+    spec = fit_spec(key.op, [p for p in problems.values() if p is not None],
+                    [c for c in configs.values() if c is not None], scores, arch)
+    featurizer, blocks = Featurizer(spec), []
+    ids = rows["problem_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(ids)]):
+        problem = pairs[start][0]
+        blocks.append(featurizer.matrix(problem, [c for _, c in pairs[start:end]], arch, scores[start:end]))
+    return Data(spec, np.concatenate(blocks), np.log(rows["time_ms"].to_numpy(dtype=float)), ids, skipped)
+
+
+def _parsed(parse, op: str, text: str, skipped: dict[str, int], reason: str) -> Any:
+    try:
+        return parse(op, text)
+    except (ValueError, TypeError, KeyError):
+        skipped[reason] = skipped.get(reason, 0) + 1
+        return None
+
+
+def fold_of(problem_id: str, folds: int) -> int:
+    """The problem's fold: `bench.problemsets.fold_of` where it exists, else a stable hash of the id."""
+    import importlib
+
+    try:
+        shared = getattr(importlib.import_module("..bench.problemsets", __package__), "fold_of", None)
+    except ModuleNotFoundError:
+        shared = None
+    if shared is None:
+        return int(hashlib.sha256(problem_id.encode()).hexdigest()[:15], 16) % folds
+    return shared(problem_id, folds)
+
+
+def _dataset(data: Data, mask: np.ndarray, reference: Any = None) -> Any:
+    import lightgbm
+
+    return lightgbm.Dataset(data.matrix[mask], data.log_ms[mask], feature_name=data.spec.names,
+                            categorical_feature=data.spec.categorical, reference=reference, free_raw_data=False)
+
+
+def selection(log_ms: np.ndarray, predicted: np.ndarray, problem_ids: np.ndarray) -> dict[str, float]:
+    """How the predictions pick on each problem: efficiency = oracle time / time of the pick."""
+    starts = np.flatnonzero(np.r_[True, problem_ids[1:] != problem_ids[:-1]])
+    efficiency = []
+    for start, end in zip(starts, np.r_[starts[1:], len(problem_ids)]):
+        times = np.exp(log_ms[start:end])
+        efficiency.append(times.min() / times[np.argmin(predicted[start:end])])
+    e = np.array(efficiency)
+    return {"problems": len(e), "mean": float(e.mean()), "median": float(np.median(e)),
+            "p10": float(np.percentile(e, 10)), "min": float(e.min()), "top1": float(np.mean(e >= 1 / HIT))}
+
+
+def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Grouped k-fold scores and each fold's best number of trees; None with fewer than 2 problems."""
+    import lightgbm
+
+    unique = np.unique(data.problem_ids)
+    folds = min(folds, len(unique))
+    if folds < 2:
+        return None
+    fold_by_id = {pid: fold_of(str(pid), folds) for pid in unique}
+    fold = np.array([fold_by_id[pid] for pid in data.problem_ids])
+    predicted, rounds, used = np.full(len(fold), np.nan), [], []
+    for f in range(folds):
+        valid = fold == f
+        if not valid.any() or valid.all():
+            continue  # a hash may leave a fold empty when there are few problems
+        train_set = _dataset(data, ~valid)
+        booster = lightgbm.train(dict(params), train_set, MAX_ROUNDS,
+                                 valid_sets=[_dataset(data, valid, train_set)],
+                                 callbacks=[lightgbm.early_stopping(EARLY_STOPPING, verbose=False)])
+        predicted[valid] = booster.predict(data.matrix[valid], num_iteration=booster.best_iteration)
+        rounds.append(int(booster.best_iteration) or MAX_ROUNDS)
+        used.append(f)
+    seen = ~np.isnan(predicted)
+    if not seen.any():
+        return None
+    return {"folds": folds, "folds_used": used, "rounds": rounds,
+            "rmse_log": float(math.sqrt(np.mean((predicted[seen] - data.log_ms[seen]) ** 2))),
+            "selection": selection(data.log_ms[seen], predicted[seen], data.problem_ids[seen])}
+
+
+def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
+          params: Mapping[str, Any] | None = None) -> TrainedModel:
+    """The model of `key` trained on a results table (a pandas DataFrame of `bench.table.COLUMNS`):
+    grouped k-fold CV by problem for the scores and the tree count, then one fit on every row."""
+    import lightgbm
+
+    from .. import __version__
+
+    if not isinstance(key, SelectionKey):
+        raise TypeError(f"key must be a bench.table.SelectionKey; got {key!r}")
+    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 1:
+        raise ValueError(f"folds must be a positive integer (5 is usual; 1 skips cross-validation); got {folds!r}")
+    rows = rows_of(frame, key)
+    data = featurize(rows, key)
+    params = {**DEFAULT_PARAMS, "seed": seed, **(params or {})}
+    cv = cross_validate(data, folds, params)
+    rounds = int(np.median(cv["rounds"])) if cv else ROUNDS_WITHOUT_CV
+    booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), rounds)
+    used = frame[frame["problem_id"].isin(rows["problem_id"]) & (frame["status"] == Status.OK.value)]
+    manifest = {
+        "format": FORMAT, "key": {"op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": key.arch},
+        "target": "natural log of time_ms", "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
+        "problems": int(len(np.unique(data.problem_ids))), "kernels": int(rows["kernel"].nunique()),
+        "skipped": dict(data.skipped), "gpus": _values(used, "gpu"), "problem_sets": _values(used, "problem_set"),
+        "cv": cv, "trees": rounds, "params": params, "lightgbm": lightgbm.__version__, "tiledispatch": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "problem_ids": sorted(str(p) for p in np.unique(data.problem_ids)),
+    }
+    return TrainedModel(key, data.spec, booster, manifest)
+
+
+def _values(frame: Any, column: str) -> list[str]:
+    if column not in frame.columns:
+        return []
+    return sorted({str(v) for v in frame[column].dropna().unique()})
