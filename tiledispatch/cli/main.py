@@ -17,6 +17,7 @@ from .evaluate import evaluate_command
 from .gemm import explain_gemm_command, gemm_command
 from .registry import build_command, registry_app
 from .sweep import sweep_command, sweep_worker_command
+from .train import train_command
 from .warmup import warmup_command
 
 app = typer.Typer(help="tiledispatch: select, build and run the fastest kernel per problem.", cls=JsonGroup,
@@ -66,6 +67,7 @@ app.command("warmup")(warmup_command)
 app.command("evaluate")(evaluate_command)
 app.command("sweep")(sweep_command)
 app.command("sweep-worker")(sweep_worker_command)
+app.command("train")(train_command)
 
 
 @app.command("arch")
