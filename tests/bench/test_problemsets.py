@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 import torch
 
-import tiledispatch  # noqa: F401  (registers the ops)
 from tiledispatch.bench import problemsets as ps
 from tiledispatch.bench.problemsets import catalog
 from tiledispatch.bench.problemsets.base import Collector, Request
@@ -217,3 +216,12 @@ def test_groups_join_the_token_counts_of_one_layer():
     assert set(train_rows["group_id"]).isdisjoint(valid_rows["group_id"])
     with pytest.raises(InvalidArgumentError, match="group_id"):
         ps.split(frame.drop(columns="group_id"), 5, 2, column="group_id")
+
+
+def test_vendor_only_names_the_problems_no_triton_kernel_takes():
+    from tiledispatch import arch
+    from tiledispatch.ops.gemm import GemmProblem
+
+    wide = GemmProblem(m=8, n=8, k=8, wide_offsets=True)  # 64-bit offsets: only the vendor indexes them
+    small = ps.problem_set("gemm-shapes-small", dtype="fp16")
+    assert ps.vendor_only((*small, wide), arch.load("sm_90"), "default") == (wide,)
