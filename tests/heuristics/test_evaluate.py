@@ -24,7 +24,7 @@ from tiledispatch.heuristics import evaluate as ev
 from tiledispatch.ops.gemm import GemmLayout, GemmProblem, GemmTypes
 
 SHAPES = ((100, 64, 48), (1, 256, 512), (4096, 4096, 64), (33, 17, 300), (512, 512, 512), (7, 1000, 1000),
-          (2048, 128, 4096), (64, 64, 64))
+          (2048, 128, 4096), (64, 64, 64), (3, 512, 512), (300, 4096, 64))  # the last two: layers seen above
 KEY = SelectionKey("gemm", "forward", "fp16", "sm_90")
 
 
@@ -215,22 +215,26 @@ def test_a_model_that_saw_the_problems_is_refused_unless_allowed(ranked):
     assert ev.Picker.MODEL not in skipped.outcomes and "gemm_forward_bf16" in skipped.skipped[ev.Picker.MODEL]
 
 
-def test_cross_validation_judges_every_problem_once_by_a_model_that_never_saw_it(ranked):
-    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((3 * r + i) % 7))
+@pytest.mark.parametrize("by", ["problem_id", "group_id"])
+def test_cross_validation_judges_every_problem_once_by_a_model_that_never_saw_it(ranked, by):
+    from tiledispatch.bench.problemsets import with_groups
+
+    frame = with_groups(make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((3 * r + i) % 7)))
+    assert frame.groupby("group_id")["problem_id"].nunique().max() == 2  # two layers at two token counts
     trained = []
 
     def train(rows, key, folds, seed):
         assert key == KEY and folds == 2 and seed == 4
-        trained.append(set(rows["problem_id"]))
+        trained.append(set(rows[by]))
         return TableModel(frame)
 
-    report = ev.cross_validate(frame, folds=3, seed=4, train=train)
+    report = ev.cross_validate(frame, folds=3, seed=4, train=train, by=by)
     outcomes = report[KEY].outcomes[ev.Picker.MODEL]
     judged = [o.problem_id for o in outcomes]
     assert sorted(judged) == sorted(frame["problem_id"].unique())  # each once
     for f, seen in enumerate(trained):
-        held = ev.holdout_ids(frame, ev.Fold(f, 3))
-        assert not seen & held and seen | held == set(frame["problem_id"])
+        held = {g for g in frame[by] if ev.fold_of(g, 3) == f}
+        assert not seen & held and seen | held == set(frame[by])
     assert report[KEY].unseen == "held out" and stats(report, "model")["efficiency"]["mean"] == 1.0
     assert set(report[KEY].outcomes) == set(ev.Picker)
 
@@ -256,6 +260,13 @@ def test_cli_writes_one_json_document(ranked, tmp_path):
     expected = ev.evaluate(frame, strategies=["rules", "autotune", "vendor"]).to_dict(worst=3)["keys"][0]
     assert entry["strategies"] == json.loads(json.dumps(expected["strategies"]))
     assert len(entry["strategies"]["rules"]["worst"]) == 3
+    layers = CliRunner().invoke(app, ["evaluate", str(path), "--strategies", "rules", "--by-layer", "--folds", "3",
+                                      "--holdout-fold", "1"])
+    from tiledispatch.bench.problemsets import with_groups
+
+    grouped = with_groups(frame)
+    held = grouped.loc[[ev.fold_of(g, 3) == 1 for g in grouped["group_id"]], "problem_id"].nunique()
+    assert layers.exit_code == 0 and json.loads(layers.output)["keys"][0]["problems"] == held > 0
     bad = CliRunner().invoke(app, ["evaluate", str(path), "--dtype", "bf16"])
     assert bad.exit_code == 3 and "--dtype bf16" in json.loads(bad.output)["error"]["message"]
     frame.drop(columns=["status"]).to_parquet(path)

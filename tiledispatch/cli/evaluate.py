@@ -78,6 +78,9 @@ def evaluate_command(
                                                  help="as --cv, for this fold alone"),
         holdout_fold: Optional[int] = typer.Option(None, "--holdout-fold", min=0,
                                                    help="judge this fold's problems alone"),
+        by_layer: bool = typer.Option(False, "--by-layer", help="folds keep a layer's problems together (its "
+                                      "token counts or batches: problemsets' group_of), so a model is judged on "
+                                      "layers it never saw"),
         op: Optional[str] = typer.Option(None, "--op", help="only this op's rows"),
         direction: Optional[str] = typer.Option(None, "--direction", help="only this direction's rows"),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="only this dtype's rows (the table's spelling)"),
@@ -102,11 +105,18 @@ def evaluate_command(
         if fold is not None and fold >= folds:
             raise InvalidArgumentError(f"{option} {fold}: folds are numbered 0..{folds - 1} (--folds {folds})")
     frame = _filtered(_read(table), dict(zip(FILTERS, (op, direction, dtype, arch))))
+    by = "problem_id"
+    if by_layer:
+        from ..bench.problemsets import with_groups
+
+        frame, by = with_groups(frame), "group_id"
     if training:
         report = ev.cross_validate(frame, folds=folds, only=train_fold, seed=seed, strategies=pickers,
-                                   rescore=rescore)
+                                   rescore=rescore, by=by)
     else:
         holdout = ev.Fold(holdout_fold, folds) if holdout_fold is not None else None
+        if holdout is not None and by_layer:  # the problems of the layers in that fold
+            holdout = frame.loc[frame[by].map(lambda g: ev.fold_of(g, folds)) == holdout_fold, "problem_id"]
         report = ev.evaluate(frame, strategies=pickers, model=model, holdout=holdout, rescore=rescore,
                              allow_seen=allow_seen)
     document = {"status": "ok", "command": _command_line(ctx), "table": str(table), "rows": len(frame),

@@ -305,8 +305,7 @@ _OPTIONAL = ("rule_score", "rule_rank", "config", "error")
 
 
 def _check_columns(frame) -> None:
-    missing = [c for c in REQUIRED if c not in frame.columns]
-    if missing:
+    if missing := [c for c in REQUIRED if c not in frame.columns]:
         raise EvaluationError(f"the table lacks column(s) {missing}; a sweep's table has bench.table.COLUMNS")
 
 
@@ -480,13 +479,14 @@ def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow
 
 def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int = 0, strategies=tuple(Picker),
                    arch=None, rescore: bool = False, train: Callable[..., Any] | None = None,
-                   inner_folds: int = 2) -> Report:
+                   inner_folds: int = 2, by: str = "problem_id") -> Report:
     """The honest numbers: for each fold (or the `only` one), a model trained on the other folds
-    (`learned.train`, or `train`) judged on that fold's problems, so each is judged once, unseen."""
+    (`learned.train`, or `train`) judged on that fold's problems, so each is judged once, unseen.
+    `by`: the column folds group rows by (``group_id``, problemsets' layers: unseen layers)."""
     _check_columns(frame)
     if train is None:
         from .learned import train
-    ids = frame["problem_id"].astype(str)
+    ids = frame[by].astype(str)
     fold = ids.map({i: fold_of(i, folds) for i in ids.unique()})
     reports = []
     for index in range(Fold(0, folds).folds) if only is None else [Fold(only, folds).index]:
@@ -497,4 +497,4 @@ def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int 
         if len(held):
             reports.append(evaluate(held, strategies=strategies, model=models, arch=arch, rescore=rescore,
                                     held_out=True))
-    return merge(reports, {"kind": "cross_validation", "folds": folds, "fold": only})
+    return merge(reports, {"kind": "cross_validation", "folds": folds, "fold": only, "by": by})
