@@ -119,10 +119,14 @@ def test_the_manifest_says_what_the_model_learned_from(model, table):
     assert model.booster.num_trees() == m["trees"]
 
 
-def test_grouped_folds_keep_each_problem_in_one_fold(model, table):
-    ids = sorted(table["problem_id"].unique())
-    assert [training.fold_of(i, 3) for i in ids] == [training.fold_of(i, 3) for i in ids]
-    assert {training.fold_of(i, 3) for i in ids} == {0, 1, 2}
+def test_cross_validation_holds_each_problem_out_once(table):
+    from tiledispatch.bench.problemsets import fold_of
+
+    data = training.featurize(training.rows_of(table, KEY), KEY)
+    cv = training.cross_validate(data, 3, {**training.DEFAULT_PARAMS, "seed": 0})
+    ids = sorted(set(data.problem_ids))
+    assert cv["selection"]["problems"] == len(ids)  # every problem predicted once, by a model without it
+    assert sorted(cv["folds_used"]) == sorted({fold_of(i, 3) for i in ids})
 
 
 def test_training_refuses_a_key_without_rows_and_a_table_without_columns(table):

@@ -13,7 +13,6 @@ ranks first) and the number of trees; the model kept is then fitted on every row
 from __future__ import annotations
 
 import datetime
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -121,19 +120,6 @@ def _parsed(parse, op: str, text: str, skipped: dict[str, int], reason: str) -> 
         return None
 
 
-def fold_of(problem_id: str, folds: int) -> int:
-    """The problem's fold: `bench.problemsets.fold_of` where it exists, else a stable hash of the id."""
-    import importlib
-
-    try:
-        shared = getattr(importlib.import_module("..bench.problemsets", __package__), "fold_of", None)
-    except ModuleNotFoundError:
-        shared = None
-    if shared is None:
-        return int(hashlib.sha256(problem_id.encode()).hexdigest()[:15], 16) % folds
-    return shared(problem_id, folds)
-
-
 def _dataset(data: Data, mask: np.ndarray, reference: Any = None) -> Any:
     import lightgbm
 
@@ -161,6 +147,8 @@ def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[st
     folds = min(folds, len(unique))
     if folds < 2:
         return None
+    from ..bench.problemsets import fold_of  # the split every tool shares: a problem is in one fold everywhere
+
     fold_by_id = {pid: fold_of(str(pid), folds) for pid in unique}
     fold = np.array([fold_by_id[pid] for pid in data.problem_ids])
     predicted, rounds, used = np.full(len(fold), np.nan), [], []
