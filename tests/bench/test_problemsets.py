@@ -85,13 +85,15 @@ def test_set_problems_equal_those_of_real_tensors():
         w = torch.randn(p.n, p.k, dtype=torch.float16)
         bias = torch.randn(p.n, dtype=torch.float16) if p.epilogue.bias else None
         assert gemm_operands(a, w.t(), bias=bias).problem == p
-    for p in ps.problem_set("conv-torchvision-small", dtype="fp32", direction="forward"):
+    for p in ps.problem_set("conv-torchvision-small", dtype="fp32"):
         x = to_channels_last(torch.randn(p.n, p.c, *p.input_size))
         w = to_channels_last(torch.randn(p.k, p.c_per_group, *p.filter_size))
-        bias = torch.randn(p.k) if p.epilogue.bias else None
-        real = conv_operands("forward", x=x, w=w, bias=bias, stride=p.stride, padding=p.padding,
-                             dilation=p.dilation, groups=p.groups).problem
-        assert real == p
+        dy = to_channels_last(torch.randn(p.n, p.k, *p.output_size))
+        geometry = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
+        tensors = {"forward": {"x": x, "w": w, "bias": torch.randn(p.k) if p.epilogue.bias else None},
+                   "bwd_data": {"dy": dy, "w": w, "input_size": tuple(x.shape)},
+                   "bwd_weight": {"x": x, "dy": dy, "weight_size": tuple(w.shape)}}[p.direction.value]
+        assert conv_operands(p.direction, **tensors, **geometry).problem == p
     prefill = [p for p in ps.problem_set("attention-serving-small", dtype="fp16") if p.layout.value == "bshd"]
     for p in prefill:
         q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim_qk, dtype=torch.float16).transpose(1, 2)

@@ -98,12 +98,14 @@ class Serving:
     decode_tokens: int = 1 << 20  # the most cached tokens a decode batch reads
     chunks: tuple[tuple[int, int], ...] = ((512, 2048), (2048, 8192))  # (chunk, cached + chunk)
     packs: tuple[tuple[int, ...], ...] = ((100, 1000, 37, 2047), (512,) * 8)  # packed prefill lengths
+    # An encoder's (ViT's) tokens: 224x224 by patches of 16 and 14, 384x384 by 16, 512x512 by 16, plus the class token.
+    encoder: tuple[int, ...] = (197, 257, 577, 1025)
 
 
 def _serving_shapes(model: Transformer, sizes: Serving):
     heads, window = _heads(model), _window(model)
-    causal = True if model.causal else False
-    for seq in sizes.prefill:
+    causal = model.causal
+    for seq in sizes.prefill if model.causal else sizes.encoder:
         for batch in sizes.prefill_batches:
             if batch * seq <= sizes.prefill_tokens:
                 yield "prefill", Shape(batch, seq, seq, **heads, causal=causal, window=window)
@@ -130,9 +132,10 @@ def serving(request: Request, out: Collector, models: tuple[Transformer, ...], s
 
 def training(request: Request, out: Collector, models: tuple[Transformer, ...], seqs: tuple[int, ...],
              batches: tuple[int, ...], max_tokens: int) -> None:
-    """Training's forward (keeping the LSE) or backward at each sequence length and batch within `max_tokens`."""
+    """Training's forward (keeping the LSE) or backward at each sequence length and batch within `max_tokens`
+    (an encoder at its own token counts)."""
     for model in models:
-        for seq in seqs:
+        for seq in seqs if model.causal else Serving.encoder:
             for batch in batches:
                 if batch * seq > max_tokens:
                     continue
