@@ -184,6 +184,12 @@ def test_cli_sweeps_a_problem_file(tmp_path):
     document = json.loads(result.output)
     assert result.exit_code == 0, result.output
     assert document["rows"] == {"ok": 1} and document["problem_set"] == "problems" and document["problems"] == 1
+    named = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", "gemm-llm-small", "--dtype", "fp16",
+                                     "--limit", "1", "--rule-set", "tiny", "--top", "1", "--out", str(tmp_path / "set")])
+    assert named.exit_code == 0, named.output
+    document = json.loads(named.output)
+    assert document["problem_set"] == "gemm-llm-small" and document["problems"] == 1 and document["kernels"] == 1
+    assert read_table(tmp_path / "set").problem_set.tolist() == ["gemm-llm-small"]
     bad = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--gpus", "0,x",
                                    "--out", str(tmp_path / "out")])
     assert bad.exit_code == 3 and "--gpus" in json.loads(bad.output)["error"]["message"]

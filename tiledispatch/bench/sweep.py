@@ -84,6 +84,7 @@ class SweepReport:
     build_s: float  # the workers' compile time, summed
     run_s: float  # their check-and-time time, summed
     gpus: int
+    without_candidates: int = 0  # problems no kernel of the rule set accepts (none of their rows exist)
 
     @property
     def per_s_per_gpu(self) -> float | None:
@@ -97,6 +98,7 @@ class SweepReport:
         return {"out": str(self.out), "problems": self.problems, "kernels": self.kernels, "skipped": self.skipped,
                 "rows": dict(self.rows), "wall_s": round(self.wall_s, 3), "build_s": round(self.build_s, 3),
                 "run_s": round(self.run_s, 3), "gpus": self.gpus,
+                "without_candidates": self.without_candidates,
                 "kernels_per_s_per_gpu": self.per_s_per_gpu,
                 "kernels_per_s_per_gpu_without_compile": self.per_s_per_gpu_without_compile,
                 "kernels_per_s_wall": self.kernels / self.wall_s if self.wall_s > 0 else None}
@@ -277,9 +279,9 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
         names = _local_gpu_names(gpus if not facts.is_interpreter else None)
     only = next(iter(names)) if len(names) == 1 else ""
     maker = _Rows(problem_set_name, facts.name, only or None)
-    tasks, plans, statuses, skipped = _tasks(kind, problems, dispatcher, candidates, done_keys(out), names, out,
+    tasks, plans, statuses, (skipped, empty) = _tasks(kind, problems, dispatcher, candidates, done_keys(out), names, out,
                                              maker, (kernels_per_task, jobs, seed))
-    return _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, (statuses, skipped, len(problems), start),
+    return _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, (statuses, skipped, len(problems), start, empty),
                     progress)
 
 
@@ -287,11 +289,12 @@ def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, size
     """(tasks, planned rows by (problem id, kernel), rows by status written now, rows skipped): the
     refusals' rows are written at once, as nothing runs for them."""
     kernels_per_task, jobs, seed = sizes
-    tasks, plans, skipped, refusals = [], {}, 0, 0
+    tasks, plans, skipped, refusals, empty = [], {}, 0, 0, 0
     for problem in problems:
         if problem.op is not kind:
             raise InvalidArgumentError(f"problems: a {problem.op.value} problem in a {kind.value} sweep")
         pid, rows = problem_id(problem), planned(dispatcher, problem, candidates)
+        empty += not any(p.refused is None for p in rows)
         todo = [p for p in rows if not any((pid, p.spec.name, n) in done for n in names)]
         skipped += len(rows) - len(todo)
         plans.update({(pid, p.spec.name): p for p in todo})
@@ -302,12 +305,12 @@ def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, size
         refusals += len(refused)
         write_part(out, [maker.row(problem, p, Outcome(p.spec.name, Status.UNSUPPORTED, p.refused), DeviceInfo())
                          for p in refused])
-    return tasks, plans, Counter({Status.UNSUPPORTED.value: refusals} if refusals else {}), skipped
+    return tasks, plans, Counter({Status.UNSUPPORTED.value: refusals} if refusals else {}), (skipped, empty)
 
 
 def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress) -> SweepReport:
     """Runs the tasks where they go and writes a part per finished task; the report."""
-    statuses, skipped, problems, start = counts
+    statuses, skipped, problems, start, empty = counts
     build_s = run_s = 0.0
     kernels = 0
     if scheduler is not None or (gpus and len(gpus) > 1):
@@ -325,4 +328,4 @@ def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts
         if progress is not None:
             progress(finished, len(tasks))
     return SweepReport(out, problems, kernels, skipped, dict(statuses), time.perf_counter() - start, build_s, run_s,
-                       max(1, len(gpus or ())))
+                       max(1, len(gpus or ())), empty)

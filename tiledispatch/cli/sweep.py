@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..core.errors import InvalidArgumentError, RegistryFormatError, UnsupportedError
+from ..core.errors import InvalidArgumentError, UnsupportedError
 from ..core.op import get_op
 from .common import JOBS_MAX, RULE_SET, emit, limit_option, parse_option, seed_option, shown
 
@@ -27,29 +27,6 @@ def parse_gpus(value: Optional[str]) -> list[str] | None:
     return gpus
 
 
-def load_problem_file(op: str, path: Path) -> list[Any]:
-    """The problems of a JSON file: a list of problems as `bench.table.canonical_json` writes them,
-    or {"op": ..., "problems": [...]}; untrusted, read bounded (core.jsonio)."""
-    from ..core.jsonio import read_json
-    from ..core.serialize import from_jsonable
-
-    definition = get_op(op)
-    data = read_json(path)
-    if isinstance(data, dict):
-        if data.get("op", definition.kind.value) != definition.kind.value:
-            raise RegistryFormatError(f"{path} holds {data.get('op')!r} problems; this sweep is of {op}")
-        data = data.get("problems")
-    if not isinstance(data, list):
-        raise RegistryFormatError(f"{path}: expected a list of {op} problems, or an object with \"problems\"")
-    problems = []
-    for i, item in enumerate(data):
-        try:
-            problems.append(from_jsonable(definition.problem_type, item, f"problems[{i}]"))
-        except (ValueError, TypeError, KeyError) as e:
-            raise RegistryFormatError(f"{path}: {e}") from None
-    return problems
-
-
 def _matches(problem: Any, dtype: Optional[str], direction: Optional[str]) -> bool:
     from ..bench.table import selection_key
 
@@ -60,15 +37,16 @@ def _matches(problem: Any, dtype: Optional[str], direction: Optional[str]) -> bo
 def resolve_problems(op: str, given: str, dtype: Optional[str], direction: Optional[str], limit: int,
                      seed: int) -> tuple[list[Any], str]:
     """(problems, the set's name for the table) from a file or a named problem set."""
-    path = Path(given)
-    if path.suffix == ".json" or path.is_file():
-        problems = [p for p in load_problem_file(op, path) if _matches(p, dtype, direction)]
-        return (problems[:limit] if limit else problems), path.stem
     try:
         from ..bench import problemsets
     except ImportError:
         raise UnsupportedError(f"--problems {shown(given)}: no problem sets in this installation "
-                               "(tiledispatch.bench.problemsets); give a JSON file of problems instead") from None
+                               "(tiledispatch.bench.problemsets), neither named nor read from files") from None
+    path = Path(given)
+    if path.suffix == ".json" or path.is_file():
+        kind = get_op(op).kind
+        problems = [p for p in problemsets.load_problems(path) if p.op is kind and _matches(p, dtype, direction)]
+        return (problems[:limit] if limit else problems), path.stem
     if dtype is None:
         raise InvalidArgumentError(f"--problems {shown(given)} names a problem set: give its --dtype too (e.g. bf16)")
     problems = parse_option("--problems", lambda name: problemsets.problem_set(
