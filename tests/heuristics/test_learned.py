@@ -275,6 +275,13 @@ def test_without_a_model_for_the_slice_the_model_strategy_ranks_by_rules(model, 
         assert "model" not in explained.to_dict() and "predicted_ms" not in json.dumps(explained.to_dict())
 
 
+def test_a_model_given_in_place_of_a_source_is_refused(model):
+    from tiledispatch.core.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="models must be a model source.*got TrainedModel"):
+        Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model", models=model)
+
+
 def test_the_default_strategy_is_model_only_where_models_ship(model, monkeypatch):
     monkeypatch.delenv("TILEDISPATCH_STRATEGY", raising=False)
     assert default_strategy(SM90, learned.Models([model])) is Strategy.MODEL

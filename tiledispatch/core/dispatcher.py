@@ -61,6 +61,12 @@ class Dispatcher:
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
         self._cache = cache
+        if models is not None and not callable(getattr(models, "model_for", None)):
+            from .errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"models must be a model source (a core.ranking.ModelSource, such as "
+                                       f"learned.Models([model])), or None for the shipped models; got "
+                                       f"{type(models).__name__}")
         self._models = models  # the `model` strategy's; None: the registered (shipped) ones
         self._selected = LruTable(SELECTIONS_KEPT)  # problem key -> KernelSpec
         self._rankings = LruTable(RANKINGS_KEPT)  # see _ranking
