@@ -125,6 +125,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _context_lost(device) -> bool:
+    """Whether the GPU's context is broken: CUDA errors of a kernel's fault stick to the process."""
+    if device.type != "cuda":
+        return False
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+        return False
+    except Exception:  # torch's AcceleratorError or RuntimeError, by version
+        return True
+
+
 def _time(run: Callable[[], None], on_gpu: bool) -> float:
     """Median milliseconds per call: CUDA-graph replays sampled in rounds on the GPU (events around
     plain launches where a graph cannot capture the kernel), one wall-clock run on the CPU."""
@@ -220,8 +233,9 @@ class _Kernels:
                     return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
             plans = itertools.cycle([plan] + [definition.plan(spec.config, o) for o in self.operands[1:]])
             time_ms = _time(lambda: execute(next(plans), launchers, stream()), self.on_gpu)
-        except Exception as e:  # a Python error while planning, launching or timing: this kernel's alone
-            return Outcome(name, Status.LAUNCH_FAILED, _error(e))
+        except Exception as e:  # a Python error while planning, launching or timing: this kernel's alone,
+            # unless the device's context is lost (an illegal address raises at the next sync): a FAULT
+            return Outcome(name, Status.FAULT if _context_lost(self.device) else Status.LAUNCH_FAILED, _error(e))
         if not math.isfinite(time_ms) or time_ms <= 0:
             return Outcome(name, Status.LAUNCH_FAILED, f"timed at {time_ms} ms")
         return Outcome(name, Status.OK, None, time_ms)
@@ -250,6 +264,8 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
                                             else kernels.run(spec))
         outcomes.append(outcome)
         finished(outcome)
+        if outcome.status is Status.FAULT:  # no kernel can run in this process's context any more
+            os._exit(4)
     return TaskResult(tuple(outcomes), device_info(), build_s, time.perf_counter() - begin - build_s)
 
 
@@ -344,7 +360,7 @@ class IsolatedRunner:
                 what = "timed out" if status is Status.TIMEOUT else "died"
                 stuck = [s.name for s in pending if s.name not in done] if in_flight == BUILDING else [in_flight]
                 for name in stuck:
-                    if name is not None:
+                    if name is not None and name not in done:  # a fault the child reported itself keeps its error
                         done[name] = Outcome(name, status, f"the worker {what} while running this kernel"
                                              if in_flight != BUILDING else f"the worker {what} building the batch")
             left = tuple(s for s in pending if s.name not in done)
