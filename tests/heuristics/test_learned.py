@@ -293,6 +293,35 @@ def test_the_default_strategy_is_model_only_where_models_ship(model, monkeypatch
     assert default_strategy(SM90, learned.Models([model])) is Strategy.AUTOTUNE
 
 
+@pytest.fixture
+def shipped_in(tmp_path, monkeypatch):
+    """`tiledispatch/arch/models/` moved to a temporary folder, the shipped models' memos cleared."""
+    def clear():
+        for memo in (learned.shipped_keys, learned.shipped, learned._usable):
+            memo.cache_clear()
+
+    monkeypatch.setattr(learned, "_shipped_folder", lambda arch_name: tmp_path / arch_name)
+    clear()
+    yield tmp_path
+    clear()
+
+
+def test_a_shipped_model_ranks_by_default_on_its_arch(model, shipped_in, monkeypatch, caplog):
+    monkeypatch.delenv("TILEDISPATCH_STRATEGY", raising=False)
+    model.save(shipped_in / "sm_90")
+    assert learned.shipped_keys("sm_90") == {KEY} and learned.shipped(KEY).label == model.label
+    assert default_strategy(SM90) is Strategy.MODEL and default_strategy(arch.load("sm_80")) is Strategy.RULES
+    dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model")
+    problem = problems(1, seed=44)[0]
+    assert dispatcher.explain(problem).model == model.label  # the registered source: the shipped models
+    (shipped_in / "sm_90" / "gemm_forward_fp16.txt").write_text("tree\n")
+    for memo in (learned.shipped, learned._usable):
+        memo.cache_clear()
+    fresh = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model")
+    assert fresh.explain(problem).model is None  # a broken shipped model: the rules rank, and it is logged
+    assert "cannot be used" in caplog.text and "ranking by rules" in caplog.text
+
+
 # --- the command ------------------------------------------------------------------------------
 
 
