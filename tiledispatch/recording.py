@@ -88,7 +88,9 @@ class Recorder(Dispatcher):
 
 def record(fn: Callable[..., Any], *args, dispatcher: Dispatcher | None = None, **kwargs) -> tuple[Shape, ...]:
     """The problems `fn(*args, **kwargs)` poses to tiledispatch's ops, each with its pick, in
-    first-seen order; no compiled kernel runs (see the module docstring)."""
+    first-seen order; no compiled kernel runs (see the module docstring). Without `dispatcher`,
+    the default one of the first tensor's device among the arguments (the process's default
+    where `fn` takes none: pass `dispatcher` when it closes over its tensors)."""
     recorder = Recorder(dispatcher if dispatcher is not None else _default_for((args, kwargs)))
     with using(recorder):
         fn(*args, **kwargs)
