@@ -193,3 +193,20 @@ def test_cli_sweeps_a_problem_file(tmp_path):
     bad = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--gpus", "0,x",
                                    "--out", str(tmp_path / "out")])
     assert bad.exit_code == 3 and "--gpus" in json.loads(bad.output)["error"]["message"]
+
+
+def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):
+    pytest.importorskip("distributed")
+    from tiledispatch.bench.distributed import local_cluster
+
+    problem = gemm_problems()[0]
+    cluster = local_cluster(["0", "1"])
+    try:
+        report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP,
+                       candidates=CandidatePolicy(top=2), kernels_per_task=1, scheduler=cluster.scheduler_address)
+        again = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP,
+                      candidates=CandidatePolicy(top=2), kernels_per_task=1, scheduler=cluster.scheduler_address)
+    finally:
+        cluster.close()
+    assert report.rows == {"ok": 2} and again.kernels == 0 and again.skipped == 2
+    assert sorted(read_table(tmp_path).kernel) == sorted(ranked_names(problem, 2))

@@ -59,8 +59,8 @@ def sweep_command(
         problems: str = typer.Option(..., "--problems", help=PROBLEMS_HELP),
         out: Path = typer.Option(..., "--out", help="the table's directory: part-*.parquet, appended to"),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16, fp32, fp8e4m3 ..."),
-        direction: Optional[str] = typer.Option(None, "--direction", help="forward, backward_data ... (conv), "
-                                                "fwd or bwd (attention)"),
+        direction: Optional[str] = typer.Option(None, "--direction", help="forward (gemm); forward, bwd_data "
+                                                "or bwd_weight (conv); fwd or bwd (attention)"),
         rule_set: str = RULE_SET,
         top: Optional[int] = typer.Option(None, "--top", min=1, help="the rules' best N only (default: all)"),
         sample: int = typer.Option(0, "--sample", min=0, help="with --top: M other candidates drawn at random"),
