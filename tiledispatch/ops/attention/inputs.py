@@ -6,6 +6,7 @@ that scores have a spread of about 1 and the softmax is neither flat nor one-hot
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -59,11 +60,33 @@ def _options(problem: AttentionProblem):
                             deterministic=problem.deterministic)
 
 
+@functools.lru_cache(maxsize=4)
+def _rules_dispatcher(backend):
+    """A dispatcher of the default rule set ranked by rules alone, for a backward's forward: the
+    calling dispatcher may be autotuning that backward, under a lock a forward's tuning would take."""
+    from ...core.dispatcher import Dispatcher, Strategy
+    from ...core.registry import Registry
+    from ...core.runtime import current_arch
+    from .problem import KIND
+
+    arch = current_arch(backend)
+    return Dispatcher(Registry.from_rule_sets([KIND], "default", arch), arch, strategy=Strategy.RULES)
+
+
+def _forward(operands):
+    """O and LSE of checked forward operands, by the rules' pick on their device: what a training
+    step's forward hands its backward, in moments where a float64 reference takes minutes."""
+    from ...core.runtime import Backend
+
+    backend = Backend.CUDA if operands.device.type == "cuda" else Backend.INTERPRETER
+    return _rules_dispatcher(backend).run(operands)
+
+
 def tuning_operands(problem: AttentionProblem, device, seed: int = 0):
     """Fresh checked operands of exactly this problem (for `autotune` and sweeps), or None: a problem
     with a mask or bias tensor, ALiBi or dropout, whose values fresh draws cannot stand for, or whose
-    layout fresh tensors do not reproduce. A backward problem's O and LSE are the float64 reference's
-    of the fresh Q, K, V (what a forward gives), its dO a fresh draw."""
+    layout fresh tensors do not reproduce. A backward problem's O and LSE are those its forward gives
+    on the same device (`_forward`), its dO a fresh draw."""
     from .operands import check_operands
     from .problem import Direction, UserMask
 
@@ -79,12 +102,9 @@ def tuning_operands(problem: AttentionProblem, device, seed: int = 0):
     if problem.direction is Direction.FORWARD:
         return forward if forward.problem == problem else None
     from .plan import like_layout
-    from .reference import reference
 
-    ref_out, ref_lse = reference(forward)
-    out = like_layout(inputs.q, problem.head_dim_v)
-    out.copy_(ref_out.reshape(out.shape))
-    lse = ref_lse.to(device=device, dtype=torch.float32).contiguous()
+    result = _forward(forward)
+    out, lse = result.out, result.lse
     grad_out = like_layout(inputs.q, problem.head_dim_v)
     grad_out.copy_(torch.randn(out.shape, generator=g).to(grad_out.dtype))
     operands = check_operands(inputs.q, inputs.k, inputs.v, direction=Direction.BACKWARD, out=out, lse=lse,
