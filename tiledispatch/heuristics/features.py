@@ -135,6 +135,9 @@ def arch_values(arch: Any) -> dict[str, Any]:
             if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
+# Config rows kept: a registry's configs are a few thousand objects, each kept for the process;
+# a caller that rebuilds its configs each call clears the table when it fills.
+CONFIGS_KEPT = 1 << 16
 _LIGHTGBM_NAME = re.compile(r"[^0-9A-Za-z_]")
 
 
@@ -241,7 +244,10 @@ class Featurizer:
         self._index = {source: np.array([i for i, _ in group], dtype=np.intp) for source, group in self._groups.items()}
         # the score columns' terms by name, None for the score's value
         self._score_paths = [None if c.path == "value" else c.path for _, c in self._groups[Source.SCORE]]
-        self._configs: dict[Any, np.ndarray] = {}  # config -> its CONFIG and KERNEL columns' values
+        # id(config) -> (config, its CONFIG and KERNEL columns' values). By identity: hashing a
+        # config hashes its nested fields each time, which costs more than the lookup saves; the
+        # entry holds the config, so its id is not reused while it is kept.
+        self._configs: dict[int, tuple[Any, np.ndarray]] = {}
         self._arch: dict[Any, np.ndarray] = {}
 
     def _encode(self, sources: Sequence[Source], rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -250,13 +256,12 @@ class Featurizer:
                          for _, c in self._groups[source]], dtype=np.float64)
 
     def _config_row(self, config: Any) -> np.ndarray:
-        try:
-            row = self._configs.get(config)
-        except TypeError:  # an unhashable config: computed each time
-            return self._config_values(config)
-        if row is None:
-            row = self._configs[config] = self._config_values(config)
-        return row
+        entry = self._configs.get(id(config))
+        if entry is None or entry[0] is not config:
+            if len(self._configs) >= CONFIGS_KEPT:  # configs made afresh for each call (from JSON)
+                self._configs.clear()
+            entry = self._configs[id(config)] = (config, self._config_values(config))
+        return entry[1]
 
     def _config_values(self, config: Any) -> np.ndarray:
         op = self.spec.op
