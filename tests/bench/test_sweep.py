@@ -181,18 +181,18 @@ def test_cli_sweeps_a_problem_file(tmp_path):
     problems.write_text(json.dumps([json.loads(canonical_json(problem))]))
     result = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",
                                       "--rule-set", "tiny", "--top", "1", "--out", str(tmp_path / "out")])
-    document = json.loads(result.output)
+    document = json.loads(result.stdout)
     assert result.exit_code == 0, result.output
     assert document["rows"] == {"ok": 1} and document["problem_set"] == "problems" and document["problems"] == 1
     named = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", "gemm-llm-small", "--dtype", "fp16",
                                      "--limit", "1", "--rule-set", "tiny", "--top", "1", "--out", str(tmp_path / "set")])
     assert named.exit_code == 0, named.output
-    document = json.loads(named.output)
+    document = json.loads(named.stdout)
     assert document["problem_set"] == "gemm-llm-small" and document["problems"] == 1 and document["kernels"] == 1
     assert read_table(tmp_path / "set").problem_set.tolist() == ["gemm-llm-small"]
     bad = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--gpus", "0,x",
                                    "--out", str(tmp_path / "out")])
-    assert bad.exit_code == 3 and "--gpus" in json.loads(bad.output)["error"]["message"]
+    assert bad.exit_code == 3 and "--gpus" in json.loads(bad.stdout)["error"]["message"]
 
 
 def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..core.errors import InvalidArgumentError, UnsupportedError
 from ..core.op import get_op
@@ -85,11 +87,17 @@ def sweep_command(
         raise InvalidArgumentError(f"--problems {shown(problems)}: no {kind.value} problems"
                                    f"{' of dtype ' + dtype if dtype else ''}"
                                    f"{' and direction ' + direction if direction else ''}")
-    report = sweep(kind, found, out=out, rule_set=parse_option("--rule-set", RuleSet.parse, rule_set),
-                   arch=None if arch is None else parse_option("--arch", arch_facts.load, arch),
-                   candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
-                   timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler,
-                   kernels_per_task=kernels_per_task, jobs=jobs, problem_set_name=set_name, seed=seed)
+    columns = (TextColumn("[bold]sweep[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    # Progress goes to stderr: stdout carries the JSON document only, for `| jq` and scripts.
+    with Progress(*columns, transient=False, redirect_stdout=False, console=Console(stderr=True)) as progress:
+        bar = progress.add_task(f"{kind.value} {set_name}: tasks", total=None)
+        report = sweep(kind, found, out=out, rule_set=parse_option("--rule-set", RuleSet.parse, rule_set),
+                       arch=None if arch is None else parse_option("--arch", arch_facts.load, arch),
+                       candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
+                       timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler,
+                       kernels_per_task=kernels_per_task, jobs=jobs, problem_set_name=set_name, seed=seed,
+                       progress=lambda done, total: progress.update(bar, completed=done, total=total))
     emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict()})
 
 
