@@ -294,7 +294,7 @@ def make_variants(work: Workload, setting: Setting, warmup: bool) -> Variants:
     if warmup and hasattr(tiledispatch, "warmup"):  # issue 40 item 5: compiles the picks ahead, in parallel
         start = time.perf_counter()
         try:
-            tiledispatch.warmup(ours, (inputs["x" if "x" in inputs else "ids"],))
+            tiledispatch.warmup(ours, inputs["x" if "x" in inputs else "ids"])
             variants.first_call_s["tiledispatch warmup"] = round(time.perf_counter() - start, 3)
         except Exception as error:
             variants.first_call_s["tiledispatch warmup"] = first_error_line(error)

@@ -38,6 +38,8 @@ def test_smoke_run_checks_every_workload(tmp_path):
         assert float(row["time_ms"]) > 0, where
         assert 0 <= float(row["rel_error"]) <= tolerance, where + f": rel error {row['rel_error']}"
         assert row["torch"] and row["triton"] and row["date"] and row["gpu"]
+    for name, firsts in summary["first_call_s"].items():  # warmup ran: a duration, not an error's text
+        assert isinstance(firsts.get("tiledispatch warmup"), float), f"{name}: {firsts}"
     entry = summary["models"]["tiny_cnn"]["train"]
     assert entry["ratio"] == pytest.approx(entry["pytorch_ms"] / entry["tiledispatch_ms"], rel=1e-3)
     assert set(summary["targets"]) >= {"eager_and_train_each_at_least_1.0x", "cuda_graph_each_at_least_1.0x",
