@@ -295,7 +295,7 @@ def test_the_default_strategy_is_model_only_where_models_ship(model, monkeypatch
 
 @pytest.fixture
 def shipped_in(tmp_path, monkeypatch):
-    """`tiledispatch/arch/models/` moved to a temporary folder, the shipped models' memos cleared."""
+    """A temporary folder in place of `tiledispatch/arch/models/`, the shipped models' memos cleared."""
     def clear():
         for memo in (learned.shipped_keys, learned.shipped, learned._usable):
             memo.cache_clear()

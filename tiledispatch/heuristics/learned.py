@@ -8,8 +8,8 @@ every measured kernel of every problem at once; the log makes its errors relativ
 1 us and a 1 ms problem weigh alike.
 
 A model is three files in a directory, never a pickle: `<key.name>.txt` (LightGBM's own text),
-`<key.name>.features.json` (the `FeatureSpec`) and `<key.name>.manifest.json` (what it was
-trained on: the key, a hash of the rows, row and problem counts, the problems' ids, the GPUs,
+`<key.name>.features.json` (the `FeatureSpec`) and `<key.name>.manifest.json` (what it learns
+from: the key, a hash of the rows, row and problem counts, the problems' ids, the GPUs,
 the cross-validation scores, LightGBM's version and parameters, the date, and the SHA-256 of
 the other two files, which `load` checks). Models that ship sit in
 `tiledispatch/arch/models/<arch>/`; `train` is in `heuristics.training`.
