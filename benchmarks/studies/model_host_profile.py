@@ -1,0 +1,115 @@
+"""Where a model's eager host time goes (GPU): every conv and linear call timed on the host, by the
+kernel family the dispatcher picked for it, beside the PyTorch module's own call on the same input.
+
+The model is benchmarks/models.py's (bf16, channels-last, ours: every Conv2d and Linear through
+tiledispatch). Each wrapped call's host time is the wall clock of the Python call alone (the GPU
+runs behind it), summed per layer over --calls forwards after a warm-up; PyTorch's module call is
+timed the same way on the same input. Then a cProfile of whole forwards.
+
+    python benchmarks/studies/model_host_profile.py [--model resnet50] [--batch 32] [--calls 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import collections
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import models  # noqa: E402
+
+from tiledispatch.core.dispatcher import dispatcher_or_default  # noqa: E402
+
+
+def pick_of(module: nn.Module, x: torch.Tensor):
+    """The kernel the default dispatcher picks for this layer's call on `x`."""
+    dispatcher = dispatcher_or_default(None, x)
+    if isinstance(module, models.TiledispatchConv2d):
+        from tiledispatch.ops.conv import check_operands
+        operands = check_operands("forward", x=x, w=module.weight, bias=module.bias, stride=module.stride,
+                                  padding=module.padding, dilation=module.dilation, groups=module.groups)
+    else:
+        from tiledispatch.ops.gemm import check_operands
+        operands = check_operands(x.reshape(-1, x.shape[-1]), module.weight.t(), bias=module.bias)
+    return dispatcher.select(operands.problem)
+
+
+def family_of(spec) -> str:
+    return f"{spec.op.value} {spec.definition.family_of(spec.config)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args()
+    setting = models.GPU
+    work = models.cnn(args.model, args.batch, 1000)
+    variants = models.make_variants(work, setting, warmup=True)
+    ours, x = variants.ours, variants.inputs["x"]
+    host = collections.defaultdict(float)  # layer -> our call's host seconds
+    theirs = collections.defaultdict(float)  # layer -> PyTorch's call's host seconds, same input
+    kernels: dict = {}  # layer -> the KernelSpec picked
+    layers = [(name, m) for name, m in ours.named_modules()
+              if isinstance(m, (models.TiledispatchConv2d, models.TiledispatchLinear))]
+
+    def timed(name, module, forward, pytorch):
+        def call(inp):
+            if name not in kernels:
+                kernels[name] = pick_of(module, inp)
+            start = time.perf_counter()
+            y = forward(inp)
+            host[name] += time.perf_counter() - start
+            start = time.perf_counter()
+            pytorch(inp)
+            theirs[name] += time.perf_counter() - start
+            return y
+        return call
+
+    for name, module in layers:
+        pytorch = (lambda inp, m=module: F.conv2d(inp, m.weight, m.bias, m.stride, m.padding, m.dilation, m.groups)) \
+            if isinstance(module, models.TiledispatchConv2d) else (lambda inp, m=module: F.linear(inp, m.weight, m.bias))
+        module.forward = timed(name, module, module.forward, pytorch)
+    with torch.no_grad():
+        for _ in range(3):
+            ours(x)
+        host.clear(), theirs.clear()
+        for _ in range(args.calls):
+            ours(x)
+        torch.cuda.synchronize()
+    by_family = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for name, _ in layers:
+        entry = by_family[family_of(kernels[name])]
+        entry[0] += 1
+        entry[1] += host[name] / args.calls * 1e6
+        entry[2] += theirs[name] / args.calls * 1e6
+    print(f"{args.model} batch {args.batch}: host microseconds per forward, summed over the layers of each family")
+    print(f"{'family':28s} {'layers':>6s} {'ours us':>9s} {'PyTorch us':>11s} {'ours/layer':>11s} {'PyTorch/layer':>14s}")
+    for family, (count, ours_us, torch_us) in sorted(by_family.items(), key=lambda kv: -kv[1][1]):
+        print(f"{family:28s} {count:6d} {ours_us:9.1f} {torch_us:11.1f} {ours_us / count:11.1f} {torch_us / count:14.1f}")
+    for name, _ in layers:
+        print(f"  {name:32s} {kernels[name].name:60s} {host[name] / args.calls * 1e6:7.1f} us  "
+              f"PyTorch {theirs[name] / args.calls * 1e6:7.1f} us")
+    for name, module in layers:  # the plain wrapped modules again, for the profile
+        del module.forward
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        profiler.enable()
+        for _ in range(args.calls):
+            ours(x)
+        profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()
