@@ -31,6 +31,8 @@ from .table import Status
 # kernel, so that the FAULT and TIMEOUT paths can be exercised without a faulty kernel.
 INJECT_ENV = "TILEDISPATCH_SWEEP_INJECT"
 BUILDING = "<build>"  # the in-flight marker of a batch's parallel build
+PREPARING = "<prepare>"  # ... of making its problem's operands and float64 reference
+PREPARE_S = 3600.0  # the limit of PREPARING: a long problem's CPU reference takes minutes, and never hangs
 SAMPLE_MS = 20.0  # each timing sample replays a graph of back-to-back calls lasting about this long
 MAX_CALLS = 200
 ROUNDS = 5  # samples per kernel; the median is kept
@@ -251,6 +253,7 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
     begin = time.perf_counter()
     failed = kernels.build()
     build_s = time.perf_counter() - begin
+    started(PREPARING)
     why_not = kernels.prepare()
     outcomes = []
     for spec in task.kernels:
@@ -304,7 +307,7 @@ def _environment(values: dict[str, str]):
 class IsolatedRunner:
     """Runs tasks in a child process of its own (pinned by `env`), restarting it after a fault or a
     timeout: no kernel can take the caller down. `timeout_s` bounds each step: the batch's build, and
-    each kernel's check and timing."""
+    each kernel's check and timing (making a problem's operands and reference has PREPARE_S)."""
 
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 300.0) -> None:
         self.env, self.timeout_s = dict(env or {}), timeout_s
@@ -358,11 +361,13 @@ class IsolatedRunner:
                 done.update({o.kernel: o for o in result.outcomes})
             else:
                 what = "timed out" if status is Status.TIMEOUT else "died"
-                stuck = [s.name for s in pending if s.name not in done] if in_flight == BUILDING else [in_flight]
+                batch = in_flight in (BUILDING, PREPARING)
+                stuck = [s.name for s in pending if s.name not in done] if batch else [in_flight]
+                doing = {BUILDING: "building the batch", PREPARING: "making the problem's operands and reference"}
                 for name in stuck:
                     if name is not None and name not in done:  # a fault the child reported itself keeps its error
-                        done[name] = Outcome(name, status, f"the worker {what} while running this kernel"
-                                             if in_flight != BUILDING else f"the worker {what} building the batch")
+                        done[name] = Outcome(name, status, f"the worker {what} "
+                                             f"{doing.get(in_flight, 'while running this kernel')}")
             left = tuple(s for s in pending if s.name not in done)
             if left == pending:  # nothing learnt (the child died before its first report): give up on them
                 for s in left:
@@ -376,7 +381,7 @@ class IsolatedRunner:
         try:
             self._conn.send(task)
             while True:
-                if not self._conn.poll(self.timeout_s):
+                if not self._conn.poll(max(self.timeout_s, PREPARE_S) if in_flight == PREPARING else self.timeout_s):
                     self._kill()
                     return None, in_flight, Status.TIMEOUT
                 kind, value = self._conn.recv()
