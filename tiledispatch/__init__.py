@@ -9,6 +9,7 @@ from .core.op import OpKind, RuleSet
 from .core.registry import Registry
 from .core.spec import KernelSpec
 from .heuristics import autotune as _autotune  # noqa: F401  (sets the autotune strategy's policy)
+from .heuristics import learned as _learned  # noqa: F401  (the shipped models: the model strategy's source)
 from . import ops as _ops  # noqa: F401  (registers every op with the core)
 from .ops.attention import attention
 from .ops.conv import conv, conv_backward_data, conv_backward_weight

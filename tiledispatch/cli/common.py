@@ -56,7 +56,7 @@ class ExitCode(enum.IntEnum):
 # --- options shared by the commands --------------------------------------------------------
 
 RULE_SET = typer.Option("default", "--rule-set", help="tiny, tests, default, full")
-STRATEGY = typer.Option("rules", "--strategy", help="rules, first or autotune")
+STRATEGY = typer.Option("rules", "--strategy", help="rules, first, autotune or model")
 
 
 def seed_option() -> Any:
