@@ -210,3 +210,16 @@ def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):
         cluster.close()
     assert report.rows == {"ok": 2} and again.kernels == 0 and again.skipped == 2
     assert sorted(read_table(tmp_path).kernel) == sorted(ranked_names(problem, 2))
+
+
+def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    problem = gemm_problems()[1]
+    names = ranked_names(problem, 2)
+    monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[1]: "kill-worker"}))
+    report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=2),
+                   kernels_per_task=1, gpus=[0, 1])
+    frame = read_table(tmp_path)
+    status = dict(zip(frame.kernel, frame.status))
+    assert status == {names[0]: "ok", names[1]: "fault"} and report.rows == {"ok": 1, "fault": 1}
+    assert "died 2 times" in frame[frame.kernel == names[1]].error.iloc[0]

@@ -15,12 +15,13 @@ tcp://host:8786 --gpus 0,1,2,3`), and sweep with `--scheduler tcp://host:8786`.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from typing import Iterator, Sequence
 
-from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult
+from .sweep_worker import INJECT_ENV, DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult
 from .table import Status
 
 ALLOWED_FAILURES = 1  # a task that kills its worker twice is a fault, not retried again
@@ -44,6 +45,9 @@ def _require():
 def run_in_worker(task: Task, timeout_s: float) -> TaskResult:
     """A Dask task: `task` in this worker's child process (started once, restarted after a fault)."""
     global _RUNNER
+    inject = json.loads(os.environ.get(INJECT_ENV, "{}"))
+    if any(inject.get(spec.name) == "kill-worker" for spec in task.kernels):  # the test hook, on the worker itself
+        os._exit(5)
     if _RUNNER is None or _RUNNER.timeout_s != timeout_s:
         _RUNNER = IsolatedRunner({}, timeout_s)
     return _RUNNER.run(task)

@@ -28,7 +28,8 @@ from ..core.spec import KernelSpec
 from .table import Status
 
 # Test hook: {"<kernel name>": "exit" | "hang"} makes the child die or hang when it reaches that
-# kernel, so that the FAULT and TIMEOUT paths can be exercised without a faulty kernel.
+# kernel, so that the FAULT and TIMEOUT paths can be exercised without a faulty kernel;
+# "kill-worker" makes a Dask worker die on a task holding it (`distributed.run_in_worker`).
 INJECT_ENV = "TILEDISPATCH_SWEEP_INJECT"
 BUILDING = "<build>"  # the in-flight marker of a batch's parallel build
 PREPARING = "<prepare>"  # ... of making its problem's operands and float64 reference
