@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Iterator, Sequence
 
-from .sweep_worker import INJECT_ENV, DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult
+from .sweep_worker import INJECT_ENV, DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
 from .table import Status
 
 ALLOWED_FAILURES = 1  # a task that kills its worker twice is a fault, not retried again
@@ -55,14 +55,8 @@ def run_in_worker(task: Task, timeout_s: float) -> TaskResult:
 
 def worker_gpu() -> str:
     """The GPU a worker is pinned to, by name as its rows record it ("" without one)."""
-    try:
-        index = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        if not index:
-            return ""
-        return subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+    index = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return (smi_query(index, "name") or [""])[0] if index else ""
 
 
 def cluster_gpu_names(scheduler: str) -> set[str]:

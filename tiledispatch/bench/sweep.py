@@ -12,6 +12,7 @@ sweep run again skips every (problem, kernel, GPU) the directory holds already.
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import random
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ..core.errors import InvalidArgumentError
 from ..core.op import OpKind, RuleSet, UnitKind, get_op
 from ..core.spec import KernelSpec
-from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult
+from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
 
 PART_GLOB = "part-*.parquet"
@@ -222,19 +223,13 @@ class _Rows:
 
 # -- running -------------------------------------------------------------------------------------
 
-def _local_gpu_names(gpus: Sequence[str] | None) -> set[str]:
-    """The names of the GPUs a local sweep runs on, as the workers will record them ("" off the GPU)."""
-    if not gpus:
+def _local_gpu_names(gpus: Sequence[str] | None, on_gpu: bool) -> set[str]:
+    """The names of the GPUs a local sweep runs on, as its workers record them ("" off the GPU):
+    those of `gpus`, else of the first visible device."""
+    if not on_gpu:
         return {""}
-    names = set()
-    for index in gpus:
-        try:
-            text = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=name", "--format=csv,noheader"],
-                                  capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            text = ""
-        names.add(text)
-    return names
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    return {(smi_query(str(index), "name") or [""])[0] for index in gpus or [visible]}
 
 
 def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
@@ -276,7 +271,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
 
         names = cluster_gpu_names(scheduler)
     else:
-        names = _local_gpu_names(gpus if not facts.is_interpreter else None)
+        names = _local_gpu_names(gpus, not facts.is_interpreter)
     only = next(iter(names)) if len(names) == 1 else ""
     maker = _Rows(problem_set_name, facts.name, only or None)
     tasks, plans, statuses, (skipped, empty) = _tasks(kind, problems, dispatcher, candidates, done_keys(out), names, out,
