@@ -53,7 +53,8 @@ def attention_problems():
 
 
 def ranked_names(problem, count):
-    dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP)), arch_facts.load(INTERP))
+    interpreter = arch_facts.load(INTERP)
+    dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "tiny", interpreter), interpreter)
     return [c.spec.name for c in dispatcher.ranked(problem)][:count]
 
 
@@ -185,7 +186,8 @@ def test_cli_sweeps_a_problem_file(tmp_path):
     assert result.exit_code == 0, result.output
     assert document["rows"] == {"ok": 1} and document["problem_set"] == "problems" and document["problems"] == 1
     named = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", "gemm-llm-small", "--dtype", "fp16",
-                                     "--limit", "1", "--rule-set", "tiny", "--top", "1", "--out", str(tmp_path / "set")])
+                                     "--limit", "1", "--rule-set", "tiny", "--top", "1",
+                                     "--out", str(tmp_path / "set")])
     assert named.exit_code == 0, named.output
     document = json.loads(named.stdout)
     assert document["problem_set"] == "gemm-llm-small" and document["problems"] == 1 and document["kernels"] == 1
@@ -208,7 +210,7 @@ def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):
                       candidates=CandidatePolicy(top=2), kernels_per_task=1, scheduler=cluster.scheduler_address)
     finally:
         cluster.close()
-    assert report.rows == {"ok": 2} and again.kernels == 0 and again.skipped == 2
+    assert report.rows == {"ok": 2} and report.gpus == 2 and again.kernels == 0 and again.skipped == 2
     assert sorted(read_table(tmp_path).kernel) == sorted(ranked_names(problem, 2))
 
 

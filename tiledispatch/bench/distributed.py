@@ -59,11 +59,11 @@ def worker_gpu() -> str:
     return (smi_query(index, "name") or [""])[0] if index else ""
 
 
-def cluster_gpu_names(scheduler: str) -> set[str]:
-    """The GPU names of a running cluster's workers, for resuming."""
+def cluster_gpus(scheduler: str) -> list[str]:
+    """The GPU name of each worker of a running cluster, for resuming and the report's rates."""
     distributed = _require()
     with distributed.Client(scheduler) as client:
-        return set(client.run(worker_gpu).values()) or {""}
+        return list(client.run(worker_gpu).values()) or [""]
 
 
 def local_cluster(gpus: Sequence[str]):

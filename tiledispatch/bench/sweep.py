@@ -223,13 +223,11 @@ class _Rows:
 
 # -- running -------------------------------------------------------------------------------------
 
-def _local_gpu_names(gpus: Sequence[str] | None, on_gpu: bool) -> set[str]:
-    """The names of the GPUs a local sweep runs on, as its workers record them ("" off the GPU):
+def _local_gpu_names(gpus: Sequence[str] | None, on_gpu: bool) -> list[str]:
+    """The name of each GPU a local sweep runs on, as its workers record them ("" off the GPU):
     those of `gpus`, else of the first visible device."""
-    if not on_gpu:
-        return {""}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    return {(smi_query(str(index), "name") or [""])[0] for index in gpus or [visible]}
+    indices = gpus or [(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0")]
+    return [(smi_query(str(index), "name") or [""])[0] if on_gpu else "" for index in indices]
 
 
 def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
@@ -267,17 +265,17 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
     problems = list(problems)
     if scheduler is not None:
-        from .distributed import cluster_gpu_names
+        from .distributed import cluster_gpus
 
-        names = cluster_gpu_names(scheduler)
+        workers = cluster_gpus(scheduler)
     else:
-        names = _local_gpu_names(gpus, not facts.is_interpreter)
-    only = next(iter(names)) if len(names) == 1 else ""
-    maker = _Rows(problem_set_name, facts.name, only or None)
-    tasks, plans, statuses, (skipped, empty) = _tasks(kind, problems, dispatcher, candidates, done_keys(out), names, out,
-                                             maker, (kernels_per_task, jobs, seed))
-    return _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, (statuses, skipped, len(problems), start, empty),
-                    progress)
+        workers = _local_gpu_names(gpus, not facts.is_interpreter)
+    names = set(workers)
+    maker = _Rows(problem_set_name, facts.name, next(iter(names)) or None if len(names) == 1 else None)
+    tasks, plans, statuses, (skipped, empty) = _tasks(
+        kind, problems, dispatcher, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
+    counts = (statuses, skipped, len(problems), start, empty, len(workers))
+    return _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress)
 
 
 def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, sizes):
@@ -305,7 +303,7 @@ def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, size
 
 def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress) -> SweepReport:
     """Runs the tasks where they go and writes a part per finished task; the report."""
-    statuses, skipped, problems, start, empty = counts
+    statuses, skipped, problems, start, empty, workers = counts
     build_s = run_s = 0.0
     kernels = 0
     if scheduler is not None or (gpus and len(gpus) > 1):
@@ -323,4 +321,4 @@ def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts
         if progress is not None:
             progress(finished, len(tasks))
     return SweepReport(out, problems, kernels, skipped, dict(statuses), time.perf_counter() - start, build_s, run_s,
-                       max(1, len(gpus or ())), empty)
+                       max(1, workers), empty)

@@ -188,7 +188,8 @@ class _Kernels:
             return {}
         compiled = [s for s in self.task.kernels if any(u.kind.compiled for u in units(s, self.specialization))]
         results = build_all(compiled, self.dispatcher.cache, self.task.jobs, specializations=(self.specialization,))
-        return {r.name: Outcome(r.name, Status.BUILD_FAILED, (r.error or "")[:ERROR_CHARS]) for r in results if not r.ok}
+        return {r.name: Outcome(r.name, Status.BUILD_FAILED, (r.error or "")[:ERROR_CHARS])
+                for r in results if not r.ok}
 
     def prepare(self) -> str | None:
         """The operand sets (enough to outgrow L2 on the GPU) and the reference; why not, if they
