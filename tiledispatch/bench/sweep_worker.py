@@ -181,13 +181,19 @@ class _Kernels:
         self.expected: Any = None
 
     def build(self) -> dict[str, Outcome]:
-        """Compiles the batch in `jobs` processes at once; the kernels that failed, as outcomes."""
-        from ..core.kernel import build_all, units
+        """Compiles the batch's kernels missing from the cache, `jobs` processes at once (none are
+        started when every kernel is cached); the kernels that failed, as outcomes."""
+        from ..core.kernel import LOADED_FILES, build_all, unit_key, units
 
         if not self.on_gpu:
             return {}
-        compiled = [s for s in self.task.kernels if any(u.kind.compiled for u in units(s, self.specialization))]
-        results = build_all(compiled, self.dispatcher.cache, self.task.jobs, specializations=(self.specialization,))
+        cache = self.dispatcher.cache
+        missing = [s for s in self.task.kernels if any(
+            u.kind.compiled and cache.lookup(unit_key(s, u, self.specialization), required=LOADED_FILES) is None
+            for u in units(s, self.specialization))]
+        if not missing:
+            return {}
+        results = build_all(missing, cache, self.task.jobs, specializations=(self.specialization,))
         return {r.name: Outcome(r.name, Status.BUILD_FAILED, (r.error or "")[:ERROR_CHARS])
                 for r in results if not r.ok}
 
