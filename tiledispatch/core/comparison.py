@@ -32,8 +32,9 @@ class Comparison:
 
 
 def relative_comparison(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> Comparison:
-    """`out` (any device and dtype, reshaped to `ref`) against the float64 CPU reference `ref`."""
-    got = out.detach().to("cpu", torch.float64).reshape(ref.shape)
+    """`out` (any device and dtype, reshaped to `ref`) against the float64 reference `ref`, on
+    `ref`'s device (the CPU's, or a sweep's GPU, where a large output would take seconds to copy)."""
+    got = out.detach().to(ref.device, torch.float64).reshape(ref.shape)
     unwritten = int((torch.isnan(got) & ~torch.isnan(ref)).sum())
     diff = got - ref
     rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref).clamp_min(1e-300))

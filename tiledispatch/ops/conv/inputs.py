@@ -80,10 +80,11 @@ def tuning_operands(problem: ConvProblem, device, seed: int = 0):
 
 
 def reference_output(operands):
-    """The float64 result the sweep checks each kernel against (`reference.reference`)."""
+    """The float64 result the sweep checks each kernel against (`reference.reference`), computed on
+    the operands' device."""
     from .reference import reference
 
-    return reference(operands)
+    return reference(operands, device=next(t for t in (operands.x, operands.dy, operands.w) if t is not None).device)
 
 
 def check_output(output, expected, operands):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -14,13 +16,15 @@ _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _ACTIVATIONS = {Activation.RELU: F.relu, Activation.GELU: F.gelu, Activation.SILU: F.silu}
 
 
-def _f64(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().to("cpu", torch.float64)
+def _to_f64(t: torch.Tensor | None, device="cpu") -> torch.Tensor | None:
+    return None if t is None else t.detach().to(device, torch.float64)
 
 
-def reference(ops: ConvOperands) -> torch.Tensor:
-    """The float64 result, shaped as the direction's output (y, dx or dw)."""
+def reference(ops: ConvOperands, device="cpu") -> torch.Tensor:
+    """The float64 result, shaped as the direction's output (y, dx or dw), computed on `device`
+    (a sweep's on the GPU: a large conv takes the CPU minutes in float64)."""
     p = ops.problem
+    _f64 = functools.partial(_to_f64, device=device)
     args = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
     if p.direction is Direction.FORWARD:
         out = _CONV[p.spatial_dims](_f64(ops.x), _f64(ops.w), _f64(ops.bias), **args)
@@ -30,8 +34,9 @@ def reference(ops: ConvOperands) -> torch.Tensor:
             out = out + _f64(ops.residual)
         return out
     dy = _f64(ops.dy)
-    x = _f64(ops.x) if ops.x is not None else torch.zeros(p.n, p.c, *p.input_size, dtype=torch.float64)
-    w = _f64(ops.w) if ops.w is not None else torch.zeros(p.k, p.c_per_group, *p.filter_size, dtype=torch.float64)
+    zeros = functools.partial(torch.zeros, dtype=torch.float64, device=device)
+    x = _f64(ops.x) if ops.x is not None else zeros(p.n, p.c, *p.input_size)
+    w = _f64(ops.w) if ops.w is not None else zeros(p.k, p.c_per_group, *p.filter_size)
     mask = [p.direction is Direction.BWD_DATA, p.direction is Direction.BWD_WEIGHT, False]
     grads = torch.ops.aten.convolution_backward(dy, x, w, None, list(p.stride), list(p.padding), list(p.dilation),
                                                 False, [0] * p.spatial_dims, p.groups, mask)

@@ -82,10 +82,11 @@ def tuning_operands(problem: GemmProblem, device, seed: int = 0):
 
 
 def reference_output(operands):
-    """The float64 result the sweep checks each kernel against (`reference.reference`)."""
+    """The float64 result the sweep checks each kernel against (`reference.reference`), computed on
+    the operands' device."""
     from .reference import reference
 
-    return reference(operands)
+    return reference(operands, device=operands.a.device)
 
 
 def check_output(output, expected, operands):
