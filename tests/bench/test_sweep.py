@@ -225,3 +225,28 @@ def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypat
     status = dict(zip(frame.kernel, frame.status))
     assert status == {names[0]: "ok", names[1]: "fault"} and report.rows == {"ok": 1, "fault": 1}
     assert "died 2 times" in frame[frame.kernel == names[1]].error.iloc[0]
+
+
+def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypatch):
+    """The host's compile before the workers: one build_all per specialisation, each kernel of the
+    tasks once however many problems share it, the vendor (nothing to compile) left out."""
+    from tiledispatch.bench import sweep as sweep_module
+    from tiledispatch.bench.sweep_worker import Task
+    from tiledispatch.core import kernel as kernel_module
+
+    calls = []
+    monkeypatch.setattr(kernel_module, "build_all",
+                        lambda specs, cache, jobs, specializations=None: calls.append(
+                            (specializations, sorted(s.name for s in specs), jobs)) or [])
+    sm90 = arch_facts.load("sm_90")
+    problems = gemm_problems()
+    dispatcher = Dispatcher(Registry.from_rule_sets([problems[0].op], "default", sm90), sm90)
+    tasks = [Task(p, tuple(c.spec for c in dispatcher.ranked(p))) for p in problems]
+    seconds, failed = sweep_module.prebuild(tasks, dispatcher, 5)
+    assert failed == 0 and seconds >= 0
+    specializations = {p.alignment for p in problems}
+    assert len(calls) == len(specializations) and all(jobs == 5 for _, _, jobs in calls)
+    for (specialization,), names, _ in calls:
+        wanted = {c.spec.name for p in problems if p.alignment == specialization for c in dispatcher.ranked(p)
+                  if not sweep_module.is_vendor(c.spec, specialization)}
+        assert names == sorted(wanted) and names

@@ -11,6 +11,7 @@ sweep run again skips every (problem, kernel, GPU) the directory holds already.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import random
@@ -86,6 +87,8 @@ class SweepReport:
     run_s: float  # their check-and-time time, summed
     gpus: int
     without_candidates: int = 0  # problems no kernel of the rule set accepts (none of their rows exist)
+    prebuild_s: float = 0.0  # the host's compile of every planned kernel before the workers started
+    prebuild_failed: int = 0  # kernels that failed it (their workers record them as build_failed)
 
     @property
     def per_s_per_gpu(self) -> float | None:
@@ -100,6 +103,7 @@ class SweepReport:
                 "rows": dict(self.rows), "wall_s": round(self.wall_s, 3), "build_s": round(self.build_s, 3),
                 "run_s": round(self.run_s, 3), "gpus": self.gpus,
                 "without_candidates": self.without_candidates,
+                "prebuild_s": round(self.prebuild_s, 3), "prebuild_failed": self.prebuild_failed,
                 "kernels_per_s_per_gpu": self.per_s_per_gpu,
                 "kernels_per_s_per_gpu_without_compile": self.per_s_per_gpu_without_compile,
                 "kernels_per_s_wall": self.kernels / self.wall_s if self.wall_s > 0 else None}
@@ -242,7 +246,7 @@ def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator
 def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_set: RuleSet | str = RuleSet.DEFAULT,
           arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
           gpus: Sequence[int | str] | None = None, scheduler: str | None = None, kernels_per_task: int = 16,
-          jobs: int = 1, problem_set_name: str = "custom", seed: int = 0,
+          jobs: int = 1, problem_set_name: str = "custom", seed: int = 0, prebuild_jobs: int = 0,
           progress: Callable[[int, int], None] | None = None) -> SweepReport:
     """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.
 
@@ -250,6 +254,9 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     several; `scheduler` (tcp://host:port) sends the tasks to a running Dask cluster instead (its
     workers started with `tiledispatch sweep-worker`). Neither: one worker on this machine's device
     (the interpreter without a GPU). `progress(done, total)` is called as tasks finish.
+    `prebuild_jobs` compiles every planned kernel first, that many processes at once on this host
+    (`prebuild`): the workers then find them in the cache rather than each compiling the kernels
+    its problems share with the other workers' at the same time.
     """
     from .. import arch as arch_facts
     from ..core.dispatcher import Dispatcher, Strategy
@@ -274,8 +281,31 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     maker = _Rows(problem_set_name, facts.name, next(iter(names)) or None if len(names) == 1 else None)
     tasks, plans, statuses, (skipped, empty) = _tasks(
         kind, problems, dispatcher, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
+    built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
     counts = (statuses, skipped, len(problems), start, empty, len(workers))
-    return _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress)
+    report = _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress)
+    if built is None:
+        return report
+    return dataclasses.replace(report, prebuild_s=built[0], prebuild_failed=built[1])
+
+
+def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
+    """Compiles every compiled kernel of `tasks` for its problem's specialisation into the
+    dispatcher's cache, `jobs` processes at once; (seconds, kernels that failed)."""
+    from ..core.kernel import build_all
+
+    start = time.perf_counter()
+    groups: dict[Any, dict[str, KernelSpec]] = {}  # specialisation -> kernel name -> spec
+    for task in tasks:
+        specialization = task.kernels[0].definition.specialization_of(task.problem) if task.kernels else None
+        for spec in task.kernels:
+            if not is_vendor(spec, specialization):
+                groups.setdefault(specialization, {})[spec.name] = spec
+    failed = 0
+    for specialization, specs in groups.items():
+        results = build_all(specs.values(), dispatcher.cache, jobs, specializations=(specialization,))
+        failed += sum(not r.ok for r in results)
+    return time.perf_counter() - start, failed
 
 
 def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, sizes):

@@ -73,6 +73,9 @@ def sweep_command(
         timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds a build or a kernel may take"),
         kernels_per_task: int = typer.Option(16, "--kernels-per-task", min=1, help="kernels a task"),
         jobs: int = typer.Option(8, "-j", "--jobs", min=1, max=JOBS_MAX, help="compile processes per worker"),
+        prebuild_jobs: int = typer.Option(0, "--prebuild-jobs", min=0, max=JOBS_MAX,
+                                          help="compile every planned kernel first, this many processes on this "
+                                               "host (0: each worker compiles its own, as it meets them)"),
         limit: int = limit_option(0, "problems"),
         record_refused: bool = typer.Option(False, "--record-refused",
                                             help="a row per refused candidate too (status unsupported)")) -> None:
@@ -97,6 +100,7 @@ def sweep_command(
                        candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
                        timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler,
                        kernels_per_task=kernels_per_task, jobs=jobs, problem_set_name=set_name, seed=seed,
+                       prebuild_jobs=prebuild_jobs,
                        progress=lambda done, total: progress.update(bar, completed=done, total=total))
     emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict()})
 
