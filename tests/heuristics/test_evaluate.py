@@ -68,7 +68,7 @@ class TableModel:
         self.times = {(r.problem, r.config): r.time_ms for r in frame.itertuples()}
         self.reverse, self.manifest, self.key = reverse, manifest or {}, key
 
-    def predict_ms(self, problem, configs, arch):
+    def predict_cost(self, problem, configs, arch):
         assert arch.name == "sm_90"
         times = np.array([self.times[(canonical_json(problem), canonical_json(c))] for c in configs])
         times = np.nan_to_num(times, nan=1e9)

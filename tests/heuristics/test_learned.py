@@ -97,8 +97,8 @@ def test_the_model_picks_the_formulas_best_on_problems_it_never_saw(model, rules
     for problem in problems(20, seed=99):
         ranked = rules.ranked(problem)
         times = np.array([true_ms(c.spec, problem) for c in ranked])
-        predicted = model.predict_ms(problem, [c.spec.config for c in ranked], SM90)
-        assert predicted.shape == (len(ranked),) and np.all(predicted > 0)
+        predicted = model.predict_cost(problem, [c.spec.config for c in ranked], SM90)
+        assert predicted.shape == (len(ranked),) and np.all(np.isfinite(predicted))
         by_model.append(efficiency(times, int(np.argmin(predicted))))
         by_rules.append(efficiency(times, 0))
     assert np.mean(by_model) >= 0.97 and min(by_model) >= 0.85, by_model
@@ -113,9 +113,8 @@ def test_the_manifest_says_what_the_model_learned_from(model, table):
     assert m["problem_ids"] == sorted(ok["problem_id"].unique()) and m["gpus"] == ["synthetic-h200"]
     assert m["data_hash"] == learned.data_hash(table) == learned.data_hash(training.rows_of(table, KEY))
     cv = m["cv"]
-    spread = float(np.log(ok["time_ms"].astype(float)).std())  # of log time over every row: about 2
-    assert cv["folds"] == 3 and cv["rmse_log"] < spread / 3 and 0.8 < cv["selection"]["mean"] <= 1.0
-    assert 1 <= m["trees"] <= training.MAX_ROUNDS and m["lightgbm"] and m["params"]["seed"] == 0
+    assert cv["folds"] == 3 and 0.8 < cv["selection"]["mean"] <= 1.0 and cv["selection"]["problems"] == m["problems"]
+    assert m["trees"] == training.ROUNDS and m["lightgbm"] and m["params"]["seed"] == 0
     assert model.booster.num_trees() == m["trees"]
 
 
@@ -200,7 +199,7 @@ def test_save_and_load_give_identical_predictions(model, rules, tmp_path):
     assert loaded.spec == model.spec and loaded.manifest["data_hash"] == model.manifest["data_hash"]
     for problem in problems(5, seed=7):
         configs = [c.spec.config for c in rules.ranked(problem)]
-        np.testing.assert_array_equal(loaded.predict_ms(problem, configs, SM90), model.predict_ms(problem, configs, SM90))
+        np.testing.assert_array_equal(loaded.predict_cost(problem, configs, SM90), model.predict_cost(problem, configs, SM90))
     nested = tmp_path / "out"
     model.save(nested / "sm_90")  # as `tiledispatch train --out` lays them out
     assert learned.load(nested, KEY).manifest["rows"] == model.manifest["rows"]
@@ -246,16 +245,16 @@ def test_the_model_strategy_orders_candidates_by_predicted_time(model, rules):
     dispatcher = Dispatcher(registry, SM90, strategy="model", models=learned.Models([model]))
     problem = problems(1, seed=42)[0]
     ranked = dispatcher.ranked(problem)
-    predicted = [c.predicted_ms for c in ranked]
+    predicted = [c.model_cost for c in ranked]
     assert predicted == sorted(predicted) and len(ranked) == len(rules.ranked(problem))
-    expected = model.predict_ms(problem, [c.spec.config for c in ranked], SM90)
+    expected = model.predict_cost(problem, [c.spec.config for c in ranked], SM90)
     np.testing.assert_allclose(predicted, expected, rtol=1e-12)
     assert {c.spec.name for c in ranked} == {c.spec.name for c in rules.ranked(problem)}
     assert dispatcher.select(problem) == ranked[0].spec
     explained = dispatcher.explain(problem).to_dict(limit=3)
     assert explained["strategy"] == "model" and explained["model"] == model.label
     assert explained["selected"] == ranked[0].spec.name
-    assert [e["predicted_ms"] for e in explained["ranking"]] == pytest.approx(predicted[:3], rel=1e-5)
+    assert [e["model_cost"] for e in explained["ranking"]] == pytest.approx(predicted[:3], rel=1e-5)
     assert all("score" in e for e in explained["ranking"])  # the rules' scores stay visible
 
 
@@ -269,10 +268,10 @@ def test_without_a_model_for_the_slice_the_model_strategy_ranks_by_rules(model, 
         dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, on), on, strategy="model", models=models)
         ranked = dispatcher.ranked(problem)
         assert ranked and [c.spec for c in ranked] == [c.spec for c in by_rules.ranked(problem)]
-        assert all(c.predicted_ms is None for c in ranked)
+        assert all(c.model_cost is None for c in ranked)
         explained = dispatcher.explain(problem)
         assert explained.model is None and explained.selected == ranked[0].spec
-        assert "model" not in explained.to_dict() and "predicted_ms" not in json.dumps(explained.to_dict())
+        assert "model" not in explained.to_dict() and "model_cost" not in json.dumps(explained.to_dict())
 
 
 def test_a_model_given_in_place_of_a_source_is_refused(model):

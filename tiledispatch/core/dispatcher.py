@@ -131,16 +131,16 @@ class Dispatcher:
         return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids), model)
 
     def _model_order(self, problem, accepted: list[Candidate]) -> tuple[list[Candidate], str | None]:
-        """The accepted candidates (in the rules' order) by a learned model's predicted time, one
-        batched prediction, with the model's label; as they are, with None, where no model covers
+        """The accepted candidates (in the rules' order) by a learned model's cost, one batched
+        prediction, with the model's label; as they are, with None, where no model covers
         the problem's slice. Equal predictions keep the rules' order."""
         source = self._models if self._models is not None else model_source()
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
-        times = model.predict_ms(problem, [c.spec.config for c in accepted], self.arch, [c.score for c in accepted])
-        order = sorted(range(len(accepted)), key=lambda i: times[i])
-        return [Candidate(accepted[i].spec, None, accepted[i].score, float(times[i])) for i in order], model.label
+        costs = model.predict_cost(problem, [c.spec.config for c in accepted], self.arch, [c.score for c in accepted])
+        order = sorted(range(len(accepted)), key=lambda i: costs[i])
+        return [Candidate(accepted[i].spec, None, accepted[i].score, float(costs[i])) for i in order], model.label
 
     def ranked(self, problem) -> tuple[Candidate, ...]:
         """The candidates that accept `problem`, best first: `explain(problem).ranked` without

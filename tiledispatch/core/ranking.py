@@ -26,14 +26,14 @@ class Candidate:
     spec: KernelSpec
     refused: str | None = None  # why it cannot run the problem; None if it can
     score: Score | None = None
-    predicted_ms: float | None = None  # the `model` strategy's predicted time, where a model ranked it
+    model_cost: float | None = None  # the `model` strategy's cost (lower ranks first), where a model ranked it
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kernel": self.spec.name}
         if self.refused is not None:
             out["refused"] = self.refused
-        if self.predicted_ms is not None:
-            out["predicted_ms"] = float(f"{self.predicted_ms:.6g}")
+        if self.model_cost is not None:
+            out["model_cost"] = float(f"{self.model_cost:.6g}")
         if self.score is not None:
             out["score"] = round(self.score.value, 6)
             out["terms"] = {k: round(v, 4) for k, v in self.score.terms.items()}
@@ -100,16 +100,17 @@ class Explanation:
 
 
 class Predictor(Protocol):
-    """One learned model: the predicted milliseconds of configs on a problem."""
+    """One learned model: a cost of each config on a problem, lower ranking first."""
 
     @property
     def label(self) -> str:
         """What `explain` names the model by (its slice, arch and training data)."""
 
-    def predict_ms(self, problem: Any, configs: Sequence[Any], arch: Any,
+    def predict_cost(self, problem: Any, configs: Sequence[Any], arch: Any,
                    scores: Sequence[Score] | None = None) -> Sequence[float]:
-        """One predicted time per config, in order; `scores` are the configs' rule scores where
-        the caller has them (the model reads them as features), computed otherwise."""
+        """One cost per config, in order (a ranker's negated score: comparable within the problem
+        only); `scores` are the configs' rule scores where the caller has them (the model reads
+        them as features), computed otherwise."""
 
 
 class ModelSource(Protocol):

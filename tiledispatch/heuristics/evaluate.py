@@ -270,16 +270,16 @@ class _Problem:
         return [replace(c, rule_score=float(score(config, self.problem, self.arch).value))
                 for c, config in zip(candidates, self.configs(candidates))]
 
-    def predicted_ms(self, candidates: Sequence[Measured]) -> np.ndarray:
-        times = np.asarray(self.model.predict_ms(self.problem, self.configs(candidates), self.arch), dtype=float)
+    def model_costs(self, candidates: Sequence[Measured]) -> np.ndarray:
+        times = np.asarray(self.model.predict_cost(self.problem, self.configs(candidates), self.arch), dtype=float)
         if times.shape != (len(candidates),) or not np.isfinite(times).all():
             raise EvaluationError(f"the model predicted {times.shape} times (finite: {np.isfinite(times).all()}) "
-                                  f"for {len(candidates)} candidates; predict_ms gives one finite time per config")
+                                  f"for {len(candidates)} candidates; predict_cost gives one finite cost per config")
         return times
 
 
 def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
-    return ordered[int(np.argmin(problem.predicted_ms(ordered)))]  # ties: the rules' order
+    return ordered[int(np.argmin(problem.model_costs(ordered)))]  # ties: the rules' order
 
 
 def _pick_autotune(ordered: Sequence[Measured], _: _Problem) -> Measured:
@@ -375,8 +375,8 @@ def _model_for(key: SelectionKey, model) -> tuple[Any, str | None]:
             return None, f"no model for {key.name} on {key.arch}: {e}"
         return found, None if found is not None else (f"no model ships for {key.name} on {key.arch}; give one "
                                                       "(--model DIR) or cross-validate (--cv)")
-    if not callable(getattr(model, "predict_ms", None)):
-        raise InvalidArgumentError(f"model must be a TrainedModel (predict_ms), a directory of models, a mapping "
+    if not callable(getattr(model, "predict_cost", None)):
+        raise InvalidArgumentError(f"model must be a TrainedModel (predict_cost), a directory of models, a mapping "
                                    f"of SelectionKey to models, or None for the shipped one; got {model!r}")
     own = getattr(model, "key", None)
     if own is not None and own != key:

@@ -1,19 +1,21 @@
 """Training a learned selection model from a sweep's results table (`bench.table`).
 
 The rows of one `SelectionKey` that ran correctly (status ok) are the data: one row per
-(problem, kernel), its time the median over the GPUs and repeats that measured it, the target
-its natural log. Features come from `heuristics.features`, the rule scores recomputed for the
-key's arch, so training reads what the dispatcher will compute. Cross-validation is grouped
-by problem (a problem's rows are all in one fold): each fold's model is fitted with early
-stopping on the fold it does not see, which gives the CV scores (RMSE of log time, and the
-selection on the unseen problems: the oracle's time over the time of the kernel the model
-ranks first) and the number of trees; the model kept is then fitted on every row.
+(problem, kernel), its time the median over the GPUs and repeats that measured it. The label
+is a relevance grade of the kernel within its problem, from its efficiency e (the problem's
+fastest time over its own): floor(GRADES * e**SHARPNESS), so that the grades part the kernels
+near the best (e 0.95 grades 16, 0.9 grades 13, 0.8 grades 8, 0.5 grades 1) and LambdaRank
+learns the order at the top of each problem's list. Features come from `heuristics.features`,
+the rule scores recomputed for the key's arch, so training reads what the dispatcher will
+compute. Cross-validation is grouped by problem (a problem's rows are all in one fold): each
+fold's model, fitted on the others, ranks the problems it does not see, which gives the CV
+scores (the oracle's time over the time of the kernel the model ranks first); the model kept
+is then fitted on every row.
 """
 
 from __future__ import annotations
 
 import datetime
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -26,16 +28,18 @@ from .features import Featurizer, FeatureSpec, fit_spec
 from .learned import FORMAT, TrainedModel, data_hash
 
 REQUIRED = ("op", "direction", "dtype", "arch", "problem_id", "problem", "kernel", "config", "status", "time_ms")
-# LightGBM's settings: modest trees (31 leaves) at a rate that fits a slice in a few hundred trees;
-# the model stays a few MB of text, small enough to ship, and predicts within the budget below.
+GRADES = 20  # relevance grades 0..20 (see the module docstring)
+SHARPNESS = 4
+# LightGBM's settings: small trees (15 leaves) at a slow rate: a sweep holds a few hundred
+# problems, and a ranker learns from the pairs within each. The model stays about a MB of
+# text, small enough to ship, and predicts ~100 candidates in well under a millisecond.
 DEFAULT_PARAMS: Mapping[str, Any] = {
-    "objective": "regression", "metric": "rmse", "learning_rate": 0.1, "num_leaves": 31,
-    "min_data_in_leaf": 20, "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1,
-    "lambda_l2": 1.0, "max_bin": 255, "deterministic": True, "force_row_wise": True, "verbose": -1,
+    "objective": "lambdarank", "metric": "ndcg", "eval_at": [1, 3], "lambdarank_truncation_level": 10,
+    "label_gain": list(range(GRADES + 1)), "learning_rate": 0.05, "num_leaves": 15, "min_data_in_leaf": 10,
+    "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0, "max_bin": 255,
+    "deterministic": True, "force_row_wise": True, "verbose": -1,
 }
-MAX_ROUNDS = 500  # each tree costs about 0.6 us a candidate to predict: 500 keep ~100 candidates near 0.3 ms
-EARLY_STOPPING = 50  # rounds without a better validation RMSE
-ROUNDS_WITHOUT_CV = 200  # one problem: no fold to stop on
+ROUNDS = 300  # trees: each costs about 0.6 us a candidate to predict
 HIT = 1.01  # a pick within 1 % of the oracle counts as a hit
 
 
@@ -71,7 +75,7 @@ def rows_of(frame: Any, key: SelectionKey) -> Any:
 
 @dataclass(frozen=True)
 class Data:
-    """One key's training matrix: rows grouped by problem (contiguous), the target log(ms)."""
+    """One key's training matrix: rows grouped by problem (contiguous), their log(ms)."""
 
     spec: FeatureSpec
     matrix: np.ndarray
@@ -120,27 +124,44 @@ def _parsed(parse, op: str, text: str, skipped: dict[str, int], reason: str) -> 
         return None
 
 
-def _dataset(data: Data, mask: np.ndarray, reference: Any = None) -> Any:
+def grades(log_ms: np.ndarray, problem_ids: np.ndarray) -> np.ndarray:
+    """Each row's relevance within its problem: floor(GRADES * efficiency**SHARPNESS)."""
+    out = np.empty(len(log_ms), dtype=int)
+    for start, end in _groups(problem_ids):
+        efficiency = np.exp(log_ms[start:end].min() - log_ms[start:end])
+        out[start:end] = np.floor(GRADES * efficiency ** SHARPNESS)
+    return out
+
+
+def _groups(problem_ids: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each problem's contiguous rows."""
+    starts = np.flatnonzero(np.r_[True, problem_ids[1:] != problem_ids[:-1]])
+    return list(zip(starts.tolist(), np.r_[starts[1:], len(problem_ids)].tolist()))
+
+
+def _dataset(data: Data, mask: np.ndarray) -> Any:
     import lightgbm
 
-    return lightgbm.Dataset(data.matrix[mask], data.log_ms[mask], feature_name=data.spec.names,
-                            categorical_feature=data.spec.categorical, reference=reference, free_raw_data=False)
+    ids = data.problem_ids[mask]
+    return lightgbm.Dataset(data.matrix[mask], grades(data.log_ms[mask], ids), feature_name=data.spec.names,
+                            categorical_feature=data.spec.categorical, free_raw_data=False,
+                            group=[end - start for start, end in _groups(ids)])
 
 
-def selection(log_ms: np.ndarray, predicted: np.ndarray, problem_ids: np.ndarray) -> dict[str, float]:
-    """How the predictions pick on each problem: efficiency = oracle time / time of the pick."""
-    starts = np.flatnonzero(np.r_[True, problem_ids[1:] != problem_ids[:-1]])
+def selection(log_ms: np.ndarray, costs: np.ndarray, problem_ids: np.ndarray) -> dict[str, float]:
+    """How the costs pick on each problem: efficiency = oracle time / time of the lowest cost."""
     efficiency = []
-    for start, end in zip(starts, np.r_[starts[1:], len(problem_ids)]):
+    for start, end in _groups(problem_ids):
         times = np.exp(log_ms[start:end])
-        efficiency.append(times.min() / times[np.argmin(predicted[start:end])])
+        efficiency.append(times.min() / times[np.argmin(costs[start:end])])
     e = np.array(efficiency)
     return {"problems": len(e), "mean": float(e.mean()), "median": float(np.median(e)),
             "p10": float(np.percentile(e, 10)), "min": float(e.min()), "top1": float(np.mean(e >= 1 / HIT))}
 
 
 def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Grouped k-fold scores and each fold's best number of trees; None with fewer than 2 problems."""
+    """Grouped k-fold selection scores on the problems each fold's model did not see; None with
+    fewer than 2 problems."""
     import lightgbm
 
     unique = np.unique(data.problem_ids)
@@ -151,30 +172,25 @@ def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[st
 
     fold_by_id = {pid: fold_of(str(pid), folds) for pid in unique}
     fold = np.array([fold_by_id[pid] for pid in data.problem_ids])
-    predicted, rounds, used = np.full(len(fold), np.nan), [], []
+    costs, used = np.full(len(fold), np.nan), []
     for f in range(folds):
         valid = fold == f
         if not valid.any() or valid.all():
             continue  # a hash may leave a fold empty when there are few problems
-        train_set = _dataset(data, ~valid)
-        booster = lightgbm.train(dict(params), train_set, MAX_ROUNDS,
-                                 valid_sets=[_dataset(data, valid, train_set)],
-                                 callbacks=[lightgbm.early_stopping(EARLY_STOPPING, verbose=False)])
-        predicted[valid] = booster.predict(data.matrix[valid], num_iteration=booster.best_iteration)
-        rounds.append(int(booster.best_iteration) or MAX_ROUNDS)
+        booster = lightgbm.train(dict(params), _dataset(data, ~valid), ROUNDS)
+        costs[valid] = -booster.predict(data.matrix[valid])
         used.append(f)
-    seen = ~np.isnan(predicted)
+    seen = ~np.isnan(costs)
     if not seen.any():
         return None
-    return {"folds": folds, "folds_used": used, "rounds": rounds,
-            "rmse_log": float(math.sqrt(np.mean((predicted[seen] - data.log_ms[seen]) ** 2))),
-            "selection": selection(data.log_ms[seen], predicted[seen], data.problem_ids[seen])}
+    return {"folds": folds, "folds_used": used,
+            "selection": selection(data.log_ms[seen], costs[seen], data.problem_ids[seen])}
 
 
 def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
           params: Mapping[str, Any] | None = None) -> TrainedModel:
     """The model of `key` trained on a results table (a pandas DataFrame of `bench.table.COLUMNS`):
-    grouped k-fold CV by problem for the scores and the tree count, then one fit on every row."""
+    grouped k-fold CV by problem for the scores, then one fit on every row."""
     import lightgbm
 
     from .. import __version__
@@ -187,12 +203,12 @@ def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
     data = featurize(rows, key)
     params = {**DEFAULT_PARAMS, "seed": seed, **(params or {})}
     cv = cross_validate(data, folds, params)
-    rounds = int(np.median(cv["rounds"])) if cv else ROUNDS_WITHOUT_CV
+    rounds = ROUNDS
     booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), rounds)
     used = frame[frame["problem_id"].isin(rows["problem_id"]) & (frame["status"] == Status.OK.value)]
     manifest = {
         "format": FORMAT, "key": {"op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": key.arch},
-        "target": "natural log of time_ms", "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
+        "target": f"LambdaRank over each problem's kernels, grades floor({GRADES} * efficiency**{SHARPNESS})", "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
         "problems": int(len(np.unique(data.problem_ids))), "kernels": int(rows["kernel"].nunique()),
         "skipped": dict(data.skipped), "gpus": _values(used, "gpu"), "problem_sets": _values(used, "problem_set"),
         "cv": cv, "trees": rounds, "params": params, "lightgbm": lightgbm.__version__, "tiledispatch": __version__,
