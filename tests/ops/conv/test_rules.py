@@ -294,3 +294,18 @@ def test_a_signature_class_generates_exactly_its_configs_in_the_whole_set_s_orde
         assert part == [c for c in whole if c.signature == sig]
         seen += len(part)
     assert seen == len(whole)
+
+
+def test_the_vendor_s_3d_depthwise_weight_cliff_is_never_picked(sm90_dispatcher):
+    """Issue 41's case on the H200: a 3-D depthwise backward-weight took cuDNN 50.8 ms where the 2-D fit
+    modelled 87 us and a direct kernel ran in about 85: the vendor ranks below every Triton candidate,
+    modelled hundreds of times slower than the best of them, while 2-D depthwise keeps the fitted model."""
+    p3 = problem("bwd_weight", 8, 256, 256, 256, (8, 28, 28), (3, 3, 3), 1, 1, 1, "bf16")
+    p2 = problem("bwd_weight", 8, 256, 256, 256, (28, 28), (3, 3), 1, 1, 1, "bf16")
+    order = sm90_dispatcher.explain(p3).ranked
+    vendor3 = next(c for c in order if c.spec.family == "vendor")
+    assert order[0].spec.family != "vendor" and order[0].score.value > 100 * vendor3.score.value
+    vendor2 = next(c for c in sm90_dispatcher.explain(p2).ranked if c.spec.family == "vendor")
+    per_flop3 = vendor3.score.terms["modelled_us"] / p3.flops()
+    per_flop2 = vendor2.score.terms["modelled_us"] / p2.flops()
+    assert per_flop3 > 100 * per_flop2
