@@ -33,6 +33,12 @@ from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
 PART_GLOB = "part-*.parquet"
 
 
+# A task's kernels. Each worker a problem's tasks reach makes its operands and reference again, and
+# each task is a part file: on the 4-H200 host, 40 kernels a task ran 3.1x one GPU's throughput
+# where 16 ran 2.35x (benchmarks/results/h200/README.md), and a GEMM has about 80 candidates.
+KERNELS_PER_TASK = 64
+
+
 @dataclass(frozen=True)
 class CandidatePolicy:
     """Which accepted candidates of a problem a sweep times: all (`top` None), or the rules' best
@@ -245,7 +251,7 @@ def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator
 
 def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_set: RuleSet | str = RuleSet.DEFAULT,
           arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
-          gpus: Sequence[int | str] | None = None, scheduler: str | None = None, kernels_per_task: int = 16,
+          gpus: Sequence[int | str] | None = None, scheduler: str | None = None, kernels_per_task: int = KERNELS_PER_TASK,
           jobs: int = 1, problem_set_name: str = "custom", seed: int = 0, prebuild_jobs: int = 0,
           progress: Callable[[int, int], None] | None = None) -> SweepReport:
     """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..core.errors import InvalidArgumentError, UnsupportedError
+from ..bench.sweep import KERNELS_PER_TASK
 from ..core.op import get_op
 from .common import JOBS_MAX, RULE_SET, emit, limit_option, parse_option, seed_option, shown
 
@@ -71,7 +72,7 @@ def sweep_command(
         gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="a Dask scheduler, tcp://host:8786"),
         timeout: float = typer.Option(300.0, "--timeout", min=1.0, help="seconds a build or a kernel may take"),
-        kernels_per_task: int = typer.Option(16, "--kernels-per-task", min=1, help="kernels a task"),
+        kernels_per_task: int = typer.Option(KERNELS_PER_TASK, "--kernels-per-task", min=1, help="kernels a task"),
         jobs: int = typer.Option(8, "-j", "--jobs", min=1, max=JOBS_MAX, help="compile processes per worker"),
         prebuild_jobs: int = typer.Option(0, "--prebuild-jobs", min=0, max=JOBS_MAX,
                                           help="compile every planned kernel first, this many processes on this "
