@@ -295,14 +295,10 @@ def test_the_default_strategy_is_model_only_where_models_ship(model, monkeypatch
 @pytest.fixture
 def shipped_in(tmp_path, monkeypatch):
     """A temporary folder in place of `tiledispatch/arch/models/`, the shipped models' memos cleared."""
-    def clear():
-        for memo in (learned.shipped_keys, learned.shipped, learned._usable):
-            memo.cache_clear()
-
     monkeypatch.setattr(learned, "_shipped_folder", lambda arch_name: tmp_path / arch_name)
-    clear()
+    learned.clear_shipped()
     yield tmp_path
-    clear()
+    learned.clear_shipped()
 
 
 def test_a_shipped_model_ranks_by_default_on_its_arch(model, shipped_in, monkeypatch, caplog):
@@ -314,8 +310,7 @@ def test_a_shipped_model_ranks_by_default_on_its_arch(model, shipped_in, monkeyp
     problem = problems(1, seed=44)[0]
     assert dispatcher.explain(problem).model == model.label  # the registered source: the shipped models
     (shipped_in / "sm_90" / "gemm_forward_fp16.txt").write_text("tree\n")
-    for memo in (learned.shipped, learned._usable):
-        memo.cache_clear()
+    learned.clear_shipped()
     fresh = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model")
     assert fresh.explain(problem).model is None  # a broken shipped model: the rules rank, and it is logged
     assert "cannot be used" in caplog.text and "ranking by rules" in caplog.text

@@ -11,24 +11,11 @@ import typer
 
 from ..core.errors import InvalidArgumentError
 from .common import _strict, emit, parse_option
+from ..heuristics.training import SEED_MAX
+from .train import read_table
 
 FILTERS = ("op", "direction", "dtype", "arch")
 PROVENANCE = ("gpu", "torch", "triton", "commit")  # the table's columns a reader needs to trust the numbers
-
-
-def _read(table: Path):
-    """The sweep's rows: one parquet file, or a directory of them."""
-    import pandas as pd
-
-    from ..heuristics.evaluate import EvaluationError
-
-    try:
-        return pd.read_parquet(table)
-    except (ValueError, ImportError, OSError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise EvaluationError(f"cannot read table {table}: {e}; give a parquet file or a directory of them, "
-                              "as `tiledispatch sweep` writes") from None
 
 
 def _filtered(frame, chosen: dict[str, Optional[str]]):
@@ -66,9 +53,10 @@ def _provenance(frame) -> dict[str, Any]:
 
 def evaluate_command(
         ctx: typer.Context,
-        table: Path = typer.Argument(..., help="a sweep's parquet table: a file, or a directory of them"),
-        model: Optional[Path] = typer.Option(None, "--model", help="a directory of trained models "
-                                             "(default: the models shipped for the table's arch)"),
+        table: Path = typer.Argument(..., help="a sweep's results: a parquet file, or the directory of its parts"),
+        model: Optional[Path] = typer.Option(None, "--model", exists=True, file_okay=False,
+                                             help="a directory of trained models (default: the models shipped "
+                                             "for the table's arch)"),
         strategies: str = typer.Option("rules,model,autotune,vendor", "--strategies",
                                        help="comma-separated: rules, model, autotune, vendor"),
         folds: int = typer.Option(5, "--folds", min=2, max=100, help="folds of the split by problem"),
@@ -87,7 +75,7 @@ def evaluate_command(
         arch: Optional[str] = typer.Option(None, "--arch", help="only this arch's rows (sm_90, ...)"),
         rescore: bool = typer.Option(False, "--rescore", help="rank by today's rules, not the table's scores"),
         allow_seen: bool = typer.Option(False, "--allow-seen", help="judge a model on problems it trained on"),
-        seed: int = typer.Option(0, "--seed", min=0, help="training seed (--cv, --train-fold)"),
+        seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="training seed (--cv, --train-fold)"),
         worst: int = typer.Option(10, "--worst", min=0, help="problems listed per strategy, worst first"),
         out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON document to this file")) -> None:
     """Judge the strategies' picks against the fastest kernel measured (the oracle), per op, direction,
@@ -104,7 +92,7 @@ def evaluate_command(
     for option, fold in (("--train-fold", train_fold), ("--holdout-fold", holdout_fold)):
         if fold is not None and fold >= folds:
             raise InvalidArgumentError(f"{option} {fold}: folds are numbered 0..{folds - 1} (--folds {folds})")
-    frame = _filtered(_read(table), dict(zip(FILTERS, (op, direction, dtype, arch))))
+    frame = _filtered(read_table(table), dict(zip(FILTERS, (op, direction, dtype, arch))))
     by = "problem_id"
     if by_layer:
         from ..bench.problemsets import with_groups

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from ..core.errors import InvalidArgumentError, UnsupportedError
+from ..heuristics.training import SEED_MAX
 from .common import emit
 
 
@@ -24,8 +25,9 @@ def read_table(table: Path) -> Any:
         raise UnsupportedError(f"{table} holds no parquet file; give the directory `tiledispatch sweep --out` wrote")
     try:
         frames = [pd.read_parquet(p) for p in parts]
-    except (ValueError, OSError) as e:
-        raise UnsupportedError(f"cannot read {table} as a parquet results table: {e}") from None
+    except (ValueError, OSError) as e:  # pyarrow's errors are ValueErrors (ArrowInvalid) or OSErrors
+        raise UnsupportedError(f"cannot read {table} as a parquet results table: {e}; give a parquet file or "
+                               "the directory `tiledispatch sweep --out` wrote") from None
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
@@ -44,7 +46,7 @@ def train_command(
         arch: Optional[str] = typer.Option(None, "--arch", help="this arch's models only (sm_90, ...)"),
         folds: int = typer.Option(5, "--folds", min=1, max=100,
                                   help="cross-validation folds, grouped by problem (1: none)"),
-        seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="LightGBM's seed")) -> None:
+        seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="LightGBM's seed")) -> None:
     """Train a LightGBM selection model for every (op, direction, dtype, arch) of a results table."""
     from ..heuristics import learned
     from ..heuristics.training import selection_keys

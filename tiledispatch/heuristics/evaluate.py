@@ -15,27 +15,30 @@ problem once, by a model trained on the other folds: the honest number.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .. import arch as arch_facts
+from ..bench.problemsets import fold_of
 from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
 from ..core.choice import Choice
 from ..core.errors import InvalidArgumentError, TiledispatchError
 from ..core.op import get_op
 from . import autotune
+from .learned import data_hash
+from .outcomes import (SLOW, TOP1_TOLERANCE, VENDOR_FLOOR, WORST, KeyReport, Outcome, Report, efficiency_stats,
+                       merge, p10, summarize)
 
-TOP1_TOLERANCE = 0.01  # a pick within 1 % of the oracle counts as a hit: sweeps repeat to about this
-SLOW = 2.0  # the issue's bound: no pick slower than twice the oracle
-VENDOR_FLOOR = 0.98  # the issue's bound against the vendor library: none below 0.98x
-WORST = 10  # problems listed per strategy, worst first
+__all__ = ["EvaluationError", "Fold", "KeyReport", "Outcome", "Picker", "Report", "SLOW", "TOP1_TOLERANCE",
+           "VENDOR_FLOOR", "WORST", "check_unseen", "cross_validate", "efficiency_stats", "evaluate", "fold_of",
+           "holdout_ids", "merge", "p10", "summarize"]
+
 KEY_COLUMNS = ("op", "direction", "dtype", "arch")
 REQUIRED = (*KEY_COLUMNS, "problem_id", "problem", "kernel", "family", "vendor", "status", "time_ms")
 
@@ -61,20 +64,13 @@ class Fold:
     folds: int
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.folds, int) and self.folds >= 2 and isinstance(self.index, int)
-                and 0 <= self.index < self.folds):
+        if not (_whole(self.folds) and self.folds >= 2 and _whole(self.index) and 0 <= self.index < self.folds):
             raise InvalidArgumentError(f"a fold is an integer in 0..folds-1, folds an integer >= 2; got fold "
                                        f"{self.index!r} of {self.folds!r}")
 
 
-def fold_of(problem_id: str, folds: int) -> int:
-    """The fold of a problem: the problem sets' split where it exists, else a stable hash of the id."""
-    try:
-        from ..bench.problemsets import fold_of as shared
-    except ImportError:
-        digest = hashlib.sha256(str(problem_id).encode()).hexdigest()
-        return int(digest[:12], 16) % folds
-    return shared(problem_id, folds)
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def holdout_ids(frame, holdout) -> frozenset[str] | None:
@@ -90,7 +86,7 @@ def holdout_ids(frame, holdout) -> frozenset[str] | None:
         holdout = holdout["problem_id"]
     if isinstance(holdout, (str, bytes)) or not isinstance(holdout, Iterable):
         raise InvalidArgumentError(f"holdout must be None, a Fold, a table or problem ids; got {holdout!r}")
-    return frozenset(map(str, holdout))
+    return frozenset(map(str, holdout)) & frozenset(ids)
 
 
 @dataclass(frozen=True)
@@ -118,128 +114,6 @@ class Measured:
 
     def rules_key(self) -> tuple:
         return (-self.rule_score, math.inf if self.rule_rank is None else self.rule_rank, self.order)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One strategy's pick on one problem."""
-
-    problem_id: str
-    problem: str  # canonical JSON
-    kernel: str
-    status: Status
-    pick_ms: float | None
-    oracle_ms: float
-    oracle_kernel: str
-    vendor_ms: float | None  # the vendor baseline's time, where it ran
-    error: str | None = None
-
-    @property
-    def failed(self) -> bool:
-        return self.status is not Status.OK
-
-    @property
-    def efficiency(self) -> float:
-        return 0.0 if self.failed else self.oracle_ms / self.pick_ms
-
-    @property
-    def vs_vendor(self) -> float | None:
-        """vendor time / pick time (above 1: faster than the library); 0 for a failed pick."""
-        return None if self.vendor_ms is None else 0.0 if self.failed else self.vendor_ms / self.pick_ms
-
-    def to_dict(self, op: str) -> dict[str, Any]:
-        return {"problem_id": self.problem_id, "problem": problem_from_row(op, self.problem).describe(),
-                "pick": self.kernel, "status": self.status.value, "pick_ms": self.pick_ms,
-                "oracle": self.oracle_kernel, "oracle_ms": self.oracle_ms, "efficiency": round(self.efficiency, 6),
-                **({"error": self.error[:300]} if self.error else {})}
-
-
-def p10(values: Sequence[float]) -> float:
-    """The 10th percentile as the older evaluators read it: sorted values at index n // 10."""
-    return sorted(values)[len(values) // 10]
-
-
-def summarize(outcomes: Sequence[Outcome], op: str, worst: int = WORST) -> dict[str, Any]:
-    """A strategy's numbers over its outcomes (see docs/selection.md, "Evaluation")."""
-    if not outcomes:
-        return {"problems": 0}
-    eff = [o.efficiency for o in outcomes]
-    ran = [o for o in outcomes if not o.failed]
-    lost, oracle_sum = sum(o.pick_ms - o.oracle_ms for o in ran), sum(o.oracle_ms for o in ran)
-    ratios = [r for r in (o.vs_vendor for o in outcomes) if r is not None]
-    wins = [math.log(r) for r in ratios if r > 0]
-    vendor = {"problems": len(ratios), "geomean": math.exp(statistics.fmean(wins)) if wins else None,
-              "min": min(ratios) if ratios else None, "below_floor": sum(r < VENDOR_FLOOR for r in ratios)}
-    slow = sum(o.pick_ms > SLOW * o.oracle_ms for o in ran)
-    stats = {
-        "problems": len(outcomes), "failures": len(outcomes) - len(ran),
-        "efficiency": {"mean": statistics.fmean(eff), "median": statistics.median(eff), "p10": p10(eff),
-                       "min": min(eff)},
-        "top1": sum(o.pick_ms <= o.oracle_ms * (1 + TOP1_TOLERANCE) for o in ran) / len(outcomes),
-        "slower_than_2x": slow, "time_lost_ms": lost,
-        "time_lost_fraction": lost / oracle_sum if oracle_sum > 0 else 0.0, "vs_vendor": vendor}
-    stats["targets"] = {
-        "mean_ge_0.97": stats["efficiency"]["mean"] >= 0.97,
-        "p10_ge_0.90": stats["efficiency"]["p10"] >= 0.90,
-        "none_slower_than_2x": slow == 0 and not stats["failures"],
-        "vendor_geomean_ge_1": vendor["geomean"] is not None and vendor["geomean"] >= 1.0,
-        "none_below_0.98x_vendor": vendor["problems"] > 0 and vendor["below_floor"] == 0}
-    ranked = sorted(outcomes, key=lambda o: (o.efficiency, o.problem_id))
-    stats["worst"] = [o.to_dict(op) for o in ranked[:worst]]
-    stats["failed"] = [o.to_dict(op) for o in outcomes if o.failed]
-    return stats
-
-
-@dataclass(frozen=True)
-class KeyReport:
-    """One SelectionKey's evaluation: each strategy's outcomes, and what was left out and why."""
-
-    key: SelectionKey
-    outcomes: Mapping[Picker, tuple[Outcome, ...]]
-    without_oracle: tuple[str, ...] = ()  # problems none of whose rows is OK: no oracle to compare with
-    skipped: Mapping[Picker, str] = field(default_factory=dict)  # strategies not judged, and why
-    model: Mapping[str, Any] | list | None = None  # the model's manifest, summarised (one per fold)
-    unseen: str | None = None  # how we know the model never saw these problems
-
-    def to_dict(self, worst: int = WORST) -> dict[str, Any]:
-        return {"key": asdict(self.key), "name": self.key.name,
-                "problems": len({o.problem_id for outs in self.outcomes.values() for o in outs}),
-                "without_oracle": len(self.without_oracle), "model": self.model, "unseen": self.unseen,
-                "strategies": {p.value: summarize(outs, self.key.op, worst) for p, outs in self.outcomes.items()},
-                "skipped": {p.value: why for p, why in self.skipped.items()}}
-
-
-@dataclass(frozen=True)
-class Report:
-    """Every SelectionKey's evaluation, in key order."""
-
-    keys: tuple[KeyReport, ...]
-    holdout: Mapping[str, Any]
-
-    def __getitem__(self, key: SelectionKey) -> KeyReport:
-        return next(report for report in self.keys if report.key == key)
-
-    def to_dict(self, worst: int = WORST) -> dict[str, Any]:
-        return {"holdout": dict(self.holdout), "keys": [k.to_dict(worst) for k in self.keys]}
-
-
-def merge(reports: Sequence[Report], holdout: Mapping[str, Any]) -> Report:
-    """Reports of disjoint problems (one per fold) as one: the outcomes of each key and strategy joined."""
-    by_key: dict[SelectionKey, list[KeyReport]] = {}
-    for report in reports:
-        for part in report.keys:
-            by_key.setdefault(part.key, []).append(part)
-    merged = []
-    for key in sorted(by_key):
-        parts = by_key[key]
-        pickers = dict.fromkeys(p for part in parts for p in part.outcomes)
-        outcomes = {p: sum((part.outcomes.get(p, ()) for part in parts), ()) for p in pickers}
-        skipped = {p: why for part in parts for p, why in part.skipped.items() if p not in outcomes}
-        unseen = sorted({part.unseen for part in parts if part.unseen})
-        merged.append(KeyReport(key, outcomes, sum((p.without_oracle for p in parts), ()), skipped,
-                                parts[0].model if len(parts) == 1 else [p.model for p in parts],
-                                ", ".join(unseen) or None))
-    return Report(tuple(merged), holdout)
 
 
 class _Problem:
@@ -271,11 +145,11 @@ class _Problem:
                 for c, config in zip(candidates, self.configs(candidates))]
 
     def model_costs(self, candidates: Sequence[Measured]) -> np.ndarray:
-        times = np.asarray(self.model.predict_cost(self.problem, self.configs(candidates), self.arch), dtype=float)
-        if times.shape != (len(candidates),) or not np.isfinite(times).all():
-            raise EvaluationError(f"the model predicted {times.shape} times (finite: {np.isfinite(times).all()}) "
+        costs = np.asarray(self.model.predict_cost(self.problem, self.configs(candidates), self.arch), dtype=float)
+        if costs.shape != (len(candidates),) or not np.isfinite(costs).all():
+            raise EvaluationError(f"the model gave costs of shape {costs.shape} (finite: {np.isfinite(costs).all()}) "
                                   f"for {len(candidates)} candidates; predict_cost gives one finite cost per config")
-        return times
+        return costs
 
 
 def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
@@ -305,6 +179,9 @@ _OPTIONAL = ("rule_score", "rule_rank", "config", "error")
 
 
 def _check_columns(frame) -> None:
+    if not hasattr(frame, "columns") or not hasattr(frame, "groupby"):
+        raise InvalidArgumentError(f"frame must be a pandas DataFrame of a sweep's rows (bench.table.COLUMNS; "
+                                   f"cli.train.read_table reads one); got {type(frame).__name__}")
     if missing := [c for c in REQUIRED if c not in frame.columns]:
         raise EvaluationError(f"the table lacks column(s) {missing}; a sweep's table has bench.table.COLUMNS")
 
@@ -344,11 +221,11 @@ def _problems(rows) -> dict[str, tuple[str, list[Measured]]]:
     """Each problem's JSON and candidates (every row but those the kernel refused), in table order."""
     names = [c for c in (*REQUIRED, *_OPTIONAL) if c in rows.columns]
     found: dict[str, tuple[str, dict[str, list[Measured]]]] = {}
-    for values in zip(*(rows[c].tolist() for c in names)):
+    for order, values in enumerate(zip(*(rows[c].tolist() for c in names))):
         row = dict(zip(names, values))
         pid = str(row["problem_id"])
         problem_json, kernels = found.setdefault(pid, (row["problem"], {}))
-        measured = _measured(row, sum(map(len, kernels.values())))
+        measured = _measured(row, order)
         if measured.status is not Status.UNSUPPORTED:
             kernels.setdefault(measured.kernel, []).append(measured)
     return {pid: (problem_json, [_one_row(r) for r in kernels.values()]) for pid, (problem_json, kernels) in
@@ -360,28 +237,32 @@ def _by_key(frame) -> Iterable[tuple[SelectionKey, Any]]:
         yield SelectionKey(*map(str, values)), rows
 
 
-
 def _model_for(key: SelectionKey, model) -> tuple[Any, str | None]:
-    """The model that ranks `key`'s problems, or None and why there is none."""
+    """The model that ranks `key`'s problems, or None and why there is none. A model of another
+    key (one the mapping or the caller gives for this key) is none: its features and costs are
+    another slice's."""
     if isinstance(model, Mapping):
         found = model.get(key)
-        return found, None if found is not None else f"no model for {key.name} on {key.arch} among those given"
-    if model is None or isinstance(model, (str, Path)):
-        try:
-            from . import learned
+        if found is None:
+            return None, f"no model for {key.name} on {key.arch} among those given"
+    elif model is None or isinstance(model, (str, Path)):
+        from . import learned
 
+        try:
             found = learned.shipped(key) if model is None else learned.load(Path(model), key)
         except (ImportError, FileNotFoundError) as e:
             return None, f"no model for {key.name} on {key.arch}: {e}"
-        return found, None if found is not None else (f"no model ships for {key.name} on {key.arch}; give one "
-                                                      "(--model DIR) or cross-validate (--cv)")
-    if not callable(getattr(model, "predict_cost", None)):
+        if found is None:
+            return None, f"no model ships for {key.name} on {key.arch}; give one (--model DIR) or cross-validate (--cv)"
+    else:
+        found = model
+    if not callable(getattr(found, "predict_cost", None)):
         raise InvalidArgumentError(f"model must be a TrainedModel (predict_cost), a directory of models, a mapping "
-                                   f"of SelectionKey to models, or None for the shipped one; got {model!r}")
-    own = getattr(model, "key", None)
+                                   f"of SelectionKey to models, or None for the shipped one; got {found!r}")
+    own = getattr(found, "key", None)
     if own is not None and own != key:
         return None, f"the model given ranks {own.name} on {own.arch}, not {key.name} on {key.arch}"
-    return model, None
+    return found, None
 
 
 def check_unseen(model, evaluated: Iterable[str], rows, *, allow_seen: bool = False) -> str:
@@ -395,7 +276,7 @@ def check_unseen(model, evaluated: Iterable[str], rows, *, allow_seen: bool = Fa
         if not seen:
             return "verified"
         why = f"{len(seen)} of the {len(evaluated)} problems evaluated are among the model's training problems"
-    elif manifest.get("data_hash") is not None and manifest["data_hash"] == _data_hash(rows, model.key):
+    elif manifest.get("data_hash") is not None and manifest["data_hash"] == data_hash(rows):
         why = "the model's manifest has this table's data hash: it trained on these problems"
     else:
         return "unverified"
@@ -403,15 +284,6 @@ def check_unseen(model, evaluated: Iterable[str], rows, *, allow_seen: bool = Fa
         return f"seen (allowed): {why}"
     raise EvaluationError(f"{why}; evaluate it on problems it never saw (a model trained without a fold, "
                           "--holdout-fold; or --cv), or allow it (--allow-seen) to judge it on its training data")
-
-
-def _data_hash(rows, key: SelectionKey) -> Any:  # the hash training writes in a manifest: of the ok rows
-    try:
-        from .training import data_hash, rows_of
-    except ImportError:
-        return None
-    return data_hash(rows_of(rows, key))
-
 
 
 def _pickers(strategies) -> tuple[Picker, ...]:
@@ -433,6 +305,9 @@ def evaluate(frame, *, strategies=(Picker.RULES, Picker.MODEL, Picker.AUTOTUNE),
     pickers = _pickers(strategies)
     _check_columns(frame)
     ids = holdout_ids(frame, holdout)
+    if ids is not None and not ids:
+        raise EvaluationError(f"holdout {holdout!r} names none of the table's {frame['problem_id'].nunique()} "
+                              "problems; give fewer folds, or ids of its problem_id column")
     judged = frame if ids is None else frame[frame["problem_id"].astype(str).isin(ids)]
     reports, wholes = [], dict(_by_key(frame))
     for key, rows in _by_key(judged):
@@ -484,6 +359,9 @@ def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int 
     (`learned.train`, or `train`) judged on that fold's problems, so each is judged once, unseen.
     `by`: the column folds group rows by (``group_id``, problemsets' layers: unseen layers)."""
     _check_columns(frame)
+    if by not in frame.columns:
+        raise InvalidArgumentError(f"by={by!r}: the table has no such column; group folds by problem_id, or by "
+                                   "group_id after bench.problemsets.with_groups(frame)")
     if train is None:
         from .learned import train
     ids = frame[by].astype(str)

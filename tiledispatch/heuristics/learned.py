@@ -13,7 +13,8 @@ A model is three files in a directory, never a pickle: `<key.name>.txt` (LightGB
 from: the key, a hash of the rows, row and problem counts, the problems' ids, the GPUs,
 the cross-validation scores, LightGBM's version and parameters, the date, and the SHA-256 of
 the other two files, which `load` checks). Models that ship sit in
-`tiledispatch/arch/models/<arch>/`; `train` is in `heuristics.training`.
+`tiledispatch/arch/models/<arch>/`, each loaded once per process however many threads ask
+for it first; `train` is in `heuristics.training`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import importlib.resources
 import json
 import logging
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..bench.table import SelectionKey, selection_key
 from ..core import jsonio
+from ..core.memo import LruTable
 from ..core.op import Score
 from ..core.ranking import set_model_source
 from .features import Featurizer, FeatureSpec, ModelFormatError
@@ -45,6 +48,10 @@ FORMAT = 1
 MAX_MODEL_BYTES = 64 << 20  # a few hundred trees of 63 leaves take a few MB of text
 MAX_JSON_BYTES = 16 << 20  # a manifest lists its problems' ids: 20 bytes each
 SUFFIXES = {"model": ".txt", "features": ".features.json", "manifest": ".manifest.json"}
+# LightGBM objectives whose score is higher for the better kernel, as `predict_cost` negates it.
+# A regression of log time (higher: slower) would rank the slowest first.
+RANKING_OBJECTIVES = ("lambdarank", "rank_xendcg")
+_OBJECTIVE = re.compile(r"^objective=(\S+)", re.MULTILINE)
 
 
 def files_of(directory: Path, key: SelectionKey) -> dict[str, Path]:
@@ -57,16 +64,16 @@ def files_of(directory: Path, key: SelectionKey) -> dict[str, Path]:
 
 @dataclass(frozen=True, eq=False)
 class TrainedModel:
-    """A trained model with its feature spec and manifest; predicts milliseconds."""
+    """A trained ranker with its feature spec and manifest; gives each candidate a cost."""
 
     key: SelectionKey
     spec: FeatureSpec
     booster: Any  # lightgbm.Booster
     manifest: Mapping[str, Any]
+    featurizer: Featurizer = field(init=False, repr=False)  # made with the model: no lazy race
 
-    @functools.cached_property
-    def featurizer(self) -> Featurizer:
-        return Featurizer(self.spec)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "featurizer", Featurizer(self.spec))
 
     @property
     def label(self) -> str:
@@ -142,6 +149,11 @@ def load(directory: str | os.PathLike, key: SelectionKey) -> TrainedModel:
     spec = FeatureSpec.from_dict(_json(paths["features"], texts["features"]), str(paths["features"]))
     if spec.op != key.op:
         raise ModelFormatError(f"{paths['features']}: a spec of op {spec.op!r}, not {key.op!r}")
+    objective = _OBJECTIVE.search(texts["model"])
+    if objective is None or objective[1] not in RANKING_OBJECTIVES:
+        raise ModelFormatError(f"{paths['model']}: objective {objective[1] if objective else 'none'!r} is not a "
+                               f"ranker's ({', '.join(RANKING_OBJECTIVES)}), whose higher score marks the faster "
+                               "kernel; train the model again with this tiledispatch (`tiledispatch train`)")
     booster = _booster(texts["model"], paths["model"])
     if booster.feature_name() != spec.names:
         raise ModelFormatError(f"{paths['model']} reads {booster.num_feature()} columns that are not the "
@@ -166,11 +178,10 @@ def load_directory(directory: str | os.PathLike) -> list[TrainedModel]:
     """Every model saved in `directory` and its `<arch>/` folders (as `tiledispatch train --out` writes)."""
     models = []
     for manifest in sorted(Path(directory).glob("**/*" + SUFFIXES["manifest"])):
-        data = _json(manifest, _read_text(manifest, MAX_JSON_BYTES))
-        key = data.get("key") if isinstance(data, dict) else None
-        if not isinstance(key, dict) or set(key) != {"op", "direction", "dtype", "arch"}:
+        key = _manifest_key(manifest)
+        if key is None:
             raise ModelFormatError(f"{manifest}: no key (op, direction, dtype, arch) in this manifest")
-        models.append(load(manifest.parent, SelectionKey(**{k: str(v) for k, v in key.items()})))
+        models.append(load(manifest.parent, key))
     return models
 
 
@@ -178,7 +189,15 @@ class Models:
     """A `core.ranking.ModelSource` over given models, one per key: `Dispatcher(..., models=Models(m))`."""
 
     def __init__(self, models: Iterable[TrainedModel] = ()) -> None:
-        self._by_key = {m.key: m for m in models}
+        self._by_key: dict[SelectionKey, TrainedModel] = {}
+        for model in models:
+            key = getattr(model, "key", None)
+            if not isinstance(key, SelectionKey) or not callable(getattr(model, "predict_cost", None)):
+                raise TypeError(f"models must be TrainedModels (learned.load, learned.train); got {model!r}")
+            if key in self._by_key:
+                raise ValueError(f"models: two models rank {key.name} on {key.arch}; give one per (op, direction, "
+                                 "dtype, arch)")
+            self._by_key[key] = model
 
     @classmethod
     def from_directory(cls, directory: str | os.PathLike) -> "Models":
@@ -196,40 +215,58 @@ def _shipped_folder(arch: str) -> Path:
     return Path(str(importlib.resources.files("tiledispatch.arch"))) / "models" / arch
 
 
-@functools.lru_cache(maxsize=None)
+# The shipped models, read once per process: the dispatcher ranks from many threads, and the
+# threads that meet a slice's first problem together wait for one load (`LruTable.get_or_make`)
+# rather than each parsing the model's text. Keys: ("keys", arch name) for `shipped_keys`,
+# ("model", key) for `shipped` and ("usable", key) for `_usable`.
+_SHIPPED = LruTable(None)
+
+
+def clear_shipped() -> None:
+    """Forgets the shipped models read so far (tests that ship models of their own)."""
+    _SHIPPED.clear()
+
+
 def shipped_keys(arch: str) -> frozenset[SelectionKey]:
     """The keys of the models that ship for `arch` (an arch name such as ``sm_90``)."""
+    return _SHIPPED.get_or_make(("keys", arch), functools.partial(_shipped_keys, arch), share_errors=True)
+
+
+def _shipped_keys(arch: str) -> frozenset[SelectionKey]:
     folder = _shipped_folder(arch)
     if not folder.is_dir():
         return frozenset()
-    keys = set()
-    for manifest in folder.glob("*" + SUFFIXES["manifest"]):
-        data = _json(manifest, _read_text(manifest, MAX_JSON_BYTES))
-        key = data.get("key") if isinstance(data, dict) else None
-        if isinstance(key, dict) and key.get("arch") == arch:
-            keys.add(SelectionKey(**{k: str(key.get(k)) for k in ("op", "direction", "dtype", "arch")}))
-    return frozenset(keys)
+    keys = (_manifest_key(manifest) for manifest in folder.glob("*" + SUFFIXES["manifest"]))
+    return frozenset(key for key in keys if key is not None and key.arch == arch)
 
 
-@functools.lru_cache(maxsize=None)
+def _manifest_key(manifest: Path) -> SelectionKey | None:
+    """The key a manifest names, or None where it names none."""
+    data = _json(manifest, _read_text(manifest, MAX_JSON_BYTES))
+    key = data.get("key") if isinstance(data, dict) else None
+    if not isinstance(key, dict) or set(key) != {"op", "direction", "dtype", "arch"}:
+        return None
+    return SelectionKey(**{k: str(v) for k, v in key.items()})
+
+
 def shipped(key: SelectionKey) -> TrainedModel | None:
     """The model that ships for `key` (in `tiledispatch/arch/models/<arch>/`), or None. Loaded once."""
     if key not in shipped_keys(key.arch):
         return None
-    return load(_shipped_folder(key.arch), key)
+    return _SHIPPED.get_or_make(("model", key), lambda: load(_shipped_folder(key.arch), key), share_errors=True)
 
 
 class ShippedModels:
     """The models shipped with tiledispatch: the `model` strategy's default source."""
 
     def model_for(self, problem: Any, arch: Any) -> TrainedModel | None:
-        return _usable(selection_key(problem, arch.name))
+        key = selection_key(problem, arch.name)
+        return _SHIPPED.get_or_make(("usable", key), functools.partial(_usable, key))
 
     def ships(self, arch: Any) -> bool:
         return bool(shipped_keys(arch.name))
 
 
-@functools.lru_cache(maxsize=None)
 def _usable(key: SelectionKey) -> TrainedModel | None:
     """`shipped(key)`, or None (logged once) where it cannot be loaded here: the rules rank that
     slice, and `explain` shows no model, rather than every call of the slice failing."""

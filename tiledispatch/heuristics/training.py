@@ -25,11 +25,13 @@ from ..bench.table import SelectionKey, Status, config_from_row, problem_from_ro
 from ..core.errors import UnsupportedError
 from ..core.op import get_op
 from .features import Featurizer, FeatureSpec, fit_spec
-from .learned import FORMAT, TrainedModel, data_hash
+from .learned import FORMAT, RANKING_OBJECTIVES, TrainedModel, data_hash
+from .outcomes import TOP1_TOLERANCE, efficiency_stats
 
 REQUIRED = ("op", "direction", "dtype", "arch", "problem_id", "problem", "kernel", "config", "status", "time_ms")
 GRADES = 20  # relevance grades 0..20 (see the module docstring)
 SHARPNESS = 4
+TARGET = f"LambdaRank over each problem's kernels, grades floor({GRADES} * efficiency**{SHARPNESS})"
 # LightGBM's settings: small trees (15 leaves) at a slow rate: a sweep holds a few hundred
 # problems, and a ranker learns from the pairs within each. The model stays about a MB of
 # text, small enough to ship, and predicts ~100 candidates in well under a millisecond.
@@ -40,7 +42,7 @@ DEFAULT_PARAMS: Mapping[str, Any] = {
     "deterministic": True, "force_row_wise": True, "verbose": -1,
 }
 ROUNDS = 300  # trees: each costs about 0.6 us a candidate to predict
-HIT = 1.01  # a pick within 1 % of the oracle counts as a hit
+SEED_MAX = 2**31 - 1  # LightGBM's seed is a C int
 
 
 def selection_keys(frame: Any) -> list[SelectionKey]:
@@ -52,6 +54,9 @@ def selection_keys(frame: Any) -> list[SelectionKey]:
 
 
 def _require(frame: Any) -> None:
+    if not hasattr(frame, "columns") or not hasattr(frame, "groupby"):
+        raise TypeError(f"frame must be a pandas DataFrame of a sweep's rows (bench.table.COLUMNS; "
+                        f"cli.train.read_table reads one); got {type(frame).__name__}")
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
         raise UnsupportedError(f"the results table lacks the column(s) {missing}; a sweep's table "
@@ -107,12 +112,9 @@ def featurize(rows: Any, key: SelectionKey) -> Data:
     scores = [definition.rule_score(c, p, arch) for p, c in pairs]
     spec = fit_spec(key.op, [p for p in problems.values() if p is not None],
                     [c for c in configs.values() if c is not None], scores, arch)
-    featurizer, blocks = Featurizer(spec), []
-    ids = rows["problem_id"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    for start, end in zip(starts, np.r_[starts[1:], len(ids)]):
-        problem = pairs[start][0]
-        blocks.append(featurizer.matrix(problem, [c for _, c in pairs[start:end]], arch, scores[start:end]))
+    featurizer, ids = Featurizer(spec), rows["problem_id"].to_numpy()
+    blocks = [featurizer.matrix(pairs[start][0], [c for _, c in pairs[start:end]], arch, scores[start:end])
+              for start, end in _groups(ids)]
     return Data(spec, np.concatenate(blocks), np.log(rows["time_ms"].to_numpy(dtype=float)), ids, skipped)
 
 
@@ -154,9 +156,10 @@ def selection(log_ms: np.ndarray, costs: np.ndarray, problem_ids: np.ndarray) ->
     for start, end in _groups(problem_ids):
         times = np.exp(log_ms[start:end])
         efficiency.append(times.min() / times[np.argmin(costs[start:end])])
-    e = np.array(efficiency)
-    return {"problems": len(e), "mean": float(e.mean()), "median": float(np.median(e)),
-            "p10": float(np.percentile(e, 10)), "min": float(e.min()), "top1": float(np.mean(e >= 1 / HIT))}
+    # a hit as `tiledispatch evaluate` counts one: pick time <= oracle time * (1 + TOP1_TOLERANCE)
+    hits = sum(e >= 1 / (1 + TOP1_TOLERANCE) for e in efficiency)
+    return {"problems": len(efficiency), **efficiency_stats([float(e) for e in efficiency]),
+            "top1": hits / len(efficiency)}
 
 
 def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -199,23 +202,41 @@ def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
         raise TypeError(f"key must be a bench.table.SelectionKey; got {key!r}")
     if not isinstance(folds, int) or isinstance(folds, bool) or folds < 1:
         raise ValueError(f"folds must be a positive integer (5 is usual; 1 skips cross-validation); got {folds!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"seed must be an integer in 0..{SEED_MAX} (LightGBM's seed); got {seed!r}")
+    params = {**DEFAULT_PARAMS, "seed": seed, **_checked_params(params)}
     rows = rows_of(frame, key)
     data = featurize(rows, key)
-    params = {**DEFAULT_PARAMS, "seed": seed, **(params or {})}
     cv = cross_validate(data, folds, params)
-    rounds = ROUNDS
-    booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), rounds)
-    used = frame[frame["problem_id"].isin(rows["problem_id"]) & (frame["status"] == Status.OK.value)]
+    booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), ROUNDS)
+    mask = (frame["status"] == Status.OK.value) & frame["problem_id"].isin(rows["problem_id"])
+    for column, value in zip(("op", "direction", "dtype", "arch"), (key.op, key.direction, key.dtype, key.arch)):
+        mask &= frame[column] == value  # the key's rows alone: another arch's sweep shares problem ids
+    used = frame[mask]
     manifest = {
         "format": FORMAT, "key": {"op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": key.arch},
-        "target": f"LambdaRank over each problem's kernels, grades floor({GRADES} * efficiency**{SHARPNESS})", "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
+        "target": TARGET, "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
         "problems": int(len(np.unique(data.problem_ids))), "kernels": int(rows["kernel"].nunique()),
         "skipped": dict(data.skipped), "gpus": _values(used, "gpu"), "problem_sets": _values(used, "problem_set"),
-        "cv": cv, "trees": rounds, "params": params, "lightgbm": lightgbm.__version__, "tiledispatch": __version__,
+        "cv": cv, "trees": booster.num_trees(), "params": params, "lightgbm": lightgbm.__version__,
+        "tiledispatch": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "problem_ids": sorted(str(p) for p in np.unique(data.problem_ids)),
     }
     return TrainedModel(key, data.spec, booster, manifest)
+
+
+def _checked_params(params: Any) -> Mapping[str, Any]:
+    """LightGBM parameters over DEFAULT_PARAMS, whose objective (where given) is a ranker's."""
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a mapping of LightGBM parameters (or None); got {type(params).__name__}")
+    objective = params.get("objective", DEFAULT_PARAMS["objective"])
+    if objective not in RANKING_OBJECTIVES:
+        raise ValueError(f"params: objective {objective!r} is not a ranker's; use one of {RANKING_OBJECTIVES}: "
+                         "predict_cost negates the score, higher for the faster kernel")
+    return params
 
 
 def _values(frame: Any, column: str) -> list[str]:
