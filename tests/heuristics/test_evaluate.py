@@ -290,3 +290,84 @@ def test_cli_cross_validates_with_the_learned_model(ranked, tmp_path):
     assert entry["unseen"] == "held out" and len(entry["model"]) == 3  # a manifest per fold
     model = entry["strategies"]["model"]
     assert model["problems"] == len(SHAPES) and model["failures"] == 0 and 0 < model["efficiency"]["min"] <= 1
+
+
+# --- defects guarded ------------------------------------------------------------------------
+
+
+def test_p10_is_the_nearest_rank_and_training_reports_the_same():
+    training = pytest.importorskip("tiledispatch.heuristics.training")
+    values = [0.5, 0.9] + [1.0] * 8  # ten problems: one in ten (the 0.5) is at or below the P10
+    assert ev.p10(values) == 0.5 and ev.p10(values[1:]) == 0.9 and ev.p10([0.7]) == 0.7
+    assert ev.p10([i / 153 for i in range(153)]) == 15 / 153  # 16 of 153 at or below it
+    rng = np.random.default_rng(3)
+    ids = np.repeat(np.array([f"p{i:02d}" for i in range(20)]), 6)
+    log_ms, costs = rng.normal(0, 0.3, len(ids)), rng.normal(0, 1, len(ids))
+    picked = [float(np.exp(log_ms[i:i + 6].min() - log_ms[i:i + 6][np.argmin(costs[i:i + 6])]))
+              for i in range(0, len(ids), 6)]
+    cv = training.selection(log_ms, costs, ids)
+    assert cv["p10"] == pytest.approx(ev.p10(picked)) and cv["mean"] == pytest.approx(statistics.fmean(picked))
+    assert cv["top1"] == pytest.approx(sum(e >= 1 / 1.01 for e in picked) / 20)
+
+
+def test_a_report_without_the_key_raises_key_error(ranked):
+    report = ev.evaluate(make_table(ranked, lambda i, r, c: 1.0 + r), strategies=["rules"])
+    with pytest.raises(KeyError, match="gemm.*bf16"):
+        report[SelectionKey("gemm", "forward", "bf16", "sm_90")]
+
+
+def test_holdout_counts_the_tables_problems_and_refuses_none(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + r)
+    some = [problem_id(p) for p, _ in ranked[:2]]
+    report = ev.evaluate(frame, strategies=["rules"], holdout=some + ["not-a-problem-of-the-table"])
+    assert report.holdout == {"kind": "problems", "problems": 2}
+    assert len(report[KEY].outcomes[ev.Picker.RULES]) == 2
+    with pytest.raises(ev.EvaluationError, match="names none of the table's 10 problems"):
+        ev.evaluate(frame, strategies=["rules"], holdout=["not-a-problem-of-the-table"])
+
+
+def test_a_model_of_another_key_is_never_applied(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((3 * r + i) % 7))
+    other = TableModel(frame, key=SelectionKey("gemm", "forward", "bf16", "sm_90"))
+    report = ev.evaluate(frame, strategies=["rules", "model"], model={KEY: other})[KEY]
+    assert ev.Picker.MODEL not in report.outcomes and "ranks gemm_forward_bf16" in report.skipped[ev.Picker.MODEL]
+
+
+def test_bad_frames_and_groupings_are_refused_naming_the_argument(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + r)
+    with pytest.raises(ev.InvalidArgumentError, match="frame must be a pandas DataFrame"):
+        ev.evaluate("sweep.parquet")
+    with pytest.raises(ev.InvalidArgumentError, match="by='group_id'.*with_groups"):
+        ev.cross_validate(frame, folds=3, by="group_id", train=lambda *a, **k: None)
+
+
+def test_merged_folds_say_where_a_strategy_was_left_out(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((3 * r + i) % 7))
+    folds = {f: {problem_id(p) for p, _ in ranked if ev.fold_of(problem_id(p), 3) == f} for f in range(3)}
+    assert all(folds.values())
+    # fold 0 has no model (its training rows had none ok, say); folds 1 and 2 have one
+    parts = [ev.evaluate(frame, strategies=["rules", "model"], holdout=sorted(folds[f]),
+                         model=TableModel(frame) if f else {}, held_out=True) for f in range(3)]
+    merged = ev.merge(parts, {"kind": "test"})[KEY]
+    assert len(merged.outcomes[ev.Picker.MODEL]) == len(folds[1]) + len(folds[2])
+    assert merged.skipped[ev.Picker.MODEL].startswith("in 1 of 3 parts: no model for gemm_forward_fp16")
+
+
+def test_cli_reads_a_sweeps_directory_and_checks_its_options(ranked, tmp_path):
+    from typer.testing import CliRunner
+
+    from tiledispatch.cli.main import app
+
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((5 * r + i) % 4))
+    parts = tmp_path / "sweep"
+    parts.mkdir()
+    half = len(frame) // 2
+    frame.iloc[:half].to_parquet(parts / "part-0.parquet")
+    frame.iloc[half:].to_parquet(parts / "part-1.parquet")
+    (parts / "sweep.json").write_text("{}")  # a sweep's report beside its parts is not a part
+    result = CliRunner().invoke(app, ["evaluate", str(parts), "--strategies", "rules"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["keys"][0]["problems"] == len(SHAPES)
+    for options in (["--model", str(tmp_path / "no-such-models")], ["--cv", "--seed", str(2**31)]):
+        bad = CliRunner().invoke(app, ["evaluate", str(parts), *options])
+        assert bad.exit_code == 2, bad.output

@@ -339,3 +339,77 @@ def test_tiledispatch_train_writes_a_model_per_key(table, tmp_path):
     assert learned.load(out, KEY).manifest["data_hash"] == learned.data_hash(table)
     result = CliRunner().invoke(app, ["train", str(parts), "--out", str(out), "--dtype", "bf16"])
     assert result.exit_code == 3 and "no ok rows" in json.loads(result.output)["error"]["message"]
+
+
+# --- defects guarded ------------------------------------------------------------------------
+
+
+def test_a_model_whose_objective_is_not_a_rankers_is_refused(model, tmp_path):
+    """A regression of log time scores the slower kernel higher: predict_cost (the negated score)
+    would rank the slowest first, so such a model file is refused, as training refuses the objective."""
+    import lightgbm
+
+    text = model.booster.model_to_string()
+    assert "\nobjective=lambdarank" in text
+    regression = lightgbm.Booster(model_str=text.replace("\nobjective=lambdarank", "\nobjective=regression", 1))
+    learned.TrainedModel(KEY, model.spec, regression, model.manifest).save(tmp_path)  # hashes that match
+    with pytest.raises(ModelFormatError, match="objective 'regression' is not a ranker's"):
+        learned.load(tmp_path, KEY)
+    with pytest.raises(ValueError, match="objective 'regression' is not a ranker's"):
+        learned.train(pd.DataFrame(columns=list(COLUMNS)), KEY, params={"objective": "regression"})
+
+
+def test_threads_meeting_a_slice_first_load_its_shipped_model_once(model, shipped_in, monkeypatch):
+    import threading
+
+    model.save(shipped_in / "sm_90")
+    loads, real_load = [], learned.load
+
+    def slow_load(directory, key):
+        loads.append(key)
+        threading.Event().wait(0.2)  # long enough for every thread to ask meanwhile
+        return real_load(directory, key)
+
+    monkeypatch.setattr(learned, "load", slow_load)
+    problem, barrier, found = problems(1, seed=45)[0], threading.Barrier(8), []
+
+    def ask():
+        barrier.wait()
+        found.append(learned.ShippedModels().model_for(problem, SM90))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert loads == [KEY] and len(found) == 8 and all(m is found[0] for m in found) and found[0].key == KEY
+
+
+def test_the_manifest_names_the_keys_own_rows_and_the_trees_fitted(table):
+    other_arch = table.assign(arch="sm_80", gpu="NVIDIA A100", problem_set="a100-only")  # same problem ids
+    model = learned.train(pd.concat([table, other_arch], ignore_index=True), KEY, folds=1,
+                          params={"num_iterations": 7})
+    m = model.manifest
+    assert m["gpus"] == ["synthetic-h200"] and m["problem_sets"] == ["synthetic"]
+    assert m["trees"] == model.booster.num_trees() == 7 and m["cv"] is None
+    assert m["target"] == training.TARGET
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(frame="sweep.parquet"), TypeError, "frame must be a pandas DataFrame"),
+    (dict(seed=-1), ValueError, "seed must be an integer in 0..2147483647"),
+    (dict(seed=2**40), ValueError, "seed must be an integer"),
+    (dict(params=[("num_leaves", 7)]), TypeError, "params must be a mapping"),
+    (dict(folds=True), ValueError, "folds must be a positive integer"),
+])
+def test_training_refuses_bad_arguments_naming_them(table, kwargs, error, message):
+    frame = kwargs.pop("frame", table)
+    with pytest.raises(error, match=message):
+        learned.train(frame, KEY, **kwargs)
+
+
+def test_models_take_one_trained_model_per_key(model):
+    with pytest.raises(ValueError, match="two models rank gemm_forward_fp16 on sm_90"):
+        learned.Models([model, model])
+    with pytest.raises(TypeError, match="models must be TrainedModels"):
+        learned.Models(["models/sm_90"])
