@@ -413,3 +413,61 @@ def test_models_take_one_trained_model_per_key(model):
         learned.Models([model, model])
     with pytest.raises(TypeError, match="models must be TrainedModels"):
         learned.Models(["models/sm_90"])
+
+
+def test_a_problem_whose_layout_the_model_never_saw_is_ranked_by_rules(model, rules):
+    from tiledispatch.ops.gemm import GemmLayout
+
+    assert model.spec.columns[[c.name for c in model.spec.columns].index("problem.layout.a")].vocabulary == ("r",)
+    seen = problems(1, seed=46)[0]
+    unseen = GEMM.problem_type(m=seen.m, n=seen.n, k=seen.k, layout=GemmLayout.parse("crr"))
+    assert model.covers(seen) and not model.covers(unseen)
+    assert model.featurizer.unknown_categories(unseen) == ("layout.a='c'",)
+    dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model",
+                            models=learned.Models([model]))
+    ranked = dispatcher.ranked(unseen)
+    assert ranked and [c.spec for c in ranked] == [c.spec for c in rules.ranked(unseen)]
+    assert dispatcher.explain(unseen).model is None and dispatcher.explain(seen).model == model.label
+    frame = synthetic_table(rules, count=4, seed=9)
+    frame = frame[frame["status"] == "ok"]
+    from tiledispatch.heuristics import evaluate as ev
+
+    unseen_rows = []
+    for candidate in rules.ranked(unseen):
+        row = frame.iloc[0].to_dict()
+        row.update(problem_id=problem_id(unseen), problem=canonical_json(unseen), kernel=candidate.spec.name,
+                   family=candidate.spec.family, vendor=candidate.spec.family == "vendor",
+                   config=canonical_json(candidate.spec.config), rule_score=None, rule_rank=None,
+                   time_ms=1.0 if candidate is not rules.ranked(unseen)[0] else 2.0)
+        unseen_rows.append(row)
+    table = pd.DataFrame(unseen_rows)
+    (outcome,) = ev.evaluate(table, strategies=["model"], model=model)[KEY].outcomes[ev.Picker.MODEL]
+    assert outcome.kernel == rules.ranked(unseen)[0].spec.name  # the rules' pick, as the dispatcher makes
+
+
+def test_a_model_giving_too_few_or_nan_costs_fails_clearly(model):
+    class Broken:
+        label = "broken"
+
+        def __init__(self, costs):
+            self.costs = costs
+
+        def predict_cost(self, problem, configs, arch, scores=None):
+            return self.costs(len(configs))
+
+    class Source:
+        def __init__(self, predictor):
+            self.predictor = predictor
+
+        def model_for(self, problem, arch):
+            return self.predictor
+
+        def ships(self, arch):
+            return True
+
+    problem = problems(1, seed=47)[0]
+    for costs in (lambda n: [0.0] * (n - 1), lambda n: [math.nan] * n):
+        dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model",
+                                models=Source(Broken(costs)))
+        with pytest.raises(UnsupportedError, match="the model broken gave .* costs .* one finite cost per candidate"):
+            dispatcher.ranked(problem)

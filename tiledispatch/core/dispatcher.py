@@ -14,6 +14,7 @@ import contextvars
 import functools
 import itertools
 import logging
+import math
 import os
 import threading
 import weakref
@@ -39,7 +40,7 @@ class Strategy(Choice):
     FIRST = "first"  # the first supporting kernel in registry order
     RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
     AUTOTUNE = "autotune"  # the rules' finalists timed once per problem, the fastest remembered on disk
-    MODEL = "model"  # a learned model's predicted times order what the rules accept (rules where none)
+    MODEL = "model"  # a learned model's costs order what the rules accept (the rules where no model covers)
 
 
 # The memos' capacities. Selections and bound calls (1-3 KiB a shape, together) are kept
@@ -133,14 +134,19 @@ class Dispatcher:
     def _model_order(self, problem, accepted: list[Candidate]) -> tuple[list[Candidate], str | None]:
         """The accepted candidates (in the rules' order) by a learned model's cost, one batched
         prediction, with the model's label; as they are, with None, where no model covers
-        the problem's slice. Equal predictions keep the rules' order."""
+        the problem. Equal costs keep the rules' order."""
         source = self._models if self._models is not None else model_source()
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
-        costs = model.predict_cost(problem, [c.spec.config for c in accepted], self.arch, [c.score for c in accepted])
-        order = sorted(range(len(accepted)), key=lambda i: costs[i])
-        return [Candidate(accepted[i].spec, None, accepted[i].score, float(costs[i])) for i in order], model.label
+        costs = [float(c) for c in
+                 model.predict_cost(problem, [c.spec.config for c in accepted], self.arch, [c.score for c in accepted])]
+        if len(costs) != len(accepted) or not all(map(math.isfinite, costs)):
+            raise UnsupportedError(f"the model {model.label} gave {len(costs)} costs (finite: "
+                                   f"{all(map(math.isfinite, costs))}) for {len(accepted)} candidates of "
+                                   f"{problem.describe()}; a model gives one finite cost per candidate")
+        order = sorted(range(len(accepted)), key=costs.__getitem__)
+        return [Candidate(accepted[i].spec, None, accepted[i].score, costs[i]) for i in order], model.label
 
     def ranked(self, problem) -> tuple[Candidate, ...]:
         """The candidates that accept `problem`, best first: `explain(problem).ranked` without

@@ -1,7 +1,7 @@
 """What a ranking holds (candidates, refusals, an explanation), and the learned models it may ask.
 
-The `model` strategy orders the candidates the rules accept by a learned model's predicted
-times. The models live above the core (`tiledispatch.heuristics.learned`: LightGBM, features,
+The `model` strategy orders the candidates the rules accept by a learned model's costs (a
+ranker's negated scores, comparable within one problem only). The models live above the core (`tiledispatch.heuristics.learned`: LightGBM, features,
 the files shipped per arch), which registers a `ModelSource` here (`set_model_source`), as
 the autotune policy registers itself in `core.tuning`: the core never imports the heuristics.
 """
@@ -107,7 +107,7 @@ class Predictor(Protocol):
         """What `explain` names the model by (its slice, arch and training data)."""
 
     def predict_cost(self, problem: Any, configs: Sequence[Any], arch: Any,
-                   scores: Sequence[Score] | None = None) -> Sequence[float]:
+                     scores: Sequence[Score] | None = None) -> Sequence[float]:
         """One cost per config, in order (a ranker's negated score: comparable within the problem
         only); `scores` are the configs' rule scores where the caller has them (the model reads
         them as features), computed otherwise."""
@@ -117,7 +117,9 @@ class ModelSource(Protocol):
     """Where the `model` strategy finds a model for a problem (`heuristics.learned`)."""
 
     def model_for(self, problem: Any, arch: Any) -> Predictor | None:
-        """The model of the problem's slice on `arch`, or None where there is none."""
+        """The model of the problem's slice on `arch`, or None where none covers the problem (no
+        model of its slice, or one that never saw a layout, dtype or epilogue of it): the rules
+        rank it then."""
 
     def ships(self, arch: Any) -> bool:
         """Whether any model exists for `arch`: the default strategy there is `model`."""

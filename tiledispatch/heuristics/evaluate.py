@@ -153,6 +153,9 @@ class _Problem:
 
 
 def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
+    covers = getattr(problem.model, "covers", None)
+    if covers is not None and not covers(problem.problem):
+        return ordered[0]  # as the dispatcher does: the rules rank a problem the model does not cover
     return ordered[int(np.argmin(problem.model_costs(ordered)))]  # ties: the rules' order
 
 

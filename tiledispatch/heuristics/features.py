@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -242,13 +243,20 @@ class Featurizer:
         self._groups = {source: [(i, c) for i, c in enumerate(spec.columns) if c.source is source]
                         for source in Source}
         self._index = {source: np.array([i for i, _ in group], dtype=np.intp) for source, group in self._groups.items()}
-        # the score columns' terms by name, None for the score's value
-        self._score_paths = [None if c.path == "value" else c.path for _, c in self._groups[Source.SCORE]]
+        # The score columns: each score's terms read by name in one `map` (NaN where a term is
+        # missing), then the column of the score's own value, where the spec has one, filled in.
+        score_paths = [c.path for _, c in self._groups[Source.SCORE]]
+        self._score_paths = score_paths
+        self._value_at = score_paths.index("value") if "value" in score_paths else None
         # id(config) -> (config, its CONFIG and KERNEL columns' values). By identity: hashing a
         # config hashes its nested fields each time, which costs more than the lookup saves; the
         # entry holds the config, so its id is not reused while it is kept.
         self._configs: dict[int, tuple[Any, np.ndarray]] = {}
         self._arch: dict[Any, np.ndarray] = {}
+        # (problem, its PROBLEM columns, the categories it holds that the spec does not know),
+        # for the last problem read: the model's source asks `unknown_categories` of the very
+        # problem `matrix` then reads, so it is flattened once. Replaced whole: thread-safe.
+        self._last: tuple[Any, np.ndarray, tuple[str, ...]] | None = None
 
     def _encode(self, sources: Sequence[Source], rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """The columns of `sources`, in turn, each read from its row of raw values."""
@@ -267,6 +275,22 @@ class Featurizer:
         op = self.spec.op
         return self._encode((Source.CONFIG, Source.KERNEL), (config_values(config), kernel_values(op, config)))
 
+    def _problem(self, problem: Any) -> tuple[Any, np.ndarray, tuple[str, ...]]:
+        last = self._last
+        if last is not None and last[0] is problem:
+            return last
+        values = problem_values(problem)
+        row = self._encode((Source.PROBLEM,), (values,))
+        unknown = tuple(f"{c.path}={values[c.path]!r}" for j, (_, c) in enumerate(self._groups[Source.PROBLEM])
+                        if c.kind is Kind.CATEGORY and math.isnan(row[j]) and values.get(c.path) is not None)
+        self._last = last = (problem, row, unknown)
+        return last
+
+    def unknown_categories(self, problem: Any) -> tuple[str, ...]:
+        """The problem's categorical fields (`path=value`) whose value no training problem had (a
+        layout, dtype or epilogue the model never saw): empty where the model knows them all."""
+        return self._problem(problem)[2]
+
     def matrix(self, problem: Any, configs: Sequence[Any], arch: Any,
                scores: Sequence[Score] | None = None) -> np.ndarray:
         """One row per config (float64, NaN where missing); `scores` are the configs' rule scores
@@ -276,7 +300,7 @@ class Featurizer:
             scores = [rule_score(c, problem, arch) for c in configs]
         out = np.empty((len(configs), len(self.spec.columns)), dtype=np.float64)
         index = self._index
-        out[:, index[Source.PROBLEM]] = self._encode((Source.PROBLEM,), (problem_values(problem),))
+        out[:, index[Source.PROBLEM]] = self._problem(problem)[1]
         out[:, index[Source.DERIVED]] = self._encode((Source.DERIVED,), (derived_values(problem),))
         arch_row = self._arch.get(arch)
         if arch_row is None:
@@ -287,7 +311,9 @@ class Featurizer:
                 np.stack([self._config_row(c) for c in configs])
         paths = self._score_paths
         if paths and configs:
-            nan = math.nan
-            out[:, index[Source.SCORE]] = [[s.value if p is None else s.terms.get(p, nan) for p in paths]
-                                           for s in scores]
+            nans = itertools.repeat(math.nan)
+            block = np.array([list(map(s.terms.get, paths, nans)) for s in scores], dtype=np.float64)
+            if self._value_at is not None:
+                block[:, self._value_at] = [s.value for s in scores]
+            out[:, index[Source.SCORE]] = block
         return out

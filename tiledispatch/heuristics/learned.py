@@ -75,6 +75,13 @@ class TrainedModel:
     def __post_init__(self) -> None:
         object.__setattr__(self, "featurizer", Featurizer(self.spec))
 
+    def covers(self, problem: Any) -> bool:
+        """Whether the model learned from problems like `problem`: every categorical field of it
+        (layouts, dtypes, epilogue) holds a value some training problem held. A value it never
+        saw reads as missing, and the model would rank the candidates as for another problem;
+        the rules rank such a problem instead."""
+        return not self.featurizer.unknown_categories(problem)
+
     @property
     def label(self) -> str:
         """`sm_90/gemm_forward_bf16@<data hash>`: the slice and the rows it learned from."""
@@ -204,7 +211,8 @@ class Models:
         return cls(load_directory(directory))
 
     def model_for(self, problem: Any, arch: Any) -> TrainedModel | None:
-        return self._by_key.get(selection_key(problem, arch.name))
+        """The model of the problem's key on `arch`, where it covers the problem (`TrainedModel.covers`)."""
+        return _covering(self._by_key.get(selection_key(problem, arch.name)), problem)
 
     def ships(self, arch: Any) -> bool:
         return any(key.arch == arch.name for key in self._by_key)
@@ -260,11 +268,18 @@ class ShippedModels:
     """The models shipped with tiledispatch: the `model` strategy's default source."""
 
     def model_for(self, problem: Any, arch: Any) -> TrainedModel | None:
+        """The shipped model of the problem's key on `arch`, where it covers the problem."""
         key = selection_key(problem, arch.name)
-        return _SHIPPED.get_or_make(("usable", key), functools.partial(_usable, key))
+        return _covering(_SHIPPED.get_or_make(("usable", key), functools.partial(_usable, key)), problem)
 
     def ships(self, arch: Any) -> bool:
         return bool(shipped_keys(arch.name))
+
+
+def _covering(model: Any, problem: Any) -> Any:
+    """`model` where it covers `problem` (a model without `covers`, given by a caller, covers all)."""
+    covers = getattr(model, "covers", None)
+    return model if model is None or covers is None or covers(problem) else None
 
 
 def _usable(key: SelectionKey) -> TrainedModel | None:
