@@ -33,15 +33,15 @@ GRADES = 20  # relevance grades 0..20 (see the module docstring)
 SHARPNESS = 4
 TARGET = f"LambdaRank over each problem's kernels, grades floor({GRADES} * efficiency**{SHARPNESS})"
 # LightGBM's settings: small trees (15 leaves) at a slow rate: a sweep holds a few hundred
-# problems, and a ranker learns from the pairs within each. The model stays about a MB of
-# text, small enough to ship, and predicts ~100 candidates in well under a millisecond.
+# problems, and a ranker learns from the pairs within each. The model stays about half a MB of
+# text, small enough to ship (docs/selection.md measures its prediction).
 DEFAULT_PARAMS: Mapping[str, Any] = {
     "objective": "lambdarank", "metric": "ndcg", "eval_at": [1, 3], "lambdarank_truncation_level": 10,
     "label_gain": list(range(GRADES + 1)), "learning_rate": 0.05, "num_leaves": 15, "min_data_in_leaf": 10,
     "feature_fraction": 0.9, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0, "max_bin": 255,
     "deterministic": True, "force_row_wise": True, "verbose": -1,
 }
-ROUNDS = 300  # trees: each costs about 0.6 us a candidate to predict
+ROUNDS = 300  # trees: 300 cost 5-7 us a candidate to predict on one CPU thread
 SEED_MAX = 2**31 - 1  # LightGBM's seed is a C int
 
 
