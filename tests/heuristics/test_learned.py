@@ -471,3 +471,17 @@ def test_a_model_giving_too_few_or_nan_costs_fails_clearly(model):
                                 models=Source(Broken(costs)))
         with pytest.raises(UnsupportedError, match="the model broken gave .* costs .* one finite cost per candidate"):
             dispatcher.ranked(problem)
+
+
+def test_an_unreadable_shipped_manifest_leaves_its_slice_to_the_rules(model, shipped_in, monkeypatch, caplog):
+    monkeypatch.delenv("TILEDISPATCH_STRATEGY", raising=False)
+    (shipped_in / "sm_90").mkdir()
+    (shipped_in / "sm_90" / "gemm_forward_fp16.manifest.json").write_text("{not json")
+    assert learned.shipped_keys("sm_90") == frozenset() and "cannot be read" in caplog.text
+    assert default_strategy(SM90) is Strategy.RULES  # every dispatcher still starts
+    assert learned.ShippedModels().model_for(problems(1, seed=48)[0], SM90) is None
+
+
+def test_models_from_a_missing_directory_are_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no directory of models at .*typo"):
+        learned.Models.from_directory(tmp_path / "typo")

@@ -108,7 +108,7 @@ class TrainedModel:
         texts["manifest"] = json.dumps(manifest, indent=1) + "\n"
         for part, text in texts.items():
             tmp = paths[part].with_name(f".{paths[part].name}.tmp")
-            tmp.write_text(text)
+            tmp.write_text(text, encoding="utf-8")  # as `load` reads it, whatever the locale
             os.replace(tmp, paths[part])
         return paths
 
@@ -182,7 +182,11 @@ def _key_dict(key: SelectionKey) -> dict[str, str]:
 
 
 def load_directory(directory: str | os.PathLike) -> list[TrainedModel]:
-    """Every model saved in `directory` and its `<arch>/` folders (as `tiledispatch train --out` writes)."""
+    """Every model saved in `directory` and its `<arch>/` folders (as `tiledispatch train --out` writes);
+    FileNotFoundError where `directory` is not one."""
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"no directory of models at {directory}; give the folder `tiledispatch train --out` "
+                                "wrote (or one of its <arch>/ folders)")
     models = []
     for manifest in sorted(Path(directory).glob("**/*" + SUFFIXES["manifest"])):
         key = _manifest_key(manifest)
@@ -241,11 +245,21 @@ def shipped_keys(arch: str) -> frozenset[SelectionKey]:
 
 
 def _shipped_keys(arch: str) -> frozenset[SelectionKey]:
+    """The keys the manifests in the arch's folder name; one that cannot be read is logged and
+    left out, so that the rules rank its slice rather than every dispatcher failing to start."""
     folder = _shipped_folder(arch)
     if not folder.is_dir():
         return frozenset()
-    keys = (_manifest_key(manifest) for manifest in folder.glob("*" + SUFFIXES["manifest"]))
-    return frozenset(key for key in keys if key is not None and key.arch == arch)
+    keys = set()
+    for manifest in folder.glob("*" + SUFFIXES["manifest"]):
+        try:
+            key = _manifest_key(manifest)
+        except (OSError, ModelFormatError) as e:
+            log.warning("the shipped model manifest %s cannot be read (%s); ranking its slice by rules", manifest, e)
+            continue
+        if key is not None and key.arch == arch:
+            keys.add(key)
+    return frozenset(keys)
 
 
 def _manifest_key(manifest: Path) -> SelectionKey | None:
