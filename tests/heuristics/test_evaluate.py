@@ -371,3 +371,18 @@ def test_cli_reads_a_sweeps_directory_and_checks_its_options(ranked, tmp_path):
     for options in (["--model", str(tmp_path / "no-such-models")], ["--cv", "--seed", str(2**31)]):
         bad = CliRunner().invoke(app, ["evaluate", str(parts), *options])
         assert bad.exit_code == 2, bad.output
+
+
+def test_a_problem_this_version_cannot_read_is_an_evaluation_error_or_shown_raw(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + r)
+    first = frame["problem_id"] == frame["problem_id"].iloc[0]
+    frame.loc[first, "problem"] = frame.loc[first, "problem"].str.replace('{"alignment"', '{"future_field":1,"alignment"',
+                                                                        regex=False)
+    s = stats(ev.evaluate(frame, strategies=["rules"]), "rules")  # the table's scores: nothing to rebuild
+    assert s["problems"] == len(SHAPES) and any(isinstance(w["problem"], str) and "future_field" in w["problem"]
+                                                for w in s["worst"])
+    with pytest.raises(ev.EvaluationError, match="problem .*future_field.* is not a gemm problem this tiledispatch"):
+        ev.evaluate(frame, strategies=["rules"], rescore=True)
+    training = pytest.importorskip("tiledispatch.heuristics.training")
+    data = training.featurize(training.rows_of(frame, KEY), KEY)
+    assert dict(data.skipped) == {"problem unreadable": 1} and len(set(data.problem_ids)) == len(SHAPES) - 1

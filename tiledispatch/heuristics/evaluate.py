@@ -125,7 +125,7 @@ class _Problem:
 
     @functools.cached_property
     def problem(self) -> Any:
-        return problem_from_row(self.op, self.problem_json)
+        return _parsed(problem_from_row, self.op, self.problem_json, "problem")
 
     def configs(self, candidates: Sequence[Measured]) -> list[Any]:
         out = []
@@ -134,9 +134,10 @@ class _Problem:
                 raise EvaluationError(f"row of kernel {c.kernel}: no config; the model and the rules' scores "
                                       "read the config column (bench.table.COLUMNS)")
             if c.config not in self._configs:
-                self._configs[c.config] = config_from_row(self.op, c.config)
+                self._configs[c.config] = _parsed(config_from_row, self.op, c.config, f"config of {c.kernel}")
             out.append(self._configs[c.config])
         return out
+
 
     def scored(self, candidates: Sequence[Measured]) -> list[Measured]:
         """The candidates with the op's `rule_score` of today, on this arch."""
@@ -150,6 +151,16 @@ class _Problem:
             raise EvaluationError(f"the model gave costs of shape {costs.shape} (finite: {np.isfinite(costs).all()}) "
                                   f"for {len(candidates)} candidates; predict_cost gives one finite cost per config")
         return costs
+
+
+def _parsed(parse: Callable[[str, str], Any], op: str, text: str, what: str) -> Any:
+    """`parse(op, text)`, or an EvaluationError naming the JSON this tiledispatch cannot read."""
+    try:
+        return parse(op, text)
+    except (ValueError, TypeError, KeyError, TiledispatchError) as e:
+        raise EvaluationError(f"the {what} {text[:200]!r} is not a {op} {what.split()[0]} this tiledispatch reads "
+                              f"({e}); evaluate without --rescore and the model, or sweep again with this "
+                              "version") from None
 
 
 def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:

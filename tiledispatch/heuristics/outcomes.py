@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ..bench.table import SelectionKey, Status, problem_from_row
+from ..core.errors import TiledispatchError
 
 TOP1_TOLERANCE = 0.01  # a pick within 1 % of the oracle counts as a hit: sweeps repeat to about this
 SLOW = 2.0  # the issue's bound: no pick slower than twice the oracle
@@ -50,10 +51,18 @@ class Outcome:
         return None if self.vendor_ms is None else 0.0 if self.failed else self.vendor_ms / self.pick_ms
 
     def to_dict(self, op: str) -> dict[str, Any]:
-        return {"problem_id": self.problem_id, "problem": problem_from_row(op, self.problem).describe(),
+        return {"problem_id": self.problem_id, "problem": _described(op, self.problem),
                 "pick": self.kernel, "status": self.status.value, "pick_ms": self.pick_ms,
                 "oracle": self.oracle_kernel, "oracle_ms": self.oracle_ms, "efficiency": round(self.efficiency, 6),
                 **({"error": self.error[:300]} if self.error else {})}
+
+
+def _described(op: str, problem_json: str) -> Any:
+    """The problem's `describe()`; its JSON as the table holds it where this version cannot read it."""
+    try:
+        return problem_from_row(op, problem_json).describe()
+    except (ValueError, TypeError, KeyError, TiledispatchError):
+        return problem_json
 
 
 def p10(values: Sequence[float]) -> float:

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
-from ..core.errors import UnsupportedError
+from ..core.errors import TiledispatchError, UnsupportedError
 from ..core.op import get_op
 from .features import Featurizer, FeatureSpec, fit_spec
 from .learned import FORMAT, RANKING_OBJECTIVES, TrainedModel, data_hash
@@ -121,7 +121,7 @@ def featurize(rows: Any, key: SelectionKey) -> Data:
 def _parsed(parse, op: str, text: str, skipped: dict[str, int], reason: str) -> Any:
     try:
         return parse(op, text)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, TiledispatchError):  # a field or value this version lacks
         skipped[reason] = skipped.get(reason, 0) + 1
         return None
 
