@@ -386,3 +386,10 @@ def test_a_problem_this_version_cannot_read_is_an_evaluation_error_or_shown_raw(
     training = pytest.importorskip("tiledispatch.heuristics.training")
     data = training.featurize(training.rows_of(frame, KEY), KEY)
     assert dict(data.skipped) == {"problem unreadable": 1} and len(set(data.problem_ids)) == len(SHAPES) - 1
+
+
+def test_the_model_reads_its_keys_arch_whatever_arch_the_rules_score_with(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * ((3 * r + i) % 7))
+    report = ev.evaluate(frame, strategies=["rules", "model"], model=TableModel(frame), arch="sm_80",
+                         rescore=True, allow_seen=True)  # TableModel asserts it is given sm_90's facts
+    assert stats(report, "model")["efficiency"]["mean"] == 1.0

@@ -240,7 +240,7 @@ def test_no_pickle_in_the_learned_modules():
 # --- the model strategy -------------------------------------------------------------------------
 
 
-def test_the_model_strategy_orders_candidates_by_predicted_time(model, rules):
+def test_the_model_strategy_orders_candidates_by_their_costs(model, rules):
     registry = Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90)
     dispatcher = Dispatcher(registry, SM90, strategy="model", models=learned.Models([model]))
     problem = problems(1, seed=42)[0]

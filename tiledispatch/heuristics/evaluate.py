@@ -119,8 +119,11 @@ class Measured:
 class _Problem:
     """One problem's objects, rebuilt from the table when a strategy needs them (a model, a rescore)."""
 
-    def __init__(self, op: str, problem_json: str, arch, model, configs: dict) -> None:
-        self.op, self.problem_json, self.arch, self.model = op, problem_json, arch, model
+    def __init__(self, key: SelectionKey, problem_json: str, arch, model, configs: dict) -> None:
+        self.op, self.problem_json, self.arch, self.model = key.op, problem_json, arch, model
+        # The model reads its key's arch facts, as training computed its features, whatever `arch`
+        # the rules are asked to score with.
+        self.model_arch = arch if arch.name == key.arch else arch_facts.load(key.arch)
         self._configs = configs  # config JSON -> object, shared by the key's problems
 
     @functools.cached_property
@@ -146,7 +149,8 @@ class _Problem:
                 for c, config in zip(candidates, self.configs(candidates))]
 
     def model_costs(self, candidates: Sequence[Measured]) -> np.ndarray:
-        costs = np.asarray(self.model.predict_cost(self.problem, self.configs(candidates), self.arch), dtype=float)
+        costs = np.asarray(self.model.predict_cost(self.problem, self.configs(candidates), self.model_arch),
+                           dtype=float)
         if costs.shape != (len(candidates),) or not np.isfinite(costs).all():
             raise EvaluationError(f"the model gave costs of shape {costs.shape} (finite: {np.isfinite(costs).all()}) "
                                   f"for {len(candidates)} candidates; predict_cost gives one finite cost per config")
@@ -313,7 +317,8 @@ def evaluate(frame, *, strategies=(Picker.RULES, Picker.MODEL, Picker.AUTOTUNE),
     """Each strategy's picks on each problem of `frame` (a sweep's table) against the oracle, per key.
 
     `model`: a TrainedModel, a directory of models, a mapping of SelectionKey to models, or None for
-    the shipped ones. `arch`: the facts the rules and model read (default: each key's). `holdout`:
+    the shipped ones. `arch`: the facts the rules read (default: each key's; the model reads its
+    key's, as its training did). `holdout`:
     the problems judged (None: all; a Fold; a table or problem ids). `rescore`: the rules' scores of
     today, not the table's. `held_out`: the caller trained the model without these problems."""
     pickers = _pickers(strategies)
@@ -351,7 +356,7 @@ def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow
         if oracle is None:
             without.append(pid)
             continue
-        problem = _Problem(key.op, problem_json, arch, predictor, configs)
+        problem = _Problem(key, problem_json, arch, predictor, configs)
         if rescore or any(c.rule_score is None for c in candidates):
             candidates = problem.scored(candidates)
         ordered = sorted(candidates, key=Measured.rules_key)
