@@ -3,6 +3,13 @@ resuming, the Dask path, the CLI; gemm, conv and attention each swept once."""
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +20,7 @@ from tiledispatch.bench import sweep_worker
 from tiledispatch.bench.sweep import CandidatePolicy, is_vendor, planned, read_table, sweep
 from tiledispatch.bench.table import COLUMNS, Status, canonical_json, problem_from_row, problem_id
 from tiledispatch.cli.main import app
+from tiledispatch.core.errors import InvalidArgumentError
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
 
@@ -61,8 +69,8 @@ def ranked_names(problem, count):
 def test_gemm_rows_have_every_column_and_a_rerun_adds_none(tmp_path):
     problems = gemm_problems()
     policy = CandidatePolicy(top=2, sample=1, seed=3)
-    report = sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy,
-                   kernels_per_task=2, problem_set_name="unit")
+    report = sweep("gemm", problems + problems[:1], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy,
+                   kernels_per_task=2, problem_set_name="unit")  # a problem given twice is swept once
     frame = read_table(tmp_path)
     assert list(frame.columns) == list(COLUMNS)
     assert len(frame) == report.kernels == 6 and report.rows == {"ok": 6} and report.problems == 2
@@ -79,8 +87,33 @@ def test_gemm_rows_have_every_column_and_a_rerun_adds_none(tmp_path):
     for problem in problems:  # the rules' top 2 of each problem are in, with their ranks
         ranks = sorted(frame[frame.problem_id == problem_id(problem)].rule_rank)
         assert ranks[:2] == [0, 1] and len(ranks) == 3
+    staging = tmp_path / ".part-20260101T000000-0123456789ab.parquet.tmp"  # a part a killed sweep left half-written
+    staging.write_bytes(b"PAR1")
     again = sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy, kernels_per_task=2)
-    assert again.kernels == 0 and again.skipped == 6 and len(read_table(tmp_path)) == 6
+    assert again.kernels == 0 and again.skipped == 6 and len(read_table(tmp_path)) == 6 and not staging.exists()
+
+
+def test_one_sweep_at_a_time_writes_a_directory_and_a_damaged_part_is_named(tmp_path):
+    from tiledispatch.bench.sweep import locked
+
+    with locked(tmp_path):  # as a sweep running into the same directory holds it
+        with pytest.raises(InvalidArgumentError, match="another sweep is writing"):
+            sweep("gemm", gemm_problems(), out=tmp_path, rule_set="tiny", arch=INTERP)
+    (tmp_path / "part-bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InvalidArgumentError, match="part-bad.parquet"):
+        read_table(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="part-bad.parquet"):
+        sweep("gemm", gemm_problems(), out=tmp_path, rule_set="tiny", arch=INTERP)
+
+
+@pytest.mark.parametrize("arguments, match", [
+    ({"timeout_s": 0}, "timeout_s"), ({"timeout_s": float("nan")}, "timeout_s"), ({"jobs": 0}, "jobs"),
+    ({"kernels_per_task": 0}, "kernels_per_task"), ({"prebuild_jobs": -1}, "prebuild_jobs"),
+    ({"gpus": ["0", "x"]}, "gpus"), ({"gpus": [0, 0]}, "gpus"), ({"gpus": [0], "scheduler": "tcp://h:1"}, "give one")])
+def test_bad_sweep_arguments_are_named_before_anything_runs(tmp_path, arguments, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        sweep("gemm", gemm_problems(), out=tmp_path, rule_set="tiny", arch=INTERP, **arguments)
+    assert not list(tmp_path.iterdir())
 
 
 def test_check_catches_a_wrong_kernel(monkeypatch):
@@ -116,6 +149,111 @@ def test_check_catches_a_wrong_kernel(monkeypatch):
     assert wrong.status is Status.WRONG and wrong.time_ms is None
     detail = json.loads(wrong.error)
     assert detail["max_abs_error"] >= 0.99 and not detail["passed"]
+
+
+class _Pipe:
+    """The child's end of its pipe, in this process: the tasks it is sent, what it sends back."""
+
+    def __init__(self, *tasks):
+        self.inbox, self.sent = [*tasks, None], []
+
+    def recv(self):
+        return self.inbox.pop(0)
+
+    def send(self, message):
+        self.sent.append(message)
+
+
+def test_a_batch_failing_after_its_kernels_ran_keeps_their_outcomes(monkeypatch):
+    """A task that fails as a whole after some kernels finished (here: reading the device at its
+    end) reports those kernels' outcomes, and LAUNCH_FAILED only for the kernels it never ran."""
+    problem = gemm_problems()[1]
+    registry = Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP))
+    registry.candidates(problem.op, problem)
+    specs = tuple(registry.get(n) for n in ranked_names(problem, 2))
+
+    def broken():
+        raise RuntimeError("nvidia-smi is gone")
+
+    monkeypatch.setattr(sweep_worker, "device_info", broken)
+    pipe = _Pipe(sweep_worker.Task(problem, specs))
+    sweep_worker._child(pipe)
+    (result,) = [value for kind, value in pipe.sent if kind == "done"]
+    assert [o.status for o in result.outcomes] == [Status.OK, Status.OK]
+    assert all(o.time_ms > 0 for o in result.outcomes)
+
+
+def test_the_fault_hooks_take_interpreter_kernels_only(monkeypatch):
+    problem = gemm_problems()[0]
+    interpreter = Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP))
+    interpreter.candidates(problem.op, problem)
+    spec = interpreter.get(ranked_names(problem, 1)[0])
+    sm90 = Dispatcher(Registry.from_rule_sets([problem.op], "default", arch_facts.load("sm_90")),
+                      arch_facts.load("sm_90"))
+    gpu_spec = sm90.ranked(problem)[0].spec
+    monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({spec.name: "exit", gpu_spec.name: "exit"}))
+    assert sweep_worker.injected((spec,))[spec.name] is sweep_worker.Inject.EXIT
+    assert sweep_worker.injected((gpu_spec,)) == {}  # a real sweep never takes them, whatever the shell holds
+    for text in ("exit", json.dumps({spec.name: "explode"})):
+        monkeypatch.setenv(sweep_worker.INJECT_ENV, text)
+        with pytest.raises(ValueError, match=sweep_worker.INJECT_ENV):
+            sweep_worker.injected((spec,))
+
+
+def test_a_killed_worker_takes_its_compile_processes_with_it():
+    runner = sweep_worker.IsolatedRunner({}, 30)
+    runner._start()
+    try:
+        leader = runner._process.pid
+        assert os.getpgid(leader) == leader
+        # a process of the child's group, as its build's compile processes are
+        compiler = subprocess.Popen(["sleep", "120"], process_group=leader)
+    finally:
+        runner.close(0)
+    assert compiler.wait(20) == -signal.SIGKILL
+
+
+def _marked(marker: bytes) -> list[int]:
+    """The processes whose environment holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_sigterm_stops_the_cli_sweep_with_its_report_and_no_process_left(tmp_path):
+    """A sweep stopped by a time limit's SIGTERM prints what it wrote (exit 130) and leaves no
+    worker behind, though its worker hangs in a kernel."""
+    problem = gemm_problems()[0]
+    names = ranked_names(problem, 2)
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps([json.loads(canonical_json(problem))]))
+    marker = f"R1_SWEEP_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, sweep_worker.INJECT_ENV: json.dumps({names[1]: "hang"}), "R1_SWEEP_MARK": marker[14:]}
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "tiledispatch", "sweep", "--op", "gemm", "--problems", str(problems),
+                             "--rule-set", "tiny", "--arch", INTERP, "--top", "2", "--kernels-per-task", "1",
+                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("part-*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)  # the worker reaches the hanging kernel
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    document = json.loads(stdout)
+    assert document["status"] == "interrupted" and document["rows"] == {"ok": 1} and "1/2 tasks" in stderr
+    assert read_table(out).kernel.tolist() == [names[0]]
+    time.sleep(1)
+    assert _marked(marker.encode()) == []
 
 
 def test_a_fault_and_a_hang_are_rows_and_the_sweep_goes_on(tmp_path, monkeypatch):
@@ -159,23 +297,6 @@ def test_candidate_policy_and_the_vendor_flag():
     assert rows[0].rule_rank == 0 and len(rows) == 1 + sum(r.rule_rank != 0 for r in vendors)
 
 
-def test_dask_cluster_gives_the_rows_of_one_worker(tmp_path):
-    pytest.importorskip("distributed")
-    problem = gemm_problems()[1]
-    policy = CandidatePolicy(top=3)
-    sweep("gemm", [problem], out=tmp_path / "one", rule_set="tiny", arch=INTERP, candidates=policy,
-          kernels_per_task=2)
-    report = sweep("gemm", [problem], out=tmp_path / "dask", rule_set="tiny", arch=INTERP, candidates=policy,
-                   kernels_per_task=2, gpus=[0, 1])
-    assert report.gpus == 2
-
-    def rows(path):
-        frame = read_table(path)
-        return sorted(zip(frame.problem_id, frame.kernel, frame.status, frame.rule_rank))
-
-    assert rows(tmp_path / "one") == rows(tmp_path / "dask") and len(rows(tmp_path / "dask")) == 3
-
-
 def test_cli_sweeps_a_problem_file(tmp_path):
     problem = gemm_problems()[0]
     problems = tmp_path / "problems.json"
@@ -211,7 +332,20 @@ def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):
     finally:
         cluster.close()
     assert report.rows == {"ok": 2} and report.gpus == 2 and again.kernels == 0 and again.skipped == 2
-    assert sorted(read_table(tmp_path).kernel) == sorted(ranked_names(problem, 2))
+    frame = read_table(tmp_path)  # the rows one worker would write: each kernel with its rank
+    assert sorted(zip(frame.rule_rank, frame.kernel, frame.status)) == [
+        (rank, name, "ok") for rank, name in enumerate(ranked_names(problem, 2))]
+
+
+def test_a_scheduler_that_cannot_take_tasks_is_named():
+    distributed = pytest.importorskip("distributed")
+    from tiledispatch.bench.distributed import cluster_gpus
+
+    with pytest.raises(InvalidArgumentError, match="no Dask scheduler answers"):
+        cluster_gpus("tcp://127.0.0.1:1", connect_s=1)
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as empty:
+        with pytest.raises(InvalidArgumentError, match="has no workers"):
+            cluster_gpus(empty.scheduler_address)
 
 
 def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypatch):
@@ -224,7 +358,8 @@ def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypat
     frame = read_table(tmp_path)
     status = dict(zip(frame.kernel, frame.status))
     assert status == {names[0]: "ok", names[1]: "fault"} and report.rows == {"ok": 1, "fault": 1}
-    assert "died 2 times" in frame[frame.kernel == names[1]].error.iloc[0]
+    assert report.gpus == 2
+    assert "workers that ran this task died" in frame[frame.kernel == names[1]].error.iloc[0]
 
 
 def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypatch):

@@ -9,26 +9,33 @@ down workers `ALLOWED_FAILURES` + 1 times is recorded as FAULT rather than retri
 are idempotent: a worker returns outcomes, and the client alone writes rows.
 
 On one host, `run_tasks(gpus=[0, 1, ...])` starts a local cluster. Across hosts, start a scheduler
-(`dask scheduler`), then on each host one worker per GPU (`tiledispatch sweep-worker
-tcp://host:8786 --gpus 0,1,2,3`), and sweep with `--scheduler tcp://host:8786`.
+with `SCHEDULER_ENV` (`dask scheduler`), then on each host one worker per GPU (`tiledispatch
+sweep-worker tcp://host:8786 --gpus 0,1,2,3`), and sweep with `--scheduler tcp://host:8786`.
 """
 
 from __future__ import annotations
 
-import json
+import atexit
 import os
 import subprocess
 import sys
 from typing import Iterator, Sequence
 
-from .sweep_worker import INJECT_ENV, DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
+from ..core.errors import InvalidArgumentError
+from .sweep_worker import DeviceInfo, Inject, IsolatedRunner, Outcome, Task, TaskResult, injected, smi_query
 from .table import Status
 
 ALLOWED_FAILURES = 1  # a task that kills its worker twice is a fault, not retried again
 # A Dask worker process must be allowed children: each runs its tasks in one (and that child
 # compiles in a process pool of its own).
-WORKER_ENV = {"DASK_DISTRIBUTED__WORKER__DAEMON": "False",
-              "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES)}
+WORKER_ENV = {"DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+# The scheduler's settings: a task's failures allowed, and one task at a time sent to a worker's
+# one thread. Dask's default saturation sends a second, so a worker that dies takes a queued task
+# down with the one that killed it, and that innocent task counts a failure too.
+SCHEDULER_CONFIG = {"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+                    "distributed.scheduler.worker-saturation": 1.0}
+SCHEDULER_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES),
+                 "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0"}
 
 _RUNNER: IsolatedRunner | None = None  # this Dask worker process's child, made by its first task
 
@@ -45,12 +52,20 @@ def _require():
 def run_in_worker(task: Task, timeout_s: float) -> TaskResult:
     """A Dask task: `task` in this worker's child process (started once, restarted after a fault)."""
     global _RUNNER
-    inject = json.loads(os.environ.get(INJECT_ENV, "{}"))
-    if any(inject.get(spec.name) == "kill-worker" for spec in task.kernels):  # the test hook, on the worker itself
+    actions = injected(task.kernels)
+    if any(actions.get(spec.name) is Inject.KILL_WORKER for spec in task.kernels):  # the test hook, on the worker
         os._exit(5)
     if _RUNNER is None or _RUNNER.timeout_s != timeout_s:
+        if _RUNNER is None:  # at the worker's exit, before multiprocessing joins its children
+            atexit.register(_close_runner)
+        _close_runner()
         _RUNNER = IsolatedRunner({}, timeout_s)
     return _RUNNER.run(task)
+
+
+def _close_runner() -> None:
+    if _RUNNER is not None:
+        _RUNNER.close()
 
 
 def worker_gpu() -> str:
@@ -59,11 +74,20 @@ def worker_gpu() -> str:
     return (smi_query(index, "name") or [""])[0] if index else ""
 
 
-def cluster_gpus(scheduler: str) -> list[str]:
+def cluster_gpus(scheduler: str, connect_s: float = 30.0) -> list[str]:
     """The GPU name of each worker of a running cluster, for resuming and the report's rates."""
     distributed = _require()
-    with distributed.Client(scheduler) as client:
-        return list(client.run(worker_gpu).values()) or [""]
+    try:
+        with distributed.Client(scheduler, timeout=connect_s) as client:
+            names = list(client.run(worker_gpu).values())
+    except (OSError, ValueError) as e:  # unreachable (a TimeoutError is an OSError), or not an address
+        raise InvalidArgumentError(f"scheduler={scheduler!r}: no Dask scheduler answers there in {connect_s:g} s "
+                                   f"({type(e).__name__}: {e}); give its tcp://host:port, started with "
+                                   "`dask scheduler`") from None
+    if not names:  # tasks sent there would wait for ever
+        raise InvalidArgumentError(f"scheduler={scheduler!r} has no workers: start them on each GPU host with "
+                                   f"`tiledispatch sweep-worker {scheduler} --gpus 0,1,...`")
+    return names
 
 
 def local_cluster(gpus: Sequence[str]):
@@ -76,13 +100,12 @@ def local_cluster(gpus: Sequence[str]):
                                          "dashboard_address": None, "silence_logs": 40}}
                for gpu in gpus}
     scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None}}
-    with dask.config.set({"distributed.worker.daemon": False,
-                          "distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
+    with dask.config.set({"distributed.worker.daemon": False, **SCHEDULER_CONFIG}):
         return distributed.SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
 
 
 def _lost(task: Task, error: BaseException) -> TaskResult:
-    message = f"the task's workers died {ALLOWED_FAILURES + 1} times ({type(error).__name__}: {error})"[:2000]
+    message = f"the workers that ran this task died each time ({type(error).__name__}: {error})"[:2000]
     return TaskResult(tuple(Outcome(s.name, Status.FAULT, message) for s in task.kernels), DeviceInfo())
 
 
@@ -110,10 +133,21 @@ def start_workers(scheduler: str, gpus: Sequence[str], name: str | None = None) 
     children; returns when they all exit (the first nonzero exit status, else 0)."""
     _require()
     procs = []
-    for gpu in gpus:
-        env = {**os.environ, **WORKER_ENV, "CUDA_VISIBLE_DEVICES": str(gpu)}
-        command = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1",
-                   "--nworkers", "1", "--name", f"{name or os.uname().nodename}-gpu{gpu}"]
-        procs.append(subprocess.Popen(command, env=env))
-    codes = [p.wait() for p in procs]
+    try:
+        for gpu in gpus:
+            env = {**os.environ, **WORKER_ENV, "CUDA_VISIBLE_DEVICES": str(gpu)}
+            command = [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1",
+                       "--nworkers", "1", "--name", f"{name or os.uname().nodename}-gpu{gpu}"]
+            procs.append(subprocess.Popen(command, env=env))
+        codes = [p.wait() for p in procs]
+    finally:  # stopped (Ctrl-C, SIGTERM through `terminating`): the workers stop too, none left serving
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
     return next((c for c in codes if c), 0)

@@ -6,16 +6,21 @@ seeded sample of the rest: training data needs bad kernels too), and the vendor 
 among them. The (problem, kernel batch) tasks run in worker processes (`sweep_worker`): on one GPU
 in one child process, on several or on many hosts through Dask (`distributed`). Each finished task
 is one parquet part file in the output directory, so a killed sweep loses one task at most, and a
-sweep run again skips every (problem, kernel, GPU) the directory holds already.
+sweep run again skips every (problem, kernel, GPU) the directory holds already. One sweep at a
+time writes a directory (a lock file); SIGTERM stops a sweep as Ctrl-C does, its workers with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import fcntl
 import os
 import random
+import signal
 import socket
+import threading
 import subprocess
 import time
 import uuid
@@ -31,6 +36,8 @@ from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult,
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
 
 PART_GLOB = "part-*.parquet"
+STAGING_GLOB = ".part-*.parquet.tmp"  # a part being written: a sweep stopped mid-write leaves one
+LOCK_NAME = ".sweep.lock"
 
 
 # A task's kernels. Each worker a problem's tasks reach makes its operands and reference again, and
@@ -115,6 +122,52 @@ class SweepReport:
                 "kernels_per_s_wall": self.kernels / self.wall_s if self.wall_s > 0 else None}
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C or SIGTERM, its workers closed; `report` says what it wrote first."""
+
+    def __init__(self, report: SweepReport) -> None:
+        super().__init__(f"the sweep into {report.out} stopped after {report.kernels} kernels")
+        self.report = report
+
+
+@contextlib.contextmanager
+def terminating():
+    """SIGTERM raises KeyboardInterrupt in the main thread while inside, so that a sweep stopped by a
+    time limit closes its worker processes and its Dask cluster as Ctrl-C does (elsewhere: nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def locked(out: Path):
+    """Holds `out`'s lock file while inside: a second sweep into the same directory would time the
+    same kernels again, as neither sees the other's rows when it starts. The lock goes with its
+    process, so a killed sweep leaves none behind; its half-written parts are removed here."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_NAME, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidArgumentError(f"out={str(out)!r}: another sweep is writing this directory; wait for it "
+                                       "to finish, or give another --out") from None
+        for staging in out.glob(STAGING_GLOB):
+            staging.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 # -- the table on disk ---------------------------------------------------------------------------
 
 def schema():
@@ -126,13 +179,23 @@ def schema():
     return pa.schema([(c, types.get(c, pa.float64() if c in floats else pa.string())) for c in COLUMNS])
 
 
-def read_table(out: str | Path):
-    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none)."""
+def _read_part(part: Path, columns: Sequence[str] | None = None):
+    """One part file as an arrow table; a damaged one is an error that names it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parts = sorted(Path(out).glob(PART_GLOB))
-    tables = [pq.read_table(p, schema=schema()) for p in parts]
+    try:
+        return pq.read_table(part, columns=columns, schema=schema())
+    except (pa.ArrowException, OSError) as e:
+        raise InvalidArgumentError(f"{part}: not a readable sweep part ({type(e).__name__}: {e}); move it away "
+                                   "(a sweep run again times its kernels anew)") from None
+
+
+def read_table(out: str | Path):
+    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none)."""
+    import pyarrow as pa
+
+    tables = [_read_part(p) for p in sorted(Path(out).glob(PART_GLOB))]
     return (pa.concat_tables(tables) if tables else schema().empty_table()).to_pandas()
 
 
@@ -148,18 +211,19 @@ def write_part(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     table = pa.Table.from_pylist([{c: row.get(c) for c in COLUMNS} for row in rows], schema=schema())
     name = f"part-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}.parquet"
     staging = out / f".{name}.tmp"
-    pq.write_table(table, staging)
+    with open(staging, "wb") as handle:
+        pq.write_table(table, handle)
+        handle.flush()
+        os.fsync(handle.fileno())  # on disk before it has its name: a crash leaves no empty part
     staging.rename(out / name)
     return out / name
 
 
 def done_keys(out: Path) -> set[tuple[str, str, str]]:
     """(problem_id, kernel, gpu) of every row already written ("" for the interpreter's gpu)."""
-    import pyarrow.parquet as pq
-
     keys = set()
     for part in Path(out).glob(PART_GLOB):
-        table = pq.read_table(part, columns=["problem_id", "kernel", "gpu"])
+        table = _read_part(part, ["problem_id", "kernel", "gpu"])
         for pid, kernel, gpu in zip(*(table.column(c).to_pylist() for c in ("problem_id", "kernel", "gpu"))):
             keys.add((pid, kernel, gpu or ""))
     return keys
@@ -178,14 +242,12 @@ def planned(dispatcher, problem, policy: CandidatePolicy) -> list[Planned]:
     """The rows a problem gets: the policy's choice of the accepted candidates (the vendor always
     among them), then the refusals where the policy records them."""
     explanation = dispatcher.explain(problem)
-    ranked = explanation.ranked
-    specialization = ranked[0].spec.definition.specialization_of(problem) if ranked else None
+    ranked, refused = explanation.ranked, explanation.refused if policy.record_refused else ()
+    specialization = next(iter(c.spec.definition.specialization_of(problem) for c in (*ranked, *refused)), None)
     vendors = [i for i, c in enumerate(ranked) if is_vendor(c.spec, specialization)]
     chosen = sorted(set(policy.choose(ranked, problem_id(problem))) | set(vendors))
     rows = [Planned(ranked[i].spec, ranked[i].score.value, i, i in vendors) for i in chosen]
-    if policy.record_refused:
-        rows += [Planned(c.spec, None, None, False, c.refused) for c in explanation.refused]
-    return rows
+    return rows + [Planned(c.spec, None, None, is_vendor(c.spec, specialization), c.refused) for c in refused]
 
 
 def _versions() -> dict[str, str | None]:
@@ -242,17 +304,38 @@ def _local_gpu_names(gpus: Sequence[str] | None, on_gpu: bool) -> list[str]:
 
 def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
     runner = IsolatedRunner({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}, timeout_s)
+    finished = False
     try:
         for task in tasks:
             yield task, runner.run(task)
-    finally:
-        runner.close()
+        finished = True
+    finally:  # stopped mid-task: the child is killed at once rather than waited for
+        runner.close(5.0 if finished else 0.0)
+
+
+def _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler) -> list[str] | None:
+    """The arguments `sweep` checks before it starts anything; `gpus` as strings (None: none given)."""
+    for name, value, least in (("kernels_per_task", kernels_per_task, 1), ("jobs", jobs, 1),
+                               ("prebuild_jobs", prebuild_jobs, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidArgumentError(f"{name}={value!r} must be an integer >= {least}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise InvalidArgumentError(f"timeout_s={timeout_s!r} must be a positive number of seconds, e.g. 300")
+    if not gpus:
+        return None
+    if scheduler is not None:
+        raise InvalidArgumentError(f"gpus={list(gpus)!r} and scheduler={scheduler!r}: give one (a running "
+                                   "cluster's workers are pinned to their GPUs already)")
+    names = [str(g).strip() for g in gpus]
+    if not all(n.isdigit() for n in names) or len(set(names)) != len(names):
+        raise InvalidArgumentError(f"gpus={list(gpus)!r} must be distinct GPU indices, e.g. [0, 1, 2, 3]")
+    return names
 
 
 def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_set: RuleSet | str = RuleSet.DEFAULT,
           arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
-          gpus: Sequence[int | str] | None = None, scheduler: str | None = None, kernels_per_task: int = KERNELS_PER_TASK,
-          jobs: int = 1, problem_set_name: str = "custom", seed: int = 0, prebuild_jobs: int = 0,
+          gpus: Sequence[int | str] | None = None, scheduler: str | None = None,
+          kernels_per_task: int = KERNELS_PER_TASK, jobs: int = 1, problem_set_name: str = "custom", seed: int = 0, prebuild_jobs: int = 0,
           progress: Callable[[int, int], None] | None = None) -> SweepReport:
     """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.
 
@@ -272,11 +355,9 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     start = time.perf_counter()
     kind, out = get_op(op).kind, Path(out)
     facts = current_arch() if arch is None else arch if not isinstance(arch, str) else arch_facts.load(arch)
-    if kernels_per_task < 1:
-        raise InvalidArgumentError(f"kernels_per_task={kernels_per_task} must be at least 1")
-    gpus = [str(g) for g in gpus] if gpus else None
+    gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler)
     dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
-    problems = list(problems)
+    problems = list({problem_id(p): p for p in problems}.values())  # a problem given twice is swept once
     if scheduler is not None:
         from .distributed import cluster_gpus
 
@@ -285,11 +366,12 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
         workers = _local_gpu_names(gpus, not facts.is_interpreter)
     names = set(workers)
     maker = _Rows(problem_set_name, facts.name, next(iter(names)) or None if len(names) == 1 else None)
-    tasks, plans, statuses, (skipped, empty) = _tasks(
-        kind, problems, dispatcher, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
-    built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
-    counts = (statuses, skipped, len(problems), start, empty, len(workers))
-    report = _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress)
+    with terminating(), locked(out):
+        tasks, plans, statuses, (skipped, empty) = _tasks(
+            kind, problems, dispatcher, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
+        built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
+        counts = (statuses, skipped, len(problems), start, empty, len(workers))
+        report = _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress)
     if built is None:
         return report
     return dataclasses.replace(report, prebuild_s=built[0], prebuild_failed=built[1])
@@ -338,23 +420,32 @@ def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, size
 
 
 def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress) -> SweepReport:
-    """Runs the tasks where they go and writes a part per finished task; the report."""
+    """Runs the tasks where they go and writes a part per finished task; the report (in a
+    `SweepInterrupted` when the sweep is stopped, after its workers are closed)."""
     statuses, skipped, problems, start, empty, workers = counts
     build_s = run_s = 0.0
     kernels = 0
+
+    def report() -> SweepReport:
+        return SweepReport(out, problems, kernels, skipped, dict(statuses), time.perf_counter() - start, build_s,
+                           run_s, max(1, workers), empty)
+
     if scheduler is not None or (gpus and len(gpus) > 1):
         from .distributed import run_tasks
 
         results = run_tasks(tasks, gpus=gpus, scheduler=scheduler, timeout_s=timeout_s)
     else:
         results = _run_local(tasks, gpus[0] if gpus else None, timeout_s)
-    for finished, (task, result) in enumerate(results, 1):
-        pid = problem_id(task.problem)
-        rows = [maker.row(task.problem, plans[(pid, o.kernel)], o, result.device) for o in result.outcomes]
-        write_part(out, rows)
-        statuses.update(r["status"] for r in rows)
-        build_s, run_s, kernels = build_s + result.build_s, run_s + result.run_s, kernels + len(rows)
-        if progress is not None:
-            progress(finished, len(tasks))
-    return SweepReport(out, problems, kernels, skipped, dict(statuses), time.perf_counter() - start, build_s, run_s,
-                       max(1, workers), empty)
+    try:
+        with contextlib.closing(results):  # its workers closed here, however the loop ends
+            for finished, (task, result) in enumerate(results, 1):
+                pid = problem_id(task.problem)
+                rows = [maker.row(task.problem, plans[(pid, o.kernel)], o, result.device) for o in result.outcomes]
+                write_part(out, rows)
+                statuses.update(r["status"] for r in rows)
+                build_s, run_s, kernels = build_s + result.build_s, run_s + result.run_s, kernels + len(rows)
+                if progress is not None:
+                    progress(finished, len(tasks))
+    except KeyboardInterrupt:
+        raise SweepInterrupted(report()) from None
+    return report()

@@ -12,11 +12,13 @@ interpreter: the same path, one wall-clock run per kernel.
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import json
 import math
 import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -27,9 +29,7 @@ from typing import Any, Callable
 from ..core.spec import KernelSpec
 from .table import Status
 
-# Test hook: {"<kernel name>": "exit" | "hang"} makes the child die or hang when it reaches that
-# kernel, so that the FAULT and TIMEOUT paths can be exercised without a faulty kernel;
-# "kill-worker" makes a Dask worker die on a task holding it (`distributed.run_in_worker`).
+# Test hook: {"<kernel name>": "exit" | "hang" | "kill-worker"} (`Inject`), read by `injected`.
 INJECT_ENV = "TILEDISPATCH_SWEEP_INJECT"
 BUILDING = "<build>"  # the in-flight marker of a batch's parallel build
 PREPARING = "<prepare>"  # ... of making its problem's operands and float64 reference
@@ -39,6 +39,15 @@ MAX_CALLS = 200
 ROUNDS = 5  # samples per kernel; the median is kept
 ERROR_CHARS = 2000
 STARTUP_S = 600.0  # a child's imports (torch, Triton) on a loaded host, before it takes a task
+
+
+class Inject(enum.Enum):
+    """What the test hook makes happen at a kernel: the FAULT and TIMEOUT paths exercised without a
+    faulty kernel."""
+
+    EXIT = "exit"  # the child dies on reaching the kernel
+    HANG = "hang"  # the child sleeps past any time limit
+    KILL_WORKER = "kill-worker"  # the Dask worker dies on a task holding it (`distributed.run_in_worker`)
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,21 @@ def smi_query(index: str, fields: str) -> list[str] | None:
         return None
     values = [v.strip() for v in text.splitlines()[0].split(",")] if text else []
     return values if len(values) == len(fields.split(",")) else None
+
+
+def injected(kernels: tuple[KernelSpec, ...]) -> dict[str, Inject]:
+    """The test hook's actions by kernel name. Kernels of a GPU arch never take them, so a variable
+    left in a shell cannot fault a real sweep; a malformed value is an error, not ignored."""
+    from .. import arch as arch_facts
+
+    text = os.environ.get(INJECT_ENV)
+    if not text or not kernels or not arch_facts.load(kernels[0].arch).is_interpreter:
+        return {}
+    try:
+        return {str(name): Inject(action) for name, action in json.loads(text).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ValueError(f"{INJECT_ENV}={text[:200]!r} must be a JSON object of kernel names to one of "
+                         f"{', '.join(i.value for i in Inject)} (a test hook); unset it for a real sweep") from None
 
 
 def device_info() -> DeviceInfo:
@@ -255,7 +279,7 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
              finished: Callable[[Outcome], None] = lambda outcome: None) -> TaskResult:
     """Builds, checks and times `task`'s kernels in this process, calling `started(name)` before
     each kernel (and `started(BUILDING)` before the build) and `finished(outcome)` after it."""
-    inject = json.loads(os.environ.get(INJECT_ENV, "{}"))
+    inject = injected(task.kernels)
     kernels = _Kernels(task)
     started(BUILDING)
     begin = time.perf_counter()
@@ -267,9 +291,9 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
     for spec in task.kernels:
         started(spec.name)
         action = inject.get(spec.name)
-        if action == "exit":
+        if action is Inject.EXIT:
             os._exit(3)
-        if action == "hang":
+        if action is Inject.HANG:
             time.sleep(3600)
         outcome = failed.get(spec.name) or (Outcome(spec.name, Status.UNSUPPORTED, why_not) if why_not
                                             else kernels.run(spec))
@@ -280,20 +304,37 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
     return TaskResult(tuple(outcomes), device_info(), build_s, time.perf_counter() - begin - build_s)
 
 
+def _child_main(conn) -> None:
+    """A worker process's start: it leads a process group of its own, so that killing the group
+    also ends the compile processes it started (`IsolatedRunner._kill`)."""
+    os.setpgid(0, 0)
+    _child(conn)
+
+
 def _child(conn) -> None:
-    """A worker process: says it is ready, then runs the tasks it is sent until it is sent None."""
+    """A worker process: says it is ready, then runs the tasks it is sent until it is sent None or
+    its parent goes."""
     conn.send(("ready", None))  # after the imports: a task's time limit counts its work alone
     while True:
-        task = conn.recv()
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # the parent is gone: nobody is left to report to
+            return
         if task is None:
             return
+        finished: dict[str, Outcome] = {}
+
+        def report(outcome: Outcome) -> None:
+            finished[outcome.kernel] = outcome
+            conn.send(("finished", outcome))
+
         try:
-            result = run_task(task, lambda name: conn.send(("started", name)),
-                              lambda outcome: conn.send(("finished", outcome)))
-        except Exception as e:  # the batch as a whole failed (its operands, its reference): every kernel says why
+            result = run_task(task, lambda name: conn.send(("started", name)), report)
+        except Exception as e:  # the rest of the batch failed as a whole (its operands, its reference):
+            # every kernel not yet finished says why, and those finished keep their outcomes
             detail = _error(e) + "\n" + traceback.format_exc()[-ERROR_CHARS:]
-            result = TaskResult(tuple(Outcome(s.name, Status.LAUNCH_FAILED, detail) for s in task.kernels),
-                                DeviceInfo())
+            result = TaskResult(tuple(finished.get(s.name) or Outcome(s.name, Status.LAUNCH_FAILED, detail)
+                                      for s in task.kernels), DeviceInfo())
         conn.send(("done", result))
 
 
@@ -325,7 +366,7 @@ class IsolatedRunner:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         with _environment(self.env):
-            self._process = context.Process(target=_child, args=(child,), daemon=False)
+            self._process = context.Process(target=_child_main, args=(child,), daemon=False)
             self._process.start()
         child.close()
         self._conn = parent
@@ -338,20 +379,23 @@ class IsolatedRunner:
             self._kill()
             raise RuntimeError(f"a sweep worker process failed to start ({type(e).__name__}: {e})") from e
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stops the child: asked to exit, and killed with its process group if it has not within
+        `wait_s` (0: at once, as a sweep that is stopped mid-task does)."""
         if self._process is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._conn.send(None)
-            self._process.join(5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-            self._process = self._conn = None
+            self._process.join(wait_s)
+            self._kill()
 
     def _kill(self) -> None:
+        """Kills the child and every process of its group (a batch's compile processes)."""
         if self._process is not None:
+            with contextlib.suppress(OSError):  # the group is gone, or the child had not formed it yet
+                os.killpg(self._process.pid, signal.SIGKILL)
             self._process.kill()
             self._process.join()
+            self._conn.close()
             self._process = self._conn = None
 
     def run(self, task: Task) -> TaskResult:
@@ -377,9 +421,9 @@ class IsolatedRunner:
                         done[name] = Outcome(name, status, f"the worker {what} "
                                              f"{doing.get(in_flight, 'while running this kernel')}")
             left = tuple(s for s in pending if s.name not in done)
-            if left == pending:  # nothing learnt (the child died before its first report): give up on them
+            if left == pending:  # nothing learnt (the child went before its first report): give up on them
                 for s in left:
-                    done[s.name] = Outcome(s.name, Status.FAULT, "the worker died before running the batch")
+                    done[s.name] = Outcome(s.name, status, f"the worker {what} before running the batch")
                 left = ()
             pending = left
         return TaskResult(tuple(done[s.name] for s in task.kernels), device, build_s, run_s)

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -14,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..core.errors import InvalidArgumentError, UnsupportedError
 from ..bench.sweep import KERNELS_PER_TASK
 from ..core.op import get_op
-from .common import JOBS_MAX, RULE_SET, emit, limit_option, parse_option, seed_option, shown
+from .common import JOBS_MAX, RULE_SET, ExitCode, emit, limit_option, parse_option, seed_option, shown
 
 PROBLEMS_HELP = "a problem set's name (tiledispatch.bench.problemsets), or a JSON file: a list of problems"
 GPUS_HELP = "GPU indices, e.g. 0,1,2,3: one worker process each (several: through Dask)"
@@ -82,7 +85,7 @@ def sweep_command(
                                             help="a row per refused candidate too (status unsupported)")) -> None:
     """Time the candidates of a rule set on every problem of a set; one long-format parquet table."""
     from .. import arch as arch_facts
-    from ..bench.sweep import CandidatePolicy, sweep
+    from ..bench.sweep import CandidatePolicy, SweepInterrupted, sweep
     from ..core.op import OpKind, RuleSet
 
     kind = parse_option("--op", OpKind.parse, op)
@@ -91,19 +94,38 @@ def sweep_command(
         raise InvalidArgumentError(f"--problems {shown(problems)}: no {kind.value} problems"
                                    f"{' of dtype ' + dtype if dtype else ''}"
                                    f"{' and direction ' + direction if direction else ''}")
+    run = functools.partial(
+        sweep, kind, found, out=out, rule_set=parse_option("--rule-set", RuleSet.parse, rule_set),
+        arch=None if arch is None else parse_option("--arch", arch_facts.load, arch),
+        candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
+        timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler, kernels_per_task=kernels_per_task, jobs=jobs,
+        problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs)
+    try:
+        report = _with_progress(run, f"{kind.value} {set_name}")
+    except SweepInterrupted as stopped:  # what it wrote before a Ctrl-C or SIGTERM, then the usual exit code
+        emit({"status": "interrupted", "op": kind.value, "problem_set": set_name, **stopped.report.to_dict()})
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict()})
+
+
+def _with_progress(run: Callable[..., Any], what: str) -> Any:
+    """`run(progress=...)` with its progress on stderr (stdout carries the JSON document only, for
+    `| jq` and scripts): a bar on a terminal, else a line per finished task, so that a log of a
+    sweep stopped by a time limit still says how far it went."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        start = time.monotonic()
+
+        def line(done: int, total: int) -> None:
+            print(f"sweep {what}: {done}/{total} tasks, {time.monotonic() - start:.0f} s", file=sys.stderr,
+                  flush=True)
+
+        return run(progress=line)
     columns = (TextColumn("[bold]sweep[/bold] {task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    # Progress goes to stderr: stdout carries the JSON document only, for `| jq` and scripts.
-    with Progress(*columns, transient=False, redirect_stdout=False, console=Console(stderr=True)) as progress:
-        bar = progress.add_task(f"{kind.value} {set_name}: tasks", total=None)
-        report = sweep(kind, found, out=out, rule_set=parse_option("--rule-set", RuleSet.parse, rule_set),
-                       arch=None if arch is None else parse_option("--arch", arch_facts.load, arch),
-                       candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
-                       timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler,
-                       kernels_per_task=kernels_per_task, jobs=jobs, problem_set_name=set_name, seed=seed,
-                       prebuild_jobs=prebuild_jobs,
-                       progress=lambda done, total: progress.update(bar, completed=done, total=total))
-    emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict()})
+    with Progress(*columns, transient=False, redirect_stdout=False, console=console) as progress:
+        bar = progress.add_task(f"{what}: tasks", total=None)
+        return run(progress=lambda done, total: progress.update(bar, completed=done, total=total))
 
 
 def sweep_worker_command(scheduler: str = typer.Argument(..., help="the Dask scheduler, tcp://host:8786"),
@@ -112,8 +134,10 @@ def sweep_worker_command(scheduler: str = typer.Argument(..., help="the Dask sch
                          ) -> None:
     """Serve this host's GPUs to a sweep: one Dask worker per GPU, pinned; runs until they stop."""
     from ..bench.distributed import start_workers
+    from ..bench.sweep import terminating
 
-    code = start_workers(scheduler, parse_gpus(gpus), name)
+    with terminating():  # SIGTERM stops this host's workers as Ctrl-C does
+        code = start_workers(scheduler, parse_gpus(gpus), name)
     emit({"status": "ok" if code == 0 else "failed", "scheduler": scheduler, "gpus": parse_gpus(gpus),
           "exit_code": code})
     if code:
