@@ -230,7 +230,7 @@ def test_a_tampered_file_is_refused_clearly(model, tmp_path):
 
 def test_no_pickle_in_the_learned_modules():
     folder = Path(tiledispatch.__file__).parent / "heuristics"
-    for name in ("features.py", "learned.py", "training.py"):
+    for name in ("features.py", "learned.py", "training.py", "evaluate.py", "outcomes.py"):
         tree = ast.parse((folder / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                     for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -485,3 +485,13 @@ def test_an_unreadable_shipped_manifest_leaves_its_slice_to_the_rules(model, shi
 def test_models_from_a_missing_directory_are_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no directory of models at .*typo"):
         learned.Models.from_directory(tmp_path / "typo")
+
+
+def test_rule_scores_not_one_per_config_are_refused(model):
+    problem = problems(1, seed=49)[0]
+    configs = [c for c in GEMM.rule_sets[RuleSet.TINY]() if GEMM.supports(c, problem) is None][:3]
+    scores = [GEMM.rule_score(c, problem, SM90) for c in configs]
+    with pytest.raises(ValueError, match="scores: 2 rule scores for 3 configs"):
+        model.predict_cost(problem, configs, SM90, scores[:2])
+    np.testing.assert_array_equal(model.predict_cost(problem, configs, SM90, scores),
+                                  model.predict_cost(problem, configs, SM90))

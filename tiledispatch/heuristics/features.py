@@ -298,6 +298,9 @@ class Featurizer:
         if scores is None:
             rule_score = get_op(self.spec.op).rule_score
             scores = [rule_score(c, problem, arch) for c in configs]
+        elif len(scores) != len(configs):
+            raise ValueError(f"scores: {len(scores)} rule scores for {len(configs)} configs; give one per config, "
+                             "in order, or None to compute them")
         out = np.empty((len(configs), len(self.spec.columns)), dtype=np.float64)
         index = self._index
         out[:, index[Source.PROBLEM]] = self._problem(problem)[1]

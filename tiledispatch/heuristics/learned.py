@@ -39,8 +39,8 @@ from ..core.op import Score
 from ..core.ranking import set_model_source
 from .features import Featurizer, FeatureSpec, ModelFormatError
 
-__all__ = ["Models", "ModelFormatError", "ShippedModels", "TrainedModel", "data_hash", "load", "load_directory",
-           "shipped", "shipped_keys", "train"]
+__all__ = ["Models", "ModelFormatError", "RANKING_OBJECTIVES", "ShippedModels", "TrainedModel", "clear_shipped",
+           "data_hash", "load", "load_directory", "shipped", "shipped_keys", "train"]
 
 log = logging.getLogger("tiledispatch.learned")
 
