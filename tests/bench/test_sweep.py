@@ -295,6 +295,16 @@ def test_candidate_policy_and_the_vendor_flag():
     vendors = [r for r in rows if r.vendor]
     assert vendors and all(is_vendor(r.spec, problem.alignment) for r in vendors)
     assert rows[0].rule_rank == 0 and len(rows) == 1 + sum(r.rule_rank != 0 for r in vendors)
+    # A refused vendor kernel (SDPA's backward on a forward problem) is flagged as the vendor's too.
+    from tiledispatch.ops.attention import check_operands
+
+    q, k = meta(1, 4, 16, 32), meta(1, 2, 16, 32)
+    attention = check_operands(q, k, k).problem
+    dispatcher = Dispatcher(Registry.from_rule_sets([attention.op], "default", sm90), sm90)
+    rows = planned(dispatcher, attention, CandidatePolicy(top=1, record_refused=True))
+    specialization = rows[0].spec.definition.specialization_of(attention)
+    assert [r.vendor for r in rows] == [is_vendor(r.spec, specialization) for r in rows]
+    assert any(r.refused and r.vendor for r in rows)
 
 
 def test_cli_sweeps_a_problem_file(tmp_path):
