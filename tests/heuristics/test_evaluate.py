@@ -376,8 +376,8 @@ def test_cli_reads_a_sweeps_directory_and_checks_its_options(ranked, tmp_path):
 def test_a_problem_this_version_cannot_read_is_an_evaluation_error_or_shown_raw(ranked):
     frame = make_table(ranked, lambda i, r, c: 1.0 + r)
     first = frame["problem_id"] == frame["problem_id"].iloc[0]
-    frame.loc[first, "problem"] = frame.loc[first, "problem"].str.replace('{"alignment"', '{"future_field":1,"alignment"',
-                                                                        regex=False)
+    future = frame.loc[first, "problem"].str.replace('{"alignment"', '{"future_field":1,"alignment"', regex=False)
+    frame.loc[first, "problem"] = future
     s = stats(ev.evaluate(frame, strategies=["rules"]), "rules")  # the table's scores: nothing to rebuild
     assert s["problems"] == len(SHAPES) and any(isinstance(w["problem"], str) and "future_field" in w["problem"]
                                                 for w in s["worst"])

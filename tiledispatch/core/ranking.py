@@ -1,9 +1,10 @@
 """What a ranking holds (candidates, refusals, an explanation), and the learned models it may ask.
 
 The `model` strategy orders the candidates the rules accept by a learned model's costs (a
-ranker's negated scores, comparable within one problem only). The models live above the core (`tiledispatch.heuristics.learned`: LightGBM, features,
-the files shipped per arch), which registers a `ModelSource` here (`set_model_source`), as
-the autotune policy registers itself in `core.tuning`: the core never imports the heuristics.
+ranker's negated scores, comparable within one problem only). The models live above the core
+(`tiledispatch.heuristics.learned`: LightGBM, features, the files shipped per arch), which
+registers a `ModelSource` here (`set_model_source`), as the autotune policy registers itself
+in `core.tuning`: the core never imports the heuristics.
 """
 
 from __future__ import annotations
