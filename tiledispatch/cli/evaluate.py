@@ -10,8 +10,8 @@ from typing import Any, Optional
 import typer
 
 from ..core.errors import InvalidArgumentError
-from .common import _strict, emit, parse_option
 from ..heuristics.training import SEED_MAX
+from .common import _strict, emit, parse_option
 from .train import read_table
 
 FILTERS = ("op", "direction", "dtype", "arch")
