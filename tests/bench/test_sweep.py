@@ -109,11 +109,14 @@ def test_one_sweep_at_a_time_writes_a_directory_and_a_damaged_part_is_named(tmp_
 @pytest.mark.parametrize("arguments, match", [
     ({"timeout_s": 0}, "timeout_s"), ({"timeout_s": float("nan")}, "timeout_s"), ({"jobs": 0}, "jobs"),
     ({"kernels_per_task": 0}, "kernels_per_task"), ({"prebuild_jobs": -1}, "prebuild_jobs"),
-    ({"gpus": ["0", "x"]}, "gpus"), ({"gpus": [0, 0]}, "gpus"), ({"gpus": [0], "scheduler": "tcp://h:1"}, "give one")])
+    ({"gpus": ["0", "x"]}, "gpus"), ({"gpus": [0, 0]}, "gpus"), ({"gpus": [0], "scheduler": "tcp://h:1"}, "give one"),
+    ({"problems": "conv"}, r"problems\[2\] is a conv problem"), ({"problems": "dict"}, r"problems\[2\] is a dict")])
 def test_bad_sweep_arguments_are_named_before_anything_runs(tmp_path, arguments, match):
-    with pytest.raises(InvalidArgumentError, match=match):
-        sweep("gemm", gemm_problems(), out=tmp_path, rule_set="tiny", arch=INTERP, **arguments)
-    assert not list(tmp_path.iterdir())
+    problems = gemm_problems() + {"conv": [conv_problem()], "dict": [{"m": 1}]}.get(arguments.pop("problems", ""), [])
+    with pytest.raises(InvalidArgumentError, match=match):  # no row written before: not even a refusal's
+        sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP,
+              candidates=CandidatePolicy(record_refused=True), **arguments)
+    assert not list(tmp_path.glob("*.parquet"))
 
 
 def test_check_catches_a_wrong_kernel(monkeypatch):
@@ -285,8 +288,9 @@ def test_candidate_policy_and_the_vendor_flag():
     chosen = policy.choose(list(range(20)), "abc")
     assert chosen[:2] == [0, 1] and len(chosen) == 5 and chosen == policy.choose(list(range(20)), "abc")
     assert CandidatePolicy().choose(list(range(4)), "x") == [0, 1, 2, 3]
-    with pytest.raises(ValueError, match="top"):
-        CandidatePolicy(top=0)
+    for bad in ({"top": 0}, {"top": True}, {"sample": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            CandidatePolicy(**bad)
     # On a GPU arch the vendor kernel (cuBLAS through torch) is always timed, whatever the policy.
     sm90 = arch_facts.load("sm_90")
     problem = gemm_problems()[0]

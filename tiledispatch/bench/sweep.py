@@ -59,9 +59,9 @@ class CandidatePolicy:
     record_refused: bool = False
 
     def __post_init__(self) -> None:
-        if self.top is not None and (not isinstance(self.top, int) or self.top < 1):
+        if self.top is not None and (isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1):
             raise InvalidArgumentError(f"CandidatePolicy.top={self.top!r} must be a positive integer, or None for all")
-        if not isinstance(self.sample, int) or self.sample < 0:
+        if isinstance(self.sample, bool) or not isinstance(self.sample, int) or self.sample < 0:
             raise InvalidArgumentError(f"CandidatePolicy.sample={self.sample!r} must be an integer >= 0")
 
     def choose(self, ranked: Sequence[Any], pid: str) -> list[int]:
@@ -313,6 +313,20 @@ def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator
         runner.close(5.0 if finished else 0.0)
 
 
+def _unique(problems: Iterable[Any], kind: OpKind) -> list[Any]:
+    """`problems`, each once (a problem given twice is swept once), checked to be `kind`'s before
+    any row is written."""
+    unique = {}
+    for i, problem in enumerate(problems):
+        op = getattr(problem, "op", None)
+        if op is not kind:
+            what = f"a {op.value} problem" if isinstance(op, OpKind) else f"a {type(problem).__name__}"
+            raise InvalidArgumentError(f"problems[{i}] is {what}, not a {kind.value} problem "
+                                       "(a sweep takes one op's problems)")
+        unique.setdefault(problem_id(problem), problem)
+    return list(unique.values())
+
+
 def _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler) -> list[str] | None:
     """The arguments `sweep` checks before it starts anything; `gpus` as strings (None: none given)."""
     for name, value, least in (("kernels_per_task", kernels_per_task, 1), ("jobs", jobs, 1),
@@ -335,7 +349,8 @@ def _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, sch
 def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_set: RuleSet | str = RuleSet.DEFAULT,
           arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
           gpus: Sequence[int | str] | None = None, scheduler: str | None = None,
-          kernels_per_task: int = KERNELS_PER_TASK, jobs: int = 1, problem_set_name: str = "custom", seed: int = 0, prebuild_jobs: int = 0,
+          kernels_per_task: int = KERNELS_PER_TASK, jobs: int = 1, problem_set_name: str = "custom", seed: int = 0,
+          prebuild_jobs: int = 0,
           progress: Callable[[int, int], None] | None = None) -> SweepReport:
     """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.
 
@@ -357,7 +372,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     facts = current_arch() if arch is None else arch if not isinstance(arch, str) else arch_facts.load(arch)
     gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler)
     dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
-    problems = list({problem_id(p): p for p in problems}.values())  # a problem given twice is swept once
+    problems = _unique(problems, kind)
     if scheduler is not None:
         from .distributed import cluster_gpus
 
@@ -402,8 +417,6 @@ def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, size
     kernels_per_task, jobs, seed = sizes
     tasks, plans, skipped, refusals, empty = [], {}, 0, 0, 0
     for problem in problems:
-        if problem.op is not kind:
-            raise InvalidArgumentError(f"problems: a {problem.op.value} problem in a {kind.value} sweep")
         pid, rows = problem_id(problem), planned(dispatcher, problem, candidates)
         empty += not any(p.refused is None for p in rows)
         todo = [p for p in rows if not any((pid, p.spec.name, n) in done for n in names)]
