@@ -92,9 +92,9 @@ class SweepReport:
 
     out: Path
     problems: int
-    kernels: int  # (problem, kernel) pairs run now
+    kernels: int  # (problem, kernel) pairs this sweep ran
     skipped: int  # pairs the output held already
-    rows: Mapping[str, int]  # rows written now, by status
+    rows: Mapping[str, int]  # rows this sweep wrote, by status
     wall_s: float
     build_s: float  # the workers' compile time, summed
     run_s: float  # their check-and-time time, summed
@@ -361,6 +361,8 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     `prebuild_jobs` compiles every planned kernel first, that many processes at once on this host
     (`prebuild`): the workers then find them in the cache rather than each compiling the kernels
     its problems share with the other workers' at the same time.
+    Another sweep writing `out` is an error; Ctrl-C or SIGTERM closes the workers and raises
+    `SweepInterrupted`, whose report says what was written.
     """
     from .. import arch as arch_facts
     from ..core.dispatcher import Dispatcher, Strategy
@@ -412,8 +414,8 @@ def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
 
 
 def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, sizes):
-    """(tasks, planned rows by (problem id, kernel), rows by status written now, rows skipped): the
-    refusals' rows are written at once, as nothing runs for them."""
+    """(tasks, planned rows by (problem id, kernel), rows written by status, (rows skipped, problems
+    without candidates)): the refusals' rows are written at once, as nothing runs for them."""
     kernels_per_task, jobs, seed = sizes
     tasks, plans, skipped, refusals, empty = [], {}, 0, 0, 0
     for problem in problems:
