@@ -393,3 +393,13 @@ def test_the_model_reads_its_keys_arch_whatever_arch_the_rules_score_with(ranked
     report = ev.evaluate(frame, strategies=["rules", "model"], model=TableModel(frame), arch="sm_80",
                          rescore=True, allow_seen=True)  # TableModel asserts it is given sm_90's facts
     assert stats(report, "model")["efficiency"]["mean"] == 1.0
+
+
+def test_a_missing_or_textual_vendor_flag_is_read_as_it_means(ranked):
+    frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * r)
+    expected = [o.kernel for o in ev.evaluate(frame, strategies=["vendor"])[KEY].outcomes[ev.Picker.VENDOR]]
+    as_float = frame.assign(vendor=[1.0 if v else math.nan for v in frame["vendor"]])  # pandas' NaN for missing
+    as_text = frame.assign(vendor=[str(v) for v in frame["vendor"]])  # "True" / "False"
+    for table in (as_float, as_text):
+        outcomes = ev.evaluate(table, strategies=["vendor"])[KEY].outcomes[ev.Picker.VENDOR]
+        assert [o.kernel for o in outcomes] == expected and all("vendor" in k for k in expected)

@@ -212,6 +212,15 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
+def _flag(value: Any) -> bool:
+    """A boolean column's value: a missing one (None, or NaN where pandas made the column float)
+    is false, and so is the text "false" (bool() holds both true)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    number = _number(value)
+    return number is not None and number != 0
+
+
 def _measured(values: dict[str, Any], order: int) -> Measured:
     try:
         status = Status(values["status"])
@@ -223,7 +232,7 @@ def _measured(values: dict[str, Any], order: int) -> Measured:
         raise EvaluationError(f"row of problem {values['problem_id']}, kernel {values['kernel']}: status ok "
                               f"needs a time_ms > 0; got {values['time_ms']!r}")
     rank, config, error = _number(values.get("rule_rank")), values.get("config"), values.get("error")
-    return Measured(str(values["kernel"]), str(values["family"]), bool(values["vendor"]), status, time_ms,
+    return Measured(str(values["kernel"]), str(values["family"]), _flag(values["vendor"]), status, time_ms,
                     _number(values.get("rule_score")), None if rank is None else int(rank),
                     config if isinstance(config, str) else None, error if isinstance(error, str) and error else None,
                     order)
