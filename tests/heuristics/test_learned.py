@@ -495,3 +495,15 @@ def test_rule_scores_not_one_per_config_are_refused(model):
         model.predict_cost(problem, configs, SM90, scores[:2])
     np.testing.assert_array_equal(model.predict_cost(problem, configs, SM90, scores),
                                   model.predict_cost(problem, configs, SM90))
+
+
+def test_threads_ranking_at_once_get_each_problems_own_costs(model, rules):
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [(p, [c.spec.config for c in rules.ranked(p)]) for p in problems(24, seed=50)]
+    alone = [model.predict_cost(p, configs, SM90) for p, configs in cases]
+    fresh = learned.TrainedModel(model.key, model.spec, model.booster, model.manifest)  # empty memos
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda case: fresh.predict_cost(case[0], case[1], SM90), cases * 4))
+    for i, costs in enumerate(together):
+        np.testing.assert_array_equal(costs, alone[i % len(cases)])
