@@ -11,7 +11,9 @@ clocks, calibration), which tell the slices of two GPUs apart.
 
 A `FeatureSpec` fixes the columns, their order and the vocabularies, and is saved as JSON
 beside the model, so prediction builds the very matrix training saw: a path the spec does not
-name is ignored, one it names but a value lacks is missing (NaN), and so is an unknown category.
+name is ignored, one it names but a value lacks is missing (NaN), and so is an unknown category
+(`Featurizer.unknown_categories` names a problem's: a model's source leaves such a problem to
+the rules, since the model never learned from one like it).
 `Featurizer.matrix` builds one problem's rows for N configs straight into numpy, each config's
 columns computed once per process (configs are few and hashable), so ranking a new problem
 costs its rule scores, one row fill per candidate and one prediction.
