@@ -335,7 +335,10 @@ def _child(conn) -> None:
             detail = _error(e) + "\n" + traceback.format_exc()[-ERROR_CHARS:]
             result = TaskResult(tuple(finished.get(s.name) or Outcome(s.name, Status.LAUNCH_FAILED, detail)
                                       for s in task.kernels), DeviceInfo())
-        conn.send(("done", result))
+        try:
+            conn.send(("done", result))
+        except OSError:  # the parent went while the task ran
+            return
 
 
 @contextlib.contextmanager
