@@ -376,6 +376,26 @@ def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypat
     assert "workers that ran this task died" in frame[frame.kernel == names[1]].error.iloc[0]
 
 
+def test_a_worker_restarted_after_a_task_killed_it_runs_the_next_task(tmp_path, monkeypatch):
+    """One worker: the task that kills it twice is a FAULT, and the worker its Nanny restarts runs
+    the next task (in a child process of its own: a restarted worker is allowed children too). The
+    next task waits at the scheduler meanwhile: queued on the dying worker, it would die with it."""
+    pytest.importorskip("distributed")
+    from tiledispatch.bench.distributed import local_cluster
+
+    problem = gemm_problems()[1]
+    names = ranked_names(problem, 2)
+    monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[0]: "kill-worker"}))
+    cluster = local_cluster(["0"])
+    try:
+        sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=2),
+              kernels_per_task=1, scheduler=cluster.scheduler_address)
+    finally:
+        cluster.close()
+    frame = read_table(tmp_path)
+    assert dict(zip(frame.kernel, frame.status)) == {names[0]: "fault", names[1]: "ok"}, frame.error.tolist()
+
+
 def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypatch):
     """The host's compile before the workers: one build_all per specialisation, each kernel of the
     tasks once however many problems share it, the vendor (nothing to compile) left out."""

@@ -29,9 +29,9 @@ ALLOWED_FAILURES = 1  # a task that kills its worker twice is a fault, not retri
 # A Dask worker process must be allowed children: each runs its tasks in one (and that child
 # compiles in a process pool of its own).
 WORKER_ENV = {"DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
-# The scheduler's settings: a task's failures allowed, and one task at a time sent to a worker's
-# one thread. Dask's default saturation sends a second, so a worker that dies takes a queued task
-# down with the one that killed it, and that innocent task counts a failure too.
+# The scheduler's settings (a worker ignores them): how many workers a task may kill, and one task
+# at a time sent to a worker's one thread. Dask's default saturation sends a second, so a worker
+# that dies takes a queued task down with the one that killed it, and that task counts a failure.
 SCHEDULER_CONFIG = {"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
                     "distributed.scheduler.worker-saturation": 1.0}
 SCHEDULER_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES),
@@ -100,7 +100,10 @@ def local_cluster(gpus: Sequence[str]):
                                          "dashboard_address": None, "silence_logs": 40}}
                for gpu in gpus}
     scheduler = {"cls": distributed.Scheduler, "options": {"dashboard_address": None}}
-    with dask.config.set({"distributed.worker.daemon": False, **SCHEDULER_CONFIG}):
+    # Set for this process, not for the call: a Nanny reads it each time it starts its worker, and it
+    # restarts one that a task killed long after this returns (a daemonic worker could run no task).
+    dask.config.set({"distributed.worker.daemon": False})
+    with dask.config.set(SCHEDULER_CONFIG):
         return distributed.SpecCluster(workers=workers, scheduler=scheduler, silence_logs=40)
 
 
