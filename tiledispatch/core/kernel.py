@@ -380,9 +380,13 @@ def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
         # backend); a spawned process takes the environment of the moment it starts.
         with _environment(TRITON_INTERPRET="0", TILEDISPATCH_BACKEND="cuda"):
             futures = [pool.submit(_worker_build, spec, str(cache.root), specializations) for spec in specs]
-        for future in as_completed(futures):
-            result = future.result()
-            results.append(result)
-            if on_done is not None:
-                on_done(result)
+        try:
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                if on_done is not None:
+                    on_done(result)
+        except BaseException:  # Ctrl-C or a stopped sweep: the queued compiles are dropped, not waited for
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return sorted(results, key=lambda r: r.name)
