@@ -507,3 +507,37 @@ def test_threads_ranking_at_once_get_each_problems_own_costs(model, rules):
         together = list(pool.map(lambda case: fresh.predict_cost(case[0], case[1], SM90), cases * 4))
     for i, costs in enumerate(together):
         np.testing.assert_array_equal(costs, alone[i % len(cases)])
+
+
+def test_the_model_ranks_the_rules_shortlist_and_the_vendor_and_leaves_the_rest_in_the_rules_order():
+    """A problem of the default set has ~80 candidates: the model costs the rules' best MODEL_SHORTLIST
+    and the vendor's only (here it reverses their order), and the others follow, uncosted, in the
+    rules' order."""
+    from tiledispatch.core.dispatcher import MODEL_SHORTLIST
+
+    class Reversed:
+        label = "reversed"
+        seen = []
+
+        def predict_cost(self, problem, configs, arch, scores=None):
+            self.seen.append(len(configs))
+            return [-float(i) for i in range(len(configs))]  # the rules' last of the shortlist costs least
+
+    class Source:
+        def model_for(self, problem, arch):
+            return Reversed()
+
+        def ships(self, arch):
+            return True
+
+    registry = Registry.from_rule_sets(["gemm"], RuleSet.DEFAULT, SM90)
+    problem = problems(1, seed=5)[0]
+    rules = Dispatcher(registry, SM90, strategy="rules").ranked(problem)
+    assert len(rules) > MODEL_SHORTLIST + 1
+    ranked = Dispatcher(registry, SM90, strategy="model", models=Source()).ranked(problem)
+    shortlist = [c for i, c in enumerate(rules) if i < MODEL_SHORTLIST or c.spec.family == "vendor"]
+    rest = [c for i, c in enumerate(rules) if i >= MODEL_SHORTLIST and c.spec.family != "vendor"]
+    assert Reversed.seen == [len(shortlist)]
+    assert [c.spec.name for c in ranked] == [c.spec.name for c in shortlist[::-1] + rest]
+    assert all(c.model_cost is not None for c in ranked[:len(shortlist)])
+    assert all(c.model_cost is None for c in ranked[len(shortlist):])

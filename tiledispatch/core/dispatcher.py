@@ -52,6 +52,12 @@ SELECTIONS_KEPT = 4096
 BOUND_KEPT = 4096
 RANKINGS_KEPT = 32
 BROKEN = "failed to build on this machine"  # the refusal of a kernel that failed to build or load here
+# The candidates a learned model ranks: the rules' best this many, and the vendor library's. On the
+# H200's GEMM sweep every pick of the cross-validated model lay within the rules' best 8 or was the
+# vendor's (docs/selection.md), and a shortlist of ~17 rather than ~80 predicts in a quarter of the
+# time, which a problem's first call pays.
+MODEL_SHORTLIST = 16
+VENDOR_FAMILY = "vendor"
 
 
 class Dispatcher:
@@ -132,21 +138,25 @@ class Dispatcher:
         return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids), model)
 
     def _model_order(self, problem, accepted: list[Candidate]) -> tuple[list[Candidate], str | None]:
-        """The accepted candidates (in the rules' order) by a learned model's cost, one batched
-        prediction, with the model's label; as they are, with None, where no model covers
-        the problem. Equal costs keep the rules' order."""
+        """The rules' shortlist (their best MODEL_SHORTLIST and the vendor's) by a learned model's
+        cost, one batched prediction, then the other candidates in the rules' order; with the
+        model's label. As they are, with None, where no model covers the problem. Equal costs keep
+        the rules' order."""
         source = self._models if self._models is not None else model_source()
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
+        shortlist = [c for i, c in enumerate(accepted) if i < MODEL_SHORTLIST or c.spec.family == VENDOR_FAMILY]
+        rest = [c for i, c in enumerate(accepted) if i >= MODEL_SHORTLIST and c.spec.family != VENDOR_FAMILY]
         costs = [float(c) for c in
-                 model.predict_cost(problem, [c.spec.config for c in accepted], self.arch, [c.score for c in accepted])]
-        if len(costs) != len(accepted) or not all(map(math.isfinite, costs)):
+                 model.predict_cost(problem, [c.spec.config for c in shortlist], self.arch,
+                                    [c.score for c in shortlist])]
+        if len(costs) != len(shortlist) or not all(map(math.isfinite, costs)):
             raise UnsupportedError(f"the model {model.label} gave {len(costs)} costs (finite: "
-                                   f"{all(map(math.isfinite, costs))}) for {len(accepted)} candidates of "
+                                   f"{all(map(math.isfinite, costs))}) for {len(shortlist)} candidates of "
                                    f"{problem.describe()}; a model gives one finite cost per candidate")
-        order = sorted(range(len(accepted)), key=costs.__getitem__)
-        return [Candidate(accepted[i].spec, None, accepted[i].score, costs[i]) for i in order], model.label
+        order = sorted(range(len(shortlist)), key=costs.__getitem__)
+        return [Candidate(shortlist[i].spec, None, shortlist[i].score, costs[i]) for i in order] + rest, model.label
 
     def ranked(self, problem) -> tuple[Candidate, ...]:
         """The candidates that accept `problem`, best first: `explain(problem).ranked` without

@@ -28,6 +28,7 @@ from .. import arch as arch_facts
 from ..bench.problemsets import fold_of
 from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
 from ..core.choice import Choice
+from ..core.dispatcher import MODEL_SHORTLIST
 from ..core.errors import InvalidArgumentError, TiledispatchError
 from ..core.op import get_op
 from . import autotune
@@ -171,7 +172,9 @@ def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
     covers = getattr(problem.model, "covers", None)
     if covers is not None and not covers(problem.problem):
         return ordered[0]  # as the dispatcher does: the rules rank a problem the model does not cover
-    return ordered[int(np.argmin(problem.model_costs(ordered)))]  # ties: the rules' order
+    # the dispatcher's shortlist: the rules' best MODEL_SHORTLIST and the vendor's, the others never ranked
+    shortlist = [c for i, c in enumerate(ordered) if i < MODEL_SHORTLIST or c.vendor]
+    return shortlist[int(np.argmin(problem.model_costs(shortlist)))]  # ties: the rules' order
 
 
 def _pick_autotune(ordered: Sequence[Measured], _: _Problem) -> Measured:
