@@ -102,7 +102,7 @@ def poisoned(tmp_path_factory):
     base = tmp_path_factory.mktemp("poison")
     triton_cache, out = base / "triton", base / "out"
     out.mkdir()
-    with kernel._environment(TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(triton_cache)):
+    with kernel.environment(TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(triton_cache)):
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             report = pool.submit(poisoned_build, str(triton_cache), str(out)).result(timeout=300)
     return report, triton_cache, out

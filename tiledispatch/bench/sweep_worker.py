@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from ..core.kernel import environment
 from ..core.spec import KernelSpec
 from .table import Status
 
@@ -341,21 +342,6 @@ def _child(conn) -> None:
             return
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]):
-    """os.environ with `values`, for a spawned child to take at its start."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 class IsolatedRunner:
     """Runs tasks in a child process of its own (pinned by `env`), restarting it after a fault or a
     timeout: no kernel can take the caller down. `timeout_s` bounds each step: the batch's build, and
@@ -368,7 +354,7 @@ class IsolatedRunner:
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        with _environment(self.env):
+        with environment(**self.env):
             self._process = context.Process(target=_child_main, args=(child,), daemon=False)
             self._process.start()
         child.close()

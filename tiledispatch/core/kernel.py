@@ -351,7 +351,9 @@ def _worker_build(spec: KernelSpec, cache_root: str, specializations: tuple | No
 
 
 @contextlib.contextmanager
-def _environment(**values: str):
+def environment(**values: str):
+    """os.environ with `values` while the block runs, restored after: what a spawned child takes
+    at its start (a compile worker, a sweep's worker)."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
@@ -378,7 +380,7 @@ def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
         # Workers compile real kernels: they must import Triton without the interpreter, and
         # select for the GPU whatever device they run on (a plan's constexprs follow the
         # backend); a spawned process takes the environment of the moment it starts.
-        with _environment(TRITON_INTERPRET="0", TILEDISPATCH_BACKEND="cuda"):
+        with environment(TRITON_INTERPRET="0", TILEDISPATCH_BACKEND="cuda"):
             futures = [pool.submit(_worker_build, spec, str(cache.root), specializations) for spec in specs]
         try:
             for future in as_completed(futures):
