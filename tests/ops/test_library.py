@@ -103,6 +103,34 @@ def test_opcheck_attention_backward():
     _opcheck(OPS.attention_backward.default, args)
 
 
+def _grads(y, inputs) -> tuple:
+    return torch.autograd.grad(y.float().square().sum(), inputs)
+
+
+def test_an_eager_recorded_call_runs_the_twin_with_the_ops_gradients(conv_dispatcher):
+    """An eager call that autograd records goes through the op's autograd.Function twin (a fraction of
+    the custom op's dispatch), and its gradients are the custom op's, bit for bit."""
+    a, b, bias = _t(8, 16, grad=True), _t(16, 8, grad=True), _t(8, grad=True)
+    twin = tiledispatch.gemm(a, b, bias=bias)
+    op = OPS.gemm.default(a, b, bias, None, None, None, False, None, None, None, DEFAULT_DISPATCHER)
+    assert type(twin.grad_fn).__name__ == "GemmFunctionBackward" != type(op.grad_fn).__name__
+    assert all(torch.equal(g, h) for g, h in zip(_grads(twin, (a, b, bias)), _grads(op, (a, b, bias))))
+
+    x, w = _t(1, 4, 5, 5, grad=True, channels_last=True), _t(4, 2, 3, 3, grad=True)
+    twin = tiledispatch.conv(x, w, padding=1, groups=2, dispatcher=conv_dispatcher)
+    token = dispatcher_token(conv_dispatcher)
+    op = OPS.conv.default(x, w, None, None, *GEOMETRY[:4], None, False, None, token)
+    assert type(twin.grad_fn).__name__ == "ConvFunctionBackward" != type(op.grad_fn).__name__
+    assert all(torch.equal(g, h) for g, h in zip(_grads(twin, (x, w)), _grads(op, (x, w))))
+
+    q, k, v = (_t(1, 2, 16, 32, grad=True) for _ in range(3))
+    twin = tiledispatch.attention(q, k, v, causal=True)
+    op, _ = OPS.attention.default(q, k, v, None, None, None, None, None, None, None, None, None, *ATTENTION_OPTIONS,
+                                  True, False, None, None, DEFAULT_DISPATCHER)
+    assert type(twin.grad_fn).__name__ == "AttentionFunctionBackward" != type(op.grad_fn).__name__
+    assert all(torch.equal(g, h) for g, h in zip(_grads(twin, (q, k, v)), _grads(op, (q, k, v))))
+
+
 class TinyModel(torch.nn.Module):
     """A Linear by gemm, a conv (bias, ReLU) and causal attention over the Linear's output."""
 

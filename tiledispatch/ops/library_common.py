@@ -1,5 +1,11 @@
-"""What the ops' custom-op modules (ops/<op>/library.py) share: the dispatcher token and the
-test of whether a call inside a backward may take the fast path.
+"""What the ops' custom-op modules (ops/<op>/library.py) share: the dispatcher token, the
+test of whether a call inside a backward may take the fast path, and each op's eager twin.
+
+An eager call that autograd records runs the op's twin, an autograd.Function made of the
+op's own kernel, setup and backward: it records the same graph for a fraction of the custom
+op's dispatch (the torch.library autograd wrapper and two trips through the dispatcher),
+which costs more than a replayed call's whole host time. torch.compile's trace, and tensors
+that are not plain (fake or functional ones, subclasses), go through the custom op itself.
 
 A schema takes tensors and plain scalars only, so a dispatcher travels as a token: 0 for the
 default one, else the id of a Dispatcher held here (weakly) for as long as the caller holds
@@ -48,6 +54,26 @@ def dispatcher_of(token: int):
             f"dispatcher token {token} names no live tiledispatch.Dispatcher: the custom ops take 0 (the default "
             "dispatcher) or a token from tiledispatch.library.dispatcher_token(d) while d is alive")
     return dispatcher
+
+
+def eager_twin(name: str, kernel, setup_context, backward) -> type[torch.autograd.Function]:
+    """The autograd.Function that runs a custom op's kernel, setup_context and backward (the
+    functions its registration takes) on an eager call that autograd records."""
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": f"The eager twin of the custom op whose kernel is {kernel.__qualname__}.",
+        "forward": staticmethod(kernel), "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward)})
+
+
+def records_eagerly(*tensors) -> bool:
+    """Whether a call that autograd records may run the op's eager twin: no trace under way, and
+    plain tensors only (a fake or functional tensor needs the custom op's fake)."""
+    if torch.compiler.is_dynamo_compiling():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _REAL:
+            return False
+    return True
 
 
 def runs_eagerly(*tensors) -> bool:

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from tiledispatch import Dispatcher, Registry
-from tiledispatch.ops.conv import ConvSignature, Direction, PointwiseConfig, check_operands
+from tiledispatch.ops.conv import ConvSignature, Direction, PointwiseConfig, check_operands, fastpath
 from tiledispatch.ops.conv.inputs import make_inputs
 from tiledispatch.ops.conv.pointwise import gemm_problem
 from tiledispatch.ops.conv.problem import ConvEpilogue
+from tiledispatch.ops.conv.reference import compare
 from tiledispatch.ops.conv.rules import supports
 from tiledispatch.ops.gemm.problem import Activation
 
@@ -59,6 +60,25 @@ def test_an_output_without_a_matrix_view_is_written_back(dispatcher):
     reference = torch.nn.functional.conv2d(inputs.x.double(), inputs.w.double())
     assert result.data_ptr() == out.data_ptr() and torch.allclose(out.double(), reference, rtol=1e-4, atol=1e-4)
     assert torch.isnan(wide[:, :, :, 1::2]).all(), "the columns between out's must stay untouched"
+
+
+@pytest.mark.parametrize("epilogue", [ConvEpilogue(), ConvEpilogue(bias=True, activation=Activation.RELU,
+                                                                     residual=True)], ids=lambda e: e.name)
+def test_a_bound_forward_is_the_gemms_own_bound_call_on_views(dispatcher, epilogue):
+    """fastpath.PointwiseConv: a 1x1 forward bound to this family replays the GEMM op's bound call on
+    matrix views of new tensors, its product viewed as channels-last y; a copied x keeps the plan."""
+    p = problem(Direction.FORWARD, 2, 16, 24, 1, (5, 6), (1, 1), 1, 0, 1, "fp32", epilogue=epilogue)
+    first = make_inputs(p, device=DEVICE, seed=1)
+    ops = check_operands(p.direction, **(first.kwargs(p) | {"out": None}))
+    bound = fastpath.bind(dispatcher, ops, _gemm(p))
+    assert isinstance(bound, fastpath.PointwiseConv)
+    fresh = make_inputs(p, device=DEVICE, seed=2)
+    y = bound((fresh.x, fresh.w, None, fresh.bias, fresh.residual, None))
+    assert y.shape == fresh.out.shape and y.is_contiguous(memory_format=torch.channels_last)
+    cmp = compare(y, check_operands(p.direction, **fresh.kwargs(p)))
+    assert cmp.passed, cmp.to_dict()
+    nchw = check_operands(p.direction, **(first.kwargs(p) | {"out": None, "x": first.x.contiguous()}))
+    assert not isinstance(fastpath.bind(dispatcher, nchw, _gemm(p)), fastpath.PointwiseConv)  # x was copied
 
 
 @pytest.mark.parametrize("case, reason", [

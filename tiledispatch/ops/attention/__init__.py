@@ -14,7 +14,7 @@ from ...core.op import OpDefinition, register
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from . import families  # noqa: F401  (registers the kernel families)
 from .arguments import parse_causal, parse_window
-from .function import AttentionFunction, bound_forward, forward, read_call
+from .function import bound_forward, forward, read_call, recorded
 from .inputs import check_output, reference_output, tuning_operands
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
@@ -90,7 +90,7 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
                "scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v}
     call = replace(call, bound=bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel))
     if grad:
-        out, lse = AttentionFunction.apply(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
+        out, lse = recorded(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
     else:
         result = forward(call, q, k, v, tensors)
         out, lse = result.out, result.lse

@@ -16,7 +16,7 @@ import torch
 
 from ...core.args import as_bool, as_kernel_name
 from ...core.errors import InvalidArgumentError, UnsupportedError
-from ..library_common import dispatcher_token
+from ..library_common import dispatcher_token, records_eagerly
 from . import fastpath
 from .arguments import dropout_probability, parse_causal, parse_window
 from .operands import AttentionOperands, AttentionOptions, check_operands
@@ -157,15 +157,15 @@ def scalars_of(options: AttentionOptions) -> tuple:
 
 def recorded(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call: Call,
              scales: tuple = (None, None, None)):
-    """(out, lse) by the custom op tiledispatch::attention (lse None where it is not needed): what
-    autograd records (its registered autograd runs the backward plan) and torch.compile traces."""
-    out, lse = torch.ops.tiledispatch.attention.default(
+    """(out, lse) by the custom op tiledispatch::attention (lse None where it is not needed), what
+    torch.compile traces, or by its eager twin on an eager call: what autograd records (the op's
+    autograd runs the backward plan)."""
+    op = torch.ops.tiledispatch.attention.default
+    if records_eagerly(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *scales):
+        from .library import AttentionFunction
+        op = AttentionFunction.apply
+    out, lse = op(
         q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, *scales, *scalars_of(call.options),
         call.kernel, call.backward_kernel, dispatcher_token(call.dispatcher))
     return out, lse if call.options.needs_lse else None
 
-
-class AttentionFunction:
-    """The name `attention()` records a differentiable call by: `AttentionFunction.apply` is `recorded`."""
-
-    apply = staticmethod(recorded)

@@ -1,5 +1,6 @@
-"""tiledispatch::attention and tiledispatch::attention_backward: the custom ops autograd records
-and torch.compile traces (see tiledispatch/library.py).
+"""tiledispatch::attention and tiledispatch::attention_backward: the custom ops torch.compile traces,
+and the forward's eager twin AttentionFunction, which autograd records on an eager call (see
+tiledispatch/library.py).
 
 The forward op gives (out, lse): out in q's layout (BSHD stays BSHD) with v's head dim, the
 natural-log LSE (batch, heads_q, seqlen_q) or, varlen, (heads_q, tokens) in fp32, and an empty
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 
 from ...core.tensors import check_plain
-from ..library_common import dispatcher_of, runs_eagerly
+from ..library_common import dispatcher_of, eager_twin, runs_eagerly
 from .function import Call, backward_grads, bound_forward, forward, options_of
 from .plan import like_layout
 from .problem import FP8_DTYPES, FP8_OUTPUT
@@ -46,8 +47,7 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,), dtype=torch.float32)
 
 
-@torch.library.custom_op("tiledispatch::attention", mutates_args=())
-def attention_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, sinks: OptTensor, mask: OptTensor,
+def attention_kernel(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, sinks: OptTensor, mask: OptTensor,
                  alibi_slopes: OptTensor, cu_seqlens_q: OptTensor, cu_seqlens_k: OptTensor, scale_q: OptTensor,
                  scale_k: OptTensor, scale_v: OptTensor, causal: str, window: Optional[list[int]],
                  scale: Optional[float], softcap: Optional[float], dropout_p: float, dropout_seed: int,
@@ -66,6 +66,9 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, sinks: OptTen
     result = forward(call, q, k, v, tensors)
     lse = result.lse if needs_lse else None
     return _in_layout(result.out, q), _empty(q) if lse is None else lse.contiguous()
+
+
+attention_op = torch.library.custom_op("tiledispatch::attention", mutates_args=())(attention_kernel)
 
 
 @attention_op.register_fake
@@ -166,3 +169,4 @@ def _refuse_twice(ctx, *grads):
 
 attention_op.register_autograd(_backward, setup_context=_setup)
 attention_backward_op.register_autograd(_refuse_twice, setup_context=lambda ctx, inputs, output: None)
+AttentionFunction = eager_twin("AttentionFunction", attention_kernel, _setup, _backward)

@@ -19,7 +19,7 @@ from .config import (
     ToeplitzConfig,
     VendorConfig,
 )
-from .function import ConvCall, ConvFunction, check_dtype_on_arch, checked_forward, needs_grad, run
+from .function import ConvCall, check_dtype_on_arch, checked_forward, needs_grad, recorded, run
 from . import fastpath
 from .inputs import check_output, reference_output, tuning_operands
 from ..gemm import Activation
@@ -84,7 +84,7 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
                                    "without out, or under torch.no_grad()")
         call = ConvCall(stride, padding, dilation, groups, Activation.of_argument(activation), allow_tf32, kernel,
                         dispatcher)
-        return ConvFunction.apply(x, w, bias, residual, call)
+        return recorded(x, w, bias, residual, call)
     arguments = lambda: dict(x=x, w=w, stride=stride, padding=padding, dilation=dilation, groups=groups,  # noqa: E731
                              bias=bias, activation=activation, residual=residual, out=out, allow_tf32=allow_tf32)
     key = None if torch.compiler.is_dynamo_compiling() else fastpath.forward_key(

@@ -25,7 +25,7 @@ from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, Unbindable, tensor
 from ...core.tensors import check_no_alias
 from ...core.dtypes import DType
 from ..gemm import Activation
-from .operands import ConvOperands
+from .operands import ConvOperands, channels_last_empty
 from .problem import Direction
 from .signature import Family
 
@@ -155,15 +155,61 @@ class DirectConv:
                 and p.types.dtype in (DType.FP16, DType.BF16) and not p.wide_offsets)
 
 
+class PointwiseConv:
+    """A forward call bound to family `gemm` (pointwise.py: a 1x1 conv as one GEMM) with dense
+    channels-last x (and residual) and no out: the GEMM op's own bound call on matrix views of x
+    and w, its P x K result viewed as channels-last y. One replay, where the conv's plan around a
+    GEMM call would key and check the GEMM call again on every step."""
+
+    def __init__(self, views: dict, y: tuple, gemm) -> None:
+        self._a, self._b, self._residual = views["x"], views["w"], views["residual"]
+        self._y = y  # y's (shape, strides): channels-last, the P x K product's rows
+        self._gemm = gemm
+
+    def __call__(self, tensors: tuple) -> torch.Tensor:
+        x, w, _, bias, residual, _ = tensors
+        if residual is not None:
+            residual = residual.as_strided(*self._residual)
+        c = self._gemm(x.as_strided(*self._a), w.as_strided(*self._b), bias, residual, None, None, None)
+        return c.as_strided(*self._y)
+
+    @staticmethod
+    def make(spec, operands: ConvOperands, dispatcher) -> "PointwiseConv | None":
+        """The binding of a call this kind takes (the GEMM's own bound once here), else None."""
+        p = operands.problem
+        if (spec.family != Family.GEMM.value or p.direction is not Direction.FORWARD or operands.out is not None
+                or operands.converted or not _dense_channels_last(operands.x)
+                or not (operands.residual is None or _dense_channels_last(operands.residual))):
+            return None
+        from ..gemm import bound_call
+        from .pointwise import gemm_dispatcher
+        pixels = operands.x.numel() // p.c
+        views = {"x": ((pixels, p.c), (p.c, 1)), "w": ((p.c, p.k), (operands.w.stride(1), operands.w.stride(0))),
+                 "residual": ((pixels, p.k), (p.k, 1))}
+        residual = None if operands.residual is None else operands.residual.as_strided(*views["residual"])
+        gemm = bound_call(operands.x.as_strided(*views["x"]), operands.w.as_strided(*views["w"]),
+                          bias=operands.bias, activation=p.epilogue.activation, residual=residual,
+                          allow_tf32=p.types.allow_tf32, dispatcher=gemm_dispatcher(dispatcher.arch))
+        y_shape = (p.n, p.k, *p.output_size)
+        return PointwiseConv(views, (y_shape, channels_last_empty(y_shape, operands.x.dtype, "meta").stride()), gemm)
+
+
+def _dense_channels_last(t: torch.Tensor) -> bool:
+    return t.movedim(1, -1).is_contiguous()
+
+
 UNBOUND = object()  # a signature whose plan the swap cannot replay: the checked path takes it
 
 
 def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | object:
     """Selects (or resolves), loads and plans once: a `BoundConv` to replay, a `DirectConv` for a plain
-    call bound to the vendor, or UNBOUND where the plan reads a copy the swap would not refresh."""
+    call bound to the vendor, a `PointwiseConv` for a 1x1 forward bound to the GEMM, or UNBOUND where the plan reads a copy the swap would not refresh."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
     if DirectConv.takes(spec, operands) and not operands.converted:
         return DirectConv(operands)
+    pointwise = PointwiseConv.make(spec, operands, dispatcher)
+    if pointwise is not None:
+        return pointwise
     try:
         return BoundConv(operands, spec.definition.plan(spec.config, operands), launchers)
     except Unbindable:

@@ -2,8 +2,8 @@
 torch.compile traces it.
 
 An eager call that autograd does not record runs `eager_run`: the fast path, or every check.
-Where an input of `conv()` requires grad, or torch.compile traces a call, it goes through the
-custom ops (library.py), whose autograd takes dx from the backward-data conv and dw from the
+Where torch.compile traces a call it goes through the custom ops (library.py); where an input of
+an eager `conv()` requires grad, through the forward op's eager twin, whose autograd is the op's: takes dx from the backward-data conv and dw from the
 backward-weight conv, each selected for its own problem as a direct call would be; bias's
 gradient is dy summed over all but the channels, residual's is dy. An activation's gradient
 needs its input, so while recording, the op runs the conv with the bias fused and gives its
@@ -24,7 +24,7 @@ from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, UnsupportedError
 from ...core.op import OpKind
 from ..gemm import Activation
-from ..library_common import dispatcher_token
+from ..library_common import dispatcher_token, records_eagerly
 from . import fastpath
 from .operands import ConvOperands, _padding, check_operands
 from .problem import MAX_DILATION, MAX_STRIDE, ConvTypes, Direction, spatial_tuple
@@ -33,7 +33,7 @@ from .vendor import ACTIVATIONS
 
 def run(direction: Direction, dispatcher, kernel, **arguments):
     """A call: through the custom op where torch.compile traces it or autograd records a backward
-    direction (the forward's recording is `conv()`'s, by ConvFunction), else the fast path."""
+    direction (the forward's recording is `conv()`'s, by `recorded`), else the fast path."""
     if torch.compiler.is_dynamo_compiling() or direction is not Direction.FORWARD and needs_grad(
             arguments.get("x"), arguments.get("w"), arguments.get("dy")):
         return traced(direction, dispatcher, kernel, arguments)
@@ -182,9 +182,14 @@ def traced(direction: Direction, dispatcher, kernel, arguments: dict):
 
 
 def recorded(x, w, bias, residual, call: ConvCall):
-    """conv() where autograd records it: the custom op tiledispatch::conv, whose registered autograd
-    (library.py) runs the backward; an activation and its residual follow the op as PyTorch ops."""
-    conv_op = torch.ops.tiledispatch.conv.default
+    """conv() where autograd records it: the custom op tiledispatch::conv, or its eager twin on an eager
+    call (library.py), whose backward runs the two backward convs; an activation and its residual
+    follow the op as PyTorch ops."""
+    if records_eagerly(x, w, bias, residual):
+        from .library import ConvFunction
+        conv_op = ConvFunction.apply
+    else:
+        conv_op = torch.ops.tiledispatch.conv.default
     geo = geometry(x, w.shape[2:], call.stride, call.padding, call.dilation, call.groups, call.allow_tf32)
     token, kernel = dispatcher_token(call.dispatcher), as_kernel_name(call.kernel, "kernel")
     activation = ACTIVATIONS[call.activation]
@@ -196,8 +201,3 @@ def recorded(x, w, bias, residual, call: ConvCall):
         y = y + residual
     return y.to(z.dtype)
 
-
-class ConvFunction:
-    """The name `conv()` records a differentiable call by: `ConvFunction.apply` is `recorded`."""
-
-    apply = staticmethod(recorded)

@@ -1,5 +1,6 @@
-"""tiledispatch::conv, conv_backward_data and conv_backward_weight: the custom ops autograd records
-and torch.compile traces (see tiledispatch/library.py).
+"""tiledispatch::conv, conv_backward_data and conv_backward_weight: the custom ops torch.compile
+traces, and the forward's eager twin ConvFunction, which autograd records on an eager call (see
+tiledispatch/library.py).
 
 Each op's kernel is the direction's fast path (function.py), its fake a channels-last tensor
 of the result's shape, and its autograd the other two directions, each selected for its own
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 
 from ...core.errors import UnsupportedError
-from ..library_common import dispatcher_of, runs_eagerly
+from ..library_common import dispatcher_of, eager_twin, runs_eagerly
 from .function import eager_run
 from .operands import channels_last_empty, to_channels_last
 from .problem import Direction
@@ -42,14 +43,16 @@ def output_size(size, filt, stride, padding, dilation) -> list:
     return [(i + 2 * p - d * (f - 1) - 1) // s + 1 for i, f, s, p, d in zip(size, filt, stride, padding, dilation)]
 
 
-@torch.library.custom_op("tiledispatch::conv", mutates_args=())
-def conv_op(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+def conv_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
             stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: Optional[str],
             allow_tf32: bool, kernel: Optional[str], dispatcher: int) -> torch.Tensor:
     """activation(conv(x, w) + bias) + residual by the forward's fast path."""
     return _promised(eager_run(Direction.FORWARD, dispatcher_of(dispatcher), kernel, x=x, w=w, bias=bias,
                                residual=residual, stride=stride, padding=padding, dilation=dilation, groups=groups,
                                activation=activation, allow_tf32=allow_tf32))
+
+
+conv_op = torch.library.custom_op("tiledispatch::conv", mutates_args=())(conv_kernel)
 
 
 @conv_op.register_fake
@@ -177,3 +180,4 @@ def _weight_backward(ctx, grad):
 conv_op.register_autograd(_conv_backward, setup_context=_conv_setup)
 conv_backward_data_op.register_autograd(_data_backward, setup_context=_data_setup)
 conv_backward_weight_op.register_autograd(_weight_backward, setup_context=_weight_setup)
+ConvFunction = eager_twin("ConvFunction", conv_kernel, _conv_setup, _conv_backward)

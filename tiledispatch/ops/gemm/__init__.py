@@ -13,7 +13,7 @@ from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import families  # noqa: F401  (each family module registers itself in family.FAMILIES)
 from . import fastpath
 from .inputs import check_output, reference_output, tuning_operands
-from ..library_common import dispatcher_token
+from ..library_common import dispatcher_token, records_eagerly
 from .operands import GemmOperands, _asked_dtype, _scale, check_operands
 from .plan import ACTIVATION_CODES, kernel_units, plan
 from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
@@ -79,8 +79,25 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
     return result.reshape(out.shape) if out is not None else result.reshape(_result_shape(a, b, operands))
 
 
+def bound_call(a, b, *, bias=None, activation=None, residual=None, allow_tf32: bool = False, dispatcher):
+    """The callable `gemm()` replays for this signature, bound on first sight: for a caller that
+    makes one call on every step of its own replay (conv's 1x1 family), which keeps it rather than
+    key each call. It is called as bound(a, b, bias, residual, out, scale_a, scale_b) on tensors of
+    this signature; where the call has no fast path (the interpreter's), it runs every check."""
+    key = fastpath.call_key(a, b, bias, activation, residual, None, None, allow_tf32, None, None, None)
+    if key is None:
+        def checked(a, b, bias, residual, out, scale_a, scale_b):
+            return gemm(a, b, bias=bias, activation=activation, residual=residual, out=out, allow_tf32=allow_tf32,
+                        scale_a=scale_a, scale_b=scale_b, dispatcher=dispatcher)
+        return checked
+    return dispatcher.memo(key, lambda: fastpath.bind(
+        dispatcher, _checked(dispatcher, a, b, bias, activation, residual, None, None, allow_tf32, None, None),
+        None, result_2d=a.dim() == 2 and b.dim() == 2))
+
+
 def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel, dispatcher):
-    """gemm() as the custom op tiledispatch::gemm, where autograd records it or torch.compile traces it.
+    """gemm() as the custom op tiledispatch::gemm where torch.compile traces it, or as its eager twin
+    where autograd records an eager call.
 
     While autograd records, an activation stays out of the op: the op gives its input z and
     the activation and residual follow as PyTorch ops in fp32, whose autograd takes their
@@ -103,6 +120,9 @@ def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scal
         scale_b = _scale(scale_b, a.device, "scale_b")
     kernel = as_kernel_name(kernel, "kernel")
     op = torch.ops.tiledispatch.gemm.default
+    if grad and records_eagerly(a, b, bias, residual, scale_a, scale_b):
+        from .library import GemmFunction
+        op = GemmFunction.apply
     if grad and activation is not None and activation != Activation.NONE.value:
         z = op(a, b, bias, None, None, out_dtype, allow_tf32, scale_a, scale_b, kernel, token)
         y = ACTIVATIONS[Activation.of_argument(activation)](z.float())

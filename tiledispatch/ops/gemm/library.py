@@ -1,5 +1,5 @@
-"""tiledispatch::gemm, the custom op autograd records and torch.compile traces (see
-tiledispatch/library.py): its kernel is `gemm()`'s fast path, its fake the result's shape
+"""tiledispatch::gemm, the custom op torch.compile traces, and its eager twin GemmFunction, which
+autograd records on an eager call (see tiledispatch/library.py): its kernel is `gemm()`'s fast path, its fake the result's shape
 and dtype, and its autograd the two products dA = dC B^T and dB = A^T dC, each a GEMM
 selected for its own problem, plus dbias (dC summed over the rows) and dresidual (dC).
 
@@ -14,13 +14,12 @@ from typing import Optional
 import torch
 
 from ...core.errors import UnsupportedError
-from ..library_common import DEFAULT_DISPATCHER, dispatcher_of, runs_eagerly
+from ..library_common import DEFAULT_DISPATCHER, dispatcher_of, eager_twin, runs_eagerly
 from . import FP8, gemm as _gemm
 from .problem import Activation
 
 
-@torch.library.custom_op("tiledispatch::gemm", mutates_args=())
-def gemm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+def gemm_kernel(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
             residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype], allow_tf32: bool,
             scale_a: Optional[torch.Tensor], scale_b: Optional[torch.Tensor], kernel: Optional[str],
             dispatcher: int) -> torch.Tensor:
@@ -30,6 +29,9 @@ def gemm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], acti
                   allow_tf32=allow_tf32, scale_a=scale_a, scale_b=scale_b, kernel=kernel,
                   dispatcher=dispatcher_of(dispatcher))
     return c if c.is_contiguous() else c.contiguous()
+
+
+gemm_op = torch.library.custom_op("tiledispatch::gemm", mutates_args=())(gemm_kernel)
 
 
 @gemm_op.register_fake
@@ -109,5 +111,6 @@ def _backward(ctx, dc: torch.Tensor):
 
 
 gemm_op.register_autograd(_backward, setup_context=_setup_context)
+GemmFunction = eager_twin("GemmFunction", gemm_kernel, _setup_context, _backward)
 
-__all__ = ["DEFAULT_DISPATCHER", "gemm_op", "product"]
+__all__ = ["DEFAULT_DISPATCHER", "GemmFunction", "gemm_op", "product"]
