@@ -14,6 +14,7 @@ them into the conv's epilogue.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,13 +138,26 @@ class ConvCall:
 
 
 def geometry(x, filter_size, stride, padding, dilation, groups, allow_tf32) -> tuple:
-    """(stride, padding, dilation, groups, allow_tf32) as the custom ops take them: an integer list a
-    spatial dim each, 'same' and 'valid' read against the filter; the checks are the ops'."""
-    dims = x.dim() - 2
+    """(stride, padding, dilation, groups, allow_tf32) as the custom ops take them: an integer tuple a
+    spatial dim each, 'same' and 'valid' read against the filter; the checks are the ops'. Options of
+    plain types (every model's) are read once per combination: the reading costs more than a
+    replayed call's whole budget."""
+    options = (stride, padding, dilation, groups, allow_tf32)
+    if not torch.compiler.is_dynamo_compiling() and all(
+            type(v) in _PLAIN or type(v) is tuple and all(type(i) is int for i in v) for v in options):
+        return _read_geometry(x.dim() - 2, tuple(filter_size), *options)
+    return _read_geometry.__wrapped__(x.dim() - 2, tuple(filter_size), *options)  # Dynamo warns of a cache
+
+
+_PLAIN = (int, str, bool)  # options of these types (tuples of int) key one reading; typed: True is not 1
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _read_geometry(dims, filter_size, stride, padding, dilation, groups, allow_tf32) -> tuple:
     stride = spatial_tuple(stride, dims, "stride", 1, MAX_STRIDE)
     dilation = spatial_tuple(dilation, dims, "dilation", 1, MAX_DILATION)
-    padding = _padding(padding, tuple(filter_size[-dims:]), stride, dilation, Direction.FORWARD)
-    return list(stride), list(padding), list(dilation), groups, allow_tf32
+    padding = _padding(padding, filter_size[-dims:], stride, dilation, Direction.FORWARD)
+    return tuple(stride), tuple(padding), tuple(dilation), groups, allow_tf32
 
 
 def traced(direction: Direction, dispatcher, kernel, arguments: dict):
