@@ -2,7 +2,9 @@
 custom op called directly, and the PyTorch op it replaces, on small shapes whose GPU work is tiny,
 with grad and under torch.no_grad().
 
-    python benchmarks/studies/autograd_overhead.py [--calls 3000]
+    python benchmarks/studies/autograd_overhead.py [--calls 3000] [--profile]
+
+--profile then prints a cProfile of each case's own call with grad.
 
 The gemm is 16x16 bf16; the convs take channels-last bf16 tensors of a resnet50 stage (a 3x3 on
 cuDNN's path, a 1x1 on the gemm family's); the weights are Parameters, as in a model.
@@ -11,6 +13,8 @@ cuDNN's path, a 1x1 on the gemm family's); the weights are Parameters, as in a m
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +56,7 @@ def cases() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     print(f"{'case':28s} {'mode':8s} {'ours us':>8s} {'custom op us':>13s} {'PyTorch us':>11s}")
     for name, providers in cases().items():
@@ -59,6 +64,16 @@ def main() -> None:
             with torch.set_grad_enabled(mode == "grad"):
                 us = {p: host_us_per_call(fn, calls=args.calls, warmup=200) for p, fn in providers.items()}
             print(f"{name:28s} {mode:8s} {us['ours']:8.2f} {us['custom op']:13.2f} {us['PyTorch']:11.2f}")
+    if args.profile:
+        for name, providers in cases().items():
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.calls):
+                providers["ours"]()
+            profiler.disable()
+            torch.cuda.synchronize()
+            print(f"--- {name}, with grad")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
 
 
 if __name__ == "__main__":

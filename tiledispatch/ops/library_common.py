@@ -58,11 +58,19 @@ def dispatcher_of(token: int):
 
 def eager_twin(name: str, kernel, setup_context, backward) -> type[torch.autograd.Function]:
     """The autograd.Function that runs a custom op's kernel, setup_context and backward (the
-    functions its registration takes) on an eager call that autograd records."""
+    functions its registration takes) on an eager call that autograd records.
+
+    Its forward takes ctx and calls the setup itself: a Function that defines setup_context
+    instead binds its arguments to forward's signature through inspect on every call, which
+    costs 25 us of a 6 us apply on the CPU machine."""
+    def forward(ctx, *args):
+        output = kernel(*args)
+        setup_context(ctx, args, output)
+        return output
+
     return type(name, (torch.autograd.Function,), {
         "__doc__": f"The eager twin of the custom op whose kernel is {kernel.__qualname__}.",
-        "forward": staticmethod(kernel), "setup_context": staticmethod(setup_context),
-        "backward": staticmethod(backward)})
+        "forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def records_eagerly(*tensors) -> bool:

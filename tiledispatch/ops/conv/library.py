@@ -14,6 +14,7 @@ Geometry travels as integer lists (stride, padding, dilation, one per spatial di
 as full shapes: function.py reads the user's forms ('same', spatial sizes only) before the op.
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -25,7 +26,8 @@ from .operands import channels_last_empty, to_channels_last
 from .problem import Direction
 
 
-def channels_last_strides(shape) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=1024)
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The strides of channels_last_empty(shape): dim 1 innermost, then the last spatial dim, ..., dim 0."""
     strides, step = [0] * len(shape), 1
     for dim in (1, *range(len(shape) - 1, 1, -1), 0):
@@ -36,7 +38,7 @@ def channels_last_strides(shape) -> tuple[int, ...]:
 
 def _promised(t: torch.Tensor) -> torch.Tensor:
     """The result in the layout the fake promises (channels-last), copied only where it is not."""
-    return t if t.stride() == channels_last_strides(t.shape) else to_channels_last(t)
+    return t if t.stride() == channels_last_strides(tuple(t.shape)) else to_channels_last(t)
 
 
 def output_size(size, filt, stride, padding, dilation) -> list:
