@@ -51,11 +51,14 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--train", action="store_true", help="only a cProfile of our model's training steps")
     args = parser.parse_args()
     setting = models.GPU
     work = models.cnn(args.model, args.batch, 1000)
     variants = models.make_variants(work, setting, warmup=True)
     ours, x = variants.ours, variants.inputs["x"]
+    if args.train:
+        return profile_training(work, variants, args.calls)
     host = collections.defaultdict(float)  # layer -> our call's host seconds
     theirs = collections.defaultdict(float)  # layer -> PyTorch's call's host seconds, same input
     kernels: dict = {}  # layer -> the KernelSpec picked
@@ -108,6 +111,24 @@ def main() -> None:
             ours(x)
         profiler.disable()
     torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+
+
+def profile_training(work, variants, steps: int) -> None:
+    """cProfile of our model's training steps (forward, loss, backward), after three unprofiled ones."""
+    variants.ours.train()
+    step = models.train_step(variants.ours, work, variants.inputs)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    print(f"{work.name} training step, ours: {(time.perf_counter() - start) / steps * 1e3:.2f} ms under cProfile")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
