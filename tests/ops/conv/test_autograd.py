@@ -48,6 +48,7 @@ def _reference(tensors: dict, activation, dy, **geometry):
 
 def _close(got, want, dtype, what):
     tol = TOLERANCE[dtype]
+    want = want.detach().cpu().double()
     err = (got.detach().cpu().double() - want).norm() / want.norm()
     assert torch.isfinite(got).all() and err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
 

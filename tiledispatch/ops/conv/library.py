@@ -21,6 +21,7 @@ import torch
 
 from ...core.errors import UnsupportedError
 from ..library_common import dispatcher_of, eager_twin, runs_eagerly
+from . import conv as _conv
 from .function import eager_run
 from .operands import channels_last_empty, to_channels_last
 from .problem import Direction
@@ -48,10 +49,13 @@ def output_size(size, filt, stride, padding, dilation) -> list:
 def conv_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
             stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: Optional[str],
             allow_tf32: bool, kernel: Optional[str], dispatcher: int) -> torch.Tensor:
-    """activation(conv(x, w) + bias) + residual by the forward's fast path."""
-    return _promised(eager_run(Direction.FORWARD, dispatcher_of(dispatcher), kernel, x=x, w=w, bias=bias,
-                               residual=residual, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                               activation=activation, allow_tf32=allow_tf32))
+    """activation(conv(x, w) + bias) + residual by `conv()`'s own fast path (its flat signature), which
+    the op's autograd (or its twin's) records rather than conv()."""
+    with torch.no_grad():
+        y = _conv(x, w, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+                  bias=bias, residual=residual, activation=activation, allow_tf32=allow_tf32, kernel=kernel,
+                  dispatcher=dispatcher_of(dispatcher))
+    return _promised(y)
 
 
 conv_op = torch.library.custom_op("tiledispatch::conv", mutates_args=())(conv_kernel)
