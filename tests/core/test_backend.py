@@ -240,3 +240,25 @@ def test_another_thread_keeps_plain_jit_functions_during_a_session():
         thread.start()
         thread.join()
     assert len(seen) == 1 and "outside of the scope of a kernel" in seen[0]
+
+
+def test_an_interpreter_that_cannot_run_here_is_refused_saying_why(monkeypatch):
+    """Triton 3.6's interpreter fails inside its kernels with numpy 2.3 or later: a session says so
+    (and what would work) before any kernel runs, rather than a raw interpreter traceback."""
+    import numpy
+    import triton
+
+    runtime.interpreter_problem.cache_clear()
+    monkeypatch.setattr(numpy, "__version__", "2.3.1")
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    try:
+        with pytest.raises(TiledispatchError, match=r"numpy < 2.3.*numpy 2.3.1.*GPU"):
+            with runtime.interpreter_session():
+                pass
+        monkeypatch.setattr(numpy, "__version__", "2.2.6")
+        runtime.interpreter_problem.cache_clear()
+        with runtime.interpreter_session():
+            pass
+    finally:
+        monkeypatch.undo()
+        runtime.interpreter_problem.cache_clear()

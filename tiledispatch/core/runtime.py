@@ -21,7 +21,7 @@ import os
 import threading
 from typing import Any
 
-from .errors import InvalidProblemError, TiledispatchError
+from .errors import InvalidProblemError, TiledispatchError, UnsupportedError
 
 ENV_BACKEND = "TILEDISPATCH_BACKEND"
 ENV_TRITON_INTERPRET = "TRITON_INTERPRET"
@@ -191,9 +191,29 @@ def interpreted(fn: Any) -> Any:
     return known[1]
 
 
+@functools.cache
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run in this environment, or None: Triton 3.6's interpreter
+    fails inside its kernels with numpy 2.3 or later ("only 0-dimensional arrays can be converted
+    to Python scalars")."""
+    import numpy
+    import triton
+
+    triton_version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    numpy_version = tuple(int(p) for p in numpy.__version__.split(".")[:2])
+    if triton_version <= (3, 6) and numpy_version >= (2, 3):
+        return (f"Triton {triton.__version__}'s CPU interpreter needs numpy < 2.3, and this environment has numpy "
+                f"{numpy.__version__}: move the tensors to the GPU, or install 'numpy<2.3'")
+    return None
+
+
 @contextlib.contextmanager
 def interpreter_session():
-    """Holds INTERPRETER_LOCK; inside, the holding thread's JITFunctions run under the interpreter."""
+    """Holds INTERPRETER_LOCK; inside, the holding thread's JITFunctions run under the interpreter
+    (refused, saying why, where the interpreter cannot run here)."""
+    problem = interpreter_problem()
+    if problem is not None:
+        raise UnsupportedError(problem)
     with INTERPRETER_LOCK:
         if _SESSION.depth:
             _SESSION.depth += 1
