@@ -126,3 +126,28 @@ def test_second_derivatives_match_pytorch(dispatcher):
     want = torch.autograd.grad((dx64 * dx64).sum(), (x64, w64))
     for name, a, b in zip(("x", "w"), got, want):
         _close(a, b, torch.float32, f"second derivative in {name}")
+
+
+@pytest.mark.parametrize("family", ["vendor", "igemm"])
+def test_both_gradients_in_one_vendor_call_where_both_picks_are_the_vendor(monkeypatch, family):
+    """joint.py: where the dispatcher picks the vendor for backward-data and for backward-weight, one
+    convolution_backward gives dx, dw and dbias (checked against float64 autograd); where it picks
+    another family, each gradient is left to its own pick."""
+    from types import SimpleNamespace
+
+    from tiledispatch.ops.conv.joint import both_gradients
+
+    d = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+    monkeypatch.setattr(d, "select", lambda problem: SimpleNamespace(family=family))
+    g = torch.Generator().manual_seed(7)
+    x, w = _leaf((2, 6, 7, 5), g, torch.float32), _leaf((4, 3, 3, 2), g, torch.float32)
+    geometry = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
+    shape = F.conv2d(x.detach().cpu(), w.detach().cpu(), **geometry).shape
+    dy = torch.randn(shape, generator=g).to(DEVICE).contiguous(memory_format=torch.channels_last)
+    _, grads = _reference({"x": x, "w": w, "bias": _leaf((4,), g, torch.float32)}, None, dy, **geometry)
+    got = both_gradients(dy, x.detach(), w.detach(), (*geometry.values(), False), d, with_bias=True)
+    if family != "vendor":
+        assert got is None
+        return
+    for name, value in zip(("x", "w", "bias"), got):
+        _close(value, grads[name], torch.float32, f"joint d{name}")

@@ -23,6 +23,7 @@ from ...core.errors import UnsupportedError
 from ..library_common import dispatcher_of, eager_twin, runs_eagerly
 from . import conv as _conv
 from .function import eager_run
+from .joint import both_gradients
 from .operands import channels_last_empty, to_channels_last
 from .problem import Direction
 
@@ -147,11 +148,16 @@ def _conv_backward(ctx, dy):
                                "op when autograd records it")
     x, w = ctx.saved_tensors
     needs = ctx.needs_input_grad
-    dx = backward_data(dy, w, x.shape, ctx.geometry, ctx.token) if needs[0] else None
-    dw = backward_weight(x, dy, w.shape, ctx.geometry, ctx.token) if needs[1] else None
-    dbias = None
-    if ctx.has_bias and needs[2]:
-        dbias = dy.sum(dim=(0, *range(2, dy.dim())), dtype=torch.float32).to(dy.dtype)
+    bias_grad = ctx.has_bias and needs[2]
+    both = None
+    if needs[0] and needs[1] and runs_eagerly(dy, x, w):  # one vendor call where both picks are the vendor's
+        both = both_gradients(dy, x, w, ctx.geometry, dispatcher_of(ctx.token), bias_grad)
+    if both is not None:
+        dx, dw, dbias = both
+    else:
+        dx = backward_data(dy, w, x.shape, ctx.geometry, ctx.token) if needs[0] else None
+        dw = backward_weight(x, dy, w.shape, ctx.geometry, ctx.token) if needs[1] else None
+        dbias = dy.sum(dim=(0, *range(2, dy.dim())), dtype=torch.float32).to(dy.dtype) if bias_grad else None
     return dx, dw, dbias, dy if needs[3] else None, *(None,) * 8
 
 
