@@ -272,7 +272,9 @@ class Variants:
     first_call_s: dict
 
 
-def make_variants(work: Workload, setting: Setting, warmup: bool) -> Variants:
+def make_variants(work: Workload, setting: Setting, warmup: bool, backward: bool = False) -> Variants:
+    """The three models and inputs; with `warmup`, tiledispatch.warmup compiles our model's picks
+    first, its backward's too where `backward` (a training mode follows)."""
     torch.manual_seed(0)
     with torch.device(setting.device):
         reference = work.build(setting).to(setting.reference_dtype).eval()
@@ -294,7 +296,7 @@ def make_variants(work: Workload, setting: Setting, warmup: bool) -> Variants:
     if warmup and hasattr(tiledispatch, "warmup"):  # issue 40 item 5: compiles the picks ahead, in parallel
         start = time.perf_counter()
         try:
-            tiledispatch.warmup(ours, inputs["x" if "x" in inputs else "ids"])
+            tiledispatch.warmup(ours, inputs["x" if "x" in inputs else "ids"], backward=backward)
             variants.first_call_s["tiledispatch warmup"] = round(time.perf_counter() - start, 3)
         except Exception as error:
             variants.first_call_s["tiledispatch warmup"] = first_error_line(error)
@@ -459,7 +461,7 @@ def run_workload(work: Workload, modes: list[str], setting: Setting, deadline: f
     if time.perf_counter() > deadline:
         return [row for m in modes for row in skipped_rows(work, m, "skipped: time budget (--budget-s)")]
     try:
-        variants = make_variants(work, setting, not args.no_warmup)
+        variants = make_variants(work, setting, not args.no_warmup, backward="train" in modes)
     except Exception as error:
         print(f"{work.name}: {first_error_line(error)}", file=sys.stderr, flush=True)
         return [row for m in modes for row in skipped_rows(work, m, first_error_line(error))]

@@ -120,3 +120,11 @@ def test_a_shapes_file_of_another_arch_builds_this_arch_s_picks():
     for shape in shapes:
         foreign = Shape(shape.problem, shape.kernel + "_sm90")
         assert _spec_of(dispatcher, foreign) == dispatcher.select(shape.problem)
+
+
+def test_backward_finds_the_tensors_of_a_mapping_output():
+    """A model returning a mapping (transformers' ModelOutput is one) has its backward recorded too."""
+    model, x = Tiny(), _input().requires_grad_()
+    shapes = warmup(lambda inp: {"logits": model(inp), "note": "not a tensor"}, x, backward=True)
+    directions = {str(getattr(getattr(s.problem, "direction", None), "value", None)) for s in shapes}
+    assert {"bwd_data", "bwd_weight"} <= directions

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -144,6 +145,17 @@ def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = Non
     return results
 
 
+def _tensors_of(out: Any) -> list:
+    """The tensors of a model's output: itself, or those of a tuple, a list or a mapping's values
+    (transformers' ModelOutput is a mapping), recursively."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    items = out.values() if isinstance(out, Mapping) else out if isinstance(out, (tuple, list)) else ()
+    return [t for item in items for t in _tensors_of(item)]
+
+
 def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, shapes_file: str | Path | None = None,
            jobs: int | None = None, dispatcher: Dispatcher | None = None) -> tuple[Shape, ...]:
     """Records the problems `model(*example_inputs)` poses (and its backward's, with `backward`),
@@ -158,8 +170,7 @@ def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, s
         with torch.set_grad_enabled(backward):
             out = model(*example_inputs)
             if backward:
-                tensors = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
-                           if isinstance(t, torch.Tensor) and t.requires_grad]
+                tensors = [t for t in _tensors_of(out) if t.requires_grad]
                 if not tensors:
                     raise InvalidArgumentError("backward=True: the model's output does not require grad")
                 torch.autograd.backward(tensors, [torch.zeros_like(t) for t in tensors])
