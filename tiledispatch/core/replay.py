@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
-
 from .kernel import CudaLauncher, PythonLauncher
 
 
@@ -39,15 +37,17 @@ def tensor_meta(t) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15)
 
 
-def _fields(descriptor: TensorDescriptor) -> dict:
-    return {name: value for name, value in vars(descriptor).items() if name != "base"}
+def _fields(descriptor) -> tuple[type, dict]:
+    """A planned TMA descriptor's class and attributes, all but its base."""
+    return type(descriptor), {name: value for name, value in vars(descriptor).items() if name != "base"}
 
 
-def _descriptor(base: torch.Tensor, fields: dict) -> TensorDescriptor:
+def _descriptor(base: torch.Tensor, fields: tuple[type, dict]):
     """The planned descriptor over `base`: its shape, strides and block passed their checks at
     planning, for this signature, so TensorDescriptor's own checks are not run again."""
-    moved = object.__new__(TensorDescriptor)
-    moved.__dict__.update(fields)
+    kind, attributes = fields
+    moved = object.__new__(kind)
+    moved.__dict__.update(attributes)
     moved.base = base
     return moved
 
@@ -71,12 +71,12 @@ class Fill(enum.Enum):
 @dataclass(frozen=True)
 class Slot:
     """Argument `index` of a launch takes what `fill` says, from `source` (a role, buffer or
-    scalar number); `fields` are a planned descriptor's own (all but its base)."""
+    scalar number); `fields` are a planned descriptor's class and attributes (all but its base)."""
 
     index: int
     fill: Fill
     source: int = 0
-    fields: Mapping[str, Any] | None = None
+    fields: tuple[type, Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,8 @@ class BoundPlan:
         return Slot(j, Fill.BUFFER if fields is None else Fill.BUFFER_DESCRIPTOR, buffer, fields)
 
     def _stage(self, launch, launcher) -> Stage:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # Triton is imported by then: it planned
+
         binding = self._binding
         python = isinstance(launcher, PythonLauncher)
         names = binding.names[launch.stage] if binding.names is not None else None

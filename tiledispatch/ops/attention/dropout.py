@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from ...core.args import as_int
+from ...core.arith import cdiv
 from ...core.runtime import interpreting
 from .arguments import dropout_offset, dropout_probability, dropout_seed
-from .kernels.scores import dropout_mask
 from .problem import check_seqlen_limit
 
 
@@ -23,9 +22,11 @@ def keep_mask(batch: int, heads_q: int, seqlen_q: int, seqlen_kv: int, dropout_p
     sizes = {"batch": batch, "heads_q": heads_q, "seqlen_q": seqlen_q, "seqlen_kv": seqlen_kv}
     batch, heads_q, seqlen_q, seqlen_kv = (as_int(n, name, low=1) for name, n in sizes.items())
     check_seqlen_limit(seqlen_q, seqlen_kv)
+    from .kernels.scores import dropout_mask  # the kernels' module: Triton's import comes with it
+
     keep = torch.empty((batch, heads_q, seqlen_q, seqlen_kv), dtype=torch.uint8, device=device)
     block_m, block_n = 16, 64
     with interpreting():  # the interpreter runs one kernel at a time
-        dropout_mask[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
+        dropout_mask[(cdiv(seqlen_q, block_m), batch * heads_q)](
             keep, seed, offset, heads_q, seqlen_q, seqlen_kv, dropout_p, BLOCK_M=block_m, BLOCK_N=block_n)
     return keep.bool()

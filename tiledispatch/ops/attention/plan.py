@@ -15,16 +15,15 @@ import importlib
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from ... import arch as arch_facts
+from ...core.arith import cdiv, next_power_of_2
 from ...core.dtypes import DType
 from ...core.errors import BuildError, InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
 from ...core.runtime import Backend, current_backend
 from .config import FAMILIES, AnyAttentionConfig, AttentionConfig
-from .kernels.scores import SOFTCAP_MUFU, SOFTCAP_PORTABLE, UNBOUNDED
 from .operands import AttentionOperands
 from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionVariant, MaskKind, UserMask
 
@@ -81,7 +80,7 @@ DESCRIPTOR_SCALARS = strides("l", "bh") + [("seqlen_q", "i32"), ("seqlen_kv", "i
 
 
 def block(d: int) -> int:
-    return triton.next_power_of_2(d)
+    return next_power_of_2(d)
 
 
 def softcap_code(softcap: bool) -> int:
@@ -90,6 +89,8 @@ def softcap_code(softcap: bool) -> int:
     interpreter. The process decides: interpreter processes never compile."""
     if not softcap:
         return 0
+    from .kernels.scores import SOFTCAP_MUFU, SOFTCAP_PORTABLE  # the kernels' module: Triton's import comes with it
+
     return (SOFTCAP_PORTABLE if current_backend() is Backend.INTERPRETER else SOFTCAP_MUFU).value
 
 
@@ -200,7 +201,7 @@ def tensor_descriptor(t: torch.Tensor, block: tuple[int, ...]):
     for i in range(len(shape) - 2, -1, -1):
         if shape[i] == 1:
             span = max(s * n for s, n in zip(strides[i + 1:], shape[i + 1:]))
-            strides[i] = triton.cdiv(span, 16) * 16
+            strides[i] = cdiv(span, 16) * 16
     return TensorDescriptor(t, shape, strides, list(block))
 
 
@@ -255,6 +256,8 @@ def like_layout(t: torch.Tensor, last: int, dtype=None) -> torch.Tensor:
 
 def runtime_args(ops: AttentionOperands) -> dict:
     """The problem's scalars as the kernels take them."""
+    from .kernels.scores import UNBOUNDED
+
     p = ops.problem
     # -1 (unbounded) and sides past every key as UNBOUNDED: an i32 the kernels add to positions (MAX_SEQLEN)
     left, right = (UNBOUNDED if side < 0 else min(side, UNBOUNDED) for side in p.band(p.seqlen_q, p.seqlen_kv)[1:])
@@ -303,7 +306,7 @@ def forward_start(config: AttentionConfig, ops: AttentionOperands) -> ForwardSta
     lse = _lse_buffer(ops)
     unit = kernel_units(config, p.variant)[0]
     k, scale = _positive_scale(ops)
-    return ForwardStart(out, lse, unit, k, scale, (triton.cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch))
+    return ForwardStart(out, lse, unit, k, scale, (cdiv(p.seqlen_q, config.block_m), p.heads_q, p.batch))
 
 
 @dataclass(frozen=True)
@@ -344,7 +347,7 @@ def backward_start(config: AttentionConfig, ops: AttentionOperands, dq_acc: torc
               **named("dq", bhs(dq_acc if dq_acc is not None else dq, varlen)),
               **named("db", dbias.stride()[:3] if dbias is not None else (0, 0, 0), "bhm"),
               **runtime_args(ops)}
-    q_blocks = triton.cdiv(p.seqlen_q, PREPROCESS_BLOCK_M)
+    q_blocks = cdiv(p.seqlen_q, PREPROCESS_BLOCK_M)
     preprocess = Launch("preprocess", (q_blocks, p.heads_q, p.batch), bound_values(units["preprocess"], common))
     return BackwardStart(AttentionGrads(dq, dk, dv, delta, dbias), common, units, preprocess)
 

@@ -16,8 +16,8 @@ import collections
 from dataclasses import dataclass
 from typing import Callable
 
-import triton
 
+from ...core.arith import cdiv
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, wave_efficiency
@@ -114,7 +114,7 @@ def tile_terms(config: AttentionConfig, problem: AttentionProblem, arch) -> Tile
                              registers_per_thread=registers)
     rows = p.seqlen_q if forward else p.seqlen_kv
     heads = p.heads_q if forward else p.heads_kv
-    programs = triton.cdiv(rows, own) * heads * p.batch
+    programs = cdiv(rows, own) * heads * p.batch
     waves = wave_efficiency(programs, arch.sm_count * resident)
     # K/V (forward) or Q/dO (backward) bytes per FLOP: a taller own block reuses them more.
     # Per streamed block of `other` rows (2 * other * d bytes of each operand pair) a program

@@ -12,10 +12,10 @@ from __future__ import annotations
 import enum
 import math
 
-import triton
 
 from ...arch import Feature
 from ...core import family as core_family
+from ...core.arith import next_power_of_2
 from ...core.dtypes import DType
 from ...core.errors import InvalidConfigError
 from ...core.family import CorrectionSpace
@@ -53,7 +53,7 @@ class AttentionRule(enum.Enum):
 
 def padded(d: int) -> int:
     """The head dim as a tile: the next power of two (80 -> 128, 192 -> 256)."""
-    return triton.next_power_of_2(d)
+    return next_power_of_2(d)
 
 
 def power_of_two(x: int) -> bool:

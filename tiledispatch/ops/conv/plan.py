@@ -14,9 +14,9 @@ import functools
 import math
 
 import torch
-import triton
 
 from ... import arch as arch_facts
+from ...core.arith import cdiv
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit, UnitKind
@@ -151,7 +151,7 @@ def reduce_launch(unit: KernelUnit, workspace: torch.Tensor, w: torch.Tensor, p,
     _fz, fy, fx = p.padded3(p.filter_size, 1)
     bound = {"ws_ptr": workspace, "w_ptr": w, "TOTAL": total, "CG": p.c_per_group, "TAPS": taps,
              "FY": fy, "FX": fx, **dict(zip(("swk", "swz", "swy", "swx"), dim_strides(w)))}
-    return Launch("reduce", (triton.cdiv(total, REDUCE_BLOCK), 1, 1), bound_values(unit, bound))
+    return Launch("reduce", (cdiv(total, REDUCE_BLOCK), 1, 1), bound_values(unit, bound))
 
 
 def checked_grid(config, grid: tuple[int, int, int]) -> tuple[int, int, int]:

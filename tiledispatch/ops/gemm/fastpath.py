@@ -17,7 +17,6 @@ import logging
 from typing import Any
 
 import torch
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...core.dispatcher import stream_getter
 from ...core.dtypes import DType
@@ -89,6 +88,8 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
 def _made(plan: Plan, roles: list) -> tuple:
     """Every tensor the plan's launches read that is not the call's: gemm plans copy nothing on the host
     (realigned operands are filled by a copy stage), so each is scratch to make anew per call."""
+    from triton.tools.tensor_descriptor import TensorDescriptor  # imported by then: the plan made its launches
+
     known = {id(t) for t in roles if t is not None}
     made = []
     for launch in plan.launches:

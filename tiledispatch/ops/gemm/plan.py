@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Callable
 
 import torch
-import triton
 
 from ... import arch as arch_facts
+from ...core.arith import cdiv
 from ...core.errors import InvalidProblemError
 from ...core.launch import Launch, Plan
 from ...core.op import KernelUnit
@@ -217,7 +217,7 @@ def _reduce_launch(config: GemmConfig, unit: KernelUnit, workspace: torch.Tensor
                    epilogue: dict) -> Launch:
     batch, _, m, n = workspace.shape
     block_m, block_n = reduce_block(config.split_k)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), batch)
+    grid = (cdiv(m, block_m), cdiv(n, block_n), batch)
     if grid[1] > MAX_GRID_YZ:
         raise InvalidProblemError(f"N={n} is too large for the split-K reduction grid; use split_k=1")
     bound = {**epilogue, "ws_ptr": workspace, "c_ptr": out,
@@ -241,7 +241,7 @@ def pointer_plan(config: GemmConfig, ops: GemmOperands) -> Plan:
         **({"stride_cb": out.stride(0), "stride_cm": out.stride(1), "stride_cn": out.stride(2)}
            if workspace is None else {"stride_cb": 0, "stride_cm": 0, "stride_cn": 0}),
     }
-    tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n)
+    tiles = cdiv(p.m, config.block_m) * cdiv(p.n, config.block_n)
     launches = [Launch("main", (tiles, config.split_k, p.batch), values(units[0], main_bound))]
     if workspace is not None:
         launches.append(_reduce_launch(config, units[1], workspace, out, epilogue))
@@ -262,7 +262,7 @@ def _tensor_descriptor(t: torch.Tensor, contiguous_last: bool, block: tuple[int,
     strides = list(view.stride())
     strides[2] = 1
     if shape[1] == 1:
-        strides[1] = triton.cdiv(shape[2], 16) * 16
+        strides[1] = cdiv(shape[2], 16) * 16
     if shape[0] == 1:
         strides[0] = strides[1] * shape[1]
     return TensorDescriptor(t, shape, strides, list(block))
@@ -309,7 +309,7 @@ def persistent_plan(config: GemmConfig, ops: GemmOperands, blocks: dict[str, tup
         "c_desc": c_desc,
     }
     units = kernel_units(config, p.alignment)
-    tiles = triton.cdiv(p.m, config.block_m) * triton.cdiv(p.n, config.block_n) * p.batch
+    tiles = cdiv(p.m, config.block_m) * cdiv(p.n, config.block_n) * p.batch
     programs, scratch, zeroed = schedule(config, p, tiles, _programs(out.device), out.device)
     bound.update(scratch)
     launches = [Launch("main", (programs, 1, 1), values(units[0], bound))]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import triton
 
+from ....core.arith import cdiv
 from ....core.launch import Launch, Plan
 from ....core.op import KernelUnit, Score
 from ..config import FAMILIES, AttentionConfig, AttentionFamily, Family
@@ -90,14 +90,14 @@ def _convert_unit(config: AttentionConfig, variant: AttentionVariant) -> KernelU
 
 def _dq_launch(config: AttentionConfig, ops: AttentionOperands, start: BackwardStart, dq_acc) -> Launch:
     p = ops.problem
-    return Launch("dq", (triton.cdiv(p.seqlen_q, config.block_n), p.heads_q, p.batch),
+    return Launch("dq", (cdiv(p.seqlen_q, config.block_n), p.heads_q, p.batch),
                   bound_values(start.units["dq"], start.common))
 
 
 def _convert_launch(config: AttentionConfig, ops: AttentionOperands, start: BackwardStart, dq_acc) -> Launch:
     p, varlen = ops.problem, ops.problem.variant.varlen
     convert = {**start.common, **named("a", bhs(dq_acc, varlen)), **named("dq", bhs(start.grads.dq, varlen))}
-    return Launch("convert", (triton.cdiv(p.seqlen_q, PREPROCESS_BLOCK_M), p.heads_q, p.batch),
+    return Launch("convert", (cdiv(p.seqlen_q, PREPROCESS_BLOCK_M), p.heads_q, p.batch),
                   bound_values(start.units["convert"], convert))
 
 
@@ -140,7 +140,7 @@ def _family(stage: DqStage) -> AttentionFamily:
         dq_acc = (torch.zeros((*ops.q.shape[:-1], p.head_dim_qk), dtype=torch.float32, device=ops.device)
                   if stage.atomic else None)
         start = backward_start(config, ops, dq_acc)
-        dkdv = Launch("dkdv", (triton.cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
+        dkdv = Launch("dkdv", (cdiv(p.seqlen_kv, config.block_n), p.heads_kv, p.batch),
                       bound_values(start.units["dkdv"], start.common))
         return start.plan(dkdv, stage.launch(config, ops, start, dq_acc))
 

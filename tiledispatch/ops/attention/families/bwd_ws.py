@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import triton
 
+from ....core.arith import cdiv
 from ....core.launch import Launch, Plan
 from ....core.op import KernelUnit, Score
 from ..config import FAMILIES, AttentionConfig, AttentionFamily, Family
@@ -145,9 +145,9 @@ def plan(config: AttentionConfig, ops: AttentionOperands) -> Plan:
     dq = {**start.common, **{name: tensor_descriptor(tensors[name], block)
                              for name, block in dq_blocks(config).items()}}
     return start.plan(
-        Launch("dkdv", (triton.cdiv(p.seqlen_kv, bwd_ws_keys(config)), p.heads_kv, p.batch),
+        Launch("dkdv", (cdiv(p.seqlen_kv, bwd_ws_keys(config)), p.heads_kv, p.batch),
                bound_values(start.units["dkdv"], dkdv)),
-        Launch("dq", (triton.cdiv(p.seqlen_q, BWD_WS_DQ_ROWS), p.heads_q, p.batch),
+        Launch("dq", (cdiv(p.seqlen_q, BWD_WS_DQ_ROWS), p.heads_q, p.batch),
                bound_values(start.units["dq"], dq)))
 
 

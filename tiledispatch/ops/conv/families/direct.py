@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import triton
 
+from ....core.arith import cdiv
 from ....core.family import CorrectionSpace, KernelFamily
 from ....core.op import KernelUnit, Score
 from ....heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficiency
@@ -290,7 +290,6 @@ def channels_fastest(config: DirectConfig, p) -> bool:
 def grid(config: DirectConfig, p, taps: int) -> tuple[int, int, int]:
     """Programs: pixel blocks (window kernels: blocks of runs) by channel blocks, or backward-weight's
     channel blocks by splits."""
-    cdiv = triton.cdiv
     pixels_out = p.n * math.prod(p.output_size)
     pixels_in = p.n * math.prod(p.input_size)
     d = p.direction

@@ -11,8 +11,8 @@ import math
 from dataclasses import replace
 
 import torch
-import triton
 
+from ....core.arith import cdiv
 from ....core.family import KernelFamily
 from ....core.launch import Launch, Plan
 from ....core.op import KernelUnit, Score
@@ -152,7 +152,6 @@ def _pad_unit(config: ImplicitGemmConfig) -> KernelUnit:
 
 def grid(config: ImplicitGemmConfig, p, taps: int) -> tuple[int, int, int]:
     """The implicit GEMM's grid, but for the flat reductions' tiles of every tap's channels."""
-    cdiv = triton.cdiv
     if p.direction is Direction.BWD_DATA:  # M = output pixels, N = j
         return (cdiv(p.n * math.prod(p.output_size), config.block_m) * cdiv(taps * p.c_per_group, config.block_n),
                 p.groups, 1)
@@ -172,8 +171,8 @@ def plan(config: ImplicitGemmConfig, ops: ConvOperands) -> Plan:
     taps = math.prod(p.filter_size)
 
     def col2im(units, bound) -> Launch:
-        phase_pixels = p.n * math.prod(triton.cdiv(size, s) for size, s in zip(p.input_size, p.stride))
-        return Launch("col2im", (triton.cdiv(phase_pixels, COL2IM_BLOCK_PIXELS), p.groups, math.prod(p.stride)),
+        phase_pixels = p.n * math.prod(cdiv(size, s) for size, s in zip(p.input_size, p.stride))
+        return Launch("col2im", (cdiv(phase_pixels, COL2IM_BLOCK_PIXELS), p.groups, math.prod(p.stride)),
                       bound_values(units[1], bound))
 
     # the column matrix [G, taps x C/G, output pixels]
@@ -211,7 +210,7 @@ def _pad_launch(unit: KernelUnit, src: torch.Tensor, dst: torch.Tensor) -> Launc
     bound = {"src_ptr": src, "dst_ptr": dst, "ROWS": rows, "D": d, "H": h, "W": w, "C": src.shape[1],
              "CP": dst.shape[1], **dict(zip(("ssn", "ssd", "ssh", "ssw"), dim_strides(src))),
              **dict(zip(("sdn", "sdd", "sdh", "sdw"), dim_strides(dst)))}
-    return Launch("pad", (triton.cdiv(rows, PAD_BLOCK_ROWS), 1, 1), bound_values(unit, bound))
+    return Launch("pad", (cdiv(rows, PAD_BLOCK_ROWS), 1, 1), bound_values(unit, bound))
 
 
 FAMILY = FAMILIES.register(KernelFamily(

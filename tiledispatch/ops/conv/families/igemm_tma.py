@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from ....arch import Feature
+from ....core.arith import cdiv
 from ....core.dtypes import DType
 from ....core.family import CorrectionSpace, KernelFamily
 from ....core.launch import Launch, Plan
@@ -400,7 +400,7 @@ def activation_descriptor(t: torch.Tensor, block: tuple[int, ...]):
     unit = 16 // t.element_size()
     for i in range(3, -1, -1):
         if shape[i] == 1:
-            strides[i] = triton.cdiv(strides[i + 1] * shape[i + 1], unit) * unit
+            strides[i] = cdiv(strides[i + 1] * shape[i + 1], unit) * unit
     return TensorDescriptor(t, shape, strides, list(block))
 
 
@@ -470,7 +470,6 @@ def plan(config: TmaConfig, ops: ConvOperands) -> Plan:
 
 
 def _tma_grid(config: TmaConfig, p, taps: int) -> tuple[int, int, int]:
-    cdiv = triton.cdiv
     if p.direction is Direction.BWD_DATA:  # the forward's grid over dx
         p = p.data_gradient_as_forward()
     od, oh, ow = p.padded3(p.output_size, 1)

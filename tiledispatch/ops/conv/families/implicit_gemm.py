@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import triton
 
+from ....core.arith import cdiv
 from ....core.family import CorrectionSpace
 from ....core.op import KernelUnit, Score
 from ....heuristics.analytic import blocks_per_sm, tile_efficiency
@@ -393,7 +393,6 @@ def _even_channels(config: ImplicitGemmConfig, specialization: ConvSpecializatio
 def grid(config: ImplicitGemmConfig, p, taps: int) -> tuple[int, int, int]:
     """Programs of each direction's kernel: tiles of M x N (merged groups share one), groups, and
     backward-data's stride phases or backward-weight's splits."""
-    cdiv = triton.cdiv
     pixels_out = p.n * math.prod(p.output_size)
     d = p.direction
     bm, bn, merged = config.block_m, config.block_n, config.groups_per_tile

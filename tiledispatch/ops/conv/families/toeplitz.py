@@ -11,17 +11,13 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
+from ....core.arith import cdiv
 from ....core.dtypes import DType
 from ....core.family import CorrectionSpace, KernelFamily
 from ....core.launch import Launch, Plan
 from ....core.op import KernelUnit, Score, UnitKind
 from ....heuristics.roofline import dram_bytes_per_s
-from ..kernels import toeplitz as toeplitz_kernels
-from ..kernels.toeplitz import KW as TOEPLITZ_KW
-from ..kernels.toeplitz import MAX_WIDTH as TOEPLITZ_MAX_WIDTH
-from ..kernels.toeplitz import NW as TOEPLITZ_NW
 from ..operands import ConvOperands
 from ..plan import KERNELS, bound_values, dim_strides, epilogue_constexprs, output_tensor, reduce_launch, reduce_unit
 from ..plan import kernel_units as op_kernel_units
@@ -32,6 +28,10 @@ from ..rules import WARP_CHOICES, ConvRule, Findings, registers_a_thread, signat
 from ..rules import split_k_findings
 from ..signature import FAMILIES, ConvSignature, Family
 from .direct_window import WINDOW_MODEL_ERROR
+
+NW = 8  # output columns of a chunk: the MMA's N (kernels/toeplitz.py reads these three)
+KW = 16  # input columns a chunk reads: the MMA's K; a filter up to KW - NW + 1 wide fits
+MAX_WIDTH = KW - NW + 1
 
 MODULE = f"{KERNELS}.toeplitz"
 # The toeplitz family (kernels/toeplitz.py): mma.sync tensor cores through Gluon, 16-bit data in
@@ -142,7 +142,7 @@ def toeplitz_registers(config: ToeplitzConfig) -> int:
     backward-data: the filter_rows accumulators (fp32 [block_m, 8]), filter operands (16-bit pairs
     [16, 8]) and the row operand ([block_m, 16]). Backward-weight: the filter_rows sums (fp32 [16, 8]),
     dy operands ([block_m, 8]) and the x row operand ([16, block_m])."""
-    rows, kw, nw, m = config.filter_rows, TOEPLITZ_KW, TOEPLITZ_NW, config.block_m
+    rows, kw, nw, m = config.filter_rows, KW, NW, config.block_m
     channels = max(config.block_c // config.num_warps, 1)
     if config.signature.direction is Direction.BWD_WEIGHT:
         per_channel = rows * kw * nw // 32 + rows * m * nw // 64 + m * kw // 64
@@ -192,7 +192,7 @@ def findings(config: ToeplitzConfig, arch) -> Findings:
         error(ConvRule.WARPS_FOR_TILE, f"the MMA's batch is the channel, whole channels a warp: block_c="
               f"{config.block_c} is not a multiple of num_warps={config.num_warps}", "use fewer warps")
     elif config.block_c in TOEPLITZ_BLOCK_C and config.block_m < config.num_warps * max(
-            1, 32 * 8 // config.block_c // TOEPLITZ_NW):  # a warp's rows: 32 lanes of 8-channel vectors
+            1, 32 * 8 // config.block_c // NW):  # a warp's rows: 32 lanes of 8-channel vectors
         warning(ConvRule.WARPS_FOR_TILE, f"{config.num_warps} warps move {config.block_c} channels of a "
                 f"{config.block_m}-row block of output rows by 16-byte vectors: some lanes repeat others' loads",
                 "a larger block_m or fewer warps")
@@ -232,8 +232,8 @@ def supports(config: ToeplitzConfig, problem: ConvProblem) -> str | None:
     rows, width = problem.filter_size
     if rows != config.filter_rows:
         return f"built for filters {config.filter_rows} rows tall, the filter is {rows}"
-    if width > TOEPLITZ_MAX_WIDTH:
-        return (f"toeplitz's banded matrices hold filters up to {TOEPLITZ_MAX_WIDTH} wide; the filter is {width} "
+    if width > MAX_WIDTH:
+        return (f"toeplitz's banded matrices hold filters up to {MAX_WIDTH} wide; the filter is {width} "
                 "(the direct family serves it)")
     if not problem.specialization.aligned:
         return (f"toeplitz moves channels as 16-byte vectors: C and the pointers and pixel strides must be "
@@ -265,7 +265,7 @@ def toeplitz_score(config: ToeplitzConfig, p: ConvProblem, arch) -> Score:
     """The busiest SM's programs, one after another, each walking its rows (backward-weight: its
     items' rows, then the sum of the slabs)."""
     oh, ow = p.output_size if p.direction is Direction.BWD_WEIGHT else ToeplitzWalk.of(p).output
-    blocks = math.ceil(p.n * math.ceil(ow / TOEPLITZ_NW) / config.block_m) * math.ceil(oh / config.rows)
+    blocks = math.ceil(p.n * math.ceil(ow / NW) / config.block_m) * math.ceil(oh / config.rows)
     channel_blocks = math.ceil(p.c / config.block_c)
     row_s = TOEPLITZ_ROW_SECONDS * (config.block_m * config.block_c / TOEPLITZ_ROW_BLOCK)**TOEPLITZ_BLOCK_EXPONENT
     walked = toeplitz_walk_steps(config, p)
@@ -296,8 +296,9 @@ TOEPLITZ_FILTER_STRIDES = ("swk", "swy", "swx")  # the weight [C, 1, FY, FX]
 def kernel_units(config: ToeplitzConfig, specialization: ConvSpecialization, arch) -> tuple[KernelUnit, ...]:
     """Forward and backward-data: the walk, which builds its banded filters itself. Backward-weight:
     the walk into the workspace, then weight_reduce's sum of its slabs."""
+    from ..kernels import toeplitz as k  # Triton's and Gluon's import comes with it
+
     t = config.signature.types.dtype.triton
-    k = toeplitz_kernels
     direction = config.signature.direction
     vector = 16 // config.signature.types.dtype.itemsize
     walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
@@ -337,7 +338,7 @@ def plan(config: ToeplitzConfig, ops: ConvOperands) -> Plan:
     fp32 slabs, then sums them into dw."""
     p = ops.problem
     out = output_tensor(ops)
-    k = toeplitz_kernels
+    from ..kernels import toeplitz as k
     fy, fx = p.filter_size
     units = op_kernel_units(config, p.specialization)
     if p.direction is Direction.BWD_WEIGHT:
@@ -347,7 +348,7 @@ def plan(config: ToeplitzConfig, ops: ConvOperands) -> Plan:
                  "OH": out_h, "OW": out_w, "FX": fx, "PH": pad_h, "PW": pad_w,
                  **dict(zip(TOEPLITZ_STRIDES, (ops.x.stride(0), ops.x.stride(2), ops.x.stride(3),
                                                ops.dy.stride(0), ops.dy.stride(2), ops.dy.stride(3))))}
-        grid = (triton.cdiv(p.c, config.block_c), config.split_k, 1)
+        grid = (cdiv(p.c, config.block_c), config.split_k, 1)
         return Plan((Launch("main", grid, bound_values(units[0], bound)),
                      reduce_launch(units[1], workspace, out, p, fy * fx)), out, scratch=(workspace,))
     walk = ToeplitzWalk.of(p)
@@ -360,8 +361,8 @@ def plan(config: ToeplitzConfig, ops: ConvOperands) -> Plan:
                   "PH": pad_h, "PW": pad_w, "swk": w.stride(0), "swy": w.stride(2), "swx": w.stride(3),
                   **dict(zip(TOEPLITZ_STRIDES, (src.stride(0), src.stride(2), src.stride(3), out.stride(0),
                                                 out.stride(2), out.stride(3), res_n, res_h, res_w)))}
-    grid = (triton.cdiv(p.n * triton.cdiv(out_w, k.NW), config.block_m), triton.cdiv(p.c, config.block_c),
-            triton.cdiv(out_h, config.rows))
+    grid = (cdiv(p.n * cdiv(out_w, k.NW), config.block_m), cdiv(p.c, config.block_c),
+            cdiv(out_h, config.rows))
     return Plan((Launch("main", grid, bound_values(units[0], walk_bound)),), out)
 
 

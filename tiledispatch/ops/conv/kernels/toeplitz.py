@@ -7,7 +7,7 @@ fy, though, the outputs of one row are a small matrix product:
     Y[m, j] += sum_k X[row(m) + fy, col(m) + k] * T_fy[k, j],   T_fy[k, j] = w[fy, k - j]
 
 with m = (image, chunk of NW output columns), j the column within the chunk and k the
-KW = NW + 8 input columns the chunk reads. T_fy is banded (Toeplitz), zero off the filter's
+KW = NW + 8 input columns the chunk reads (families/toeplitz.py holds both). T_fy is banded (Toeplitz), zero off the filter's
 width; each program gathers its channels' T_fy straight from w once, as MMA operands kept in
 registers (a filter-building kernel before the walk cost 2-2.5 us: 14 % of a 16 us 5x5 layer).
 The MMA's batch is the channel, spread over the warps. A program walks down the rows once: each
@@ -30,9 +30,6 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from ...gemm.kernels.epilogue import activate
 
 _activate = gluon.jit(activate.fn)  # the GEMM epilogue's activations, compiled by Gluon
-NW = 8  # output columns of a chunk: the MMA's N
-KW = 16  # input columns a chunk reads: the MMA's K; a filter up to KW - NW + 1 wide fits
-MAX_WIDTH = KW - NW + 1
 
 
 @gluon.constexpr_function

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import triton
 
+from ....core.arith import cdiv
 from ....core.launch import Launch, Plan
 from ....core.errors import InvalidProblemError
 from ....core.op import KernelUnit, Score
@@ -140,10 +140,10 @@ def aligned_empty(shape: tuple[int, int, int], layout: Layout, dtype: torch.dtyp
     batch, rows, cols = shape
     per_vector = max(1, VECTOR_BYTES // torch.empty((), dtype=dtype).element_size())
     if layout is Layout.COL:
-        lead = triton.cdiv(rows, per_vector) * per_vector
+        lead = cdiv(rows, per_vector) * per_vector
         stride = (cols * lead, 1, lead)
     else:
-        lead = triton.cdiv(cols, per_vector) * per_vector
+        lead = cdiv(cols, per_vector) * per_vector
         stride = (rows * lead, lead, 1)
     return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
@@ -188,11 +188,11 @@ def _copy_launch(role: str, src: torch.Tensor, dst: torch.Tensor, layout: Layout
     caller, buffer = (s, d) if into else (d, s)
     batch, rows, cols = s.shape
     if _dense_run(caller) and batch * rows * buffer.stride(1) < 2**31:
-        grid = (triton.cdiv(caller.numel(), REALIGN_DENSE_BLOCK), 1, 1)
+        grid = (cdiv(caller.numel(), REALIGN_DENSE_BLOCK), 1, 1)
         return Launch(f"{stage}_dense", grid, (src, dst, caller.numel(), cols, buffer.stride(1),
                                                REALIGN_DENSE_BLOCK, into))
     block_r, block_c = REALIGN_BLOCK
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), batch)
+    grid = (cdiv(rows, block_r), cdiv(cols, block_c), batch)
     if grid[1] > shared_plan.MAX_GRID_YZ or batch > shared_plan.MAX_GRID_YZ:
         raise InvalidProblemError(f"a {rows}x{cols} matrix stack of {batch} is too large to realign; "
                                   "pass operands whose rows are multiples of 16 bytes")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
+from ....core.arith import cdiv
 from ..config import Family, GemmConfig
 from ..family import FAMILIES, GemmFamily, register
 from ..problem import GemmProblem
@@ -71,7 +71,7 @@ def _scratch(config: GemmConfig, programs: int, sk_tiles: int, device) -> dict:
 
 
 def _schedule(config: GemmConfig, p: GemmProblem, tiles: int, sms: int, device) -> tuple[int, dict, tuple]:
-    programs, sk_tiles = stream_k_split(tiles, triton.cdiv(p.k, config.block_k), sms)
+    programs, sk_tiles = stream_k_split(tiles, cdiv(p.k, config.block_k), sms)
     scratch = _scratch(config, programs, sk_tiles, device)
     return programs, scratch, (scratch["flags_ptr"],) if sk_tiles else ()
 

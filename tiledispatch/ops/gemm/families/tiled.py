@@ -3,7 +3,6 @@ every stride, split-K over a second launch that sums the fp32 partials in a fixe
 
 from __future__ import annotations
 
-import triton.language as tl
 
 from ....core.dtypes import DType
 from ..config import Family, GemmConfig
@@ -42,7 +41,7 @@ def kernel_units(config: GemmConfig, alignment, arch=None):
         "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
         "GROUP_M": config.group_m, "SPLIT_K": config.split_k, **plan.epilogue_constexprs(config),
         "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
-        "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
+        "ACC_DTYPE": _accumulator(t.acc),
     }
     return plan.with_reduce(config, alignment, plan.pointer_unit(config, alignment, MODULE, "gemm_tiled", constexprs))
 
@@ -57,3 +56,10 @@ FAMILY = register(realign.variant(GemmFamily(
     correction=rules.tile_correction, device_score=device_score, host_launches=ranking.split_launches,
     shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
 )))
+
+
+def _accumulator(dtype: DType):
+    """The kernel's accumulator type: Triton's, imported with the first kernel built."""
+    import triton.language as tl
+
+    return tl.float16 if dtype is DType.FP16 else tl.float32

@@ -6,7 +6,6 @@ others). stream-k runs its main loop and shares `main_unit`."""
 
 from __future__ import annotations
 
-import triton.language as tl
 
 from ....core.dtypes import DType
 from ....core.op import KernelUnit
@@ -55,7 +54,7 @@ def main_unit(config: GemmConfig, alignment: Alignment, module: str, function: s
         "GROUP_M": config.group_m, "A_K_MAJOR": config.layout.a is Layout.ROW,
         "B_K_MAJOR": config.layout.b is Layout.COL, **schedule, **plan.epilogue_constexprs(config),
         "DOT_PRECISION": "tf32" if t.allow_tf32 else "ieee",
-        "ACC_DTYPE": tl.float16 if t.acc is DType.FP16 else tl.float32,
+        "ACC_DTYPE": _accumulator(t.acc),
     }
     signature = tuple(args + [(name, "constexpr") for name in constexprs])
     divisibility = plan.divisibility(alignment, t, signature, False) + tuple(
@@ -91,3 +90,10 @@ FAMILY = register(realign.variant(GemmFamily(
     shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
     fits=rules.tma_fits, name_options=name_options, uses_tma=True,
 )))
+
+
+def _accumulator(dtype: DType):
+    """The kernel's accumulator type: Triton's, imported with the first kernel built."""
+    import triton.language as tl
+
+    return tl.float16 if dtype is DType.FP16 else tl.float32
