@@ -26,10 +26,9 @@ from tiledispatch.ops.conv import (
     validate,
 )
 from tiledispatch.ops.conv.inputs import make_inputs
-from tiledispatch.ops.conv.kernels import toeplitz as kernels
 from tiledispatch.ops.conv.plan import kernel_units, plan
 from tiledispatch.ops.conv.problem import ConvEpilogue, ConvSpecialization
-from tiledispatch.ops.conv.families.toeplitz import TOEPLITZ_FINISH_STEPS, toeplitz_register_cap, toeplitz_walk_steps
+from tiledispatch.ops.conv.families.toeplitz import KW, NW, TOEPLITZ_FINISH_STEPS, toeplitz_register_cap, toeplitz_walk_steps
 from tiledispatch.ops.gemm.problem import Activation
 
 from ...conftest import requires_gpu
@@ -122,7 +121,7 @@ def test_plan_walks_dy_with_the_flipped_filter_for_backward_data():
         assert (args["swk"], args["swy"], args["swx"]) == (ops.w.stride(0), ops.w.stride(2), ops.w.stride(3))
         out_h, out_w = (p.output_size if direction is Direction.FORWARD else p.input_size)
         assert (args["OH"], args["OW"]) == (out_h, out_w)
-        assert launches[0].grid == (-(-3 * -(-out_w // kernels.NW) // 16), -(-40 // 32), -(-out_h // 28))
+        assert launches[0].grid == (-(-3 * -(-out_w // NW) // 16), -(-40 // 32), -(-out_h // 28))
 
 
 def test_plan_sums_backward_weights_slabs():
@@ -139,8 +138,8 @@ def test_plan_sums_backward_weights_slabs():
     args = dict(zip([name for name, _ in walk.signature], launches[0].args))
     assert args["ws_ptr"].numel() == 4 * 40 * 5 * 3 and args["FX"] == 3
     assert launches[0].grid == (-(-40 // 32), 4, 1)  # channel blocks x the splits
-    assert dict(walk.constexprs) == {"BLOCK_M": 16, "BLOCK_C": 32, "ROWS": 28, "FILTER_ROWS": 5, "KW": kernels.KW,
-                                     "NW": kernels.NW, "VEC": 8, "SPLIT_K": 4}
+    assert dict(walk.constexprs) == {"BLOCK_M": 16, "BLOCK_C": 32, "ROWS": 28, "FILTER_ROWS": 5, "KW": KW,
+                                     "NW": NW, "VEC": 8, "SPLIT_K": 4}
 
 
 def test_small_walks_are_capped_so_that_their_programs_share_an_sm():

@@ -302,7 +302,7 @@ def kernel_units(config: ToeplitzConfig, specialization: ConvSpecialization, arc
     direction = config.signature.direction
     vector = 16 // config.signature.types.dtype.itemsize
     walk = {"BLOCK_M": config.block_m, "BLOCK_C": config.block_c, "ROWS": config.rows,
-            "FILTER_ROWS": config.filter_rows, "KW": k.KW, "NW": k.NW, "VEC": vector}
+            "FILTER_ROWS": config.filter_rows, "KW": KW, "NW": NW, "VEC": vector}
     if direction is Direction.BWD_WEIGHT:
         walk |= {"SPLIT_K": config.split_k}
         tensors = [("x_ptr", f"*{t}"), ("y_ptr", f"*{t}"), ("ws_ptr", "*fp32")]
@@ -361,7 +361,7 @@ def plan(config: ToeplitzConfig, ops: ConvOperands) -> Plan:
                   "PH": pad_h, "PW": pad_w, "swk": w.stride(0), "swy": w.stride(2), "swx": w.stride(3),
                   **dict(zip(TOEPLITZ_STRIDES, (src.stride(0), src.stride(2), src.stride(3), out.stride(0),
                                                 out.stride(2), out.stride(3), res_n, res_h, res_w)))}
-    grid = (cdiv(p.n * cdiv(out_w, k.NW), config.block_m), cdiv(p.c, config.block_c),
+    grid = (cdiv(p.n * cdiv(out_w, NW), config.block_m), cdiv(p.c, config.block_c),
             cdiv(out_h, config.rows))
     return Plan((Launch("main", grid, bound_values(units[0], walk_bound)),), out)
 
