@@ -11,7 +11,7 @@ import torch
 
 import tiledispatch
 from tiledispatch.core.dispatcher import default_dispatcher, dispatcher_or_default
-from tiledispatch.core.runtime import interpreter_problem
+from .conftest import requires_interpreter
 from tiledispatch.recording import Recorder, build_shapes, load_shapes, record, save_shapes, warmup
 
 
@@ -45,7 +45,7 @@ def test_recording_poses_the_model_s_problems_with_the_default_picks():
     assert (gemm.m, gemm.n, gemm.k) == (2, 16, 8 * 36)
 
 
-@pytest.mark.skipif(interpreter_problem() is not None, reason=str(interpreter_problem()))
+@requires_interpreter
 def test_recording_launches_no_compiled_kernel():
     """The recorder's stages are skipped: the output keeps the poison the caller put there."""
     a, b = torch.randn(8, 16), torch.randn(16, 8)

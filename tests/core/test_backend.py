@@ -22,6 +22,8 @@ from tiledispatch.core.dispatcher import default_dispatcher, dispatcher_or_defau
 from tiledispatch.core.errors import InvalidProblemError, TiledispatchError
 from tiledispatch.core.runtime import Backend
 
+from ..conftest import requires_interpreter
+
 # A process as a user starts it: no TRITON_INTERPRET (tests/conftest.py sets it for this one).
 PLAIN_ENV = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", runtime.ENV_BACKEND)}
 PLAIN_ENV["CUDA_VISIBLE_DEVICES"] = ""  # CPU tensors decide wherever this runs
@@ -53,6 +55,7 @@ def _last_json(script: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@requires_interpreter
 def test_triton_imported_first_then_a_cpu_gemm_runs_on_the_interpreter():
     got = _last_json(TRITON_FIRST, str(torch.randint(0, 2**31, ()).item()))
     assert got["changed"] == [] and got["interpret"] is None
@@ -204,6 +207,7 @@ PLAIN_PROCESS = textwrap.dedent("""
 """)
 
 
+@requires_interpreter
 def test_a_jit_kernel_runs_interpreted_then_compiles_in_a_plain_process(tmp_path):
     module = __import__("inspect").getsource(sys.modules[__name__])
     start, end = module.index("def _twice_plus"), module.index("# The same in a plain process")
@@ -213,6 +217,7 @@ def test_a_jit_kernel_runs_interpreted_then_compiles_in_a_plain_process(tmp_path
     assert got == {"library_is_jit": True, "exact": True, "changed": [], "elf": True}
 
 
+@requires_interpreter
 def test_triton_is_put_back_after_a_session():
     before = _triton_state()
     x = torch.randn(70)
@@ -228,6 +233,7 @@ def _triton_state() -> dict:
             "dtype": dict(vars(tl.core.dtype)), "jit": dict(vars(JITFunction))}
 
 
+@requires_interpreter
 def test_a_launch_in_the_interpreting_context_runs_interpreted():
     """`kernel[grid](...)` as the ops' debugging aids call it, inside `interpreting(device)`."""
     x = torch.randn(50)
@@ -237,6 +243,7 @@ def test_a_launch_in_the_interpreting_context_runs_interpreted():
     assert torch.equal(y, x * 2 + 3)
 
 
+@requires_interpreter
 def test_another_thread_keeps_plain_jit_functions_during_a_session():
     seen = []
 
