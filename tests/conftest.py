@@ -27,8 +27,8 @@ def on_gpu() -> bool:
 
 requires_gpu = pytest.mark.skipif(not on_gpu(), reason="needs a CUDA GPU (bf16 tl.dot is not in the interpreter)")
 # Tests that run Triton's interpreter: refused where it cannot run (Triton 3.6 with numpy 2.3 or later).
-requires_interpreter = pytest.mark.skipif(interpreter_problem() is not None,
-                                          reason="Triton's interpreter cannot run here (Triton 3.6, numpy 2.3 or later)")
+requires_interpreter = pytest.mark.skipif(
+    interpreter_problem() is not None, reason="Triton's interpreter cannot run here (Triton 3.6, numpy 2.3 or later)")
 # Tests of behaviour that exists in an interpreter process only (CPU tensors run, compiling is refused).
 interpreter_only = pytest.mark.skipif(on_gpu(), reason="runs kernels on CPU tensors: an interpreter process only")
 

@@ -330,6 +330,12 @@ def test_cli_sweeps_a_problem_file(tmp_path):
     bad = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--gpus", "0,x",
                                    "--out", str(tmp_path / "out")])
     assert bad.exit_code == 3 and "--gpus" in json.loads(bad.stdout)["error"]["message"]
+    filtered = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",
+                                        "--rule-set", "tiny", "--family", "tiled", "--match", "_w4_",
+                                        "--out", str(tmp_path / "filtered")])  # tiny has w2 and tma-persistent ones
+    assert filtered.exit_code == 0, filtered.output
+    kernels = read_table(tmp_path / "filtered").kernel.tolist()  # gemm_<dtype>_<layout>_<family>_...
+    assert kernels and all("_w4_" in k and k.split("_")[3] == "tiled" for k in kernels)
 
 
 def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):
@@ -419,3 +425,26 @@ def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypat
         wanted = {c.spec.name for p in problems if p.alignment == specialization for c in dispatcher.ranked(p)
                   if not sweep_module.is_vendor(c.spec, specialization)}
         assert names == sorted(wanted) and names
+
+
+def test_the_policy_keeps_the_families_and_names_asked_for_and_the_vendor():
+    """--family and --match: only those kernels are timed (the vendor beside them), each row keeping
+    its rank in the whole ranking; an unknown family or a bad expression is refused, named."""
+    sm90 = arch_facts.load("sm_90")
+    problem = gemm_problems()[0]
+    dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "default", sm90), sm90)
+    ranked = [c.spec for c in dispatcher.ranked(problem)]
+    rows = planned(dispatcher, problem, CandidatePolicy(families=("tiled",), match="_s3_"))
+    timed = [r for r in rows if not r.vendor]
+    assert timed and all(r.spec.config.family.value == "tiled" and "_s3_" in r.spec.name for r in timed)
+    assert [r.spec.name for r in timed] == [s.name for s in ranked
+                                            if s.config.family.value == "tiled" and "_s3_" in s.name]
+    assert all(ranked[r.rule_rank].name == r.spec.name for r in rows)
+    assert any(r.vendor for r in rows)
+    top = planned(dispatcher, problem, CandidatePolicy(top=2, families=("tma-persistent",)))
+    assert [r.spec.config.family.value for r in top if not r.vendor] == ["tma-persistent"] * 2
+    with pytest.raises(InvalidArgumentError, match="not a regular expression"):
+        CandidatePolicy(match="tiled(")
+    with pytest.raises(InvalidArgumentError, match=r"tilde.*tiled, tma-persistent"):
+        sweep("gemm", [problem], out=Path("/nonexistent/never-made"), arch=INTERP,
+              candidates=CandidatePolicy(families=("tilde",)))

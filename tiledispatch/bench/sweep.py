@@ -17,7 +17,6 @@ import dataclasses
 import datetime as _dt
 import fcntl
 import os
-import random
 import signal
 import socket
 import threading
@@ -30,8 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..core.errors import InvalidArgumentError
-from ..core.op import OpKind, RuleSet, UnitKind, get_op
+from ..core.op import OpKind, RuleSet, get_op
 from ..core.spec import KernelSpec
+from .candidates import CandidatePolicy, Planned, check_families, is_vendor, planned
 from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
 
@@ -44,45 +44,6 @@ LOCK_NAME = ".sweep.lock"
 # each task is a part file: on the 4-H200 host, 40 kernels a task ran 3.1x one GPU's throughput
 # where 16 ran 2.35x (benchmarks/results/h200/README.md), and a GEMM has about 80 candidates.
 KERNELS_PER_TASK = 64
-
-
-@dataclass(frozen=True)
-class CandidatePolicy:
-    """Which accepted candidates of a problem a sweep times: all (`top` None), or the rules' best
-    `top` plus `sample` others drawn at random (seeded per problem, so a rerun draws the same). The
-    rules' pick and the vendor kernel are always timed; refusals become UNSUPPORTED rows with
-    `record_refused` only (they are most of a registry, and say nothing of speed)."""
-
-    top: int | None = None
-    sample: int = 0
-    seed: int = 0
-    record_refused: bool = False
-
-    def __post_init__(self) -> None:
-        if self.top is not None and (isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1):
-            raise InvalidArgumentError(f"CandidatePolicy.top={self.top!r} must be a positive integer, or None for all")
-        if isinstance(self.sample, bool) or not isinstance(self.sample, int) or self.sample < 0:
-            raise InvalidArgumentError(f"CandidatePolicy.sample={self.sample!r} must be an integer >= 0")
-
-    def choose(self, ranked: Sequence[Any], pid: str) -> list[int]:
-        """Indices into `ranked` (best first) to time."""
-        if self.top is None:
-            return list(range(len(ranked)))
-        chosen = list(range(min(self.top, len(ranked))))
-        rest = list(range(len(chosen), len(ranked)))
-        draw = random.Random(f"{self.seed}:{pid}")
-        return chosen + sorted(draw.sample(rest, min(self.sample, len(rest))))
-
-
-@dataclass(frozen=True)
-class Planned:
-    """One (problem, kernel) row to come: what the rules said of it before it runs."""
-
-    spec: KernelSpec
-    rule_score: float | None
-    rule_rank: int | None
-    vendor: bool
-    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -231,25 +192,6 @@ def done_keys(out: Path) -> set[tuple[str, str, str]]:
 
 # -- what to run ---------------------------------------------------------------------------------
 
-def is_vendor(spec: KernelSpec, specialization: Any) -> bool:
-    """A kernel whose every unit is a plain Python call: the vendor library through PyTorch."""
-    from ..core.kernel import units
-
-    return all(unit.kind is UnitKind.PYTHON for unit in units(spec, specialization))
-
-
-def planned(dispatcher, problem, policy: CandidatePolicy) -> list[Planned]:
-    """The rows a problem gets: the policy's choice of the accepted candidates (the vendor always
-    among them), then the refusals where the policy records them."""
-    explanation = dispatcher.explain(problem)
-    ranked, refused = explanation.ranked, explanation.refused if policy.record_refused else ()
-    specialization = next(iter(c.spec.definition.specialization_of(problem) for c in (*ranked, *refused)), None)
-    vendors = [i for i, c in enumerate(ranked) if is_vendor(c.spec, specialization)]
-    chosen = sorted(set(policy.choose(ranked, problem_id(problem))) | set(vendors))
-    rows = [Planned(ranked[i].spec, ranked[i].score.value, i, i in vendors) for i in chosen]
-    return rows + [Planned(c.spec, None, None, is_vendor(c.spec, specialization), c.refused) for c in refused]
-
-
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
 
@@ -373,6 +315,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     kind, out = get_op(op).kind, Path(out)
     facts = current_arch() if arch is None else arch if not isinstance(arch, str) else arch_facts.load(arch)
     gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler)
+    check_families(kind.value, candidates.families)
     dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
     problems = _unique(problems, kind)
     if scheduler is not None:

@@ -70,6 +70,10 @@ def sweep_command(
         rule_set: str = RULE_SET,
         top: Optional[int] = typer.Option(None, "--top", min=1, help="the rules' best N only (default: all)"),
         sample: int = typer.Option(0, "--sample", min=0, help="with --top: M other candidates drawn at random"),
+        family: Optional[str] = typer.Option(None, "--family", help="only these kernel families, comma-separated "
+                                             "(the vendor's kernel is timed beside them)"),
+        match: Optional[str] = typer.Option(None, "--match", help="only kernels whose names match this regular "
+                                            "expression"),
         seed: int = seed_option(),
         arch: Optional[str] = typer.Option(None, "--arch", help="the arch to select for (default: this machine's)"),
         gpus: Optional[str] = typer.Option(None, "--gpus", help=GPUS_HELP),
@@ -97,7 +101,9 @@ def sweep_command(
     run = functools.partial(
         sweep, kind, found, out=out, rule_set=parse_option("--rule-set", RuleSet.parse, rule_set),
         arch=None if arch is None else parse_option("--arch", arch_facts.load, arch),
-        candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused),
+        candidates=CandidatePolicy(top=top, sample=sample, seed=seed, record_refused=record_refused,
+                                   families=tuple(f.strip() for f in (family or "").split(",") if f.strip()),
+                                   match=match),
         timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler, kernels_per_task=kernels_per_task, jobs=jobs,
         problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs)
     try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+
 from .kernel import CudaLauncher, PythonLauncher
 
 

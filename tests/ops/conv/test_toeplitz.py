@@ -28,7 +28,8 @@ from tiledispatch.ops.conv import (
 from tiledispatch.ops.conv.inputs import make_inputs
 from tiledispatch.ops.conv.plan import kernel_units, plan
 from tiledispatch.ops.conv.problem import ConvEpilogue, ConvSpecialization
-from tiledispatch.ops.conv.families.toeplitz import KW, NW, TOEPLITZ_FINISH_STEPS, toeplitz_register_cap, toeplitz_walk_steps
+from tiledispatch.ops.conv.families.toeplitz import (KW, NW, TOEPLITZ_FINISH_STEPS, toeplitz_register_cap,
+                                                     toeplitz_walk_steps)
 from tiledispatch.ops.gemm.problem import Activation
 
 from ...conftest import requires_gpu

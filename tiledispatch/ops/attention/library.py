@@ -48,11 +48,11 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, sinks: OptTensor, mask: OptTensor,
-                 alibi_slopes: OptTensor, cu_seqlens_q: OptTensor, cu_seqlens_k: OptTensor, scale_q: OptTensor,
-                 scale_k: OptTensor, scale_v: OptTensor, causal: str, window: Optional[list[int]],
-                 scale: Optional[float], softcap: Optional[float], dropout_p: float, dropout_seed: int,
-                 dropout_offset: int, needs_lse: bool, deterministic: bool, kernel: Optional[str],
-                 backward_kernel: Optional[str], dispatcher: int) -> tuple[Tensor, Tensor]:
+                     alibi_slopes: OptTensor, cu_seqlens_q: OptTensor, cu_seqlens_k: OptTensor, scale_q: OptTensor,
+                     scale_k: OptTensor, scale_v: OptTensor, causal: str, window: Optional[list[int]],
+                     scale: Optional[float], softcap: Optional[float], dropout_p: float, dropout_seed: int,
+                     dropout_offset: int, needs_lse: bool, deterministic: bool, kernel: Optional[str],
+                     backward_kernel: Optional[str], dispatcher: int) -> tuple[Tensor, Tensor]:
     """The forward by its fast path: (out, lse), lse empty where it is not needed."""
     from ...core.dispatcher import dispatcher_or_default
 

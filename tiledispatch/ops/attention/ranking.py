@@ -16,7 +16,6 @@ import collections
 from dataclasses import dataclass
 from typing import Callable
 
-
 from ...core.arith import cdiv
 from ...core.dtypes import DType
 from ...core.op import Score

@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import math
 
-
 from ...arch import Feature
 from ...core import family as core_family
 from ...core.arith import next_power_of_2

@@ -201,9 +201,10 @@ def _dense_channels_last(t: torch.Tensor) -> bool:
 UNBOUND = object()  # a signature whose plan the swap cannot replay: the checked path takes it
 
 
-def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | object:
+def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | PointwiseConv | object:
     """Selects (or resolves), loads and plans once: a `BoundConv` to replay, a `DirectConv` for a plain
-    call bound to the vendor, a `PointwiseConv` for a 1x1 forward bound to the GEMM, or UNBOUND where the plan reads a copy the swap would not refresh."""
+    call bound to the vendor, a `PointwiseConv` for a 1x1 forward bound to the GEMM, or UNBOUND
+    where the plan reads a copy the swap would not refresh."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
     if DirectConv.takes(spec, operands) and not operands.converted:
         return DirectConv(operands)

@@ -3,8 +3,9 @@ torch.compile traces it.
 
 An eager call that autograd does not record runs `eager_run`: the fast path, or every check.
 Where torch.compile traces a call it goes through the custom ops (library.py); where an input of
-an eager `conv()` requires grad, through the forward op's eager twin, whose autograd is the op's: takes dx from the backward-data conv and dw from the
-backward-weight conv, each selected for its own problem as a direct call would be; bias's
+an eager `conv()` requires grad, through the forward op's eager twin, whose autograd is the op's:
+it takes dx from the backward-data conv and dw from the backward-weight conv, each selected for
+its own problem as a direct call would be (one cuDNN call for both where each pick is cuDNN); bias's
 gradient is dy summed over all but the channels, residual's is dy. An activation's gradient
 needs its input, so while recording, the op runs the conv with the bias fused and gives its
 result z, and the activation and residual follow as PyTorch ops in fp32 (their autograd takes

@@ -48,8 +48,8 @@ def output_size(size, filt, stride, padding, dilation) -> list:
 
 
 def conv_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
-            stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: Optional[str],
-            allow_tf32: bool, kernel: Optional[str], dispatcher: int) -> torch.Tensor:
+                stride: list[int], padding: list[int], dilation: list[int], groups: int, activation: Optional[str],
+                allow_tf32: bool, kernel: Optional[str], dispatcher: int) -> torch.Tensor:
     """activation(conv(x, w) + bias) + residual by `conv()`'s own fast path (its flat signature), which
     the op's autograd (or its twin's) records rather than conv()."""
     with torch.no_grad():

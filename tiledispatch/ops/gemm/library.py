@@ -1,7 +1,8 @@
 """tiledispatch::gemm, the custom op torch.compile traces, and its eager twin GemmFunction, which
-autograd records on an eager call (see tiledispatch/library.py): its kernel is `gemm()`'s fast path, its fake the result's shape
-and dtype, and its autograd the two products dA = dC B^T and dB = A^T dC, each a GEMM
-selected for its own problem, plus dbias (dC summed over the rows) and dresidual (dC).
+autograd records on an eager call (see tiledispatch/library.py): its kernel is `gemm()`'s fast
+path, its fake the result's shape and dtype, and its autograd the two products dA = dC B^T and
+dB = A^T dC, each a GEMM selected for its own problem, plus dbias (dC summed over the rows) and
+dresidual (dC).
 
 The op's autograd differentiates the linear part only: `gemm()` keeps an activation out of
 the op while recording (it keeps the pre-activation and applies the activation as a PyTorch
@@ -20,9 +21,9 @@ from .problem import Activation
 
 
 def gemm_kernel(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
-            residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype], allow_tf32: bool,
-            scale_a: Optional[torch.Tensor], scale_b: Optional[torch.Tensor], kernel: Optional[str],
-            dispatcher: int) -> torch.Tensor:
+                residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype], allow_tf32: bool,
+                scale_a: Optional[torch.Tensor], scale_b: Optional[torch.Tensor], kernel: Optional[str],
+                dispatcher: int) -> torch.Tensor:
     """`gemm()` on real tensors, outside autograd: the fast path, result contiguous as the fake says."""
     with torch.no_grad():
         c = _gemm(a, b, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype,

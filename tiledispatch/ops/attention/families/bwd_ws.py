@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-
 from ....core.arith import cdiv
 from ....core.launch import Launch, Plan
 from ....core.op import KernelUnit, Score

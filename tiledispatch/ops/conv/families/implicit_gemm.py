@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-
 from ....core.arith import cdiv
 from ....core.family import CorrectionSpace
 from ....core.op import KernelUnit, Score

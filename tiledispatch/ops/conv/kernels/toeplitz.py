@@ -7,9 +7,10 @@ fy, though, the outputs of one row are a small matrix product:
     Y[m, j] += sum_k X[row(m) + fy, col(m) + k] * T_fy[k, j],   T_fy[k, j] = w[fy, k - j]
 
 with m = (image, chunk of NW output columns), j the column within the chunk and k the
-KW = NW + 8 input columns the chunk reads (families/toeplitz.py holds both). T_fy is banded (Toeplitz), zero off the filter's
-width; each program gathers its channels' T_fy straight from w once, as MMA operands kept in
-registers (a filter-building kernel before the walk cost 2-2.5 us: 14 % of a 16 us 5x5 layer).
+KW = NW + 8 input columns the chunk reads (families/toeplitz.py holds both). T_fy is banded
+(Toeplitz), zero off the filter's width; each program gathers its channels' T_fy straight from
+w once, as MMA operands kept in registers (a filter-building kernel before the walk cost 2-2.5
+us: 14 % of a 16 us 5x5 layer).
 The MMA's batch is the channel, spread over the warps. A program walks down the rows once: each
 input row is loaded once and feeds the FY output rows it touches, held as FY accumulators, one of which
 is finished (stored and cleared) a row, through the forward's epilogue (bias, activation,

@@ -3,7 +3,6 @@ every stride, split-K over a second launch that sums the fp32 partials in a fixe
 
 from __future__ import annotations
 
-
 from ....core.dtypes import DType
 from ..config import Family, GemmConfig
 from ..family import FAMILIES, GemmFamily, register

@@ -6,7 +6,6 @@ others). stream-k runs its main loop and shares `main_unit`."""
 
 from __future__ import annotations
 
-
 from ....core.dtypes import DType
 from ....core.op import KernelUnit
 from ..config import Family, GemmConfig
