@@ -88,10 +88,10 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
                "scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v}
-    call = replace(call, bound=bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel))
-    if grad:
+    if grad:  # the op's kernel binds its own call
         out, lse = recorded(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
     else:
+        call = replace(call, bound=bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel))
         result = forward(call, q, k, v, tensors)
         out, lse = result.out, result.lse
     return (out, lse) if with_lse else out
