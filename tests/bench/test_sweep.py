@@ -448,3 +448,18 @@ def test_the_policy_keeps_the_families_and_names_asked_for_and_the_vendor():
     with pytest.raises(InvalidArgumentError, match=r"tilde.*tiled, tma-persistent"):
         sweep("gemm", [problem], out=Path("/nonexistent/never-made"), arch=INTERP,
               candidates=CandidatePolicy(families=("tilde",)))
+
+
+def test_a_budget_stops_the_sweep_cleanly_and_a_rerun_goes_on(tmp_path):
+    """--budget-s: past it the sweep stops after the task that finished, says how many tasks it left,
+    and a rerun into the same directory runs exactly those."""
+    problems = gemm_problems()
+    policy = CandidatePolicy(top=2)
+    first = sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy,
+                  kernels_per_task=1, budget_s=1e-6)
+    assert first.kernels == 1 and first.tasks_left == 3 and first.to_dict()["tasks_left"] == 3
+    rest = sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy, kernels_per_task=1)
+    assert rest.skipped == 1 and rest.kernels == 3 and rest.tasks_left == 0
+    assert len(read_table(tmp_path)) == 4
+    with pytest.raises(InvalidArgumentError, match="budget_s"):
+        sweep("gemm", problems, out=tmp_path, arch=INTERP, budget_s=0)

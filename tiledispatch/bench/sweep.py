@@ -63,6 +63,7 @@ class SweepReport:
     without_candidates: int = 0  # problems no kernel of the rule set accepts (none of their rows exist)
     prebuild_s: float = 0.0  # the host's compile of every planned kernel before the workers started
     prebuild_failed: int = 0  # kernels that failed it (their workers record them as build_failed)
+    tasks_left: int = 0  # tasks the time budget left unrun (a rerun into the same directory runs them)
 
     @property
     def per_s_per_gpu(self) -> float | None:
@@ -78,6 +79,7 @@ class SweepReport:
                 "run_s": round(self.run_s, 3), "gpus": self.gpus,
                 "without_candidates": self.without_candidates,
                 "prebuild_s": round(self.prebuild_s, 3), "prebuild_failed": self.prebuild_failed,
+                "tasks_left": self.tasks_left,
                 "kernels_per_s_per_gpu": self.per_s_per_gpu,
                 "kernels_per_s_per_gpu_without_compile": self.per_s_per_gpu_without_compile,
                 "kernels_per_s_wall": self.kernels / self.wall_s if self.wall_s > 0 else None}
@@ -269,7 +271,8 @@ def _unique(problems: Iterable[Any], kind: OpKind) -> list[Any]:
     return list(unique.values())
 
 
-def _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler) -> list[str] | None:
+def _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler,
+                     budget_s=None) -> list[str] | None:
     """The arguments `sweep` checks before it starts anything; `gpus` as strings (None: none given)."""
     for name, value, least in (("kernels_per_task", kernels_per_task, 1), ("jobs", jobs, 1),
                                ("prebuild_jobs", prebuild_jobs, 0)):
@@ -277,6 +280,9 @@ def _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, sch
             raise InvalidArgumentError(f"{name}={value!r} must be an integer >= {least}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
         raise InvalidArgumentError(f"timeout_s={timeout_s!r} must be a positive number of seconds, e.g. 300")
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
+                                 or not 0 < budget_s < float("inf")):
+        raise InvalidArgumentError(f"budget_s={budget_s!r} must be a positive number of seconds, or None for no limit")
     if not gpus:
         return None
     if scheduler is not None:
@@ -292,7 +298,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
           arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
           gpus: Sequence[int | str] | None = None, scheduler: str | None = None,
           kernels_per_task: int = KERNELS_PER_TASK, jobs: int = 1, problem_set_name: str = "custom", seed: int = 0,
-          prebuild_jobs: int = 0,
+          prebuild_jobs: int = 0, budget_s: float | None = None,
           progress: Callable[[int, int], None] | None = None) -> SweepReport:
     """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.
 
@@ -303,8 +309,11 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     `prebuild_jobs` compiles every planned kernel first, that many processes at once on this host
     (`prebuild`): the workers then find them in the cache rather than each compiling the kernels
     its problems share with the other workers' at the same time.
-    Another sweep writing `out` is an error; Ctrl-C or SIGTERM closes the workers and raises
-    `SweepInterrupted`, whose report says what was written.
+    `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly once a task
+    finishes past it: the workers are closed, tasks still running are dropped, and the report's
+    `tasks_left` counts what a rerun would do (a time-limited machine, where a stop by signal waits
+    on the work in flight). Another sweep writing `out` is an error; Ctrl-C or SIGTERM closes the
+    workers and raises `SweepInterrupted`, whose report says what was written.
     """
     from .. import arch as arch_facts
     from ..core.dispatcher import Dispatcher, Strategy
@@ -314,7 +323,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     start = time.perf_counter()
     kind, out = get_op(op).kind, Path(out)
     facts = current_arch() if arch is None else arch if not isinstance(arch, str) else arch_facts.load(arch)
-    gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler)
+    gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler, budget_s)
     check_families(kind.value, candidates.families)
     dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
     problems = _unique(problems, kind)
@@ -331,7 +340,8 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
             kind, problems, dispatcher, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
         built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
         counts = (statuses, skipped, len(problems), start, empty, len(workers))
-        report = _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress)
+        deadline = None if budget_s is None else start + budget_s
+        report = _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress, deadline)
     if built is None:
         return report
     return dataclasses.replace(report, prebuild_s=built[0], prebuild_failed=built[1])
@@ -377,16 +387,17 @@ def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, size
     return tasks, plans, Counter({Status.UNSUPPORTED.value: refusals} if refusals else {}), (skipped, empty)
 
 
-def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress) -> SweepReport:
-    """Runs the tasks where they go and writes a part per finished task; the report (in a
-    `SweepInterrupted` when the sweep is stopped, after its workers are closed)."""
+def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts, progress,
+             deadline: float | None = None) -> SweepReport:
+    """Runs the tasks where they go and writes a part per finished task, until `deadline` passes;
+    the report (in a `SweepInterrupted` when the sweep is stopped, after its workers are closed)."""
     statuses, skipped, problems, start, empty, workers = counts
     build_s = run_s = 0.0
-    kernels = 0
+    kernels = finished = 0
 
     def report() -> SweepReport:
         return SweepReport(out, problems, kernels, skipped, dict(statuses), time.perf_counter() - start, build_s,
-                           run_s, max(1, workers), empty)
+                           run_s, max(1, workers), empty, tasks_left=len(tasks) - finished)
 
     if scheduler is not None or (gpus and len(gpus) > 1):
         from .distributed import run_tasks
@@ -404,6 +415,8 @@ def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts
                 build_s, run_s, kernels = build_s + result.build_s, run_s + result.run_s, kernels + len(rows)
                 if progress is not None:
                     progress(finished, len(tasks))
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
     except KeyboardInterrupt:
         raise SweepInterrupted(report()) from None
     return report()

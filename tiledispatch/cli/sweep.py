@@ -85,6 +85,9 @@ def sweep_command(
                                           help="compile every planned kernel first, this many processes on this "
                                                "host (0: each worker compiles its own, as it meets them)"),
         limit: int = limit_option(0, "problems"),
+        budget_s: Optional[float] = typer.Option(None, "--budget-s", min=1.0,
+                                                 help="stop cleanly once a task finishes past this many seconds "
+                                                      "(a rerun into --out goes on)"),
         record_refused: bool = typer.Option(False, "--record-refused",
                                             help="a row per refused candidate too (status unsupported)")) -> None:
     """Time the candidates of a rule set on every problem of a set; one long-format parquet table."""
@@ -105,7 +108,7 @@ def sweep_command(
                                    families=tuple(f.strip() for f in (family or "").split(",") if f.strip()),
                                    match=match),
         timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler, kernels_per_task=kernels_per_task, jobs=jobs,
-        problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs)
+        problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs, budget_s=budget_s)
     try:
         report = _with_progress(run, f"{kind.value} {set_name}")
     except SweepInterrupted as stopped:  # what it wrote before a Ctrl-C or SIGTERM, then the usual exit code
