@@ -21,10 +21,8 @@ backward's signature and bound call, the bare cuDNN backward op).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import datetime
 import json
-import pstats
 from pathlib import Path
 
 import torch
@@ -33,7 +31,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledispatch
-from tiledispatch.bench.timing import host_us_per_call
+from tiledispatch.bench.timing import host_us_per_call, profiled
 from tiledispatch.core.dispatcher import default_dispatcher
 from tiledispatch.ops.attention import AttentionOptions, Direction, Family, check_operands, fastpath, vendor
 
@@ -189,13 +187,8 @@ def profile() -> None:
     for _ in range(WARMUP):
         tiledispatch.attention(q, k, v)
     torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(500):
-        tiledispatch.attention(q, k, v)
-    profiler.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("cumulative").print_stats(20)
+    stats, _ = profiled(lambda: tiledispatch.attention(q, k, v), 500)
+    stats.sort_stats("cumulative").print_stats(20)
 
 
 def main() -> None:

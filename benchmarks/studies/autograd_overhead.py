@@ -13,14 +13,12 @@ cuDNN's path, a 1x1 on the gemm family's); the weights are Parameters, as in a m
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 
 import torch
 import torch.nn.functional as F
 
 import tiledispatch
-from tiledispatch.bench.timing import host_us_per_call
+from tiledispatch.bench.timing import host_us_per_call, profiled
 from tiledispatch.library import DEFAULT_DISPATCHER
 
 OPS = torch.ops.tiledispatch
@@ -66,14 +64,9 @@ def main() -> None:
             print(f"{name:28s} {mode:8s} {us['ours']:8.2f} {us['custom op']:13.2f} {us['PyTorch']:11.2f}")
     if args.profile:
         for name, providers in cases().items():
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(args.calls):
-                providers["ours"]()
-            profiler.disable()
-            torch.cuda.synchronize()
+            stats, _ = profiled(providers["ours"], args.calls)
             print(f"--- {name}, with grad")
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+            stats.sort_stats("tottime").print_stats(18)
 
 
 if __name__ == "__main__":

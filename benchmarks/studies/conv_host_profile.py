@@ -9,14 +9,12 @@ dense one takes cuDNN: the two paths' host costs differ.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 
 import torch
 import torch.nn.functional as F
 
 import tiledispatch
-from tiledispatch.bench.timing import host_us_per_call
+from tiledispatch.bench.timing import host_us_per_call, profiled
 from tiledispatch.core.dispatcher import default_dispatcher
 
 
@@ -38,13 +36,8 @@ def main() -> None:
     print("kernel:", default_dispatcher(backend=None).select(problem).name)
     for name, fn in {"F.conv2d": lambda: F.conv2d(x, w, padding=r // 2, groups=g), "tiledispatch.conv": call}.items():
         print(f"{name:20s} {host_us_per_call(fn, calls=args.calls, warmup=200):7.2f} us")
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(args.calls):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(24)
+    stats, _ = profiled(call, args.calls)
+    stats.sort_stats("tottime").print_stats(24)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,11 @@ bound call, the bare launcher) against torch.mm, then profiles the whole call.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 
 import tiledispatch
 import torch
 
-from tiledispatch.bench.timing import host_us_per_call
+from tiledispatch.bench.timing import host_us_per_call, profiled
 from tiledispatch.core.dispatcher import default_dispatcher
 from tiledispatch.ops.gemm import fastpath
 
@@ -53,13 +51,8 @@ def main() -> None:
         rows["  replay engine run"] = lambda: eager._run((a, b, None, None, out, None, None), stream)
     for name, fn in rows.items():
         print(f"{name:28s} {host_us_per_call(fn, calls=5000, warmup=300):7.2f} us")
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(5000):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    stats, _ = profiled(call, 5000)
+    stats.sort_stats("tottime").print_stats(15)
 
 
 def bound_problem(a, b, out):

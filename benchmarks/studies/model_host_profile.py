@@ -12,9 +12,7 @@ timed the same way on the same input. Then a cProfile of whole forwards.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
 
 from tiledispatch.core.dispatcher import dispatcher_or_default  # noqa: E402
+from tiledispatch.bench.timing import profiled  # noqa: E402
 
 
 def pick_of(module: nn.Module, x: torch.Tensor):
@@ -104,14 +103,9 @@ def main() -> None:
               f"PyTorch {theirs[name] / args.calls * 1e6:7.1f} us")
     for name, module in layers:  # the plain wrapped modules again, for the profile
         del module.forward
-    profiler = cProfile.Profile()
     with torch.no_grad():
-        profiler.enable()
-        for _ in range(args.calls):
-            ours(x)
-        profiler.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        stats, _ = profiled(lambda: ours(x), args.calls)
+    stats.sort_stats("tottime").print_stats(30)
 
 
 def profile_training(work, variants, steps: int) -> None:
@@ -121,15 +115,9 @@ def profile_training(work, variants, steps: int) -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    start = time.perf_counter()
-    profiler.enable()
-    for _ in range(steps):
-        step()
-    profiler.disable()
-    torch.cuda.synchronize()
-    print(f"{work.name} training step, ours: {(time.perf_counter() - start) / steps * 1e3:.2f} ms under cProfile")
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+    stats, seconds = profiled(step, steps)
+    print(f"{work.name} training step, ours: {seconds * 1e3:.2f} ms under cProfile")
+    stats.sort_stats("tottime").print_stats(30)
 
 
 if __name__ == "__main__":

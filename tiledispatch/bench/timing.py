@@ -62,6 +62,24 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 
     return elapsed / calls * 1e6
 
 
+def profiled(fn: Callable[[], object], calls: int):
+    """cProfile of `calls` back-to-back calls of `fn` (the GPU synchronised after them): the
+    `pstats.Stats` to print, and the wall-clock seconds a call took under the profiler."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    return pstats.Stats(profiler), (time.perf_counter() - start) / calls
+
+
 def graph_sampler(fn: Callable[[object], object], sets: list, calls: int) -> Callable[[], float]:
     """A sampler of the GPU time per call of `fn`: `calls` calls over the rotating input `sets`
     are captured once in a CUDA graph, and each sample times one replay with CUDA events.
