@@ -1,10 +1,12 @@
-"""What tiledispatch's conv op meets under torch.compile (GPU): how many calls take the checked
-path rather than a bound replay, and the layouts inductor hands the op.
+"""Where tiledispatch's conv spends host time under torch.compile (GPU): a conv-BN-ReLU stack
+(bf16, channels-last, inference) timed eager and under inductor, ours and PyTorch's, then a
+cProfile of our compiled forward and a torch.profiler table of its CPU time, so that the cost
+of a compiled call has a name.
 
-A conv-BN-ReLU stack (bf16, channels-last) compiled with inductor runs --calls times; the
-custom op's eager function counts its calls, its checked calls and the strides of x it got.
+The custom op's eager function also counts its calls, its checked calls and the strides of x
+it got: every call should be a bound replay in inductor's layout.
 
-    python benchmarks/studies/compile_probe.py [--calls 20]
+    python benchmarks/studies/compile_probe.py [--calls 50] [--layers 8]
 """
 
 from __future__ import annotations
@@ -15,26 +17,26 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import tiledispatch
+from tiledispatch.bench.timing import profiled
 from tiledispatch.ops.conv import function
 
 
 class Block(nn.Module):
-    def __init__(self, c: int) -> None:
+    def __init__(self, c: int, ours: bool) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.randn(c, c, 3, 3) * 0.05)
         self.bn = nn.BatchNorm2d(c)
+        self.conv = tiledispatch.conv if ours else F.conv2d
 
     def forward(self, x):
-        return torch.relu(self.bn(tiledispatch.conv(x, self.w, padding=1)))
+        return torch.relu(self.bn(self.conv(x, self.w, padding=1)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=20)
-    args = parser.parse_args()
-    counts, layouts = collections.Counter(), collections.Counter()
+def spy(counts: collections.Counter, layouts: collections.Counter) -> None:
+    """Counts the custom op's eager calls, its checked calls and the layouts of x."""
     checked, eager = function._checked, function._eager
 
     def spy_checked(*a, **k):
@@ -48,24 +50,52 @@ def main() -> None:
         return eager(direction, dispatcher, kernel, arguments)
 
     function._checked, function._eager = spy_checked, spy_eager
-    model = nn.Sequential(*[Block(128) for _ in range(8)]).cuda().to(torch.bfloat16).eval()
-    model.to(memory_format=torch.channels_last)
+
+
+def time_forward(runner, x, calls: int) -> float:
+    """Milliseconds a forward, wall clock over `calls` back-to-back forwards."""
+    for _ in range(3):
+        runner(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        runner(x)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    counts, layouts = collections.Counter(), collections.Counter()
+    spy(counts, layouts)
     x = torch.randn(32, 128, 28, 28, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
-    for label, runner in (("eager", model), ("inductor", torch.compile(model))):
-        with torch.no_grad():
-            for _ in range(3):
-                runner(x)
-            counts.clear(), layouts.clear()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                runner(x)
-            torch.cuda.synchronize()
-        ms = (time.perf_counter() - start) / args.calls * 1e3
-        print(f"{label}: {ms:.3f} ms a forward; per forward: " +
-              ", ".join(f"{k} {v / args.calls:g}" for k, v in counts.items()))
-        for layout, n in layouts.items():
-            print(f"   x {layout}: {n / args.calls:g} a forward")
+    compiled = {}
+    with torch.no_grad():
+        for ours in (False, True):
+            model = nn.Sequential(*[Block(128, ours) for _ in range(args.layers)]).cuda().to(torch.bfloat16).eval()
+            model.to(memory_format=torch.channels_last)
+            for label, runner in (("eager", model), ("inductor", torch.compile(model))):
+                counts.clear(), layouts.clear()
+                ms = time_forward(runner, x, args.calls)
+                print(f"{'ours' if ours else 'PyTorch'} {label}: {ms:.3f} ms a forward; per forward: " +
+                      ", ".join(f"{k} {v / (args.calls + 3):g}" for k, v in counts.items()))
+                for layout, n in layouts.items():
+                    print(f"   x {layout}: {n / (args.calls + 3):g} a forward")
+                compiled[(ours, label)] = runner
+        stats, seconds = profiled(lambda: compiled[(True, "inductor")](x), args.calls)
+        print(f"\ncProfile of ours under inductor ({seconds * 1e3:.3f} ms a forward under the profiler):")
+        stats.sort_stats("tottime").print_stats(25)
+        for ours in (False, True):
+            runner = compiled[(ours, "inductor")]
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(args.calls):
+                    runner(x)
+                torch.cuda.synchronize()
+            print(f"\ntorch.profiler, {'ours' if ours else 'PyTorch'} under inductor, CPU time of {args.calls} forwards:")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
 
 
 if __name__ == "__main__":
