@@ -107,6 +107,16 @@ def _grads(y, inputs) -> tuple:
     return torch.autograd.grad(y.float().square().sum(), inputs)
 
 
+@pytest.mark.parametrize("name", ["gemm", "conv", "conv_backward_data", "conv_backward_weight", "attention",
+                                  "attention_backward"])
+def test_each_op_has_its_kernel_at_the_device_keys(name):
+    """The device keys hold the op's kernel itself, ahead of the custom op's checked default,
+    which inductor's code would otherwise pay on every call."""
+    for key in ("CPU", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"tiledispatch::{name}", key), key
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"tiledispatch::{name}", "XPU")
+
+
 def test_an_eager_recorded_call_runs_the_twin_with_the_ops_gradients(conv_dispatcher):
     """An eager call that autograd records goes through the op's autograd.Function twin (a fraction of
     the custom op's dispatch), and its gradients are the custom op's, bit for bit."""

@@ -11,6 +11,11 @@ A schema takes tensors and plain scalars only, so a dispatcher travels as a toke
 default one, else the id of a Dispatcher held here (weakly) for as long as the caller holds
 it. torch.compile traces the default dispatcher only: a graph keeps its arguments as
 constants and would keep a token whose dispatcher is gone.
+
+Each op's kernel is also registered at the CPU and CUDA keys directly (`custom_op` here): the
+custom op's own registration wraps every call in an aliasing check that cost 30-50 us a call
+from inductor's code on the H200's host (`benchmarks/studies/compile_probe.py`), more than
+the whole of PyTorch's conv call. opcheck's schema test checks the aliasing instead.
 """
 
 from __future__ import annotations
@@ -28,6 +33,16 @@ _DISPATCHERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDict
 # The tensor types whose memory the kernels read; a fake or functional tensor (a trace) is
 # neither, and goes through the custom op.
 _REAL = (torch.Tensor, torch.nn.Parameter)
+_BACKENDS = torch.library.Library(NAMESPACE, "IMPL")
+
+
+def custom_op(name: str, kernel):
+    """tiledispatch::`name`, the custom op whose schema, fake and autograd come from `kernel`
+    and torch.library, with `kernel` itself at the CPU and CUDA keys (see the module's docstring)."""
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=())(kernel)
+    for key in ("CPU", "CUDA"):
+        _BACKENDS.impl(name, kernel, key)
+    return op
 
 
 def dispatcher_token(dispatcher) -> int:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ...core.tensors import check_plain
-from ..library_common import dispatcher_of, eager_twin, runs_eagerly
+from ..library_common import custom_op, dispatcher_of, eager_twin, runs_eagerly
 from .function import Call, backward_grads, bound_forward, forward, options_of
 from .plan import like_layout
 from .problem import FP8_DTYPES, FP8_OUTPUT
@@ -68,7 +68,7 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, sinks: Op
     return _in_layout(result.out, q), _empty(q) if lse is None else lse.contiguous()
 
 
-attention_op = torch.library.custom_op("tiledispatch::attention", mutates_args=())(attention_kernel)
+attention_op = custom_op("attention", attention_kernel)
 
 
 @attention_op.register_fake
@@ -103,7 +103,7 @@ def backward_kernel(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     return _in_layout(grads.dq, q), _in_layout(grads.dk, k), _in_layout(grads.dv, v), delta, dbias
 
 
-attention_backward_op = torch.library.custom_op("tiledispatch::attention_backward", mutates_args=())(backward_kernel)
+attention_backward_op = custom_op("attention_backward", backward_kernel)
 
 
 @attention_backward_op.register_fake

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from ...core.errors import UnsupportedError
-from ..library_common import dispatcher_of, eager_twin, runs_eagerly
+from ..library_common import custom_op, dispatcher_of, eager_twin, runs_eagerly
 from . import conv as _conv
 from .function import eager_run
 from .joint import both_gradients
@@ -59,7 +59,7 @@ def conv_kernel(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     return _promised(y)
 
 
-conv_op = torch.library.custom_op("tiledispatch::conv", mutates_args=())(conv_kernel)
+conv_op = custom_op("conv", conv_kernel)
 
 
 @conv_op.register_fake
@@ -68,8 +68,7 @@ def _conv_fake(x, w, bias, residual, stride, padding, dilation, groups, activati
     return channels_last_empty(shape, x.dtype, x.device)
 
 
-@torch.library.custom_op("tiledispatch::conv_backward_data", mutates_args=())
-def conv_backward_data_op(dy: torch.Tensor, w: torch.Tensor, input_size: list[int], stride: list[int],
+def backward_data_kernel(dy: torch.Tensor, w: torch.Tensor, input_size: list[int], stride: list[int],
                           padding: list[int], dilation: list[int], groups: int, allow_tf32: bool,
                           kernel: Optional[str], dispatcher: int) -> torch.Tensor:
     """dx of the forward conv, input_size the full shape of x."""
@@ -78,19 +77,24 @@ def conv_backward_data_op(dy: torch.Tensor, w: torch.Tensor, input_size: list[in
                                groups=groups, allow_tf32=allow_tf32))
 
 
+conv_backward_data_op = custom_op("conv_backward_data", backward_data_kernel)
+
+
 @conv_backward_data_op.register_fake
 def _data_fake(dy, w, input_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
     return channels_last_empty(tuple(input_size), dy.dtype, dy.device)
 
 
-@torch.library.custom_op("tiledispatch::conv_backward_weight", mutates_args=())
-def conv_backward_weight_op(x: torch.Tensor, dy: torch.Tensor, weight_size: list[int], stride: list[int],
+def backward_weight_kernel(x: torch.Tensor, dy: torch.Tensor, weight_size: list[int], stride: list[int],
                             padding: list[int], dilation: list[int], groups: int, allow_tf32: bool,
                             kernel: Optional[str], dispatcher: int) -> torch.Tensor:
     """dw of the forward conv, weight_size the full shape of w; C/G contiguous."""
     return _promised(eager_run(Direction.BWD_WEIGHT, dispatcher_of(dispatcher), kernel, x=x, dy=dy,
                                weight_size=weight_size, stride=stride, padding=padding, dilation=dilation,
                                groups=groups, allow_tf32=allow_tf32))
+
+
+conv_backward_weight_op = custom_op("conv_backward_weight", backward_weight_kernel)
 
 
 @conv_backward_weight_op.register_fake

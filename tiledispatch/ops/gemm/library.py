@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ...core.errors import UnsupportedError
-from ..library_common import DEFAULT_DISPATCHER, dispatcher_of, eager_twin, runs_eagerly
+from ..library_common import DEFAULT_DISPATCHER, custom_op, dispatcher_of, eager_twin, runs_eagerly
 from . import FP8, gemm as _gemm
 from .problem import Activation
 
@@ -32,7 +32,7 @@ def gemm_kernel(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], 
     return c if c.is_contiguous() else c.contiguous()
 
 
-gemm_op = torch.library.custom_op("tiledispatch::gemm", mutates_args=())(gemm_kernel)
+gemm_op = custom_op("gemm", gemm_kernel)
 
 
 @gemm_op.register_fake
