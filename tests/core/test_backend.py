@@ -64,13 +64,14 @@ def test_triton_imported_first_then_a_cpu_gemm_runs_on_the_interpreter():
     assert got["error"] < 0.05  # fp16 result of a K=29 product of unit normals, against float64
 
 
-def test_importing_tiledispatch_leaves_triton_to_the_first_kernel():
-    """Triton's import is a fifth of a second: `import tiledispatch` does not pay it (the plans'
-    integer helpers are core.arith's; kernel modules are imported where a kernel is built or run)."""
+def test_importing_tiledispatch_leaves_triton_and_filelock_to_their_first_use():
+    """Triton's import is a fifth of a second and filelock's (asyncio) 60 ms: `import tiledispatch`
+    pays neither (the plans' integer helpers are core.arith's; kernel modules are imported where a
+    kernel is built or run, filelock where the cache builds an entry)."""
     script = textwrap.dedent("""
         import json, sys
         import tiledispatch, tiledispatch.cli.main
-        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "triton")))
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("triton", "filelock"))))
     """)
     assert _last_json(script) == []
 

@@ -45,7 +45,6 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from filelock import FileLock, Timeout
 
 from . import jsonio
 from .cachedir import (DIR_FLAGS, FILE_FLAGS, GROUP_ENV, Access, ensure_private_dir, open_child_dir, open_root,
@@ -325,6 +324,8 @@ class KernelCache:
 
     @contextlib.contextmanager
     def _key_lock(self, key: str) -> Iterator[None]:
+        from filelock import FileLock, Timeout  # here: its import costs 60 ms, a build far more
+
         lock = FileLock(self._locks / f"{key}.lock", mode=self.access.file_mode)
         try:
             lock.acquire(timeout=self.lock_timeout_s)
@@ -473,6 +474,8 @@ class KernelCache:
 
     def _under_lock(self, lock_file: Path, action: Callable[[], Any]) -> Any:
         """Runs action only if nobody holds the key's lock: a key being rebuilt is left alone."""
+        from filelock import FileLock, Timeout
+
         lock = FileLock(lock_file, mode=self.access.file_mode)
         try:
             lock.acquire(blocking=False)
