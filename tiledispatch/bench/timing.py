@@ -63,7 +63,7 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 
 
 
 def profiled(fn: Callable[[], object], calls: int):
-    """cProfile of `calls` back-to-back calls of `fn` (the GPU synchronised after them): the
+    """cProfile of `calls` back-to-back calls of `fn` (the GPU, where there is one, synchronised after them): the
     `pstats.Stats` to print, and the wall-clock seconds a call took under the profiler."""
     import cProfile
     import pstats
@@ -76,7 +76,8 @@ def profiled(fn: Callable[[], object], calls: int):
     for _ in range(calls):
         fn()
     profiler.disable()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():  # a host-only loop (a ranking) has nothing to wait for
+        torch.cuda.synchronize()
     return pstats.Stats(profiler), (time.perf_counter() - start) / calls
 
 

@@ -67,10 +67,12 @@ class Registry:
         return self._table
 
     @classmethod
-    def from_rule_sets(cls, ops: Iterable[OpKind | str], rule_set: RuleSet | str, arch) -> "Registry":
-        """A lazy registry of each op's `rule_set` on `arch` (see the class docstring)."""
+    def from_rule_sets(cls, ops: Iterable[OpKind | str], rule_set: RuleSet | str, arch,
+                       keep: Callable[[KernelSpec], bool] | None = None) -> "Registry":
+        """A lazy registry of each op's `rule_set` on `arch` (see the class docstring); with
+        `keep`, of the specs it keeps only."""
         registry = cls()
-        registry._pending = tuple(RuleSetSource(get_op(op), RuleSet.parse(rule_set), arch) for op in ops)
+        registry._pending = tuple(RuleSetSource(get_op(op), RuleSet.parse(rule_set), arch, keep) for op in ops)
         return registry
 
     def candidates(self, op: OpKind, problem) -> tuple[KernelSpec, ...]:
@@ -276,8 +278,8 @@ class RuleSetSource:
     without classes is generated whole on first use.
     """
 
-    def __init__(self, definition, rule_set: RuleSet, arch) -> None:
-        self.definition, self.rule_set, self.arch = definition, rule_set, arch
+    def __init__(self, definition, rule_set: RuleSet, arch, keep: Callable[[KernelSpec], bool] | None = None) -> None:
+        self.definition, self.rule_set, self.arch, self.keep = definition, rule_set, arch, keep
         self.by_class = definition.problem_class is not None
         self._classes = LruTable(None)  # class -> tuple of specs: bounded by the op's classes
         self._names: dict[str, KernelSpec] = {}
@@ -290,15 +292,18 @@ class RuleSetSource:
         return self._names.get(name)
 
     def _generate(self, within) -> tuple[KernelSpec, ...]:
-        specs = _valid_specs(self.definition, self.definition.rule_sets[self.rule_set](within=within), self.arch,
-                             f"rule set {self.rule_set.value!r}")
+        specs = self._kept(_valid_specs(self.definition, self.definition.rule_sets[self.rule_set](within=within),
+                                        self.arch, f"rule set {self.rule_set.value!r}"))
         for spec in specs:
             self._names[spec.name] = spec
         return specs
 
     def everything(self) -> tuple[KernelSpec, ...]:
-        return _valid_specs(self.definition, self.definition.rule_sets[self.rule_set](), self.arch,
-                            f"rule set {self.rule_set.value!r}")
+        return self._kept(_valid_specs(self.definition, self.definition.rule_sets[self.rule_set](), self.arch,
+                                       f"rule set {self.rule_set.value!r}"))
+
+    def _kept(self, specs: tuple[KernelSpec, ...]) -> tuple[KernelSpec, ...]:
+        return specs if self.keep is None else tuple(spec for spec in specs if self.keep(spec))
 
 
 def _valid_specs(definition, configs: Iterable, arch, source: str) -> tuple[KernelSpec, ...]:

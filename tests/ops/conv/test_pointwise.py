@@ -101,3 +101,26 @@ def test_the_gemm_each_direction_is():
     assert (fwd.m, fwd.n, fwd.k, fwd.layout.name) == (60, 40, 24, "rcr")
     assert (data.m, data.n, data.k, data.layout.name) == (60, 24, 40, "rrr")
     assert (weight.m, weight.n, weight.k, weight.layout.name) == (40, 24, 60, "crr")
+
+
+def test_the_gemm_dispatcher_ranks_its_problems_class_alone_and_never_the_vendor():
+    """A new 1x1 conv's first sight ranks the GEMM problem's own class of kernels (the whole rule
+    set's 31,000 cost 90 ms a problem), and the family runs Triton: cuBLAS is never a candidate."""
+    from tiledispatch import arch as arch_facts
+    from tiledispatch.ops.conv.pointwise import gemm_dispatcher
+    from tiledispatch.ops.gemm import Family as GemmFamily
+
+    sm90 = arch_facts.load("sm_90")
+    dispatcher = gemm_dispatcher(sm90)
+    assert dispatcher.registry.lazy
+    for direction in Direction:
+        ranked = dispatcher.ranked(gemm_problem(problem(direction, 8, 64, 256, 1, (56, 56), (1, 1))))
+        assert ranked and all(c.spec.config.family is not GemmFamily.VENDOR for c in ranked)
+        assert ranked[0].score.value > 0
+    assert dispatcher.registry.lazy  # nothing read the whole rule set
+    everything = Registry.from_rule_sets(["gemm"], "default", sm90)
+    kept = Registry.from_rule_sets(["gemm"], "default", sm90, keep=lambda s: s.config.family is not GemmFamily.VENDOR)
+    fwd = gemm_problem(problem(Direction.FORWARD, 8, 64, 256, 1, (56, 56), (1, 1)))
+    all_specs, kept_specs = everything.candidates(fwd.op, fwd), kept.candidates(fwd.op, fwd)
+    assert [s for s in all_specs if s.config.family is not GemmFamily.VENDOR] == list(kept_specs)
+    assert len(kept_specs) < len(all_specs)

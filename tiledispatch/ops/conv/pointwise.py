@@ -29,10 +29,14 @@ _DISPATCHERS = LruTable(None)  # one per arch, made once even when threads ask t
 
 
 def gemm_dispatcher(arch) -> Dispatcher:
-    """The GEMM op's default kernels for `arch` without its vendor path (the family runs Triton), one per arch."""
+    """The GEMM op's default kernels for `arch` without its vendor path (the family runs Triton), one per arch.
+
+    Its registry is lazy, as the default dispatcher's: a GEMM problem's first sight generates and
+    ranks its own class of kernels, not the whole rule set (90 ms a new 1x1 conv on the CPU machine)."""
     def make() -> Dispatcher:
-        configs = [c for c in GEMM_OP.rule_sets[RuleSet.DEFAULT]() if c.family is not GemmFamily.VENDOR]
-        return Dispatcher(Registry.from_configs("gemm", configs, arch, source="conv's gemm family"), arch)
+        registry = Registry.from_rule_sets([GEMM_OP.kind], RuleSet.DEFAULT, arch,
+                                           keep=lambda spec: spec.config.family is not GemmFamily.VENDOR)
+        return Dispatcher(registry, arch)
     return _DISPATCHERS.get_or_make(arch.name, make)
 
 

@@ -140,8 +140,25 @@ def peak_flops(problem: GemmProblem, arch) -> float:
     return tensor_flops(arch, t.a)
 
 
+# The last problem's roofline: a ranking scores one problem against every candidate in turn,
+# and each score asks for it (the tuple is replaced whole, so threads read a consistent one).
+_LAST_ROOFLINE: tuple = (None, None, 0.0, 0.0)
+
+
+def _roofline(problem: GemmProblem, arch) -> tuple[float, float]:
+    """(peak FLOP/s, ideal seconds) of `problem` on `arch`."""
+    global _LAST_ROOFLINE
+    last = _LAST_ROOFLINE
+    if last[0] is problem and last[1] is arch:
+        return last[2], last[3]
+    peak = peak_flops(problem, arch)
+    ideal = ideal_seconds(problem.flops(), problem.bytes(), peak, arch)
+    _LAST_ROOFLINE = (problem, arch, peak, ideal)
+    return peak, ideal
+
+
 def problem_ideal_seconds(problem: GemmProblem, arch) -> float:
-    return ideal_seconds(problem.flops(), problem.bytes(), peak_flops(problem, arch), arch)
+    return _roofline(problem, arch)[1]
 
 
 def layout_penalty(config: GemmConfig, p: GemmProblem) -> float:
@@ -342,7 +359,7 @@ def tile_score(config: GemmConfig, problem: GemmProblem, arch, kernel: TileKerne
     """ideal / modelled device time of a tile family's kernel (the module's docstring says how)."""
     p = problem
     bandwidth = dram_bytes_per_s(arch)
-    peak = peak_flops(p, arch)
+    peak, ideal = _roofline(p, arch)
     calibration = arch.calibration
     occupancy = _occupancy(config, p, arch)
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k
@@ -361,7 +378,6 @@ def tile_score(config: GemmConfig, problem: GemmProblem, arch, kernel: TileKerne
     chain_s = _chain_seconds(config, p, tiles, arch.sm_count, concurrent, stream, kernel)
     modelled = (soft_max(soft_max(compute_s, memory_s), chain_s) + calibration.launch_s + reduce_s
                 + kernel.start_seconds)
-    ideal = problem_ideal_seconds(p, arch)
     value = ideal / modelled
     value *= layout_penalty(config, p)
     terms = {**terms, "resident": float(occupancy.resident), "concurrent": float(concurrent), "row": row,
