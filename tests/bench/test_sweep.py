@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from tiledispatch import arch as arch_facts
 from tiledispatch.bench import sweep_worker
-from tiledispatch.bench.sweep import CandidatePolicy, is_vendor, planned, read_table, sweep
+from tiledispatch.bench.candidates import is_vendor
+from tiledispatch.bench.sweep import CandidatePolicy, planned, read_table, sweep
 from tiledispatch.bench.table import COLUMNS, Status, canonical_json, problem_from_row, problem_id
 from tiledispatch.cli.main import app
 from tiledispatch.core.errors import InvalidArgumentError
@@ -297,7 +298,7 @@ def test_candidate_policy_and_the_vendor_flag():
     dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "default", sm90), sm90)
     rows = planned(dispatcher, problem, CandidatePolicy(top=1))
     vendors = [r for r in rows if r.vendor]
-    assert vendors and all(is_vendor(r.spec, problem.alignment) for r in vendors)
+    assert vendors and all(is_vendor(r.spec) for r in vendors)
     assert rows[0].rule_rank == 0 and len(rows) == 1 + sum(r.rule_rank != 0 for r in vendors)
     # A refused vendor kernel (SDPA's backward on a forward problem) is flagged as the vendor's too.
     from tiledispatch.ops.attention import check_operands
@@ -306,9 +307,20 @@ def test_candidate_policy_and_the_vendor_flag():
     attention = check_operands(q, k, k).problem
     dispatcher = Dispatcher(Registry.from_rule_sets([attention.op], "default", sm90), sm90)
     rows = planned(dispatcher, attention, CandidatePolicy(top=1, record_refused=True))
-    specialization = rows[0].spec.definition.specialization_of(attention)
-    assert [r.vendor for r in rows] == [is_vendor(r.spec, specialization) for r in rows]
+    assert [r.vendor for r in rows] == [is_vendor(r.spec) for r in rows]
     assert any(r.refused and r.vendor for r in rows)
+    # A 1x1 conv: cuDNN is the vendor; the gemm family, a Python call into the GEMM op's Triton
+    # kernels, is not.
+    from tiledispatch.ops.conv import Direction
+    from tiledispatch.ops.conv import check_operands as conv_operands
+
+    cl = dict(device="meta", dtype=torch.bfloat16)
+    x = torch.empty(8, 64, 14, 14, **cl).to(memory_format=torch.channels_last)
+    w = torch.empty(256, 64, 1, 1, **cl).to(memory_format=torch.channels_last)
+    conv = conv_operands(Direction.FORWARD, x=x, w=w).problem
+    dispatcher = Dispatcher(Registry.from_rule_sets([conv.op], "default", sm90), sm90)
+    rows = {r.spec.definition.family_of(r.spec.config): r.vendor for r in planned(dispatcher, conv, CandidatePolicy())}
+    assert rows["vendor"] and rows["gemm"] is False
 
 
 def test_cli_sweeps_a_problem_file(tmp_path):
@@ -423,7 +435,7 @@ def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypat
     assert len(calls) == len(specializations) and all(jobs == 5 for _, _, jobs in calls)
     for (specialization,), names, _ in calls:
         wanted = {c.spec.name for p in problems if p.alignment == specialization for c in dispatcher.ranked(p)
-                  if not sweep_module.is_vendor(c.spec, specialization)}
+                  if not sweep_module._python_only(c.spec, specialization)}
         assert names == sorted(wanted) and names
 
 

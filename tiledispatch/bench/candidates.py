@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..core.errors import InvalidArgumentError
-from ..core.op import UnitKind
 from ..core.spec import KernelSpec
 from .table import problem_id
 
@@ -67,11 +66,10 @@ class Planned:
     refused: str | None = None
 
 
-def is_vendor(spec: KernelSpec, specialization: Any) -> bool:
-    """A kernel whose every unit is a plain Python call: the vendor library through PyTorch."""
-    from ..core.kernel import units
-
-    return all(unit.kind is UnitKind.PYTHON for unit in units(spec, specialization))
+def is_vendor(spec: KernelSpec) -> bool:
+    """The vendor library's kernel, as its op says (`OpDefinition.is_vendor`): a Python call
+    alone is not one (conv's 1x1 family calls the GEMM op's Triton kernels)."""
+    return spec.definition.is_vendor(spec.config)
 
 
 def planned(dispatcher, problem, policy: CandidatePolicy) -> list[Planned]:
@@ -79,12 +77,11 @@ def planned(dispatcher, problem, policy: CandidatePolicy) -> list[Planned]:
     among them), then the refusals where the policy records them."""
     explanation = dispatcher.explain(problem)
     ranked, refused = explanation.ranked, explanation.refused if policy.record_refused else ()
-    specialization = next(iter(c.spec.definition.specialization_of(problem) for c in (*ranked, *refused)), None)
-    vendors = [i for i, c in enumerate(ranked) if is_vendor(c.spec, specialization)]
+    vendors = [i for i, c in enumerate(ranked) if is_vendor(c.spec)]
     kept = [i for i, c in enumerate(ranked) if policy.keeps(c.spec)]  # rule_rank stays the whole ranking's
     chosen = sorted({kept[j] for j in policy.choose([ranked[i] for i in kept], problem_id(problem))} | set(vendors))
     rows = [Planned(ranked[i].spec, ranked[i].score.value, i, i in vendors) for i in chosen]
-    return rows + [Planned(c.spec, None, None, is_vendor(c.spec, specialization), c.refused) for c in refused]
+    return rows + [Planned(c.spec, None, None, is_vendor(c.spec), c.refused) for c in refused]
 
 
 def check_families(op: str, families: Sequence[str]) -> None:

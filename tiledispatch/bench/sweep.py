@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ..core.errors import InvalidArgumentError
 from ..core.op import OpKind, RuleSet, get_op
 from ..core.spec import KernelSpec
-from .candidates import CandidatePolicy, Planned, check_families, is_vendor, planned
+from .candidates import CandidatePolicy, Planned, check_families, planned
 from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
 
@@ -347,6 +347,15 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     return dataclasses.replace(report, prebuild_s=built[0], prebuild_failed=built[1])
 
 
+def _python_only(spec: KernelSpec, specialization: Any) -> bool:
+    """A kernel with nothing of its own to compile: every unit a Python call (the vendor's, or
+    one into another op, which builds its own kernels when it runs)."""
+    from ..core.kernel import units
+    from ..core.op import UnitKind
+
+    return all(unit.kind is UnitKind.PYTHON for unit in units(spec, specialization))
+
+
 def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
     """Compiles every compiled kernel of `tasks` for its problem's specialisation into the
     dispatcher's cache, `jobs` processes at once; (seconds, kernels that failed)."""
@@ -357,7 +366,7 @@ def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
     for task in tasks:
         specialization = task.kernels[0].definition.specialization_of(task.problem) if task.kernels else None
         for spec in task.kernels:
-            if not is_vendor(spec, specialization):
+            if not _python_only(spec, specialization):
                 groups.setdefault(specialization, {})[spec.name] = spec
     failed = 0
     for specialization, specs in groups.items():

@@ -157,6 +157,9 @@ class OpDefinition:
     plan: Callable[[Any, Any], Any]  # (config, operands) -> core.launch.Plan
     rule_score: Callable[[Any, Any, Any], Score]  # (config, problem, arch) -> Score
     family_of: Callable[[Any], str]  # config -> family name (for filters and counts)
+    # config -> whether it is the vendor library's kernel (cuBLAS, cuDNN, SDPA through PyTorch):
+    # a sweep's baseline, always timed; a family of ours that calls another op of ours is not
+    is_vendor: Callable[[Any], bool]
     dtype_of: Callable[[Any], str]  # config -> dtype name (for filters and counts)
     # (problem, device, seed) -> fresh random operands laid out as the problem says, or None where
     # none reproduce it; what the `autotune` strategy times. None: the op is ranked by rules only.

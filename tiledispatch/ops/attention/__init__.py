@@ -47,6 +47,7 @@ OP = register(OpDefinition(
     plan=plan,
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
+    is_vendor=lambda config: config.family.is_vendor,
     dtype_of=lambda config: config.dtype.value,
     tuning_operands=tuning_operands,
     problem_class=problem_class,

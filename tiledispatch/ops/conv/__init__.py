@@ -55,6 +55,7 @@ OP = register(OpDefinition(
     plan=plan,
     rule_score=rule_score,
     family_of=lambda config: config.family.value,
+    is_vendor=lambda config: config.family is Family.VENDOR,
     dtype_of=lambda config: config.signature.types.name,
     tuning_operands=tuning_operands,
     problem_class=problem_class,
