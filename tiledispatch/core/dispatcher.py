@@ -57,7 +57,6 @@ BROKEN = "failed to build on this machine"  # the refusal of a kernel that faile
 # vendor's (docs/selection.md), and a shortlist of ~17 rather than ~80 predicts in a quarter of the
 # time, which a problem's first call pays.
 MODEL_SHORTLIST = 16
-VENDOR_FAMILY = "vendor"
 
 
 class Dispatcher:
@@ -146,8 +145,9 @@ class Dispatcher:
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
-        shortlist = [c for i, c in enumerate(accepted) if i < MODEL_SHORTLIST or c.spec.family == VENDOR_FAMILY]
-        rest = [c for i, c in enumerate(accepted) if i >= MODEL_SHORTLIST and c.spec.family != VENDOR_FAMILY]
+        listed = [i < MODEL_SHORTLIST or c.spec.definition.is_vendor(c.spec.config) for i, c in enumerate(accepted)]
+        shortlist = [c for c, kept in zip(accepted, listed) if kept]
+        rest = [c for c, kept in zip(accepted, listed) if not kept]
         costs = [float(c) for c in
                  model.predict_cost(problem, [c.spec.config for c in shortlist], self.arch,
                                     [c.score for c in shortlist])]
