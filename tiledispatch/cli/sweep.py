@@ -19,7 +19,8 @@ from ..bench.sweep import KERNELS_PER_TASK
 from ..core.op import get_op
 from .common import JOBS_MAX, RULE_SET, ExitCode, emit, limit_option, parse_option, seed_option, shown
 
-PROBLEMS_HELP = "a problem set's name (tiledispatch.bench.problemsets), or a JSON file: a list of problems"
+PROBLEMS_HELP = ("a problem set's name (tiledispatch.bench.problemsets), or a JSON file: a list of problems, or a "
+                 "benchmark suite (benchmarks/suites/*.json)")
 GPUS_HELP = "GPU indices, e.g. 0,1,2,3: one worker process each (several: through Dask)"
 
 
@@ -41,14 +42,24 @@ def _matches(problem: Any, dtype: Optional[str], direction: Optional[str]) -> bo
 
 
 def resolve_problems(op: str, given: str, dtype: Optional[str], direction: Optional[str], limit: int,
-                     seed: int) -> tuple[list[Any], str]:
-    """(problems, the set's name for the table) from a file or a named problem set."""
+                     seed: int, cases: Optional[str] = None) -> tuple[list[Any], str]:
+    """(problems, the set's name for the table) from a file (of problems, or a suite's cases) or a
+    named problem set."""
     try:
         from ..bench import problemsets
     except ImportError:
         raise UnsupportedError(f"--problems {shown(given)}: no problem sets in this installation "
                                "(tiledispatch.bench.problemsets), neither named nor read from files") from None
     path = Path(given)
+    if path.is_file() and problemsets.is_suite_file(path):
+        if dtype is None:
+            raise InvalidArgumentError(f"--problems {shown(given)} is a benchmark suite: give its --dtype too "
+                                       "(e.g. bf16)")
+        names = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else None
+        problems, _ = problemsets.suite_problems(path, op, dtype, direction, names)
+        return list(problems[:limit] if limit else problems), path.stem
+    if cases is not None:
+        raise InvalidArgumentError(f"--cases picks cases of a benchmark suite; --problems {shown(given)} is none")
     if path.suffix == ".json" or path.is_file():
         kind = get_op(op).kind
         problems = [p for p in problemsets.load_problems(path) if p.op is kind and _matches(p, dtype, direction)]
@@ -84,6 +95,8 @@ def sweep_command(
         prebuild_jobs: int = typer.Option(0, "--prebuild-jobs", min=0, max=JOBS_MAX,
                                           help="compile every planned kernel first, this many processes on this "
                                                "host (0: each worker compiles its own, as it meets them)"),
+        cases: Optional[str] = typer.Option(None, "--cases", help="with a benchmark suite: only these cases, "
+                                            "comma-separated"),
         limit: int = limit_option(0, "problems"),
         budget_s: Optional[float] = typer.Option(None, "--budget-s", min=1.0,
                                                  help="stop cleanly once a task finishes past this many seconds "
@@ -96,7 +109,7 @@ def sweep_command(
     from ..core.op import OpKind, RuleSet
 
     kind = parse_option("--op", OpKind.parse, op)
-    found, set_name = resolve_problems(kind.value, problems, dtype, direction, limit, seed)
+    found, set_name = resolve_problems(kind.value, problems, dtype, direction, limit, seed, cases)
     if not found:
         raise InvalidArgumentError(f"--problems {shown(problems)}: no {kind.value} problems"
                                    f"{' of dtype ' + dtype if dtype else ''}"

@@ -50,14 +50,15 @@ def get(name: str) -> ProblemSet:
     return SETS[name]
 
 
-def _direction(spec: ProblemSet, direction: str | None) -> str | None:
+def canonical_direction(op: str, directions: tuple[str, ...], direction: str | None) -> str | None:
+    """`direction` in the op's own spelling (the issue's words and the selection key's taken too)."""
     if direction is None:
         return None
     if not isinstance(direction, str):
-        raise InvalidArgumentError(f"direction must be a string such as {spec.directions[0]!r} or None (every "
+        raise InvalidArgumentError(f"direction must be a string such as {directions[0]!r} or None (every "
                                    f"direction), got {direction!r}")
     text = direction.lower()
-    return _DIRECTION_ALIASES[spec.op].get(text, text)
+    return _DIRECTION_ALIASES[op].get(text, text)
 
 
 def _checked_count(value, what: str) -> int | None:
@@ -80,7 +81,7 @@ def build(name: str, *, dtype: str, direction: str | None = None, limit: int | N
     """`problem_set`'s problems with the combinations the op refused beside them."""
     spec = get(name)
     dtype = spec.check_dtype(dtype)
-    directions = spec.directions_of(dtype, _direction(spec, direction))
+    directions = spec.directions_of(dtype, canonical_direction(spec.op, spec.directions, direction))
     limit = _checked_count(limit, "limit")
     seed = _checked_count(seed, "seed")
     if max_flops is not None and (isinstance(max_flops, bool) or not isinstance(max_flops, (int, float))
