@@ -68,7 +68,7 @@ class TrainedModel:
 
     key: SelectionKey
     spec: FeatureSpec
-    booster: Any  # lightgbm.Booster
+    booster: Any  # lgbm_c.CBooster, or a lightgbm.Booster (training's, or where the C library will not load alone)
     manifest: Mapping[str, Any]
     featurizer: Featurizer = field(init=False, repr=False)  # made with the model: no lazy race
 
@@ -169,11 +169,17 @@ def load(directory: str | os.PathLike, key: SelectionKey) -> TrainedModel:
 
 
 def _booster(text: str, path: Path) -> Any:
-    import lightgbm
+    """The model for prediction: through LightGBM's C library alone where it loads (`lgbm_c`), since
+    importing the package costs a process's first ranking hundreds of milliseconds."""
+    from .lgbm_c import LightGBMLibraryError, booster_from_text
 
     try:
-        return lightgbm.Booster(model_str=text)
-    except lightgbm.basic.LightGBMError as e:
+        return booster_from_text(text)
+    except LightGBMLibraryError as e:
+        raise ModelFormatError(f"{path} is not a LightGBM model: {e}") from None
+    except Exception as e:  # the package's LightGBMError, where the library would not load alone
+        if type(e).__name__ != "LightGBMError":
+            raise
         raise ModelFormatError(f"{path} is not a LightGBM model: {e}") from None
 
 
