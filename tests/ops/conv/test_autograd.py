@@ -151,3 +151,37 @@ def test_both_gradients_in_one_vendor_call_where_both_picks_are_the_vendor(monke
         return
     for name, value in zip(("x", "w", "bias"), got):
         _close(value, grads[name], torch.float32, f"joint d{name}")
+
+
+@pytest.mark.parametrize("picks", [("vendor",) * 3, ("vendor", "vendor", "igemm"), ("direct", "vendor", "vendor")])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_a_recorded_conv_whose_three_picks_are_the_vendors_is_pytorchs_own(monkeypatch, picks, activation):
+    """joint.native_forward: where the forward and both gradients go to the vendor, an eager recorded
+    call is PyTorch's conv, which autograd records with its own backward: results and gradients are
+    F.conv's own, bit for bit. Any other pick, or fp32, keeps the op's twin."""
+    from types import SimpleNamespace
+
+    from tiledispatch.ops.conv.joint import native_forward
+
+    d = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+    by_direction = dict(zip(("forward", "bwd_data", "bwd_weight"), picks))
+    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(
+        family=by_direction[problem.direction.value]))
+    g = torch.Generator().manual_seed(11)
+    x, w, b = (_leaf(s, g, torch.bfloat16) for s in ((2, 6, 7, 5), (4, 3, 3, 2), (4,)))
+    geometry = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
+    options = (*geometry.values(), False)
+    native = native_forward(x, w, b, options, d)
+    if picks != ("vendor",) * 3:
+        assert native is None
+        return
+    y = tiledispatch.conv(x, w, bias=b, activation=activation, dispatcher=d, **geometry)
+    z = F.conv2d(x, w, b, **geometry)
+    want = z if activation is None else F.relu(z.float()).to(z.dtype)
+    assert torch.equal(y, want)
+    if activation is None:
+        assert y.grad_fn.name() == "ConvolutionBackward0"  # PyTorch's own node, not the twin's
+    dy = torch.randn(y.shape, generator=g).to(DEVICE, y.dtype)
+    got, expected = torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)
+    assert all(torch.equal(a, e) for a, e in zip(got, expected))
+    assert native_forward(x.float(), w.float(), b.float(), options, d) is None  # fp32: TF32 is the vendor's call

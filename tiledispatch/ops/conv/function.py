@@ -28,6 +28,7 @@ from ...core.op import OpKind
 from ..gemm import Activation
 from ..library_common import dispatcher_token, records_eagerly
 from . import fastpath
+from .joint import native_forward
 from .operands import ConvOperands, _padding, check_operands
 from .problem import MAX_DILATION, MAX_STRIDE, ConvTypes, Direction, spatial_tuple
 from .vendor import ACTIVATIONS
@@ -197,20 +198,31 @@ def traced(direction: Direction, dispatcher, kernel, arguments: dict):
 
 
 def recorded(x, w, bias, residual, call: ConvCall):
-    """conv() where autograd records it: the custom op tiledispatch::conv, or its eager twin on an eager
-    call (library.py), whose backward runs the two backward convs; an activation and its residual
-    follow the op as PyTorch ops."""
+    """conv() where autograd records it: the custom op tiledispatch::conv, or on an eager call its
+    twin (library.py), whose backward runs the two backward convs, or PyTorch's own conv where the
+    vendor is picked for all three (joint.native_forward); an activation and its residual follow
+    the op as PyTorch ops."""
+    geo = geometry(x, w.shape[2:], call.stride, call.padding, call.dilation, call.groups, call.allow_tf32)
+    activation = ACTIVATIONS[call.activation]
     if records_eagerly(x, w, bias, residual):
+        native = None
+        if call.kernel is None and (residual is None or activation is not None):
+            native = native_forward(x, w, bias, geo, call.dispatcher)
+        if native is not None:
+            z = native(x, w, bias)
+            return z if activation is None else _after(activation, z, residual)
         from .library import ConvFunction
         conv_op = ConvFunction.apply
     else:
         conv_op = torch.ops.tiledispatch.conv.default
-    geo = geometry(x, w.shape[2:], call.stride, call.padding, call.dilation, call.groups, call.allow_tf32)
     token, kernel = dispatcher_token(call.dispatcher), as_kernel_name(call.kernel, "kernel")
-    activation = ACTIVATIONS[call.activation]
     if activation is None:
         return conv_op(x, w, bias, residual, *geo[:4], None, geo[4], kernel, token)
-    z = conv_op(x, w, bias, None, *geo[:4], None, geo[4], kernel, token)
+    return _after(activation, conv_op(x, w, bias, None, *geo[:4], None, geo[4], kernel, token), residual)
+
+
+def _after(activation, z, residual):
+    """The epilogue as PyTorch ops, in fp32, whose autograd takes its derivative."""
     y = activation(z.float())
     if residual is not None:
         y = y + residual

@@ -1,4 +1,5 @@
-"""Both gradients of a conv in one cuDNN call, where the dispatcher picks the vendor for each.
+"""A conv whose picks are all the vendor's, run as PyTorch runs it: both gradients in one cuDNN
+call, and, on an eager call that autograd records, PyTorch's own op.
 
 A training step needs dx and dw of every conv. Each is selected for its own problem; where
 both selections are the vendor, computing them apart costs two trips through PyTorch's
@@ -9,6 +10,15 @@ cuDNN kernels, and gives the bias's gradient too.
 
 The decision is made once per signature (the three tensors' metadata and the geometry) and
 kept in the dispatcher's memo, like a bound call.
+
+Where the dispatcher picks the vendor for the forward and for both gradients (`native_forward`),
+an eager recorded call goes one step further: it calls PyTorch's conv, whose autograd records its
+own backward, one convolution_backward as above. That is the same cuDNN work as the op's twin
+(library.py) and its joint backward, without the twin's Python, which cost a recorded 3x3 conv on
+cuDNN's path 76 us of host time on the H200's host against PyTorch's 22
+(results/h200/autograd_overhead_profile.txt): the vendor's pick costs what PyTorch's call costs.
+fp16 and bf16 only (fp32's TF32 choice is the vendor family's own to make), on operands in the
+layout the op takes (channels-last: a converted operand keeps the op's path), with no residual.
 """
 
 from __future__ import annotations
@@ -16,11 +26,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 
 from ...core.dispatcher import dispatcher_or_default
 from ...core.dtypes import DType
 from ...core.replay import tensor_meta
-from .operands import ConvOperands, check_operands
+from .operands import ConvOperands, channels_last_empty, check_operands
 from .problem import Direction
 from .signature import Family
 from .vendor import _tf32
@@ -69,3 +80,43 @@ def _decide(dispatcher, dy, x, w, options: tuple):
         if dispatcher.select(operands.problem).family != Family.VENDOR.value:
             return _SEPARATE
     return JointVendor(data)
+
+
+_NATIVE_DTYPES = (torch.float16, torch.bfloat16)
+_CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+class NativeVendor:
+    """conv(x, w, bias) by PyTorch's own op, for a signature whose three picks are the vendor's."""
+
+    def __init__(self, spatial_dims: int, options: tuple) -> None:
+        self._conv = _CONVS[spatial_dims]
+        self._options = options[:4]  # stride, padding, dilation, groups
+
+    def __call__(self, x, w, bias):
+        return self._conv(x, w, bias, *self._options)
+
+
+def native_forward(x, w, bias, geometry: tuple, dispatcher) -> NativeVendor | None:
+    """PyTorch's conv for an eager recorded call whose forward and both gradients the dispatcher
+    gives the vendor (see the module's docstring), else None (the op's twin runs it)."""
+    if x.dtype not in _NATIVE_DTYPES:
+        return None
+    key = ("conv-native", tensor_meta(x), tensor_meta(w), None if bias is None else tensor_meta(bias), geometry)
+    chosen = dispatcher_or_default(dispatcher, x)
+    native = chosen.memo(key, lambda: _decide_native(chosen, x, w, bias, geometry))
+    return None if native is _SEPARATE else native
+
+
+def _decide_native(dispatcher, x, w, bias, options: tuple):
+    stride, padding, dilation, groups, allow_tf32 = options
+    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
+    forward = check_operands(Direction.FORWARD, x=x, w=w, bias=bias, **geometry)
+    p = forward.problem
+    if forward.converted or p.wide_offsets or dispatcher.select(p, device=x.device).family != Family.VENDOR.value:
+        return _SEPARATE
+    shaped = [channels_last_empty(tuple(t.shape), t.dtype, "meta") for t in (x, w)]
+    dy = channels_last_empty((p.n, p.k, *p.output_size), x.dtype, "meta")
+    if _decide(dispatcher, dy, *shaped, options) is _SEPARATE:
+        return _SEPARATE
+    return NativeVendor(p.spatial_dims, options)
