@@ -103,3 +103,35 @@ def test_fp8_refuses_autograd(role):
     message = f"and {role} requires grad: fp8 gemm is forward only (inference)"
     with pytest.raises(UnsupportedError, match=re.escape(message)):
         tiledispatch.gemm(args.pop("a"), args.pop("b"), **args)
+
+
+@pytest.mark.parametrize("picks", [("vendor",) * 3, ("vendor", "tiled", "vendor"), ("tiled", "vendor", "vendor")])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_recorded_gemm_whose_three_picks_are_the_vendors_is_pytorchs_own(monkeypatch, picks, with_bias):
+    """native.py: where the forward, dA and dB all go to the vendor, an eager recorded 2-D call is
+    PyTorch's mm/addmm, which autograd records with its own backward: the result and gradients are
+    PyTorch's, bit for bit. Any other pick, fp32, or a batched operand keeps the op's twin."""
+    from types import SimpleNamespace
+
+    from tiledispatch.ops.gemm.native import native_forward
+
+    d = Dispatcher(Registry.from_rule_set("gemm", "tests", ARCH), ARCH)
+    order = iter(picks * 4)  # forward, dA, dB: in the order the decision poses them
+    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(family=next(order)))
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(24, 40, generator=g).to(torch.bfloat16).requires_grad_()
+    weight = torch.randn(16, 40, generator=g).to(torch.bfloat16).requires_grad_()
+    bias = torch.randn(16, generator=g).to(torch.bfloat16).requires_grad_() if with_bias else None
+    native = native_forward(a, weight.t(), bias, d)
+    if picks != ("vendor",) * 3:
+        assert native is None
+        return
+    y = tiledispatch.gemm(a, weight.t(), bias=bias, dispatcher=d)
+    want = torch.mm(a, weight.t()) if bias is None else torch.addmm(bias, a, weight.t())
+    assert torch.equal(y, want) and y.grad_fn.name() == want.grad_fn.name()
+    leaves = [t for t in (a, weight, bias) if t is not None]
+    dy = torch.randn(y.shape, generator=g).to(y.dtype)
+    assert all(torch.equal(p, q) for p, q in zip(torch.autograd.grad(y, leaves, dy),
+                                                   torch.autograd.grad(want, leaves, dy)))
+    assert native_forward(a.float(), weight.float().t(), None, d) is None  # fp32: TF32 is the vendor's call
+    assert native_forward(a.unsqueeze(0), weight.t(), None, d) is None  # batched: the twin's broadcast

@@ -121,10 +121,11 @@ def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scal
         scale_b = _scale(scale_b, a.device, "scale_b")
     kernel = as_kernel_name(kernel, "kernel")
     op = torch.ops.tiledispatch.gemm.default
+    separate = grad and activation is not None and activation != Activation.NONE.value  # the epilogue apart
     if grad and records_eagerly(a, b, bias, residual, scale_a, scale_b):
-        from .library import GemmFunction
-        op = GemmFunction.apply
-    if grad and activation is not None and activation != Activation.NONE.value:
+        op = _eager_op(a, b, bias, residual if not separate else None, out_dtype, scale_a, scale_b, kernel,
+                       dispatcher)
+    if separate:
         z = op(a, b, bias, None, None, out_dtype, allow_tf32, scale_a, scale_b, kernel, token)
         y = ACTIVATIONS[Activation.of_argument(activation)](z.float())
         if residual is not None:
@@ -135,6 +136,20 @@ def _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scal
         return c
     out.copy_(c.reshape(out.shape))
     return out
+
+
+def _eager_op(a, b, bias, residual, out_dtype, scale_a, scale_b, kernel, dispatcher):
+    """What an eager recorded call runs: PyTorch's own product where the vendor is picked for it
+    and both its gradients (native.py), else the op's twin (library.py); called as the op is."""
+    if kernel is None and residual is None and out_dtype is None and scale_a is None and scale_b is None:
+        from .native import native_forward
+
+        native = native_forward(a, b, bias, dispatcher)
+        if native is not None:
+            return lambda a, b, bias, *_: native(a, b, bias)
+    from .library import GemmFunction
+
+    return GemmFunction.apply
 
 
 def _check_differentiable(a, b, bias, residual, out, scale_a, scale_b) -> None:
