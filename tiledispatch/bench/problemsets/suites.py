@@ -4,7 +4,7 @@ of a family, as the per-op benchmarks pose them.
 
 A suite file is {"description", "dtypes", "cases": [...]}; its op is told by its cases' fields.
 - GEMM (M, N, K, batch): A row-major, B the transposed view of a row-major N x K matrix (an
-  nn.Linear's weight), fp8 with per-tensor scales; forward.
+  nn.Linear's weight); forward.
 - Conv (N, C, K, G, input, filter, stride, pad, dilation; C and K totals over the groups):
   channels-last, no epilogue; forward, bwd_data and bwd_weight.
 - Attention (B, Hq, Hkv, Sq, Skv, D, causal, mode) in BHSD: `prefill` forward and backward,
@@ -15,6 +15,7 @@ A suite file is {"description", "dtypes", "cases": [...]}; its op is told by its
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -23,6 +24,8 @@ from ...core.jsonio import JsonFileError, read_json
 from . import attention, conv, gemm
 from .base import Collector, Refusal
 from .catalog import canonical_direction
+
+LOG = logging.getLogger(__name__)
 
 # The fields that tell a suite's op, the fields its cases need, and the directions they run in.
 _OP_FIELDS = {"gemm": {"M", "N", "K"}, "conv": {"C", "K", "G", "filter"}, "attention": {"Hq", "Hkv", "Sq"}}
@@ -118,4 +121,7 @@ def suite_problems(path: str | os.PathLike, op: str, dtype: str, direction: str 
     for case in chosen:
         for d in (direction,) if direction is not None else directions:
             collector.pose(f"{case.get('name')} {d}", lambda case=case, d=d: _POSE[op](case, dtype, d))
+    if collector.refused:
+        LOG.info("suite %s (%s): the op refused %d combinations, e.g. %s: %s", path, dtype, len(collector.refused),
+                 collector.refused[0].what, collector.refused[0].reason)
     return tuple(dict.fromkeys(collector.problems)), tuple(collector.refused)
