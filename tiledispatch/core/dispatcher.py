@@ -39,7 +39,9 @@ log = logging.getLogger("tiledispatch.dispatcher")
 class Strategy(Choice):
     FIRST = "first"  # the first supporting kernel in registry order
     RULES = "rules"  # the analytic score of the op (tile waste, waves, occupancy)
-    AUTOTUNE = "autotune"  # the rules' finalists timed once per problem, the fastest remembered on disk
+    AUTOTUNE = "autotune"  # the finalists timed once per problem, the fastest remembered on disk; they are
+    # taken from the model's order where a model ships for the problem (its picks on unseen problems:
+    # docs/selection.md), else from the rules'.
     MODEL = "model"  # a learned model's costs order what the rules accept (the rules where no model covers)
 
 
@@ -131,7 +133,7 @@ class Dispatcher:
         if self.strategy is not Strategy.FIRST:
             accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
         model = None
-        if self.strategy is Strategy.MODEL and accepted:
+        if self.strategy in (Strategy.MODEL, Strategy.AUTOTUNE) and accepted:
             accepted, model = self._model_order(problem, accepted)
         typecode = "B" if len(reasons) <= 0xFF else "H" if len(reasons) <= 0xFFFF else "L"
         return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids), model)
@@ -165,7 +167,7 @@ class Dispatcher:
 
     def select(self, problem, *, device=None) -> KernelSpec:
         """The kernel for a problem. Under `autotune`, the remembered winner, or one timed now
-        on `device` (the rules' pick where there is neither: `explain`, a graph capture)."""
+        on `device` (the first ranked where there is neither: `explain`, a graph capture)."""
         key = problem.key()
         spec = self._selected.get(key)
         if spec is not None:

@@ -168,17 +168,28 @@ def _parsed(parse: Callable[[str, str], Any], op: str, text: str, what: str) -> 
                               "version") from None
 
 
-def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
+def _model_order(ordered: Sequence[Measured], problem: _Problem) -> list[Measured]:
+    """The candidates as the dispatcher's model ranks them: the shortlist (the rules' best
+    MODEL_SHORTLIST and the vendor's) by the model's cost, ties in the rules' order, then the
+    others in the rules' order; the rules' order where the model does not cover the problem."""
     covers = getattr(problem.model, "covers", None)
-    if covers is not None and not covers(problem.problem):
-        return ordered[0]  # as the dispatcher does: the rules rank a problem the model does not cover
-    # the dispatcher's shortlist: the rules' best MODEL_SHORTLIST and the vendor's, the others never ranked
-    shortlist = [c for i, c in enumerate(ordered) if i < MODEL_SHORTLIST or c.vendor]
-    return shortlist[int(np.argmin(problem.model_costs(shortlist)))]  # ties: the rules' order
+    if problem.model is None or covers is not None and not covers(problem.problem):
+        return list(ordered)
+    listed = [i < MODEL_SHORTLIST or c.vendor for i, c in enumerate(ordered)]
+    shortlist = [c for c, kept in zip(ordered, listed) if kept]
+    costs = problem.model_costs(shortlist)
+    return [shortlist[i] for i in np.argsort(costs, kind="stable")] + [c for c, kept in zip(ordered, listed)
+                                                                      if not kept]
 
 
-def _pick_autotune(ordered: Sequence[Measured], _: _Problem) -> Measured:
-    finalists = autotune.finalists(ordered)
+def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:
+    return _model_order(ordered, problem)[0]
+
+
+def _pick_autotune(ordered: Sequence[Measured], problem: _Problem) -> Measured:
+    """The dispatcher's autotune: its finalists timed, taken from the model's order where a model
+    is given, as the dispatcher takes them where one ships."""
+    finalists = autotune.finalists(_model_order(ordered, problem))
     timed = [c for c in finalists if c.status is not Status.BUILD_FAILED]  # the dispatcher drops these
     broken = next((c for c in timed if not c.ok), None)  # it runs these: a fault or hang ends the tuning
     if broken is not None or not timed:
@@ -353,10 +364,11 @@ def evaluate(frame, *, strategies=(Picker.RULES, Picker.MODEL, Picker.AUTOTUNE),
 def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow_seen) -> KeyReport:
     problems = _problems(rows)
     skipped, predictor, summary = {}, None, None
-    if Picker.MODEL in pickers:
+    if Picker.MODEL in pickers or Picker.AUTOTUNE in pickers:  # autotune's finalists follow the model too
         predictor, why = _model_for(key, model)
         if predictor is None:
-            skipped[Picker.MODEL] = why
+            if Picker.MODEL in pickers:
+                skipped[Picker.MODEL] = why
         else:
             summary = {k: v for k, v in (getattr(predictor, "manifest", None) or {}).items()
                        if not (isinstance(v, (list, tuple)) and len(v) > 20)}  # no lists of training problems
