@@ -61,6 +61,13 @@ BROKEN = "failed to build on this machine"  # the refusal of a kernel that faile
 MODEL_SHORTLIST = 16
 
 
+def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool]) -> tuple[list, list]:
+    """(the candidates a model ranks: the rules' best MODEL_SHORTLIST and the vendor's, the others)
+    of `ranked`, in the rules' order; `evaluate` splits a sweep's rows by it too."""
+    listed = [i < MODEL_SHORTLIST or is_vendor(c) for i, c in enumerate(ranked)]
+    return [c for c, kept in zip(ranked, listed) if kept], [c for c, kept in zip(ranked, listed) if not kept]
+
+
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
                  cache: KernelCache | None = None, tuning: TuningStore | None = None,
@@ -147,9 +154,7 @@ class Dispatcher:
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
-        listed = [i < MODEL_SHORTLIST or c.spec.definition.is_vendor(c.spec.config) for i, c in enumerate(accepted)]
-        shortlist = [c for c, kept in zip(accepted, listed) if kept]
-        rest = [c for c, kept in zip(accepted, listed) if not kept]
+        shortlist, rest = model_shortlist(accepted, lambda c: c.spec.definition.is_vendor(c.spec.config))
         costs = [float(c) for c in
                  model.predict_cost(problem, [c.spec.config for c in shortlist], self.arch,
                                     [c.score for c in shortlist])]

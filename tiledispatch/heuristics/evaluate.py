@@ -28,7 +28,7 @@ from .. import arch as arch_facts
 from ..bench.problemsets import fold_of
 from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
 from ..core.choice import Choice
-from ..core.dispatcher import MODEL_SHORTLIST
+from ..core.dispatcher import model_shortlist
 from ..core.errors import InvalidArgumentError, TiledispatchError
 from ..core.op import get_op
 from . import autotune
@@ -175,11 +175,8 @@ def _model_order(ordered: Sequence[Measured], problem: _Problem) -> list[Measure
     covers = getattr(problem.model, "covers", None)
     if problem.model is None or covers is not None and not covers(problem.problem):
         return list(ordered)
-    listed = [i < MODEL_SHORTLIST or c.vendor for i, c in enumerate(ordered)]
-    shortlist = [c for c, kept in zip(ordered, listed) if kept]
-    costs = problem.model_costs(shortlist)
-    return [shortlist[i] for i in np.argsort(costs, kind="stable")] + [c for c, kept in zip(ordered, listed)
-                                                                      if not kept]
+    shortlist, rest = model_shortlist(list(ordered), lambda c: c.vendor)
+    return [shortlist[i] for i in np.argsort(problem.model_costs(shortlist), kind="stable")] + rest
 
 
 def _pick_model(ordered: Sequence[Measured], problem: _Problem) -> Measured:

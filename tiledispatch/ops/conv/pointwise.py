@@ -21,7 +21,6 @@ from ...core.op import RuleSet
 from ...core.registry import Registry
 from ...core.tensors import shares_storage
 from ..gemm import OP as GEMM_OP
-from ..gemm import Family as GemmFamily
 from ..gemm import GemmLayout, GemmProblem, GemmTypes, Layout, gemm
 from .problem import ConvProblem, Direction
 
@@ -35,7 +34,7 @@ def gemm_dispatcher(arch) -> Dispatcher:
     ranks its own class of kernels, not the whole rule set (90 ms a new 1x1 conv on the CPU machine)."""
     def make() -> Dispatcher:
         registry = Registry.from_rule_sets([GEMM_OP.kind], RuleSet.DEFAULT, arch,
-                                           keep=lambda spec: spec.config.family is not GemmFamily.VENDOR)
+                                           keep=lambda spec: not spec.definition.is_vendor(spec.config))
         return Dispatcher(registry, arch)
     return _DISPATCHERS.get_or_make(arch.name, make)
 

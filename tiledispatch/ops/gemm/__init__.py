@@ -13,6 +13,7 @@ from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import families  # noqa: F401  (each family module registers itself in family.FAMILIES)
 from . import fastpath
 from .inputs import check_output, reference_output, tuning_operands
+from .native import native_forward
 from ..library_common import dispatcher_token, records_eagerly
 from .operands import GemmOperands, _asked_dtype, _scale, check_operands
 from .plan import ACTIVATION_CODES, kernel_units, plan
@@ -142,8 +143,6 @@ def _eager_op(a, b, bias, residual, out_dtype, scale_a, scale_b, kernel, dispatc
     """What an eager recorded call runs: PyTorch's own product where the vendor is picked for it
     and both its gradients (native.py), else the op's twin (library.py); called as the op is."""
     if kernel is None and residual is None and out_dtype is None and scale_a is None and scale_b is None:
-        from .native import native_forward
-
         native = native_forward(a, b, bias, dispatcher)
         if native is not None:
             return lambda a, b, bias, *_: native(a, b, bias)
