@@ -1,0 +1,84 @@
+"""Where one step of a model goes (GPU): PyTorch's model and ours under torch.profiler, side by side.
+
+For each provider and mode (eager inference, a training step), the step's wall time, the GPU's
+busy time (the sum of its kernels' times) and the host time of the ops we replace, then the
+kernels that take the most GPU time. A step whose wall time is well above its GPU time is bound
+by the host; one near it, by its kernels. The model is benchmarks/models.py's (bf16,
+channels-last; ours: every Conv2d and Linear through tiledispatch, its picks compiled ahead).
+
+    python benchmarks/studies/model_step_profile.py [--model resnet50] [--modes eager,train] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import models  # noqa: E402
+
+OUR_OPS = ("tiledispatch", "aten::conv", "aten::cudnn", "aten::mm", "aten::addmm", "aten::linear")
+
+
+def step_of(mode: str, work, model, inputs):
+    if mode == "train":
+        model.train()
+        return models.train_step(model, work, inputs)
+    model.eval()
+    return work.session(model, model, inputs)
+
+
+def profile(step, steps: int):
+    """(wall ms a step, GPU-busy ms a step, the profiler's key averages) over `steps` steps."""
+    from torch.profiler import ProfilerActivity
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / steps * 1e3
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / steps / 1e3
+    return wall, busy, averages, kernels
+
+
+def report(name: str, steps: int, wall: float, busy: float, averages, kernels, top: int) -> None:
+    print(f"  {name}: {wall:.3f} ms a step (no profiler), GPU busy {busy:.3f} ms a step")
+    host = sorted((e for e in averages if e.key.startswith(OUR_OPS)), key=lambda e: -e.cpu_time_total)
+    for e in host[:8]:
+        print(f"    host {e.key:48s} {e.count // steps:4d} calls  {e.cpu_time_total / steps / 1e3:7.3f} ms a step "
+              f"({e.cpu_time_total / max(e.count, 1):6.1f} us a call)")
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
+        print(f"    gpu  {e.key[:70]:70s} {e.count // steps:4d}  {e.self_device_time_total / steps / 1e3:7.3f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--modes", default="eager,train")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    work = models.workloads(False)[args.model]
+    variants = models.make_variants(work, models.GPU, warmup=True, backward="train" in modes)
+    for mode in modes:
+        print(f"{args.model} {mode}")
+        for name, model in (("pytorch", variants.pytorch), ("tiledispatch", variants.ours)):
+            with torch.set_grad_enabled(mode == "train"):
+                report(name, args.steps, *profile(step_of(mode, work, model, variants.inputs), args.steps), args.top)
+
+
+if __name__ == "__main__":
+    main()
