@@ -1,5 +1,11 @@
 """tiledispatch: pick the fastest kernel for each GEMM, convolution and attention, and run it."""
 
+import time as _time
+
+# Before any of the package's modules: every module this process imports is read after this
+# instant, so a source file last modified before it is the one running (core.function_keys).
+_IMPORTED_AT = _time.time()
+
 from .core.dispatcher import Dispatcher, Strategy, default_dispatcher, using
 from .core.errors import (
     ArchError, BuildError, CacheError, InsecureCacheError, InvalidConfigError, InvalidProblemError,

@@ -214,7 +214,7 @@ class _Kernels:
             return {}
         cache = self.dispatcher.cache
         missing = [s for s in self.task.kernels if any(
-            u.kind.compiled and cache.lookup(unit_key(s, u, self.specialization), required=LOADED_FILES) is None
+            u.kind.compiled and cache.lookup(unit_key(s, u, self.specialization, cache), required=LOADED_FILES) is None
             for u in units(s, self.specialization))]
         if not missing:
             return {}

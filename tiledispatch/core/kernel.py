@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import jitkey, jsonio, runtime
+from . import function_keys, jitkey, jsonio, runtime
 from .cache import CacheEntry, KernelCache, StaleEntryError
 from .errors import BuildError
 from .op import KernelUnit, UnitKind
@@ -39,10 +39,14 @@ LOAD_ATTEMPTS = 3  # an entry pruned or replaced between its verification and it
 log = logging.getLogger("tiledispatch.kernel")
 
 
-def function_key(unit: KernelUnit) -> str:
+def function_key(unit: KernelUnit, cache: KernelCache | None = None) -> str:
     """What the unit's compiled code depends on in source: its function's name and Triton's cache
-    key of it (its source and, transitively, every jit function it calls: `jitkey`)."""
-    return f"{unit.module}.{unit.function}:{jitkey.cache_key(_function(unit))}"
+    key of it (its source and, transitively, every jit function it calls: `jitkey`). With a cache,
+    the key a process computed before for the same sources is read from it (`function_keys`)."""
+    name = f"{unit.module}.{unit.function}"
+    if cache is None:
+        return f"{name}:{jitkey.cache_key(_function(unit))}"
+    return f"{name}:{function_keys.stored_key(cache, name, lambda: jitkey.cache_key(_function(unit)))}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,7 +71,8 @@ def units(spec: KernelSpec, specialization: Any | None = None) -> tuple[KernelUn
     return spec.definition.kernel_units(spec.config, _specialization(spec, specialization), arch.load(spec.arch))
 
 
-def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None) -> str:
+def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None,
+             cache: KernelCache | None = None) -> str:
     """Kernel name, specialisation and stage, plus the hash of the function's key (`function_key`),
     of the unit itself and of the toolchain. The unit's own fields (signature, constexprs, warps,
     stages, divisibility, cap) are what the compiler is handed: a constant of a plan module that
@@ -77,7 +82,7 @@ def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = No
     if unit.max_registers is not None:  # a compile option the name does not spell
         name += f".r{unit.max_registers}"
     compiled_as = hashlib.sha256(repr(unit).encode()).hexdigest()
-    return KernelCache.make_key(name, f"{function_key(unit)}:{compiled_as}", toolchain())
+    return KernelCache.make_key(name, f"{function_key(unit, cache)}:{compiled_as}", toolchain())
 
 
 def _function(unit: KernelUnit):
@@ -210,7 +215,7 @@ def build(spec: KernelSpec, cache: KernelCache, specialization: Any | None = Non
         if not unit.kind.compiled:
             continue  # nothing to compile
         entries[unit.stage] = cache.get_or_build(
-            unit_key(spec, unit, specialization), functools.partial(compile_unit, unit, spec.arch),
+            unit_key(spec, unit, specialization, cache), functools.partial(compile_unit, unit, spec.arch),
             required=LOADED_FILES)
     return entries
 
