@@ -20,11 +20,12 @@ from typing import Optional
 import torch
 
 from ...core.errors import UnsupportedError
-from ..library_common import custom_op, dispatcher_of, eager_twin, runs_eagerly
+from .. import inductor
+from ..library_common import DEFAULT_DISPATCHER, custom_op, dispatcher_of, eager_twin, runs_eagerly
 from . import conv as _conv
 from .function import eager_run
 from .joint import both_gradients
-from .operands import channels_last_empty, to_channels_last
+from .operands import channels_last_empty, check_operands, to_channels_last
 from .problem import Direction
 
 
@@ -64,8 +65,32 @@ conv_op = custom_op("conv", conv_kernel)
 
 @conv_op.register_fake
 def _conv_fake(x, w, bias, residual, stride, padding, dilation, groups, activation, allow_tf32, kernel, dispatcher):
+    inductor.register()
     shape = (x.shape[0], w.shape[0], *output_size(x.shape[2:], w.shape[2:], stride, padding, dilation))
     return channels_last_empty(shape, x.dtype, x.device)
+
+
+@inductor.decomposes(conv_op)
+def _conv_as_aten(x, w, bias, residual, stride, padding, dilation, groups, activation, allow_tf32, kernel,
+                  dispatcher):
+    """aten.convolution where the default dispatcher picks the vendor for this traced forward (a
+    plain one: channels-last operands, no residual, activation or forced kernel; inductor.py)."""
+    if (residual is not None or activation is not None or kernel is not None or dispatcher != DEFAULT_DISPATCHER
+            or x.dtype not in inductor.VENDOR_DTYPES):
+        return NotImplemented
+    metas = inductor.static_metas(x, w, bias)
+    geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
+    if metas is None or not all(type(v) is int for v in (*geometry[0], *geometry[1], *geometry[2], groups)):
+        return NotImplemented
+
+    def problem(tensors):
+        operands = check_operands(Direction.FORWARD, x=tensors[0], w=tensors[1], bias=tensors[2], stride=geometry[0],
+                                  padding=geometry[1], dilation=geometry[2], groups=groups, allow_tf32=allow_tf32)
+        return None if operands.converted or operands.problem.wide_offsets else operands.problem
+    if not inductor.picks_vendor(("conv", metas, geometry, allow_tf32), x, problem):
+        return NotImplemented
+    return torch.ops.aten.convolution(x, w, bias, list(stride), list(padding), list(dilation), False,
+                                      [0] * len(stride), groups)
 
 
 def backward_data_kernel(dy: torch.Tensor, w: torch.Tensor, input_size: list[int], stride: list[int],

@@ -15,8 +15,9 @@ from typing import Optional
 import torch
 
 from ...core.errors import UnsupportedError
+from .. import inductor
 from ..library_common import DEFAULT_DISPATCHER, custom_op, dispatcher_of, eager_twin, runs_eagerly
-from . import FP8, gemm as _gemm
+from . import FP8, check_operands, gemm as _gemm
 from .problem import Activation
 
 
@@ -35,8 +36,28 @@ def gemm_kernel(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], 
 gemm_op = custom_op("gemm", gemm_kernel)
 
 
+@inductor.decomposes(gemm_op)
+def _gemm_as_aten(a, b, bias, activation, residual, out_dtype, allow_tf32, scale_a, scale_b, kernel, dispatcher):
+    """aten.mm or aten.addmm where the default dispatcher picks the vendor for this traced product (2-D
+    16-bit operands, a bias in their dtype or none, nothing else in the op; inductor.py)."""
+    if (a.dim() != 2 or b.dim() != 2 or a.dtype not in inductor.VENDOR_DTYPES or b.dtype != a.dtype
+            or activation is not None or residual is not None or out_dtype not in (None, a.dtype)
+            or scale_a is not None or scale_b is not None or kernel is not None or dispatcher != DEFAULT_DISPATCHER
+            or bias is not None and (bias.dtype != a.dtype or bias.dim() != 1)):
+        return NotImplemented
+    metas = inductor.static_metas(a, b, bias)
+
+    def problem(tensors):
+        operands = check_operands(tensors[0], tensors[1], bias=tensors[2])
+        return None if operands.problem.wide_offsets else operands.problem
+    if metas is None or not inductor.picks_vendor(("gemm", metas), a, problem):
+        return NotImplemented
+    return torch.ops.aten.mm(a, b) if bias is None else torch.ops.aten.addmm(bias, a, b)
+
+
 @gemm_op.register_fake
 def _gemm_fake(a, b, bias, activation, residual, out_dtype, allow_tf32, scale_a, scale_b, kernel, dispatcher):
+    inductor.register()
     dtype = out_dtype if out_dtype is not None else torch.bfloat16 if a.dtype in FP8 else a.dtype
     m, n = a.shape[-2], b.shape[-1]
     if a.dim() == 2 and b.dim() == 2:

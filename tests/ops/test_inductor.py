@@ -1,0 +1,101 @@
+"""ops/inductor.py: under inductor, a traced conv or gemm that the dispatcher gives the vendor becomes
+PyTorch's own aten op; any other pick keeps the custom op, which selects at run time."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import tiledispatch
+from tiledispatch import arch
+from tiledispatch.core.dispatcher import Dispatcher
+from tiledispatch.core.registry import Registry
+from tiledispatch.ops import inductor
+
+ARCH = arch.load("interpreter")
+
+
+@pytest.fixture(scope="module")
+def table():
+    pytest.importorskip("torch._inductor.decomposition")
+    from torch._inductor.decomposition import select_decomp_table
+
+    inductor.register()
+    return select_decomp_table()
+
+
+def picking(op: str, vendor: bool) -> Dispatcher:
+    """A dispatcher whose every pick is the vendor's kernel, or never is; it runs nothing."""
+    d = Dispatcher(Registry.from_rule_set(op, "tests", ARCH), ARCH)
+    d.select = lambda problem, device=None: SimpleNamespace(
+        definition=SimpleNamespace(is_vendor=lambda config: vendor), config=None)
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the custom op ran its kernel")
+    d.prepare = d.run = ran
+    return d
+
+
+def traced(fn, table, *args, mode="fake"):
+    return [n.target for n in make_fx(fn, decomposition_table=table, tracing_mode=mode)(*args).graph.nodes
+            if n.op == "call_function"]
+
+
+def channels_last(*shape):
+    return torch.randn(*shape).half().contiguous(memory_format=torch.channels_last)
+
+
+def conv(x, w):
+    return torch.ops.tiledispatch.conv.default(x, w, None, None, [2, 1], [1, 0], [1, 2], 2, None, False, None, 0)
+
+
+def forced_conv(x, w):
+    return torch.ops.tiledispatch.conv.default(x, w, None, None, [2, 1], [1, 0], [1, 2], 2, None, False, "k", 0)
+
+
+def test_a_conv_the_vendor_takes_is_aten_convolution_and_any_other_keeps_the_op(table):
+    x, w = channels_last(2, 6, 7, 5), channels_last(4, 3, 3, 2)
+    op = torch.ops.tiledispatch.conv.default
+    with tiledispatch.using(picking("conv", vendor=True)):
+        assert traced(conv, table, x, w) == [torch.ops.aten.convolution.default]
+        assert traced(forced_conv, table, x, w) == [op]  # forced: the op's
+        assert traced(conv, table, x.float(), w.float()) == [op]  # fp32: TF32 is the vendor family's choice
+        assert op in traced(conv, table, x, w, mode="symbolic")  # symbolic sizes: many problems, no one pick
+    with tiledispatch.using(picking("conv", vendor=False)):
+        assert traced(conv, table, x, w) == [op]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_product_the_vendor_takes_is_aten_mm_and_any_other_keeps_the_op(table, with_bias):
+    a, w = torch.randn(5, 8).half(), torch.randn(6, 8).half()
+    bias = torch.randn(6).half() if with_bias else None
+    op = torch.ops.tiledispatch.gemm.default
+
+    def gemm(a, w, bias):
+        return op(a, w.t(), bias, None, None, None, False, None, None, None, 0)
+    aten = torch.ops.aten.addmm.default if with_bias else torch.ops.aten.mm.default
+    with tiledispatch.using(picking("gemm", vendor=True)):
+        assert traced(gemm, table, a, w, bias)[-1] == aten and op not in traced(gemm, table, a, w, bias)
+        assert op in traced(gemm, table, a.unsqueeze(0), w, bias)  # batched: the op's broadcast
+    with tiledispatch.using(picking("gemm", vendor=False)):
+        assert op in traced(gemm, table, a, w, bias)
+
+
+def test_a_compiled_model_whose_picks_are_the_vendors_computes_pytorchs_result(table):
+    """End to end through torch.compile with inductor's decompositions (aot_eager_decomp_partition:
+    inductor's table without its code generation): the result is F.conv2d's and F.linear's, bit for bit,
+    and the ops' kernels never run (the dispatcher would raise)."""
+    torch.manual_seed(3)
+    x, w, lw = channels_last(2, 6, 7, 5), channels_last(4, 3, 3, 2), torch.randn(5, 4 * 4 * 3).half()
+
+    def model(x, w, lw):
+        y = tiledispatch.conv(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+        return tiledispatch.gemm(y.flatten(1), lw.t())
+    expected = F.linear(F.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2).flatten(1), lw)
+    torch._dynamo.reset()
+    with tiledispatch.using(picking("conv", vendor=True)):
+        got = torch.compile(model, fullgraph=True, backend="aot_eager_decomp_partition")(x, w, lw)
+    torch._dynamo.reset()
+    assert torch.equal(got, expected)

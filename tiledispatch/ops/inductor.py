@@ -1,0 +1,96 @@
+"""Where torch.compile's inductor meets a call the dispatcher gives the vendor, PyTorch's own op.
+
+Under torch.compile each tiledispatch op is a custom op: inductor calls it from its generated code,
+through the dispatcher and our fast path, which costs 40-60 us of host time a call more than the
+aten call inductor makes for PyTorch's own conv (results/h200/compile_probe.txt). Where the pick is
+the vendor library, that call is all the op does: here each op's decomposition, which inductor
+applies while it traces the graph, poses the traced call's problem (from the fake tensors' shapes,
+strides and dtype) and, where the default dispatcher picks the vendor for it, gives the aten op
+PyTorch's compile would have given; inductor then lowers it as its own (cuDNN's conv, cuBLAS's mm).
+Any other pick, a forced kernel, another dispatcher or symbolic sizes keep the custom op, whose
+kernel selects at run time as before.
+
+Each op's library module registers its decomposition here (`decomposes`); the first trace of any op
+(its fake implementation, `register`) hands them all to inductor's table. Importing inductor's table
+costs a second, which only a process that compiles pays, once. Decisions are memoised per traced
+signature in the dispatcher's memo, as the eager paths' are.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+from ..core.dispatcher import dispatcher_or_default
+
+_DECOMPOSITIONS: dict[Any, Callable] = {}  # op overload -> its decomposition
+_REGISTERED = threading.Event()
+_LOCK = threading.Lock()
+VENDOR_DTYPES = (torch.float16, torch.bfloat16)  # fp32's TF32 choice is the vendor family's own
+
+
+def decomposes(op) -> Callable[[Callable], Callable]:
+    """Registers the decorated function as `op`'s decomposition for inductor: it returns the aten
+    call that stands for a traced call of `op`, or NotImplemented to keep `op`."""
+    def register_decomposition(fn: Callable) -> Callable:
+        _DECOMPOSITIONS[op._opoverload if hasattr(op, "_opoverload") else op] = fn
+        return fn
+    return register_decomposition
+
+
+def register() -> None:
+    """Hands every op's decomposition to inductor's table, once a process (a fake implementation
+    calls it: every trace passes through one before inductor lowers the graph)."""
+    if _REGISTERED.is_set():
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _LOCK, _disable_current_modes():  # a trace's fake mode must not see the import's tensors
+        if _REGISTERED.is_set():
+            return
+        try:
+            from torch._inductor.decomposition import decompositions
+        except ImportError:  # a PyTorch without inductor: nothing lowers these ops
+            _REGISTERED.set()
+            return
+        for op, fn in _DECOMPOSITIONS.items():
+            decompositions.setdefault(op, fn)
+        _REGISTERED.set()
+
+
+def static_metas(*tensors) -> tuple | None:
+    """(shape, strides, dtype) of each tensor (None stays None) where every size and stride is a
+    plain integer, else None: a symbolic size stands for many problems, which one pick cannot."""
+    metas = []
+    for t in tensors:
+        if t is None:
+            metas.append(None)
+            continue
+        shape, stride = tuple(t.shape), tuple(t.stride())
+        if not all(type(v) is int for v in (*shape, *stride)):
+            return None
+        metas.append((shape, stride, t.dtype))
+    return tuple(metas)
+
+
+def picks_vendor(key: tuple, like: torch.Tensor, problem_of: Callable[[list], Any]) -> bool:
+    """Whether the default dispatcher of `like`'s device picks the vendor for the problem
+    `problem_of(meta tensors)` poses (`key[1]` holds the metas), memoised under `key`. The meta
+    tensors are made outside the trace's modes: they are the problem's, not the graph's."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    dispatcher = dispatcher_or_default(None, like)
+    device = like.device
+
+    def decide() -> bool:
+        with _disable_current_modes():
+            tensors = [None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device="meta")
+                       for m in key[1]]
+            problem = problem_of(tensors)
+            if problem is None:
+                return False
+            spec = dispatcher.select(problem, device=device)
+            return spec.definition.is_vendor(spec.config)
+    return dispatcher.memo(("inductor-vendor", *key), decide)
