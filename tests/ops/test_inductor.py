@@ -99,3 +99,32 @@ def test_a_compiled_model_whose_picks_are_the_vendors_computes_pytorchs_result(t
         got = torch.compile(model, fullgraph=True, backend="aot_eager_decomp_partition")(x, w, lw)
     torch._dynamo.reset()
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("vendor", [True, False])
+def test_inductor_compiles_a_model_with_either_pick(table, vendor):
+    """torch.compile with inductor itself: the vendor's pick is PyTorch's conv (bit for bit, our
+    kernels never run); any other pick stays the custom op, which inductor calls as a fallback
+    beside the decomposition (its implicit fallback would refuse an op that has one)."""
+    torch.manual_seed(4)
+    x, w = channels_last(2, 6, 7, 5), channels_last(4, 3, 3, 2)
+    if vendor:
+        d = picking("conv", vendor=True)
+    else:
+        registry = Registry.from_rule_set("conv", "tests", ARCH)
+        d = Dispatcher(registry.filter(lambda s: not s.definition.is_vendor(s.config)), ARCH)
+
+    def model(x, w):
+        return tiledispatch.conv(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+    expected = F.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2)
+    torch._dynamo.reset()
+    from torch._inductor import config
+
+    with tiledispatch.using(d), config.patch(force_disable_caches=True):  # a cached graph keeps its decision
+        got = torch.compile(model, fullgraph=True)(x, w)
+    torch._dynamo.reset()
+    if vendor:
+        assert torch.equal(got, expected)
+    else:
+        reference = F.conv2d(x.double(), w.double(), None, (2, 1), (1, 0), (1, 2), 2)
+        assert torch.allclose(got.double(), reference, rtol=2e-3, atol=2e-3)

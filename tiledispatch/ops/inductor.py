@@ -13,7 +13,9 @@ kernel selects at run time as before.
 Each op's library module registers its decomposition here (`decomposes`); the first trace of any op
 (its fake implementation, `register`) hands them all to inductor's table. Importing inductor's table
 costs a second, which only a process that compiles pays, once. Decisions are memoised per traced
-signature in the dispatcher's memo, as the eager paths' are.
+signature in the dispatcher's memo, as the eager paths' are. Inductor's caches key on the graph,
+not on the picks: a compiled graph taken from them keeps the decision it was compiled with (the
+same result either way) until they are cleared.
 """
 
 from __future__ import annotations
@@ -51,13 +53,30 @@ def register() -> None:
         if _REGISTERED.is_set():
             return
         try:
+            from torch._inductor import lowering
             from torch._inductor.decomposition import decompositions
         except ImportError:  # a PyTorch without inductor: nothing lowers these ops
             _REGISTERED.set()
             return
         for op, fn in _DECOMPOSITIONS.items():
             decompositions.setdefault(op, fn)
+            if op not in lowering.lowerings:  # a call the decomposition keeps stays the op (see _fallback)
+                _fallback(lowering, op)
         _REGISTERED.set()
+
+
+def _fallback(lowering, op) -> None:
+    """Declares `op` a fallback of inductor's, as it makes one for a custom op it meets (an extern call
+    with the op's default layout constraint), but beside a decomposition: inductor's implicit
+    fallback refuses an op that has both, and ours returns the op wherever the pick is not the
+    vendor's."""
+    try:
+        from torch._library.utils import get_layout_constraint_tag
+
+        constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+    except (ImportError, AttributeError, TypeError):  # another PyTorch's names: no constraint, as before 2.5
+        constraint = None
+    lowering.make_fallback(op, layout_constraint=constraint, warn=False, override_decomp=True)
 
 
 def static_metas(*tensors) -> tuple | None:
