@@ -475,3 +475,48 @@ def test_a_budget_stops_the_sweep_cleanly_and_a_rerun_goes_on(tmp_path):
     assert len(read_table(tmp_path)) == 4
     with pytest.raises(InvalidArgumentError, match="budget_s"):
         sweep("gemm", problems, out=tmp_path, arch=INTERP, budget_s=0)
+
+
+def test_a_tile_space_plans_its_own_configs_for_each_problem_beside_the_vendor():
+    """--space: each problem's candidates are the space's configs for it (those `supports` takes)
+    and the rule set's vendor kernel; an unknown space is refused with the op's spaces named."""
+    from tiledispatch.bench.sweep import space_planner
+    from tiledispatch.core.op import get_op
+    from tiledispatch.ops.gemm import check_operands
+    from tiledispatch.ops.gemm.spaces import gemv
+
+    sm90 = arch_facts.load("sm_90")
+    dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], "default", sm90), sm90)
+    planner = space_planner(get_op("gemm"), "gemv", dispatcher)
+    problem = check_operands(meta(1, 4096), meta(1024, 4096).t()).problem
+    rows = planned(planner(problem), problem, CandidatePolicy())
+    space = {c.name for c in gemv(problem, sm90)}
+    ours = {r.spec.config.name for r in rows if not r.vendor}
+    assert ours and ours <= space and len(space) > 20
+    assert [r.spec.definition.family_of(r.spec.config) for r in rows if r.vendor] == ["vendor"]
+    wide = check_operands(meta(64, 4096), meta(1024, 4096).t()).problem  # gemv's space is M = 1's alone
+    assert all(r.vendor for r in planned(planner(wide), wide, CandidatePolicy()))
+    with pytest.raises(InvalidArgumentError, match="split-k.*stream-k|decode, gemv"):
+        space_planner(get_op("gemm"), "tiles", dispatcher)
+    with pytest.raises(InvalidArgumentError, match="none"):
+        space_planner(get_op("conv"), "gemv", dispatcher)
+
+
+def test_cli_sweeps_a_tile_space(tmp_path):
+    from tiledispatch.ops.gemm import check_operands
+
+    problem = check_operands(meta(1, 512), meta(16, 512).t()).problem
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps([json.loads(canonical_json(problem))]))
+    result = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",
+                                      "--space", "gemv", "--match", "_1x4x256_w2_s1_", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    table = read_table(tmp_path / "out")
+    interp = arch_facts.load(INTERP)
+    vendors = [c.spec.name for c in Dispatcher(Registry.from_rule_sets(["gemm"], "default", interp), interp)
+               .explain(problem).ranked if is_vendor(c.spec)]  # none on the interpreter: its rule set has none
+    assert set(table.status) == {"ok"}
+    assert sorted(table.kernel) == sorted(["gemm_fp16_rcr_gemv_1x4x256_w2_s1_g1_k1_none_interp", *vendors])
+    unknown = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",
+                                       "--space", "tiles", "--out", str(tmp_path / "other")])
+    assert unknown.exit_code == 3 and "space 'tiles'" in json.loads(unknown.stdout)["error"]["message"]

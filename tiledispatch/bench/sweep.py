@@ -298,9 +298,12 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
           arch: Any = None, candidates: CandidatePolicy = CandidatePolicy(), timeout_s: float = 300.0,
           gpus: Sequence[int | str] | None = None, scheduler: str | None = None,
           kernels_per_task: int = KERNELS_PER_TASK, jobs: int = 1, problem_set_name: str = "custom", seed: int = 0,
-          prebuild_jobs: int = 0, budget_s: float | None = None,
+          prebuild_jobs: int = 0, budget_s: float | None = None, space: str | None = None,
           progress: Callable[[int, int], None] | None = None) -> SweepReport:
     """Times `candidates` of `rule_set` for `op` on every problem; rows appended under `out`.
+
+    `space` names one of the op's tile spaces (`OpDefinition.spaces`): each problem's candidates
+    are then that space's configs for it, and the rule set's vendor kernel beside them.
 
     `gpus` (indices) run one worker process each, through a local Dask cluster when there are
     several; `scheduler` (tcp://host:port) sends the tasks to a running Dask cluster instead (its
@@ -326,6 +329,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler, budget_s)
     check_families(kind.value, candidates.families)
     dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
+    planner = space_planner(get_op(op), space, dispatcher) if space is not None else lambda problem: dispatcher
     problems = _unique(problems, kind)
     if scheduler is not None:
         from .distributed import cluster_gpus
@@ -337,7 +341,7 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     maker = _Rows(problem_set_name, facts.name, next(iter(names)) or None if len(names) == 1 else None)
     with terminating(), locked(out):
         tasks, plans, statuses, (skipped, empty) = _tasks(
-            kind, problems, dispatcher, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
+            kind, problems, planner, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
         built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
         counts = (statuses, skipped, len(problems), start, empty, len(workers))
         deadline = None if budget_s is None else start + budget_s
@@ -375,13 +379,35 @@ def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
     return time.perf_counter() - start, failed
 
 
-def _tasks(kind, problems, dispatcher, candidates, done, names, out, maker, sizes):
+def space_planner(definition, space: str, dispatcher) -> Callable[[Any], Any]:
+    """problem -> a dispatcher over `space`'s configs for it and `dispatcher`'s vendor kernels for it."""
+    from ..core.dispatcher import Dispatcher, Strategy
+    from ..core.registry import Registry
+
+    if space not in definition.spaces:
+        known = ", ".join(sorted(definition.spaces)) or "none"
+        raise InvalidArgumentError(f"space {space!r}: {definition.kind.value} has no such tile space (its spaces: "
+                                   f"{known})")
+    generate = definition.spaces[space]
+
+    def for_problem(problem):
+        registry = Registry.from_configs(definition.kind, generate(problem, dispatcher.arch), dispatcher.arch,
+                                         source=f"space {space!r}")
+        for candidate in dispatcher.explain(problem).ranked:
+            if definition.is_vendor(candidate.spec.config):
+                registry.add(candidate.spec)
+        return Dispatcher(registry, dispatcher.arch, strategy=Strategy.RULES, cache=dispatcher.cache)
+    return for_problem
+
+
+def _tasks(kind, problems, planner, candidates, done, names, out, maker, sizes):
     """(tasks, planned rows by (problem id, kernel), rows written by status, (rows skipped, problems
-    without candidates)): the refusals' rows are written at once, as nothing runs for them."""
+    without candidates)): the refusals' rows are written at once, as nothing runs for them.
+    `planner(problem)` is the dispatcher whose candidates a problem gets."""
     kernels_per_task, jobs, seed = sizes
     tasks, plans, skipped, refusals, empty = [], {}, 0, 0, 0
     for problem in problems:
-        pid, rows = problem_id(problem), planned(dispatcher, problem, candidates)
+        pid, rows = problem_id(problem), planned(planner(problem), problem, candidates)
         empty += not any(p.refused is None for p in rows)
         todo = [p for p in rows if not any((pid, p.spec.name, n) in done for n in names)]
         skipped += len(rows) - len(todo)

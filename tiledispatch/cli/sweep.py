@@ -79,6 +79,9 @@ def sweep_command(
         direction: Optional[str] = typer.Option(None, "--direction", help="forward (gemm); forward, bwd_data "
                                                 "or bwd_weight (conv); fwd or bwd (attention)"),
         rule_set: str = RULE_SET,
+        space: Optional[str] = typer.Option(None, "--space", help="one of the op's tile spaces (gemm: split-k, "
+                                            "stream-k, decode, gemv, ws): each problem's configs from it, beside "
+                                            "the rule set's vendor kernel"),
         top: Optional[int] = typer.Option(None, "--top", min=1, help="the rules' best N only (default: all)"),
         sample: int = typer.Option(0, "--sample", min=0, help="with --top: M other candidates drawn at random"),
         family: Optional[str] = typer.Option(None, "--family", help="only these kernel families, comma-separated "
@@ -121,7 +124,7 @@ def sweep_command(
                                    families=tuple(f.strip() for f in (family or "").split(",") if f.strip()),
                                    match=match),
         timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler, kernels_per_task=kernels_per_task, jobs=jobs,
-        problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs, budget_s=budget_s)
+        problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs, budget_s=budget_s, space=space)
     try:
         report = _with_progress(run, f"{kind.value} {set_name}")
     except SweepInterrupted as stopped:  # what it wrote before a Ctrl-C or SIGTERM, then the usual exit code

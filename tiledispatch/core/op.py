@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 from .choice import Choice
@@ -174,6 +174,9 @@ class OpDefinition:
     # (a plan's output, the reference, operands) -> core.comparison.Comparison under the tolerance
     # of the problem's dtypes. Set wherever `reference` is.
     check: Callable[[Any, Any, Any], Any] | None = None
+    # name -> (problem, arch) -> configs: tile spaces a sweep times beyond the rule sets, for one
+    # problem (`tiledispatch sweep --space`). Empty: the op has none.
+    spaces: Mapping[str, Callable[[Any, Any], Iterable[Any]]] = field(default_factory=dict)
 
 
 # The registered ops by name, in registration order (the order `all_ops` and a default

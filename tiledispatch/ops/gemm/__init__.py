@@ -21,6 +21,7 @@ from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, G
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, supports, validate
 from .rulesets import RULE_SETS, problem_class
+from .spaces import SPACES
 from .vendor import ACTIVATIONS
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -45,6 +46,7 @@ OP = register(OpDefinition(
     problem_class=problem_class,
     reference=reference_output,
     check=check_output,
+    spaces=SPACES,
 ))
 
 
