@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 pd = pytest.importorskip("pandas")
@@ -526,10 +527,12 @@ def test_threads_ranking_at_once_get_each_problems_own_costs(model, rules):
 
 
 def test_the_model_ranks_the_rules_shortlist_and_the_vendor_and_leaves_the_rest_in_the_rules_order():
-    """A problem of the default set has ~80 candidates: the model costs the rules' best MODEL_SHORTLIST
-    and the vendor's only (here it reverses their order), and the others follow, uncosted, in the
-    rules' order."""
-    from tiledispatch.core.dispatcher import MODEL_SHORTLIST
+    """A GEMM of the default set has ~80 candidates: the model costs the rules' best few (the op's
+    model_shortlist) and the vendor's only (here it reverses their order), and the others follow,
+    uncosted, in the rules' order. Conv's model costs every candidate."""
+    from tiledispatch.core.op import get_op
+
+    MODEL_SHORTLIST = get_op("gemm").model_shortlist
 
     class Reversed:
         label = "reversed"
@@ -557,3 +560,16 @@ def test_the_model_ranks_the_rules_shortlist_and_the_vendor_and_leaves_the_rest_
     assert [c.spec.name for c in ranked] == [c.spec.name for c in shortlist[::-1] + rest]
     assert all(c.model_cost is not None for c in ranked[:len(shortlist)])
     assert all(c.model_cost is None for c in ranked[len(shortlist):])
+
+    from tiledispatch.ops.conv import Direction, check_operands
+
+    cl = dict(device="meta", dtype=torch.bfloat16)
+    x = torch.empty(8, 64, 28, 28, **cl).to(memory_format=torch.channels_last)
+    w = torch.empty(64, 64, 3, 3, **cl).to(memory_format=torch.channels_last)
+    conv = check_operands(Direction.FORWARD, x=x, w=w, padding=1).problem
+    convs = Registry.from_rule_sets(["conv"], RuleSet.DEFAULT, SM90)
+    every = Dispatcher(convs, SM90, strategy="rules").ranked(conv)
+    Reversed.seen.clear()
+    ranked = Dispatcher(convs, SM90, strategy="model", models=Source()).ranked(conv)
+    assert get_op("conv").model_shortlist is None and len(every) > 16 and Reversed.seen == [len(every)]
+    assert [c.spec.name for c in ranked] == [c.spec.name for c in every[::-1]]

@@ -26,7 +26,7 @@ from .cache import KernelCache
 from .errors import BuildError, CacheError, InsecureCacheError, NoKernelError, UnsupportedError
 from .launch import execute
 from .memo import LruTable
-from .op import RuleSet, UnitKind, all_ops
+from .op import RuleSet, UnitKind, all_ops, get_op
 from .ranking import Candidate, Explanation, ModelSource, Ranking, model_source
 from .registry import Registry
 from .tuning import TuningRecord, TuningStore, policy
@@ -54,17 +54,13 @@ SELECTIONS_KEPT = 4096
 BOUND_KEPT = 4096
 RANKINGS_KEPT = 32
 BROKEN = "failed to build on this machine"  # the refusal of a kernel that failed to build or load here
-# The candidates a learned model ranks: the rules' best this many, and the vendor library's. On the
-# H200's GEMM sweep every pick of the cross-validated model lay within the rules' best 8 or was the
-# vendor's (docs/selection.md), and a shortlist of ~17 rather than ~80 predicts in a quarter of the
-# time, which a problem's first call pays.
-MODEL_SHORTLIST = 16
-
-
-def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool]) -> tuple[list, list]:
-    """(the candidates a model ranks: the rules' best MODEL_SHORTLIST and the vendor's, the others)
-    of `ranked`, in the rules' order; `evaluate` splits a sweep's rows by it too."""
-    listed = [i < MODEL_SHORTLIST or is_vendor(c) for i, c in enumerate(ranked)]
+def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool], size: int | None) -> tuple[list, list]:
+    """(the candidates a model ranks: the rules' best `size` (None: all) and the vendor's, the others)
+    of `ranked`, in the rules' order; `evaluate` splits a sweep's rows by it too. The size is the
+    op's (`OpDefinition.model_shortlist`)."""
+    if size is None:
+        return list(ranked), []
+    listed = [i < size or is_vendor(c) for i, c in enumerate(ranked)]
     return [c for c, kept in zip(ranked, listed) if kept], [c for c, kept in zip(ranked, listed) if not kept]
 
 
@@ -146,7 +142,7 @@ class Dispatcher:
         return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids), model)
 
     def _model_order(self, problem, accepted: list[Candidate]) -> tuple[list[Candidate], str | None]:
-        """The rules' shortlist (their best MODEL_SHORTLIST and the vendor's) by a learned model's
+        """The rules' shortlist (their best few, as the op says, and the vendor's) by a learned model's
         cost, one batched prediction, then the other candidates in the rules' order; with the
         model's label. As they are, with None, where no model covers the problem. Equal costs keep
         the rules' order."""
@@ -154,7 +150,8 @@ class Dispatcher:
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
-        shortlist, rest = model_shortlist(accepted, lambda c: c.spec.definition.is_vendor(c.spec.config))
+        shortlist, rest = model_shortlist(accepted, lambda c: c.spec.definition.is_vendor(c.spec.config),
+                                          get_op(problem.op).model_shortlist)
         costs = [float(c) for c in
                  model.predict_cost(problem, [c.spec.config for c in shortlist], self.arch,
                                     [c.score for c in shortlist])]

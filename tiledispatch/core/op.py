@@ -177,6 +177,10 @@ class OpDefinition:
     # name -> (problem, arch) -> configs: tile spaces a sweep times beyond the rule sets, for one
     # problem (`tiledispatch sweep --space`). Empty: the op has none.
     spaces: Mapping[str, Callable[[Any, Any], Iterable[Any]]] = field(default_factory=dict)
+    # How many of the rules' best candidates a learned model ranks, beside the vendor's (None: every
+    # candidate): a shortlist saves first-sight time where the rules already rank well, and loses
+    # the kernels the rules place low where they do not (core.dispatcher.model_shortlist).
+    model_shortlist: int | None = 16
 
 
 # The registered ops by name, in registration order (the order `all_ops` and a default

@@ -169,13 +169,14 @@ def _parsed(parse: Callable[[str, str], Any], op: str, text: str, what: str) -> 
 
 
 def _model_order(ordered: Sequence[Measured], problem: _Problem) -> list[Measured]:
-    """The candidates as the dispatcher's model ranks them: the shortlist (the rules' best
-    MODEL_SHORTLIST and the vendor's) by the model's cost, ties in the rules' order, then the
+    """The candidates as the dispatcher's model ranks them: the shortlist (the rules' best few, as
+    the op says, and the vendor's) by the model's cost, ties in the rules' order, then the
     others in the rules' order; the rules' order where the model does not cover the problem."""
     covers = getattr(problem.model, "covers", None)
     if problem.model is None or covers is not None and not covers(problem.problem):
         return list(ordered)
-    shortlist, rest = model_shortlist(list(ordered), lambda c: c.vendor)
+    shortlist, rest = model_shortlist(list(ordered), lambda c: c.vendor,
+                                      get_op(problem.op).model_shortlist)
     return [shortlist[i] for i in np.argsort(problem.model_costs(shortlist), kind="stable")] + rest
 
 
