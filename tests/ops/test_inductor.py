@@ -128,3 +128,41 @@ def test_inductor_compiles_a_model_with_either_pick(table, vendor):
     else:
         reference = F.conv2d(x.double(), w.double(), None, (2, 1), (1, 0), (1, 2), 2)
         assert torch.allclose(got.double(), reference, rtol=2e-3, atol=2e-3)
+
+
+def test_the_backward_convs_the_vendor_takes_are_aten_convolution_backward(table):
+    dy, w, x = channels_last(2, 4, 4, 3), channels_last(4, 3, 3, 2), channels_last(2, 6, 7, 5)
+    geometry = ([2, 1], [1, 0], [1, 2], 2, False, None, 0)
+
+    def data(dy, w):
+        return torch.ops.tiledispatch.conv_backward_data.default(dy, w, [2, 6, 7, 5], *geometry)
+
+    def weight(x, dy):
+        return torch.ops.tiledispatch.conv_backward_weight.default(x, dy, [4, 3, 3, 2], *geometry)
+    with tiledispatch.using(picking("conv", vendor=True)):
+        for fn, args in ((data, (dy, w)), (weight, (x, dy))):
+            targets = traced(fn, table, *args)
+            assert torch.ops.aten.convolution_backward.default in targets
+            assert not any("tiledispatch" in str(t) for t in targets)
+    with tiledispatch.using(picking("conv", vendor=False)):
+        assert traced(data, table, dy, w) == [torch.ops.tiledispatch.conv_backward_data.default]
+        assert traced(weight, table, x, dy) == [torch.ops.tiledispatch.conv_backward_weight.default]
+
+
+def test_a_compiled_training_step_whose_picks_are_the_vendors_computes_pytorchs_gradients(table):
+    """Forward and both gradients decomposed (aot_eager_decomp_partition): the output and the
+    gradients are PyTorch's, and our kernels never run."""
+    torch.manual_seed(5)
+    x, w = channels_last(2, 6, 7, 5).requires_grad_(), channels_last(4, 3, 3, 2).requires_grad_()
+    dy = channels_last(2, 4, 4, 3)
+
+    def model(x, w):
+        return tiledispatch.conv(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+    torch._dynamo.reset()
+    with tiledispatch.using(picking("conv", vendor=True)):
+        y = torch.compile(model, fullgraph=True, backend="aot_eager_decomp_partition")(x, w)
+        got = torch.autograd.grad(y, (x, w), dy)
+    torch._dynamo.reset()
+    want = F.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2)
+    expected = torch.autograd.grad(want, (x, w), dy)
+    assert torch.equal(y, want) and all(torch.equal(g, e) for g, e in zip(got, expected))

@@ -6,7 +6,8 @@ aten call inductor makes for PyTorch's own conv (results/h200/compile_probe.txt)
 the vendor library, that call is all the op does: here each op's decomposition, which inductor
 applies while it traces the graph, poses the traced call's problem (from the fake tensors' shapes,
 strides and dtype) and, where the default dispatcher picks the vendor for it, gives the aten op
-PyTorch's compile would have given; inductor then lowers it as its own (cuDNN's conv, cuBLAS's mm).
+PyTorch's compile would have given (conv's forward and both gradients, GEMM's 2-D product); inductor
+then lowers it as its own (cuDNN's conv, cuBLAS's mm).
 Any other pick, a forced kernel, another dispatcher or symbolic sizes keep the custom op, whose
 kernel selects at run time as before.
 

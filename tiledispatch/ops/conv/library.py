@@ -70,27 +70,52 @@ def _conv_fake(x, w, bias, residual, stride, padding, dilation, groups, activati
     return channels_last_empty(shape, x.dtype, x.device)
 
 
+def _traced_vendor(direction: Direction, tensors: dict, sizes: dict, geometry: tuple, allow_tf32: bool, kernel,
+                   dispatcher: int) -> bool:
+    """Whether the default dispatcher picks the vendor for this traced call of `direction` (inductor.py):
+    a plain one, channels-last operands of 16 bits and plain integer sizes; a forced kernel, another
+    dispatcher, fp32 (TF32 is the vendor family's choice) or symbolic sizes keep the op."""
+    first = next(iter(tensors.values()))
+    if kernel is not None or dispatcher != DEFAULT_DISPATCHER or first.dtype not in inductor.VENDOR_DTYPES:
+        return False
+    metas = inductor.static_metas(*tensors.values())
+    stride, padding, dilation, groups = geometry
+    numbers = (*stride, *padding, *dilation, groups, *(d for size in sizes.values() for d in size))
+    if metas is None or not all(type(v) is int for v in numbers):
+        return False
+    given = dict(stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+                 allow_tf32=allow_tf32, **{name: tuple(size) for name, size in sizes.items()})
+
+    def problem(made):
+        operands = check_operands(direction, **dict(zip(tensors, made)), **given)
+        return None if operands.converted or operands.problem.wide_offsets else operands.problem
+    return inductor.picks_vendor((direction.value, metas, tuple(given.items())), first, problem)
+
+
 @inductor.decomposes(conv_op)
 def _conv_as_aten(x, w, bias, residual, stride, padding, dilation, groups, activation, allow_tf32, kernel,
                   dispatcher):
-    """aten.convolution where the default dispatcher picks the vendor for this traced forward (a
-    plain one: channels-last operands, no residual, activation or forced kernel; inductor.py)."""
-    if (residual is not None or activation is not None or kernel is not None or dispatcher != DEFAULT_DISPATCHER
-            or x.dtype not in inductor.VENDOR_DTYPES):
-        return NotImplemented
-    metas = inductor.static_metas(x, w, bias)
-    geometry = (tuple(stride), tuple(padding), tuple(dilation), groups)
-    if metas is None or not all(type(v) is int for v in (*geometry[0], *geometry[1], *geometry[2], groups)):
-        return NotImplemented
-
-    def problem(tensors):
-        operands = check_operands(Direction.FORWARD, x=tensors[0], w=tensors[1], bias=tensors[2], stride=geometry[0],
-                                  padding=geometry[1], dilation=geometry[2], groups=groups, allow_tf32=allow_tf32)
-        return None if operands.converted or operands.problem.wide_offsets else operands.problem
-    if not inductor.picks_vendor(("conv", metas, geometry, allow_tf32), x, problem):
+    """aten.convolution where the default dispatcher picks the vendor for this traced forward (with no
+    residual or activation in the op)."""
+    if residual is not None or activation is not None or not _traced_vendor(
+            Direction.FORWARD, {"x": x, "w": w, "bias": bias}, {}, (stride, padding, dilation, groups), allow_tf32,
+            kernel, dispatcher):
         return NotImplemented
     return torch.ops.aten.convolution(x, w, bias, list(stride), list(padding), list(dilation), False,
                                       [0] * len(stride), groups)
+
+
+def _vendor_backward(dy, x, w, stride, padding, dilation, groups, data: bool) -> torch.Tensor:
+    """The vendor family's backward call (vendor.py), traced: the operand the direction does not read
+    stands in uninitialised and channels-last."""
+    grads = torch.ops.aten.convolution_backward(dy, x, w, None, list(stride), list(padding), list(dilation), False,
+                                                [0] * len(stride), groups, [data, not data, False])
+    return grads[0] if data else grads[1]
+
+
+def _stand_in(size, like: torch.Tensor) -> torch.Tensor:
+    size = tuple(size)
+    return torch.empty_strided(size, channels_last_strides(size), dtype=like.dtype, device=like.device)
 
 
 def backward_data_kernel(dy: torch.Tensor, w: torch.Tensor, input_size: list[int], stride: list[int],
@@ -107,7 +132,17 @@ conv_backward_data_op = custom_op("conv_backward_data", backward_data_kernel)
 
 @conv_backward_data_op.register_fake
 def _data_fake(dy, w, input_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
+    inductor.register()
     return channels_last_empty(tuple(input_size), dy.dtype, dy.device)
+
+
+@inductor.decomposes(conv_backward_data_op)
+def _data_as_aten(dy, w, input_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
+    """aten.convolution_backward's dx where the default dispatcher picks the vendor for this traced dx."""
+    if not _traced_vendor(Direction.BWD_DATA, {"dy": dy, "w": w}, {"input_size": input_size},
+                          (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
+        return NotImplemented
+    return _vendor_backward(dy, _stand_in(input_size, dy), w, stride, padding, dilation, groups, data=True)
 
 
 def backward_weight_kernel(x: torch.Tensor, dy: torch.Tensor, weight_size: list[int], stride: list[int],
@@ -124,7 +159,17 @@ conv_backward_weight_op = custom_op("conv_backward_weight", backward_weight_kern
 
 @conv_backward_weight_op.register_fake
 def _weight_fake(x, dy, weight_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
+    inductor.register()
     return channels_last_empty(tuple(weight_size), x.dtype, x.device)
+
+
+@inductor.decomposes(conv_backward_weight_op)
+def _weight_as_aten(x, dy, weight_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
+    """aten.convolution_backward's dw where the default dispatcher picks the vendor for this traced dw."""
+    if not _traced_vendor(Direction.BWD_WEIGHT, {"x": x, "dy": dy}, {"weight_size": weight_size},
+                          (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
+        return NotImplemented
+    return _vendor_backward(dy, x, _stand_in(weight_size, x), stride, padding, dilation, groups, data=False)
 
 
 def forward(x, w, geometry: tuple, token: int) -> torch.Tensor:
