@@ -61,10 +61,10 @@ OP = register(OpDefinition(
     problem_class=problem_class,
     reference=reference_output,
     check=check_output,
-    # The model ranks every candidate (some 30 a problem): the rules give nearly every conv to cuDNN,
-    # and their best 16 left out kernels that autotune then never timed. On the H200 sweep, grouped
-    # 5-fold, autotune went from 0.970 to 0.989 of the oracle (P10 0.815 to 0.981), the model from
-    # 0.908 to 0.919, for 6 % more first-sight time (docs/selection.md).
+    # The model ranks every candidate (some 30 a problem): the rules give nearly every conv to cuDNN
+    # and place the kernels that win low, out of a shortlist of their best 16. On the H200 sweep's
+    # unseen problems autotune reaches 0.989 of the oracle so (P10 0.981), 0.970 (0.815) with the
+    # shortlist, for 6 % more first-sight time (docs/selection.md).
     model_shortlist=None,
 ))
 
