@@ -520,3 +520,27 @@ def test_cli_sweeps_a_tile_space(tmp_path):
     unknown = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",
                                        "--space", "tiles", "--out", str(tmp_path / "other")])
     assert unknown.exit_code == 3 and "space 'tiles'" in json.loads(unknown.stdout)["error"]["message"]
+
+
+def test_the_sweep_records_the_commit_of_the_code_it_runs(tmp_path, monkeypatch):
+    """A checkout's own HEAD; for a tree unpacked inside another repository (a `git archive` copy),
+    not that repository's HEAD: None, or the commit its runner sets in TILEDISPATCH_COMMIT."""
+    from tiledispatch.bench.sweep import COMMIT_ENV, source_commit
+
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    repo = tmp_path / "repo"
+    (repo / "package").mkdir(parents=True)
+    (repo / "package" / "m.py").write_text("pass\n")
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    assert source_commit(repo / "package") == git("rev-parse", "HEAD")
+    copy = repo / "copy" / "package"
+    copy.mkdir(parents=True)
+    assert source_commit(copy) is None
+    monkeypatch.setenv(COMMIT_ENV, "0123abc")
+    assert source_commit(copy) == "0123abc"

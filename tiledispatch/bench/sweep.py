@@ -194,6 +194,9 @@ def done_keys(out: Path) -> set[tuple[str, str, str]]:
 
 # -- what to run ---------------------------------------------------------------------------------
 
+COMMIT_ENV = "TILEDISPATCH_COMMIT"
+
+
 def _versions() -> dict[str, str | None]:
     from importlib import metadata
 
@@ -203,12 +206,26 @@ def _versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
+    return {"torch": version("torch"), "triton": version("triton"), "commit": source_commit()}
+
+
+def source_commit(package: Path = Path(__file__).resolve().parents[1]) -> str | None:
+    """The commit of the code a sweep runs: $TILEDISPATCH_COMMIT where set, else the HEAD of the git
+    checkout whose top level holds `package`; None where it has none. A tree unpacked inside another
+    repository (a `git archive` copy) would otherwise report that repository's HEAD, which is not
+    the code that ran: such a copy reads None, or the commit its runner sets."""
+    if given := os.environ.get(COMMIT_ENV):
+        return given
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).resolve().parent).stdout.strip() or None
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  cwd=package).stdout.strip()
+        top = git("rev-parse", "--show-toplevel")
+        if not top or Path(top).resolve() != package.parent:
+            return None
+        return git("rev-parse", "HEAD") or None
     except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"torch": version("torch"), "triton": version("triton"), "commit": commit}
+        return None
 
 
 @dataclass
