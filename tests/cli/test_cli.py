@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tiledispatch import arch
@@ -165,6 +166,26 @@ def test_explain_gemm_sees_the_alignment_of_fresh_tensors():
     assert any("realign" in c["kernel"] and c["terms"]["realign_us"] > 0 for c in odd["ranking"])
     even = invoke("explain", "gemm", "40", "48", "40", "--layout", "rcr", "--rule-set", "tests", "--limit", "0")
     assert even["problem"]["alignment"] == "al-112121" and not any("realign" in c["kernel"] for c in even["ranking"])
+
+
+def test_explain_ranks_for_an_arch_it_is_asked_for():
+    """--arch: what a GPU would pick, asked on any machine (explain runs nothing); the same ranking as
+    a dispatcher for that arch gives, and an unknown arch named with the known ones."""
+    from tiledispatch.core.dispatcher import Dispatcher
+    from tiledispatch.ops.conv import Direction, check_operands
+
+    doc = invoke("explain", "gemm", "1000", "4096", "4096", "--dtype", "bf16", "--layout", "rcr", "--arch", "sm_90",
+                 "--limit", "0")
+    assert doc["arch"] == "sm_90" and all(c["kernel"].endswith("_sm90") for c in doc["ranking"])
+    conv = invoke("explain", "conv", "8", "64", "64", "1", "28", "28", "3", "3", "--dtype", "bf16", "--pad", "1",
+                  "--arch", "sm_90", "--limit", "0")
+    sm90 = arch.load("sm_90")
+    x = torch.empty(8, 64, 28, 28, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    w = torch.empty(64, 64, 3, 3, dtype=torch.bfloat16, device="meta").to(memory_format=torch.channels_last)
+    problem = check_operands(Direction.FORWARD, x=x, w=w, padding=1).problem
+    ranked = Dispatcher(Registry.from_rule_set("conv", "default", sm90), sm90).ranked(problem)
+    assert [c["kernel"] for c in conv["ranking"]] == [c.spec.name for c in ranked]
+    assert "sm_90" in invoke_error("explain", "gemm", "10", "10", "10", "--arch", "sm_999")["message"]
 
 
 def test_explain_limit():

@@ -24,7 +24,7 @@ from ..ops.attention import (
 )
 from ..ops.attention.inputs import make_inputs
 from ..ops.attention.reference import compare_tensors, reference_from, tolerance
-from .common import (RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
+from .common import (EXPLAIN_ARCH, RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
                      parse_option, repeats_option, seed_option, shown)
 from .limits import attention_footprint, check_addressable, check_fits
 
@@ -183,8 +183,9 @@ def explain_attention_command(b: int = B, hq: int = HQ, hkv: int = HKV, sq: int 
                               softcap: Optional[float] = SOFTCAP,
                               backward: bool = typer.Option(False, "--backward", help="explain the backward's pick"),
                               rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                              arch: Optional[str] = EXPLAIN_ARCH,
                               limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for an attention: the ranking with its terms, and why each refused one refused."""
     problem = _problem(b, hq, hkv, sq, skv, d, dv, dtype, layout, causal, align, window, softcap, backward)
     check_addressable(attention_footprint(problem, validate=False, backward=backward))
-    emit(dispatcher_for(OpKind.ATTENTION, rule_set, strategy).explain(problem).to_dict(limit=limit or None))
+    emit(dispatcher_for(OpKind.ATTENTION, rule_set, strategy, arch).explain(problem).to_dict(limit=limit or None))

@@ -57,6 +57,8 @@ class ExitCode(enum.IntEnum):
 
 RULE_SET = typer.Option("default", "--rule-set", help="tiny, tests, default, full")
 STRATEGY = typer.Option("rules", "--strategy", help="rules, first, autotune or model")
+EXPLAIN_ARCH = typer.Option(None, "--arch", help="rank for this arch (sm_90, sm_80, ...; default: this machine's): "
+                            "explaining runs nothing, so any arch's facts and models serve")
 
 
 def seed_option() -> Any:
@@ -125,12 +127,15 @@ def check_dtype_name(option: str, value: Optional[str]) -> Optional[str]:
     return value
 
 
-def dispatcher_for(op: OpKind, rule_set: str, strategy: str) -> Dispatcher:
-    """This machine's dispatcher over one op's rule set, as the op commands' options ask."""
+def dispatcher_for(op: OpKind, rule_set: str, strategy: str, arch: Optional[str] = None) -> Dispatcher:
+    """A dispatcher over one op's rule set, as the op commands' options ask: for this machine, or for
+    the arch named (`--arch`, explain only: a run needs this machine's)."""
+    from .. import arch as arch_facts
+
     rules = parse_option("--rule-set", RuleSet.parse, rule_set)
     chosen = parse_option("--strategy", Strategy.parse, strategy)
-    arch = current_arch()
-    return Dispatcher(Registry.from_rule_set(op, rules, arch), arch, strategy=chosen)
+    facts = current_arch() if arch is None else parse_option("--arch", arch_facts.load, arch)
+    return Dispatcher(Registry.from_rule_set(op, rules, facts), facts, strategy=chosen)
 
 
 # --- output --------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..ops.conv import (
 from ..ops.conv.inputs import make_inputs
 from ..ops.conv.reference import compare
 from ..ops.gemm.problem import Activation
-from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
+from .common import (EXPLAIN_ARCH, RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
                      parse_option, repeats_option, seed_option, shown)
 from .limits import check_fits, conv_footprint
 
@@ -123,7 +123,8 @@ def explain_conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, s
                          pad: str = PAD, dilation: str = DILATION, dtype: str = DTYPE, bias: bool = BIAS,
                          activation: str = ACTIVATION, residual: bool = RESIDUAL, layout: str = LAYOUT,
                          rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                         arch: Optional[str] = EXPLAIN_ARCH,
                          limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for a convolution: the ranking with its terms, and why each refused one refused."""
     problem = _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, residual, layout)
-    emit(dispatcher_for(OpKind.CONV, rule_set, strategy).explain(problem).to_dict(limit=limit or None))
+    emit(dispatcher_for(OpKind.CONV, rule_set, strategy, arch).explain(problem).to_dict(limit=limit or None))

@@ -13,7 +13,7 @@ from ..ops.gemm.inputs import make_inputs
 from ..ops.gemm.problem import Activation, Epilogue
 from ..ops.gemm.ranking import replay_pick
 from ..ops.gemm.reference import compare
-from .common import (RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
+from .common import (EXPLAIN_ARCH, RULE_SET, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
                      parse_option, repeats_option, seed_option)
 from .limits import check_addressable, check_fits, gemm_footprint
 
@@ -83,6 +83,7 @@ def gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: 
 def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH, dtype: str = DTYPE,
                          layout: str = LAYOUT, bias: bool = BIAS, activation: str = ACTIVATION,
                          residual: bool = RESIDUAL, rule_set: str = RULE_SET, strategy: str = STRATEGY,
+                         arch: Optional[str] = EXPLAIN_ARCH,
                          limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for a GEMM: the ranking with its terms, and why each refused one refused."""
     problem = _problem(m, n, k, batch, dtype, layout, bias, activation, residual)
@@ -91,7 +92,7 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
     inputs = make_inputs(problem, device="meta")  # shapes and strides, no memory (so no `out`: no alias check)
     problem = check_operands(inputs.a, inputs.b, allow_tf32=problem.types.allow_tf32,
                              activation=problem.epilogue.activation, **{**inputs.kwargs(), "out": None}).problem
-    dispatcher = dispatcher_for(OpKind.GEMM, rule_set, strategy)
+    dispatcher = dispatcher_for(OpKind.GEMM, rule_set, strategy, arch)
     explanation = dispatcher.explain(problem)
     doc = explanation.to_dict(limit=limit or None)
     if explanation.selected is not None:
