@@ -24,8 +24,8 @@ from ..ops.attention import (
 )
 from ..ops.attention.inputs import make_inputs
 from ..ops.attention.reference import compare_tensors, reference_from, tolerance
-from .common import (EXPLAIN_ARCH, RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name, limit_option,
-                     parse_option, repeats_option, seed_option, shown)
+from .common import (EXPLAIN_ARCH, RULE_SET, SEED_MAX, STRATEGY, ExitCode, dispatcher_for, emit, kernel_name,
+                     limit_option, parse_option, repeats_option, seed_option, shown)
 from .limits import attention_footprint, check_addressable, check_fits
 
 ALIGN = {"top-left": "top_left", "bottom-right": "bottom_right"}  # --align: the API's causal= values
