@@ -72,3 +72,14 @@ def test_clearing_the_kernel_cache_clears_the_keys(tmp_path, unit, fresh_process
     assert len(function_keys.store(cache).entries()) == 1
     cache.clear()
     assert function_keys.store(cache).entries() == []
+
+
+def test_a_store_that_cannot_be_written_costs_the_computing_not_the_call(tmp_path, fresh_process, monkeypatch, caplog):
+    from tiledispatch.core.errors import CacheError
+
+    def full(cache):
+        raise CacheError("no space left on the device")
+    monkeypatch.setattr(function_keys, "store", full)
+    cache = KernelCache(tmp_path / "cache")
+    assert function_keys.stored_key(cache, "m.f", lambda: "k1") == "k1"
+    assert "computed, not stored" in caplog.text and "no space left" in caplog.text

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import threading
 from pathlib import Path
 from typing import Callable
 
 from .cache import FORMAT_VERSION, KernelCache
+from .errors import CacheError
 
 KEY_FILE = "function_key.txt"
 STORE = ".function-keys"  # a dot name: the kernel cache lists, prunes and names no entry so
 PACKAGE = Path(__file__).resolve().parents[1]
 
+log = logging.getLogger("tiledispatch.kernel")
 _LOCK = threading.Lock()
 _KNOWN: dict[tuple[str, str], str] = {}  # (cache root, function) -> key: a process reads each entry once
 
@@ -73,7 +76,11 @@ def stored_key(cache: KernelCache, function: str, compute: Callable[[], str]) ->
         (out / KEY_FILE).write_text(compute())
         return {"function": function}
 
-    key = store(cache).get_or_build(entry_key, write, required=(KEY_FILE,)).read_bytes(KEY_FILE).decode()
+    try:
+        key = store(cache).get_or_build(entry_key, write, required=(KEY_FILE,)).read_bytes(KEY_FILE).decode()
+    except (CacheError, OSError) as e:  # a full disk, say: the key is an optimisation, the kernel is not
+        log.warning("the key of %s is computed, not stored: %s", function, e)
+        key = compute()
     with _LOCK:
         _KNOWN[memo] = key
     return key
