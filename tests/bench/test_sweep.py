@@ -544,3 +544,27 @@ def test_the_sweep_records_the_commit_of_the_code_it_runs(tmp_path, monkeypatch)
     assert source_commit(copy) is None
     monkeypatch.setenv(COMMIT_ENV, "0123abc")
     assert source_commit(copy) == "0123abc"
+
+
+def test_a_stopped_sweeps_incomplete_problems_are_left_out_of_its_evaluation(tmp_path):
+    """The plan file names every kernel planned for each problem: after a stop, the problem with part
+    of its kernels timed is incomplete (its fastest row is not its oracle) and `evaluate` leaves it
+    out; a rerun completes it."""
+    from tiledispatch.bench import completeness
+
+    problems = gemm_problems()
+    policy = CandidatePolicy(top=2)
+    sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy, kernels_per_task=1,
+          budget_s=1e-6)
+    stopped = read_table(tmp_path)
+    assert len(stopped) == 1 and completeness.incomplete(tmp_path, stopped) == set(stopped.problem_id)
+    planned = completeness.read(tmp_path)
+    assert sorted(planned) == sorted(problem_id(p) for p in problems) and all(len(k) == 2 for k in planned.values())
+    document = json.loads(CliRunner().invoke(app, ["evaluate", str(tmp_path), "--strategies", "rules"]).stdout)
+    assert document["incomplete_problems_left_out"] == 1 and document["problems"] == 0
+    sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy, kernels_per_task=1)
+    assert completeness.incomplete(tmp_path, read_table(tmp_path)) == set()
+    assert completeness.read(tmp_path) == planned  # a rerun plans the same kernels
+    result = CliRunner().invoke(app, ["evaluate", str(tmp_path), "--strategies", "rules"])
+    document = json.loads(result.stdout)
+    assert document["incomplete_problems_left_out"] == 0 and document["problems"] == 2, result.output

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from ..core.errors import InvalidArgumentError
 from ..core.op import OpKind, RuleSet, get_op
 from ..core.spec import KernelSpec
+from . import completeness
 from .candidates import CandidatePolicy, Planned, check_families, planned
 from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
@@ -359,6 +360,10 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     with terminating(), locked(out):
         tasks, plans, statuses, (skipped, empty) = _tasks(
             kind, problems, planner, candidates, done_keys(out), names, out, maker, (kernels_per_task, jobs, seed))
+        planned_names: dict[str, list[str]] = {}
+        for pid, name in plans:
+            planned_names.setdefault(pid, []).append(name)
+        completeness.record(out, planned_names)
         built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
         counts = (statuses, skipped, len(problems), start, empty, len(workers))
         deadline = None if budget_s is None else start + budget_s
