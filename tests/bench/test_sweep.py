@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 
 from tiledispatch import arch as arch_facts
 from tiledispatch.bench import sweep_worker
-from tiledispatch.bench.candidates import is_vendor
 from tiledispatch.bench.sweep import CandidatePolicy, planned, read_table, sweep
 from tiledispatch.bench.table import COLUMNS, Status, canonical_json, problem_from_row, problem_id
 from tiledispatch.cli.main import app
@@ -298,7 +297,7 @@ def test_candidate_policy_and_the_vendor_flag():
     dispatcher = Dispatcher(Registry.from_rule_sets([problem.op], "default", sm90), sm90)
     rows = planned(dispatcher, problem, CandidatePolicy(top=1))
     vendors = [r for r in rows if r.vendor]
-    assert vendors and all(is_vendor(r.spec) for r in vendors)
+    assert vendors and all(r.spec.is_vendor for r in vendors)
     assert rows[0].rule_rank == 0 and len(rows) == 1 + sum(r.rule_rank != 0 for r in vendors)
     # A refused vendor kernel (SDPA's backward on a forward problem) is flagged as the vendor's too.
     from tiledispatch.ops.attention import check_operands
@@ -307,7 +306,7 @@ def test_candidate_policy_and_the_vendor_flag():
     attention = check_operands(q, k, k).problem
     dispatcher = Dispatcher(Registry.from_rule_sets([attention.op], "default", sm90), sm90)
     rows = planned(dispatcher, attention, CandidatePolicy(top=1, record_refused=True))
-    assert [r.vendor for r in rows] == [is_vendor(r.spec) for r in rows]
+    assert [r.vendor for r in rows] == [r.spec.is_vendor for r in rows]
     assert any(r.refused and r.vendor for r in rows)
     # A 1x1 conv: cuDNN is the vendor; the gemm family, a Python call into the GEMM op's Triton
     # kernels, is not.
@@ -514,7 +513,7 @@ def test_cli_sweeps_a_tile_space(tmp_path):
     table = read_table(tmp_path / "out")
     interp = arch_facts.load(INTERP)
     vendors = [c.spec.name for c in Dispatcher(Registry.from_rule_sets(["gemm"], "default", interp), interp)
-               .explain(problem).ranked if is_vendor(c.spec)]  # none on the interpreter: its rule set has none
+               .explain(problem).ranked if c.spec.is_vendor]  # none on the interpreter: its rule set has none
     assert set(table.status) == {"ok"}
     assert sorted(table.kernel) == sorted(["gemm_fp16_rcr_gemv_1x4x256_w2_s1_g1_k1_none_interp", *vendors])
     unknown = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16",

@@ -66,22 +66,16 @@ class Planned:
     refused: str | None = None
 
 
-def is_vendor(spec: KernelSpec) -> bool:
-    """The vendor library's kernel, as its op says (`OpDefinition.is_vendor`): a Python call
-    alone is not one (conv's 1x1 family calls the GEMM op's Triton kernels)."""
-    return spec.definition.is_vendor(spec.config)
-
-
 def planned(dispatcher, problem, policy: CandidatePolicy) -> list[Planned]:
     """The rows a problem gets: the policy's choice of the accepted candidates (the vendor always
     among them), then the refusals where the policy records them."""
     explanation = dispatcher.explain(problem)
     ranked, refused = explanation.ranked, explanation.refused if policy.record_refused else ()
-    vendors = [i for i, c in enumerate(ranked) if is_vendor(c.spec)]
+    vendors = [i for i, c in enumerate(ranked) if c.spec.is_vendor]
     kept = [i for i, c in enumerate(ranked) if policy.keeps(c.spec)]  # rule_rank stays the whole ranking's
     chosen = sorted({kept[j] for j in policy.choose([ranked[i] for i in kept], problem_id(problem))} | set(vendors))
     rows = [Planned(ranked[i].spec, ranked[i].score.value, i, i in vendors) for i in chosen]
-    return rows + [Planned(c.spec, None, None, is_vendor(c.spec), c.refused) for c in refused]
+    return rows + [Planned(c.spec, None, None, c.spec.is_vendor, c.refused) for c in refused]
 
 
 def check_families(op: str, families: Sequence[str]) -> None:

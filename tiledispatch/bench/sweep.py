@@ -415,8 +415,8 @@ def space_planner(definition, space: str, dispatcher) -> Callable[[Any], Any]:
     def for_problem(problem):
         registry = Registry.from_configs(definition.kind, generate(problem, dispatcher.arch), dispatcher.arch,
                                          source=f"space {space!r}")
-        for candidate in dispatcher.explain(problem).ranked:
-            if definition.is_vendor(candidate.spec.config):
+        for candidate in dispatcher.ranked(problem):  # the accepted ones: no refusal spelt out
+            if candidate.spec.is_vendor:
                 registry.add(candidate.spec)
         return Dispatcher(registry, dispatcher.arch, strategy=Strategy.RULES, cache=dispatcher.cache)
     return for_problem

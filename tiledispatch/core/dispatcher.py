@@ -150,7 +150,7 @@ class Dispatcher:
         model = source.model_for(problem, self.arch) if source is not None else None
         if model is None:
             return accepted, None
-        shortlist, rest = model_shortlist(accepted, lambda c: c.spec.definition.is_vendor(c.spec.config),
+        shortlist, rest = model_shortlist(accepted, lambda c: c.spec.is_vendor,
                                           get_op(problem.op).model_shortlist)
         costs = [float(c) for c in
                  model.predict_cost(problem, [c.spec.config for c in shortlist], self.arch,

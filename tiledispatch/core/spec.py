@@ -31,6 +31,12 @@ class KernelSpec:
         return self.definition.family_of(self.config)
 
     @property
+    def is_vendor(self) -> bool:
+        """Whether this is the vendor library's kernel, as its op says (`OpDefinition.is_vendor`): a
+        Python call alone is not one (conv's 1x1 family calls the GEMM op's Triton kernels)."""
+        return self.definition.is_vendor(self.config)
+
+    @property
     def dtype(self) -> str:
         return self.definition.dtype_of(self.config)
 

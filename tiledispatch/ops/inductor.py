@@ -112,5 +112,5 @@ def picks_vendor(key: tuple, like: torch.Tensor, problem_of: Callable[[list], An
             if problem is None:
                 return False
             spec = dispatcher.select(problem, device=device)
-            return spec.definition.is_vendor(spec.config)
+            return spec.is_vendor
     return dispatcher.memo(("inductor-vendor", *key), decide)

@@ -113,11 +113,6 @@ def _vendor_backward(dy, x, w, stride, padding, dilation, groups, data: bool) ->
     return grads[0] if data else grads[1]
 
 
-def _stand_in(size, like: torch.Tensor) -> torch.Tensor:
-    size = tuple(size)
-    return torch.empty_strided(size, channels_last_strides(size), dtype=like.dtype, device=like.device)
-
-
 def backward_data_kernel(dy: torch.Tensor, w: torch.Tensor, input_size: list[int], stride: list[int],
                           padding: list[int], dilation: list[int], groups: int, allow_tf32: bool,
                           kernel: Optional[str], dispatcher: int) -> torch.Tensor:
@@ -142,7 +137,8 @@ def _data_as_aten(dy, w, input_size, stride, padding, dilation, groups, allow_tf
     if not _traced_vendor(Direction.BWD_DATA, {"dy": dy, "w": w}, {"input_size": input_size},
                           (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
         return NotImplemented
-    return _vendor_backward(dy, _stand_in(input_size, dy), w, stride, padding, dilation, groups, data=True)
+    x = channels_last_empty(tuple(input_size), dy.dtype, dy.device)  # the operand dx does not read
+    return _vendor_backward(dy, x, w, stride, padding, dilation, groups, data=True)
 
 
 def backward_weight_kernel(x: torch.Tensor, dy: torch.Tensor, weight_size: list[int], stride: list[int],
@@ -169,7 +165,8 @@ def _weight_as_aten(x, dy, weight_size, stride, padding, dilation, groups, allow
     if not _traced_vendor(Direction.BWD_WEIGHT, {"x": x, "dy": dy}, {"weight_size": weight_size},
                           (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
         return NotImplemented
-    return _vendor_backward(dy, x, _stand_in(weight_size, x), stride, padding, dilation, groups, data=False)
+    w = channels_last_empty(tuple(weight_size), x.dtype, x.device)  # the operand dw does not read
+    return _vendor_backward(dy, x, w, stride, padding, dilation, groups, data=False)
 
 
 def forward(x, w, geometry: tuple, token: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ def gemm_dispatcher(arch) -> Dispatcher:
     ranks its own class of kernels, not the whole rule set (90 ms a new 1x1 conv on the CPU machine)."""
     def make() -> Dispatcher:
         registry = Registry.from_rule_sets([GEMM_OP.kind], RuleSet.DEFAULT, arch,
-                                           keep=lambda spec: not spec.definition.is_vendor(spec.config))
+                                           keep=lambda spec: not spec.is_vendor)
         return Dispatcher(registry, arch)
     return _DISPATCHERS.get_or_make(arch.name, make)
 
