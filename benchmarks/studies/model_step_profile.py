@@ -1,12 +1,12 @@
 """Where one step of a model goes (GPU): PyTorch's model and ours under torch.profiler, side by side.
 
-For each provider and mode (eager inference, a training step), the step's wall time, the GPU's
+For each provider and mode (eager inference, a training step, torch.compile's inference), the step's wall time, the GPU's
 busy time (the sum of its kernels' times) and the host time of the ops we replace, then the
 kernels that take the most GPU time. A step whose wall time is well above its GPU time is bound
 by the host; one near it, by its kernels. The model is benchmarks/models.py's (bf16,
 channels-last; ours: every Conv2d and Linear through tiledispatch, its picks compiled ahead).
 
-    python benchmarks/studies/model_step_profile.py [--model resnet50] [--modes eager,train] [--steps 10]
+    python benchmarks/studies/model_step_profile.py [--model resnet50] [--modes eager,train,compile] [--steps 10]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def step_of(mode: str, work, model, inputs):
         model.train()
         return models.train_step(model, work, inputs)
     model.eval()
-    return work.session(model, model, inputs)
+    return work.session(model, torch.compile(model) if mode == "compile" else model, inputs)
 
 
 def profile(step, steps: int):
