@@ -14,6 +14,8 @@ from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.registry import Registry
 from tiledispatch.ops import inductor
 
+from ..conftest import requires_interpreter
+
 ARCH = arch.load("interpreter")
 
 
@@ -100,7 +102,7 @@ def test_a_compiled_model_whose_picks_are_the_vendors_computes_pytorchs_result(t
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("vendor", [True, False])
+@pytest.mark.parametrize("vendor", [True, pytest.param(False, marks=requires_interpreter)])
 def test_inductor_compiles_a_model_with_either_pick(table, vendor):
     """torch.compile with inductor itself: the vendor's pick is PyTorch's conv (bit for bit, our
     kernels never run); any other pick stays the custom op, which inductor calls as a fallback
@@ -165,3 +167,21 @@ def test_a_compiled_training_step_whose_picks_are_the_vendors_computes_pytorchs_
     want = F.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2)
     expected = torch.autograd.grad(want, (x, w), dy)
     assert torch.equal(y, want) and all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def test_a_table_inductor_copied_before_the_first_trace_gets_the_decompositions(table, monkeypatch):
+    """Inductor compiles with a memoised copy of its table, made at the process's first compile: a
+    compile without our ops before the first trace of one must not leave our decompositions out."""
+    import threading
+
+    from torch._inductor import decomposition
+
+    for op in inductor._DECOMPOSITIONS:
+        monkeypatch.delitem(decomposition.decompositions, op, raising=False)
+    decomposition.fast_random_decomps.cache_clear()
+    monkeypatch.setattr(inductor, "_REGISTERED", threading.Event())
+    copied = decomposition.select_decomp_table()  # a compile of some other model, earlier in the process
+    assert not any(op in copied for op in inductor._DECOMPOSITIONS)
+    inductor.register()
+    table = decomposition.select_decomp_table()
+    assert inductor._DECOMPOSITIONS and all(table[op] is fn for op, fn in inductor._DECOMPOSITIONS.items())

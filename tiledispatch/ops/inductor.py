@@ -54,15 +54,20 @@ def register() -> None:
         if _REGISTERED.is_set():
             return
         try:
-            from torch._inductor import lowering
-            from torch._inductor.decomposition import decompositions
+            from torch._inductor import decomposition, lowering
         except ImportError:  # a PyTorch without inductor: nothing lowers these ops
             _REGISTERED.set()
             return
         for op, fn in _DECOMPOSITIONS.items():
-            decompositions.setdefault(op, fn)
+            decomposition.decompositions.setdefault(op, fn)
             if op not in lowering.lowerings:  # a call the decomposition keeps stays the op (see _fallback)
                 _fallback(lowering, op)
+        # Inductor hands aot_autograd a copy of its table made at its first compile in the process
+        # (`fast_random_decomps`, memoised): one made before this registration (a compile of a model
+        # without our ops) would never see ours. Dropping the copy makes the next compile take a new one.
+        cached_copy = getattr(decomposition, "fast_random_decomps", None)
+        if hasattr(cached_copy, "cache_clear"):
+            cached_copy.cache_clear()
         _REGISTERED.set()
 
 
