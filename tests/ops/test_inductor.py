@@ -28,10 +28,17 @@ def table():
     return select_decomp_table()
 
 
-def picking(op: str, vendor: bool) -> Dispatcher:
-    """A dispatcher whose every pick is the vendor's kernel, or never is; it runs nothing."""
+def picking(op: str, vendor: bool, saving_us: float = 1e6) -> Dispatcher:
+    """A dispatcher whose every pick is the vendor's kernel, or never is, the vendor's modelled time
+    `saving_us` above the pick's; it runs nothing."""
     d = Dispatcher(Registry.from_rule_set(op, "tests", ARCH), ARCH)
-    d.select = lambda problem, device=None: SimpleNamespace(is_vendor=vendor)
+    pick = SimpleNamespace(name="pick", is_vendor=vendor)
+    d.select = lambda problem, device=None: pick
+
+    def candidate(spec, modelled_us):
+        return SimpleNamespace(spec=spec, score=SimpleNamespace(terms={"modelled_us": modelled_us}))
+    d.ranked = lambda problem: (candidate(pick, 100.0),
+                                candidate(SimpleNamespace(name="vendor", is_vendor=True), 100.0 + saving_us))
 
     def ran(*args, **kwargs):
         raise AssertionError("the custom op ran its kernel")
@@ -185,3 +192,47 @@ def test_a_table_inductor_copied_before_the_first_trace_gets_the_decompositions(
     inductor.register()
     table = decomposition.select_decomp_table()
     assert inductor._DECOMPOSITIONS and all(table[op] is fn for op, fn in inductor._DECOMPOSITIONS.items())
+
+
+def test_under_inductor_without_cuda_graphs_a_pick_that_saves_less_than_its_call_is_aten(table):
+    """A kept call costs the compiled graph's host `compiled_call_host_s` more than aten's: a forward
+    pick expected to save less device time becomes the vendor's op, unless CUDA graphs replay the
+    launches (no host time) or the call is a gradient (cuDNN's cliffs there are not modelled)."""
+    from torch._inductor import config
+
+    host_us = ARCH.calibration.compiled_call_host_s * 1e6
+    x, w, dy = channels_last(2, 6, 7, 5), channels_last(4, 3, 3, 2), channels_last(2, 4, 4, 3)
+    a, b = torch.randn(5, 8).half(), torch.randn(6, 8).half()
+    op, aten = torch.ops.tiledispatch.conv.default, torch.ops.aten.convolution.default
+
+    def gemm(a, b):
+        return torch.ops.tiledispatch.gemm.default(a, b.t(), None, None, None, None, False, None, None, None, 0)
+
+    def data(dy, w):
+        return torch.ops.tiledispatch.conv_backward_data.default(dy, w, [2, 6, 7, 5], [2, 1], [1, 0], [1, 2], 2,
+                                                                  False, None, 0)
+    with tiledispatch.using(picking("conv", vendor=False, saving_us=host_us / 2)):
+        assert traced(conv, table, x, w) == [aten]
+        assert traced(data, table, dy, w) == [torch.ops.tiledispatch.conv_backward_data.default]
+    with tiledispatch.using(picking("conv", vendor=False, saving_us=host_us / 2)), config.patch(
+            {"triton.cudagraphs": True}):
+        assert traced(conv, table, x, w) == [op]
+    with tiledispatch.using(picking("conv", vendor=False, saving_us=host_us * 2)):
+        assert traced(conv, table, x, w) == [op]
+    with tiledispatch.using(picking("gemm", vendor=False, saving_us=host_us / 2)):
+        assert traced(gemm, table, a, b)[-1] == torch.ops.aten.mm.default
+    with tiledispatch.using(picking("gemm", vendor=False, saving_us=host_us * 2)):
+        assert torch.ops.tiledispatch.gemm.default in traced(gemm, table, a, b)
+
+
+def test_a_pick_with_no_vendor_beside_it_or_no_estimate_stays_the_op(table):
+    x, w = channels_last(2, 6, 7, 5), channels_last(4, 3, 3, 2)
+    d = picking("conv", vendor=False, saving_us=0.0)
+    ranked = d.ranked(None)
+    d.ranked = lambda problem: ranked[:1]  # the vendor refuses the problem
+    with tiledispatch.using(d):
+        assert traced(conv, table, x, w) == [torch.ops.tiledispatch.conv.default]
+    d = picking("conv", vendor=False, saving_us=0.0)
+    d.ranked = lambda problem: tuple(SimpleNamespace(spec=c.spec, score=None) for c in ranked)
+    with tiledispatch.using(d):
+        assert traced(conv, table, x, w) == [torch.ops.tiledispatch.conv.default]

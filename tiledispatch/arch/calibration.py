@@ -45,6 +45,9 @@ class Calibration:
     launch_s: float
     #: Host time of one bound Triton launch: a call of launch-bound kernels cannot return sooner.
     host_launch_s: float
+    #: Host time a call of one of our custom ops costs inside a torch.compile'd graph over the aten
+    #: call inductor makes for PyTorch's own op: a kept pick must save more device time than this.
+    compiled_call_host_s: float
     #: Bytes one SM's programs must have requested at once to draw its share of DRAM bandwidth.
     bytes_in_flight_per_sm: int
     #: Operand bytes a second one SM takes through its L2 port with pointer loads (re-reads included).

@@ -8,6 +8,11 @@ applies while it traces the graph, poses the traced call's problem (from the fak
 strides and dtype) and, where the default dispatcher picks the vendor for it, gives the aten op
 PyTorch's compile would have given (conv's forward and both gradients, GEMM's 2-D product); inductor
 then lowers it as its own (cuDNN's conv, cuBLAS's mm).
+Without CUDA graphs the compiled graph is launched from the host, and a kept call costs it more than
+inductor's aten call does (`calibration.compiled_call_host_s`), so conv's forward and GEMM's product
+also become aten where the pick is not expected to save that much device time (`saves_its_call`).
+Conv's gradients do not weigh it: cuDNN's cliffs there (a 3-D depthwise backward-weight of 50 ms
+where a kernel of ours takes 85 us) are not in the analytic estimates.
 Any other pick, a forced kernel, another dispatcher or symbolic sizes keep the custom op, whose
 kernel selects at run time as before.
 
@@ -16,7 +21,7 @@ Each op's library module registers its decomposition here (`decomposes`); the fi
 costs a second, which only a process that compiles pays, once. Decisions are memoised per traced
 signature in the dispatcher's memo, as the eager paths' are. Inductor's caches key on the graph,
 not on the picks: a compiled graph taken from them keeps the decision it was compiled with (the
-same result either way) until they are cleared.
+same result either way) until they are cleared. (Whether CUDA graphs are on is in their key.)
 """
 
 from __future__ import annotations
@@ -100,14 +105,17 @@ def static_metas(*tensors) -> tuple | None:
     return tuple(metas)
 
 
-def picks_vendor(key: tuple, like: torch.Tensor, problem_of: Callable[[list], Any]) -> bool:
-    """Whether the default dispatcher of `like`'s device picks the vendor for the problem
-    `problem_of(meta tensors)` poses (`key[1]` holds the metas), memoised under `key`. The meta
-    tensors are made outside the trace's modes: they are the problem's, not the graph's."""
+def picks_vendor(key: tuple, like: torch.Tensor, problem_of: Callable[[list], Any], *, weigh_host: bool = True) -> bool:
+    """Whether the traced call becomes the vendor's aten op: the default dispatcher of `like`'s device
+    picks the vendor for the problem `problem_of(meta tensors)` poses (`key[1]` holds the metas), or,
+    where `weigh_host` and the compiled graph runs without CUDA graphs, its pick is not expected to
+    save the host time a kept call costs (`saves_its_call`). Memoised under `key` and that mode. The
+    meta tensors are made outside the trace's modes: they are the problem's, not the graph's."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     dispatcher = dispatcher_or_default(None, like)
     device = like.device
+    host_bound = weigh_host and not _cuda_graphs()
 
     def decide() -> bool:
         with _disable_current_modes():
@@ -117,5 +125,38 @@ def picks_vendor(key: tuple, like: torch.Tensor, problem_of: Callable[[list], An
             if problem is None:
                 return False
             spec = dispatcher.select(problem, device=device)
-            return spec.is_vendor
-    return dispatcher.memo(("inductor-vendor", *key), decide)
+            return spec.is_vendor or host_bound and not saves_its_call(dispatcher, problem, spec)
+    return dispatcher.memo(("inductor-vendor", host_bound, *key), decide)
+
+
+def saves_its_call(dispatcher, problem, spec) -> bool:
+    """Whether `spec`, a pick that is not the vendor's, is expected to save more device time than a call
+    of our op costs the host inside a compiled graph over inductor's aten call
+    (`calibration.compiled_call_host_s`; results/h200/model_step_profile_compile_rules.txt).
+
+    Without CUDA graphs a compiled graph launches from the host, and the CNNs and decoders measured
+    are bound by it there (PyTorch's own compile of resnet50: 2.0 ms of wall time for 1.65 ms of GPU
+    work), so a kept call's host time is paid in full, and its device saving only where the GPU is
+    the bound. The saving is the rules' modelled times (`modelled_us`) of the vendor and the pick:
+    the analytic estimates every candidate carries, whatever ranked them. Where there is no vendor
+    candidate, or no estimate, the pick stays.
+    """
+    ranked = dispatcher.ranked(problem)
+    vendor = next((c for c in ranked if c.spec.is_vendor), None)
+    pick = next((c for c in ranked if c.spec.name == spec.name), None)
+    if vendor is None or pick is None:
+        return True
+    vendor_us, pick_us = (c.score.terms.get("modelled_us") if c.score is not None else None for c in (vendor, pick))
+    if vendor_us is None or pick_us is None:
+        return True
+    return (vendor_us - pick_us) * 1e-6 > dispatcher.arch.calibration.compiled_call_host_s
+
+
+def _cuda_graphs() -> bool:
+    """Whether inductor is compiling for CUDA graphs (mode="reduce-overhead"), which replay the
+    graph's launches with no host time."""
+    try:
+        from torch._inductor import config
+    except ImportError:
+        return False
+    return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))

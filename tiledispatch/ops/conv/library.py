@@ -89,7 +89,8 @@ def _traced_vendor(direction: Direction, tensors: dict, sizes: dict, geometry: t
     def problem(made):
         operands = check_operands(direction, **dict(zip(tensors, made)), **given)
         return None if operands.converted or operands.problem.wide_offsets else operands.problem
-    return inductor.picks_vendor((direction.value, metas, tuple(given.items())), first, problem)
+    return inductor.picks_vendor((direction.value, metas, tuple(given.items())), first, problem,
+                                 weigh_host=direction is Direction.FORWARD)
 
 
 @inductor.decomposes(conv_op)
