@@ -236,3 +236,33 @@ def test_a_pick_with_no_vendor_beside_it_or_no_estimate_stays_the_op(table):
     d.ranked = lambda problem: tuple(SimpleNamespace(spec=c.spec, score=None) for c in ranked)
     with tiledispatch.using(d):
         assert traced(conv, table, x, w) == [torch.ops.tiledispatch.conv.default]
+
+
+def attention(q, k, v, causal="none", needs_lse=False):
+    return torch.ops.tiledispatch.attention.default(q, k, v, *(None,) * 9, causal, None, None, None, 0.0, 0, 0,
+                                                    needs_lse, False, None, None, 0)[0]
+
+
+def test_an_attention_the_vendor_takes_is_sdpa_and_any_other_keeps_the_op(table):
+    """Plain SDPA calls only: a traced call that asks for its LSE, or whose causal mask SDPA aligns
+    otherwise (bottom-right where Sq != Skv), stays the op whatever the pick."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 6, 32).half() for _ in range(3))
+    kv_short = torch.randn(1, 2, 3, 32).half()  # GQA, and Skv != Sq
+    op = torch.ops.tiledispatch.attention.default
+    with tiledispatch.using(picking("attention", vendor=True)):
+        for causal in ("none", "causal", "causal-br"):
+            assert op not in traced(lambda q, k, v: attention(q, k, v, causal), table, q, k, v)
+        assert op not in traced(lambda q, k, v: attention(q, k, v), table, q, kv_short, kv_short)
+        assert op in traced(lambda q, k, v: attention(q, k, v, "causal-br"), table, q, kv_short, kv_short)
+        assert op in traced(lambda q, k, v: attention(q, k, v, needs_lse=True), table, q, k, v)
+        torch._dynamo.reset()
+        for causal, keys in (("causal", k), ("none", kv_short)):
+            got = torch.compile(lambda q, k, v: attention(q, k, v, causal), fullgraph=True, dynamic=False,
+                                backend="aot_eager_decomp_partition")(q, keys, keys)
+            expected = F.scaled_dot_product_attention(q, keys, keys, is_causal=causal == "causal",
+                                                      enable_gqa=keys is kv_short)
+            assert torch.allclose(got.float(), expected.float(), rtol=1e-3, atol=1e-3)
+        torch._dynamo.reset()
+    with tiledispatch.using(picking("attention", vendor=False)):
+        assert op in traced(lambda q, k, v: attention(q, k, v), table, q, k, v)

@@ -6,8 +6,9 @@ aten call inductor makes for PyTorch's own conv (results/h200/compile_probe.txt)
 the vendor library, that call is all the op does: here each op's decomposition, which inductor
 applies while it traces the graph, poses the traced call's problem (from the fake tensors' shapes,
 strides and dtype) and, where the default dispatcher picks the vendor for it, gives the aten op
-PyTorch's compile would have given (conv's forward and both gradients, GEMM's 2-D product); inductor
-then lowers it as its own (cuDNN's conv, cuBLAS's mm).
+PyTorch's compile would have given (conv's forward and both gradients, GEMM's 2-D product, an
+attention forward that SDPA can pose and that keeps no LSE); inductor then lowers it as its own
+(cuDNN's conv, cuBLAS's mm, SDPA's attention).
 Without CUDA graphs the compiled graph is launched from the host, and a kept call costs it more than
 inductor's aten call does (`calibration.compiled_call_host_s`), so conv's forward and GEMM's product
 also become aten where the pick is not expected to save that much device time (`saves_its_call`).

@@ -19,8 +19,10 @@ from typing import Optional
 import torch
 
 from ...core.tensors import check_plain
-from ..library_common import custom_op, dispatcher_of, eager_twin, runs_eagerly
+from .. import inductor
+from ..library_common import DEFAULT_DISPATCHER, custom_op, dispatcher_of, eager_twin, runs_eagerly
 from .function import Call, backward_grads, bound_forward, forward, options_of
+from .operands import check_operands
 from .plan import like_layout
 from .problem import FP8_DTYPES, FP8_OUTPUT
 
@@ -75,11 +77,37 @@ attention_op = custom_op("attention", attention_kernel)
 def _attention_fake(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k, scale_v,
                     causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset, needs_lse, deterministic,
                     kernel, backward_kernel, dispatcher):
+    inductor.register()
     out = like_layout(q, v.shape[-1], dtype=FP8_OUTPUT.torch if q.dtype in _FP8 else None)
     if not needs_lse:
         return out, _empty(q)
     shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[1], q.shape[2])
     return out, q.new_empty(shape, dtype=torch.float32)
+
+
+@inductor.decomposes(attention_op)
+def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k,
+                       scale_v, causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset, needs_lse,
+                       deterministic, kernel, backward_kernel, dispatcher):
+    """aten.scaled_dot_product_attention where the default dispatcher gives the vendor this traced
+    forward (inductor.py): a plain one, SDPA's own (16-bit dense tensors, no mask, bias, sinks,
+    window, soft-cap, dropout or scales, no LSE asked for, causal top-left or with Sq = Skv)."""
+    plain = (all(t is None for t in (bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k,
+                                     scale_v))
+             and window is None and softcap is None and not dropout_p and not needs_lse and kernel is None
+             and backward_kernel is None and dispatcher == DEFAULT_DISPATCHER and q.dim() == 4
+             and q.dtype in inductor.VENDOR_DTYPES and k.dtype == v.dtype == q.dtype)
+    is_causal = causal == "causal" or causal == "causal-br" and q.shape[2] == k.shape[2]
+    if not plain or causal not in ("none", "causal", "causal-br") or causal != "none" and not is_causal:
+        return NotImplemented
+    metas = inductor.static_metas(q, k, v)
+    options = options_of(causal, None, scale, None, 0.0, 0, 0, False, deterministic)
+    if metas is None or not inductor.picks_vendor(("attention", metas, causal, scale, deterministic), q,
+                                                  lambda made: check_operands(*made, options=options).problem):
+        return NotImplemented
+    out = torch.ops.aten.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale,
+                                                      enable_gqa=q.shape[1] != k.shape[1])
+    return out, _empty(q)
 
 
 def backward_kernel(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
