@@ -106,9 +106,18 @@ def _conv_as_aten(x, w, bias, residual, stride, padding, dilation, groups, activ
                                       [0] * len(stride), groups)
 
 
-def _vendor_backward(dy, x, w, stride, padding, dilation, groups, data: bool) -> torch.Tensor:
-    """The vendor family's backward call (vendor.py), traced: the operand the direction does not read
-    stands in uninitialised and channels-last."""
+def _gradient_as_aten(direction: Direction, dy, read, size, stride, padding, dilation, groups, allow_tf32, kernel,
+                      dispatcher):
+    """aten.convolution_backward's dx (`read` is w, `size` x's) or dw (`read` is x, `size` w's) where
+    the default dispatcher picks the vendor for this traced gradient, as the vendor family calls it
+    (vendor.py): the operand the direction does not read stands in uninitialised and channels-last."""
+    data = direction is Direction.BWD_DATA
+    tensors = {"dy": dy, "w": read} if data else {"x": read, "dy": dy}
+    if not _traced_vendor(direction, tensors, {"input_size" if data else "weight_size": size},
+                          (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
+        return NotImplemented
+    stand_in = channels_last_empty(tuple(size), dy.dtype, dy.device)
+    x, w = (stand_in, read) if data else (read, stand_in)
     grads = torch.ops.aten.convolution_backward(dy, x, w, None, list(stride), list(padding), list(dilation), False,
                                                 [0] * len(stride), groups, [data, not data, False])
     return grads[0] if data else grads[1]
@@ -134,12 +143,8 @@ def _data_fake(dy, w, input_size, stride, padding, dilation, groups, allow_tf32,
 
 @inductor.decomposes(conv_backward_data_op)
 def _data_as_aten(dy, w, input_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
-    """aten.convolution_backward's dx where the default dispatcher picks the vendor for this traced dx."""
-    if not _traced_vendor(Direction.BWD_DATA, {"dy": dy, "w": w}, {"input_size": input_size},
-                          (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
-        return NotImplemented
-    x = channels_last_empty(tuple(input_size), dy.dtype, dy.device)  # the operand dx does not read
-    return _vendor_backward(dy, x, w, stride, padding, dilation, groups, data=True)
+    return _gradient_as_aten(Direction.BWD_DATA, dy, w, input_size, stride, padding, dilation, groups, allow_tf32,
+                             kernel, dispatcher)
 
 
 def backward_weight_kernel(x: torch.Tensor, dy: torch.Tensor, weight_size: list[int], stride: list[int],
@@ -162,12 +167,8 @@ def _weight_fake(x, dy, weight_size, stride, padding, dilation, groups, allow_tf
 
 @inductor.decomposes(conv_backward_weight_op)
 def _weight_as_aten(x, dy, weight_size, stride, padding, dilation, groups, allow_tf32, kernel, dispatcher):
-    """aten.convolution_backward's dw where the default dispatcher picks the vendor for this traced dw."""
-    if not _traced_vendor(Direction.BWD_WEIGHT, {"x": x, "dy": dy}, {"weight_size": weight_size},
-                          (stride, padding, dilation, groups), allow_tf32, kernel, dispatcher):
-        return NotImplemented
-    w = channels_last_empty(tuple(weight_size), x.dtype, x.device)  # the operand dw does not read
-    return _vendor_backward(dy, x, w, stride, padding, dilation, groups, data=False)
+    return _gradient_as_aten(Direction.BWD_WEIGHT, dy, x, weight_size, stride, padding, dilation, groups,
+                             allow_tf32, kernel, dispatcher)
 
 
 def forward(x, w, geometry: tuple, token: int) -> torch.Tensor:
