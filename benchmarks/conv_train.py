@@ -18,7 +18,6 @@ import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import conv as bench  # noqa: E402  (benchmarks/conv.py: the suite and its problems)
 
 import tiledispatch  # noqa: E402
+from tiledispatch.bench.timing import wall_ms_per_call  # noqa: E402
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 CASES = ("depthwise_mbv2_3x3,depthwise_5x5,convnext_dw7x7,conv1d_depthwise_k4_mamba,resnext50_32x4d_g32,"
@@ -75,14 +75,7 @@ def gpu_us(step, steps: int, rounds: int = 7) -> float:
 
 
 def eager_us(step, steps: int) -> float:
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - begin) / steps * 1e6
+    return wall_ms_per_call(step, steps, warmup=steps) * 1e3
 
 
 def input_sets(p) -> list[tuple]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import tiledispatch
-from tiledispatch.bench.timing import profiled
+from tiledispatch.bench.timing import profiled, wall_ms_per_call
 from tiledispatch.ops.conv import function
 
 
@@ -54,14 +53,7 @@ def spy(counts: collections.Counter, layouts: collections.Counter) -> None:
 
 def time_forward(runner, x, calls: int) -> float:
     """Milliseconds a forward, wall clock over `calls` back-to-back forwards."""
-    for _ in range(3):
-        runner(x)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        runner(x)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3
+    return wall_ms_per_call(lambda: runner(x), calls, warmup=3)
 
 
 def main() -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
+
+from tiledispatch.bench.timing import wall_ms_per_call  # noqa: E402
 
 OUR_OPS = ("tiledispatch", "aten::conv", "aten::cudnn", "aten::mm", "aten::addmm", "aten::linear")
 
@@ -35,14 +36,7 @@ def step_of(mode: str, work, model, inputs):
 def profile(step, steps: int):
     """(wall ms a step, GPU-busy ms a step, the profiler's key averages) over `steps` steps."""
     from torch.profiler import ProfilerActivity
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - start) / steps * 1e3
+    wall = wall_ms_per_call(step, steps, warmup=3)
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()

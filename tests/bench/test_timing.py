@@ -1,8 +1,8 @@
-"""interleaved_medians: one sample of each sampler a round, in an order that varies, medians kept apart."""
+"""The timing helpers: interleaved_medians (one sample of each sampler a round, in an order that varies, medians kept apart) and the wall clock of a run of calls."""
 
 import pytest
 
-from tiledispatch.bench.timing import graph_sampler, interleaved_medians
+from tiledispatch.bench.timing import graph_sampler, interleaved_medians, wall_ms_per_call
 
 from ..conftest import on_gpu
 
@@ -61,3 +61,20 @@ def test_graph_sampler_keeps_its_inputs_alive():
     for out, want in zip(outs, expected):
         assert torch.equal(out, want)  # read from the sources, not from a NaN-filled block
     assert all(torch.isnan(c).all() for c in clobber)
+
+
+def test_wall_time_counts_the_timed_calls_between_two_synchronisations(monkeypatch):
+    """The warm-up runs before the first synchronisation and is not counted; the last synchronisation is."""
+    import time
+
+    import torch
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+
+    def call():
+        events.append("call")
+        time.sleep(0.002)
+    ms = wall_ms_per_call(call, calls=5, warmup=2)
+    assert events == ["call"] * 2 + ["sync"] + ["call"] * 5 + ["sync"]
+    assert 2.0 <= ms < 20.0

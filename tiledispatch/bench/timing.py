@@ -62,6 +62,22 @@ def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 
     return elapsed / calls * 1e6
 
 
+def wall_ms_per_call(fn: Callable[[], object], calls: int, warmup: int) -> float:
+    """Wall-clock milliseconds a call, the GPU synchronised before the first and after the last of
+    `calls` back-to-back calls: what a program of such calls takes, its host and its GPU together
+    (a step that is bound by the host reads its host time, one bound by the GPU its kernels')."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e3
+
+
 def profiled(fn: Callable[[], object], calls: int):
     """cProfile of `calls` back-to-back calls of `fn` (the GPU, where there is one, synchronised after them): the
     `pstats.Stats` to print, and the wall-clock seconds a call took under the profiler."""
