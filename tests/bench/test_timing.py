@@ -1,4 +1,5 @@
-"""The timing helpers: interleaved_medians (one sample of each sampler a round, in an order that varies, medians kept apart) and the wall clock of a run of calls."""
+"""The timing helpers: interleaved_medians (one sample of each sampler a round, in an order that
+varies, medians kept apart) and the wall clock of a run of calls."""
 
 import pytest
 
