@@ -238,9 +238,36 @@ def test_a_pick_with_no_vendor_beside_it_or_no_estimate_stays_the_op(table):
         assert traced(conv, table, x, w) == [torch.ops.tiledispatch.conv.default]
 
 
-def attention(q, k, v, causal="none", needs_lse=False):
-    return torch.ops.tiledispatch.attention.default(q, k, v, *(None,) * 9, causal, None, None, None, 0.0, 0, 0,
-                                                    needs_lse, False, None, None, 0)[0]
+def attention(q, k, v, causal="none", needs_lse=False, mask=None):
+    return torch.ops.tiledispatch.attention.default(q, k, v, None, None, mask, *(None,) * 6, causal, None, None, None,
+                                                    0.0, 0, 0, needs_lse, False, None, None, 0)[0]
+
+
+@pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
+def test_a_masked_attention_the_vendor_takes_is_cudnn_with_the_mask_as_its_bias(table, additive):
+    """As the vendor runs it eagerly (vendor.mask_bias): 0 where a bool mask attends, -inf elsewhere,
+    added by cuDNN's op; keys that do not fill 16-byte rows keep the op (inductor would not pad them)."""
+    torch.manual_seed(6)
+    q = torch.randn(2, 4, 6, 32).half()
+    kv, kv_odd = torch.randn(2, 2, 8, 32).half(), torch.randn(2, 2, 7, 32).half()
+    op, cudnn = torch.ops.tiledispatch.attention.default, torch.ops.aten._scaled_dot_product_cudnn_attention.default
+
+    def mask_for(keys):
+        mask = torch.rand(2, 1, 6, keys.shape[2]) > 0.3
+        return torch.zeros(mask.shape).half().masked_fill(~mask, float("-inf")) if additive else mask
+    with tiledispatch.using(picking("attention", vendor=True)):
+        graph = make_fx(lambda q, k, v, m: attention(q, k, v, mask=m), decomposition_table=table,
+                        tracing_mode="fake")(q, kv, kv, mask_for(kv)).graph
+        calls = [n for n in graph.nodes if n.op == "call_function"]
+        assert op not in [n.target for n in calls]
+        (call,) = [n for n in calls if n.target == cudnn]
+        bias = call.args[3].meta["val"]
+        assert tuple(bias.shape) == (2, 4, 6, 8) and bias.dtype == torch.float16
+        assert op in traced(lambda q, k, v, m: attention(q, k, v, mask=m), table, q, kv_odd, kv_odd, mask_for(kv_odd))
+        assert op in traced(lambda q, k, v, m: attention(q, k, v, needs_lse=True, mask=m), table, q, kv, kv,
+                            mask_for(kv))
+    with tiledispatch.using(picking("attention", vendor=False)):
+        assert op in traced(lambda q, k, v, m: attention(q, k, v, mask=m), table, q, kv, kv, mask_for(kv))
 
 
 def test_an_attention_the_vendor_takes_is_sdpa_and_any_other_keeps_the_op(table):

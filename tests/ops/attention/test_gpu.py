@@ -250,3 +250,27 @@ def test_default_dispatcher_training_step_on_the_suite_shape(heads_kv):
     print("default dispatcher picks", picks)
     if d.arch.sm == 90:
         assert picks == {"fwd": "sdpa-cudnn", "bwd": "sdpa-cudnn"}, picks
+
+
+@pytest.mark.parametrize("keys", [512, 37])
+@pytest.mark.parametrize("mask_kind", ["bool-b1ss", "bool-ss", "additive-bhss"])
+@pytest.mark.parametrize("queries", [64, 1])
+def test_cudnn_forward_with_a_mask_tensor(mask_kind, keys, queries):
+    """cuDNN's inference forward with the mask as its bias (vendor.mask_bias): GQA, broadcast masks,
+    a row that sees no key (0, as ours), keys that do not fill 16-byte rows; picked and replayed."""
+    torch.manual_seed(keys + queries)
+    q, (k, v) = randn(2, 8, queries, 128, dtype=BF16), (randn(2, 2, keys, 128, dtype=BF16) for _ in range(2))
+    shape = {"bool-b1ss": (2, 1, queries, keys), "bool-ss": (queries, keys), "additive-bhss": (2, 8, queries, keys)}
+    keep = torch.rand(shape[mask_kind], device=q.device) > 0.3
+    keep[..., 0, :] = False  # the first query row sees no key
+    mask = (torch.randn(keep.shape, device=q.device).to(BF16).masked_fill(~keep, float("-inf"))
+            if mask_kind.startswith("additive") else keep)
+    disp = dispatcher_of(lambda spec: spec.family == "sdpa-cudnn")
+    ops = check_operands(q, k, v, options=AttentionOptions(), mask=mask)
+    ref, _ = reference_from(q.double().cpu(), k.double().cpu(), v.double().cpu(), ops.problem, scale=ops.scale,
+                            mask=mask.cpu() if mask.dtype == torch.bool else mask.double().cpu())
+    for _ in range(2):  # the first call plans; the second replays (fastpath.VendorForward)
+        out = tiledispatch.attention(q, k, v, mask=mask, dispatcher=disp, kernel=cudnn("fwd"))
+        assert torch.equal(out[:, :, 0].float(), torch.zeros_like(out[:, :, 0].float()))
+        result = compare_tensors(out, ref, VENDOR_TOLERANCE)
+        assert result.passed, result

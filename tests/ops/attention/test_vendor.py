@@ -85,8 +85,6 @@ def test_cudnn_takes_the_training_forward_and_the_backward(heads_kv, causal, hea
 REFUSALS = {
     "dropout": (dict(variant=AttentionVariant(dropout=True)), "dropout"),
     "bias": (dict(variant=AttentionVariant(bias=True)), "bias"),
-    "mask-tensor": (dict(variant=AttentionVariant(user_mask=tiledispatch.ops.attention.UserMask.BOOLEAN)),
-                    "a mask tensor"),
     "alibi": (dict(variant=AttentionVariant(alibi=True)), "ALiBi"),
     "softcap": (dict(variant=AttentionVariant(softcap=True)), "soft-cap"),
     "sinks": (dict(variant=AttentionVariant(sinks=True)), "sinks"),
@@ -111,6 +109,82 @@ def test_cudnn_refusals_say_why(case, direction, monkeypatch):
     for needs_lse in ((False, True) if direction is Direction.FORWARD else (False,)):
         refusal = supports(config, replace(p, needs_lse=needs_lse))
         assert refusal is not None and reason in refusal, (case, refusal)
+
+
+MASKED = AttentionVariant(user_mask=tiledispatch.ops.attention.UserMask.BOOLEAN)
+
+
+def test_cudnn_takes_a_mask_tensor_in_an_inference_forward_only():
+    """Its LSE and backward with a bias are not checked against ours (families/sdpa.py)."""
+    p = problem(heads_kv=2, variant=MASKED)
+    assert supports(CUDNN_FWD, p) is None
+    assert supports(CUDNN_FWD, replace(p, mask=MaskKind.CAUSAL_TOP_LEFT, variant=replace(MASKED, band=True))) is None
+    for config, refused in ((CUDNN_FWD, replace(p, needs_lse=True)),
+                            (CUDNN_BWD, replace(p, direction=Direction.BACKWARD)), (FLASH_FWD, p)):
+        reason = supports(config, refused)
+        assert reason is not None and "a mask tensor (sdpa-cudnn takes one in an inference forward" in reason
+
+
+@pytest.mark.parametrize("mask_shape, additive", [((2, 1, 40, 37), False), ((40, 37), False), ((2, 4, 40, 37), True)],
+                         ids=["bool-b1ss", "bool-ss", "additive-bhss"])
+def test_a_mask_is_cudnns_bias_on_its_own_dims_in_aligned_rows(mask_shape, additive):
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 40, 32, dtype=torch.bfloat16)
+    mask = torch.rand(mask_shape) > 0.3
+    if additive:
+        mask = torch.randn(mask_shape).to(torch.bfloat16).masked_fill(~mask, float("-inf"))
+    full = (2, 4, 40, 37)
+    bias = vendor.mask_bias(mask, q, full)
+    expected = mask if additive else torch.zeros(()).masked_fill(~mask, float("-inf"))
+    assert bias.shape == full and bias.dtype == q.dtype
+    assert torch.equal(bias.float(), expected.float().expand(full))
+    assert bias.stride(-2) % 8 == 0 and bias.stride(-1) == 1  # 16-byte rows
+    stored = bias.untyped_storage().nbytes() // 2
+    assert stored == math.prod(mask_shape[:-1]) * 40  # the mask's own dims, rows of 37 padded to 40
+    # our kernels' view of a bool mask (uint8, broadcast dims of stride 0) makes the same bias
+    view = check_operands(q, q[:, :, :37], q[:, :, :37], mask=mask).mask
+    assert torch.equal(vendor.mask_bias(view, q, full).float(), bias.float())
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2], ids=["mha", "gqa"])
+def test_a_masked_cudnn_forward_matches_the_reference(monkeypatch, heads_kv):
+    """A stand-in cuDNN adds the bias it is handed (rows that see no key give 0, as cuDNN's do on the
+    H200: results/h200/attention_masked.txt); the plan and the fast path hand it the mask as a bias."""
+    from tiledispatch.ops.attention.fastpath import VendorForward
+
+    q, k, v = _inputs(heads_kv, bshd=False)
+    mask = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2]) > 0.4
+    mask[0, 0, 3] = False  # a row that sees no key
+    calls = []
+
+    def stand_in_forward(q_, k_, v_, scale, causal_, keep_lse=True, bias=None):
+        calls.append(bias)
+        group = q_.shape[1] // k_.shape[1]
+        kk, vv = (t.double().repeat_interleave(group, 1) for t in (k_, v_))
+        scores = q_.double() @ kk.transpose(-1, -2) * scale + bias.double()
+        return (torch.softmax(scores, -1).nan_to_num(0.0) @ vv).to(q_.dtype), None
+
+    monkeypatch.setattr(vendor, "cudnn_forward_op", stand_in_forward)
+    ops = check_operands(q, k, v, options=AttentionOptions(), mask=mask)
+    config = VendorConfig(Family.SDPA_CUDNN, DType.FP16, Direction.FORWARD)
+    assert supports(config, ops.problem) is None
+    expected, _ = reference_from(*(t.double() for t in (q, k, v)), ops.problem, scale=ops.scale, mask=mask)
+    planned = execute(plan(config, ops), {"vendor": PythonLauncher(kernel_units(config)[0])}, None).out
+    replayed = VendorForward(config, ops)(q, k, v, None, mask, None, None, 0, 0).out
+    assert len(calls) == 2 and all(b is not None for b in calls)
+    for got in (planned, replayed):
+        assert torch.equal(got[0, :, 3], torch.zeros_like(got[0, :, 3]))
+        assert compare_tensors(got, expected, tolerance(DType.FP16)).passed
+
+
+def test_cudnn_ranks_first_for_a_masked_llama_prefill_and_decode(hopper_cudnn):
+    """The pointer forward with a mask ran 143 and 20 us where cuDNN with the bias ran 45 and 14
+    (H200, Llama 4x16 heads over 4, d=128, 512 keys: results/h200/attention_masked.txt)."""
+    registry = Registry.from_rule_set("attention", "default", SM90)
+    d = Dispatcher(registry, SM90)
+    for seqlen_q in (512, 1):
+        p = problem(batch=4, heads_q=16, heads_kv=4, seqlen_q=seqlen_q, variant=MASKED)
+        assert d.select(p).config.family is Family.SDPA_CUDNN, seqlen_q
 
 
 def test_cudnn_backward_refuses_deterministic_and_the_other_direction():
@@ -247,7 +321,7 @@ def test_cudnn_forward_feeds_the_triton_backward(monkeypatch, heads_kv, bshd, ca
     options = AttentionOptions(causal=parse_causal(causal), needs_lse=True)
     fwd_ops = check_operands(q, k, v, options=options)
 
-    def stand_in_forward(q_, k_, v_, scale, causal_, keep_lse=True):
+    def stand_in_forward(q_, k_, v_, scale, causal_, keep_lse=True, bias=None):
         out, lse = reference_from(*(t.to("cpu", torch.float64) for t in (q_, k_, v_)), fwd_ops.problem, scale=scale)
         return out.to(q_.device, q_.dtype), lse.to(q_.device, torch.float32).unsqueeze(-1)  # cuDNN's shapes
 

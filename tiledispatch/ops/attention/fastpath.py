@@ -200,7 +200,7 @@ class VendorForward:
     def __call__(self, q, k, v, bias, mask, alibi_slopes, sinks, seed: int, offset: int, out=None, lse=None,
                  grad_out=None, scale_q=None, scale_k=None, scale_v=None) -> AttentionResult:
         result = AttentionResult(None, None)
-        vendor.forward(self._family, q, k, v, result, *self._args)
+        vendor.forward(self._family, q, k, v, result, *self._args, mask)
         return result
 
 

@@ -89,10 +89,12 @@ def _attention_fake(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_s
 def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k,
                        scale_v, causal, window, scale, softcap, dropout_p, dropout_seed, dropout_offset, needs_lse,
                        deterministic, kernel, backward_kernel, dispatcher):
-    """aten.scaled_dot_product_attention where the default dispatcher gives the vendor this traced
-    forward (inductor.py): a plain one, SDPA's own (16-bit dense tensors, no mask, bias, sinks,
-    window, soft-cap, dropout or scales, no LSE asked for, causal top-left or with Sq = Skv)."""
-    plain = (all(t is None for t in (bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k,
+    """PyTorch's attention where the default dispatcher gives the vendor this traced forward
+    (inductor.py): a plain one, SDPA's own (16-bit dense tensors, no bias, sinks, window, soft-cap,
+    dropout or scales, no LSE asked for, causal top-left or with Sq = Skv), becomes
+    aten.scaled_dot_product_attention; one with a mask tensor, cuDNN's op with the mask as its bias,
+    as the vendor runs it eagerly (vendor.mask_bias), where the keys fill 16-byte rows."""
+    plain = (all(t is None for t in (bias, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k,
                                      scale_v))
              and window is None and softcap is None and not dropout_p and not needs_lse and kernel is None
              and backward_kernel is None and dispatcher == DEFAULT_DISPATCHER and q.dim() == 4
@@ -100,13 +102,23 @@ def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, c
     is_causal = causal == "causal" or causal == "causal-br" and q.shape[2] == k.shape[2]
     if not plain or causal not in ("none", "causal", "causal-br") or causal != "none" and not is_causal:
         return NotImplemented
-    metas = inductor.static_metas(q, k, v)
-    options = options_of(causal, None, scale, None, 0.0, 0, 0, False, deterministic)
-    if metas is None or not inductor.picks_vendor(("attention", metas, causal, scale, deterministic), q,
-                                                  lambda made: check_operands(*made, options=options).problem):
+    if mask is not None and (k.shape[2] % 8 or mask.dtype not in (torch.bool, q.dtype)):
         return NotImplemented
-    out = torch.ops.aten.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale,
-                                                      enable_gqa=q.shape[1] != k.shape[1])
+    metas = inductor.static_metas(q, k, v, mask)
+    options = options_of(causal, None, scale, None, 0.0, 0, 0, False, deterministic)
+    if metas is None or not inductor.picks_vendor(
+            ("attention", metas, causal, scale, deterministic), q,
+            lambda made: check_operands(*made[:3], options=options, mask=made[3]).problem):
+        return NotImplemented
+    if mask is None:
+        out = torch.ops.aten.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale,
+                                                          enable_gqa=q.shape[1] != k.shape[1])
+        return out, _empty(q)
+    additive = mask if mask.dtype == q.dtype else torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
+        ~mask, float("-inf"))
+    bias = additive.expand(*q.shape[:3], k.shape[2])
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False, 0.0, is_causal, False,
+                                                             scale=scale)[0]
     return out, _empty(q)
 
 

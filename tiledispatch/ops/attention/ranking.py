@@ -23,7 +23,7 @@ from ...heuristics.analytic import blocks_per_sm, wave_efficiency
 from ...heuristics.roofline import dram_bytes_per_s, ideal_seconds, tensor_flops
 from .config import FAMILIES, AnyAttentionConfig, AttentionConfig
 from .counting import block_pairs
-from .problem import AttentionProblem, Direction
+from .problem import AttentionProblem, Direction, UserMask
 from .rules import REGISTER_RESERVE, accumulator_registers, padded, shared_memory_bytes
 
 # The Triton backwards at d=64 against the same model at d=128: bwd-ws ran 1.14-1.48x slower
@@ -50,6 +50,11 @@ EIGHT_WARPS = 0.83
 # Elementwise softmax work per score, relative to the exp2: the O rescale costs d_v / block_n
 # multiplies a score, so wide key steps amortise it.
 RESCALE_COST = 0.1
+# A mask tensor read beside the scores: the pointer forward with a bool mask ran 0.19x its modelled
+# speed on a Llama prefill (4x16 heads, 512x512, d=128: 143 us against 27) and 0.50x on its one-token
+# decode (20 against 10), where cuDNN with the mask as its bias ran 45 and 14 us
+# (results/h200/attention_masked.txt). The milder figure is taken: either puts cuDNN first there.
+USER_MASK_FACTOR = 0.5
 
 
 def peak_flops(problem: AttentionProblem, arch) -> float:
@@ -136,6 +141,7 @@ def tile_terms(config: AttentionConfig, problem: AttentionProblem, arch) -> Tile
     warps = EIGHT_WARPS if forward and config.num_warps >= 8 else 1.0
     if forward:
         softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n)
+        softmax *= USER_MASK_FACTOR if p.variant.user_mask is not UserMask.NONE else 1.0
     else:
         softmax = BACKWARD_HEAD_DIM_FACTOR.get(p.head_dim_qk, 1.0)
     return TileTerms(dims, band, waves, feed, shape, latency, pressure, warps, softmax, resident, computed, programs)

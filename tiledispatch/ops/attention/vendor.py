@@ -4,6 +4,7 @@
 They take plain attention (no bias, sinks, soft-cap, window or varlen here) with an
 optional causal mask on square problems (SDPA's fused backends take is_causal only when
 seqlen_q == seqlen_kv, and their top-left alignment would differ from ours otherwise).
+cuDNN's inference forward also takes a mask tensor, as its additive bias (`mask_bias`).
 Dropout is refused: its random stream is not ours, so the backward could not replay it.
 
 Inference forward (no LSE kept): cuDNN through its private op without the LSE (public SDPA
@@ -81,10 +82,35 @@ def _lse_bhs(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return lse if lse.stride(-1) == 1 else lse.contiguous()
 
 
-def cudnn_forward_op(q, k, v, scale: float, causal: bool, keep_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """cuDNN's forward: (out in Q's layout, LSE (B, H, S, 1) fp32 when `keep_lse`)."""
+@functools.lru_cache(maxsize=8)
+def _bias_values(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """0 and -inf as 0-dim CPU tensors of `dtype`: torch.where takes them beside CUDA tensors, no copy."""
+    return torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype)
+
+
+def mask_bias(mask: torch.Tensor, q: torch.Tensor, full: tuple[int, int, int, int]) -> torch.Tensor:
+    """A mask tensor as the additive bias cuDNN adds to the scaled scores, expanded to `full`
+    (batch, heads_q, seqlen_q, seqlen_kv): 0 where a bool (or its uint8 view) mask attends and -inf where
+    it does not; an additive mask as it is. cuDNN gives a row that sees no key zeros, as our kernels do
+    (benchmarks/results/h200/attention_masked.txt; public SDPA's bool path does not).
+
+    Made on the mask's own dims (its broadcast ones, of stride 0, kept at one: a (B, 1, S, S) mask
+    costs B*S*S, not B*H*S*S; the key dim always whole) in rows padded to 16 bytes, the alignment cuDNN asks of the bias's strides."""
+    compact = mask[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in mask.stride()[:-1])]
+    keys = compact.shape[-1]
+    rows = torch.empty((*compact.shape[:-1], -(-keys // 8) * 8), dtype=q.dtype, device=q.device)[..., :keys]
+    if compact.dtype in (torch.bool, torch.uint8):
+        torch.where(compact.view(torch.bool), *_bias_values(q.dtype), out=rows)
+    else:
+        rows.copy_(compact)
+    return rows.expand(full)
+
+
+def cudnn_forward_op(q, k, v, scale: float, causal: bool, keep_lse: bool = True,
+                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN's forward: (out in Q's layout, LSE (B, H, S, 1) fp32 when `keep_lse`), `bias` added to the scores."""
     # (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask)
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, keep_lse, 0.0, causal, False,
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, keep_lse, 0.0, causal, False,
                                                                       scale=scale)
     return out, lse
 
@@ -99,10 +125,13 @@ def cudnn_backward_op(grad_out, q, k, v, out, lse4, scale: float, causal: bool):
         scale=scale)
 
 
-def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_lse: bool) -> None:
-    """Fills `result.out` (and `result.lse` when it is needed) from SDPA."""
+def forward(family: Family, q, k, v, result, scale: float, causal: bool, needs_lse: bool,
+            mask: torch.Tensor | None = None) -> None:
+    """Fills `result.out` (and `result.lse` when it is needed) from SDPA; a `mask` (cuDNN's only,
+    families/sdpa.py) broadcasts to (batch, heads_q, seqlen_q, seqlen_kv)."""
     if family is Family.SDPA_CUDNN:  # the private op: public SDPA would cost a backend context per call
-        out, lse = cudnn_forward_op(q, k, v, scale, causal, keep_lse=needs_lse)
+        bias = None if mask is None else mask_bias(mask, q, (*q.shape[:3], k.shape[2]))
+        out, lse = cudnn_forward_op(q, k, v, scale, causal, keep_lse=needs_lse, bias=bias)
         result.out, result.lse = out, _lse_bhs(lse, q) if needs_lse else None
         return
     if needs_lse:

@@ -16,6 +16,7 @@ from ....core.dtypes import DType
 from ....core.launch import Launch, Plan
 from ....core.op import Score
 from ....core.validation import Finding
+from ....heuristics.roofline import dram_bytes_per_s
 from .. import vendor
 from ..config import FAMILIES, AttentionFamily, Family, VendorConfig
 from ..operands import AttentionOperands
@@ -49,6 +50,7 @@ VENDOR_HEAD_DIM_FACTOR = {
 # block. cuDNN 593/660 forward and 444/495 backward at S4096; flash 294/338 and 271/295.
 VENDOR_MASK_FACTOR = 0.90
 VENDOR_CALL_SECONDS = 8e-6  # SDPA's dispatch and checks on the host
+MASK_NOTE = " (sdpa-cudnn takes one in an inference forward, without the LSE)"
 FLASH_MAX_HEAD_DIM = 256
 
 
@@ -64,6 +66,7 @@ class Backend:
     refused_direction: str
     head_dims: Callable[[], tuple[int, str]]
     refusal: Callable[[AttentionProblem], str | None]
+    takes_mask: Callable[[AttentionProblem], bool] = lambda p: False  # a mask tensor, as an additive bias
 
 
 def _shared_refusal(config: VendorConfig, p: AttentionProblem, backend: Backend) -> str | None:
@@ -76,9 +79,10 @@ def _shared_refusal(config: VendorConfig, p: AttentionProblem, backend: Backend)
     limit, why = backend.head_dims()
     if p.head_dim_qk > limit:
         return f"{config.family.value} takes head dims up to {limit}{why}"
+    masked = v.user_mask is not UserMask.NONE and not backend.takes_mask(p)
     features = [name for name, on in (("bias", v.bias), ("ALiBi", v.alibi), ("soft-cap", v.softcap),
                                       ("sinks", v.sinks), ("dropout", v.dropout), ("varlen", v.varlen),
-                                      ("a mask tensor", v.user_mask is not UserMask.NONE)) if on]
+                                      ("a mask tensor" + MASK_NOTE, masked)) if on]
     if features:
         return f"SDPA's {config.family.value} path here takes none of: {', '.join(features)}"
     if p.mask is MaskKind.SLIDING_WINDOW:
@@ -127,14 +131,23 @@ def vendor_score(config: VendorConfig, problem: AttentionProblem, arch) -> Score
     fraction = VENDOR_FRACTION[(config.family, problem.direction)]
     head_dim = vendor_head_dim_factor(config.family, problem.direction, problem.head_dim_qk)
     mask = VENDOR_MASK_FACTOR if problem.variant.band else 1.0
-    modelled = ideal / (fraction * head_dim * mask) + VENDOR_CALL_SECONDS
+    modelled = ideal / (fraction * head_dim * mask) + VENDOR_CALL_SECONDS + mask_bias_seconds(problem, arch)
     return Score(ideal / modelled, {"fraction": fraction, "head_dim": head_dim, "mask": mask,
                                     "modelled_us": modelled * 1e6})
 
 
+def mask_bias_seconds(problem: AttentionProblem, arch) -> float:
+    """The launch and traffic of making a mask tensor's bias (vendor.mask_bias): a bool mask of one
+    head read and its bias written; none without a mask."""
+    if problem.variant.user_mask is UserMask.NONE:
+        return 0.0
+    cells = problem.batch * problem.seqlen_q * problem.seqlen_kv  # a mask tensor is never varlen
+    return arch.calibration.launch_s + cells * (1 + problem.dtype.itemsize) / dram_bytes_per_s(arch)
+
+
 _UNITS = {
     Direction.FORWARD: python_unit(vendor.__name__, "forward",
-                                   ("family", "q", "k", "v", "result", "scale", "causal", "needs_lse")),
+                                   ("family", "q", "k", "v", "result", "scale", "causal", "needs_lse", "mask")),
     Direction.BACKWARD: python_unit(vendor.__name__, "backward", ("family", "grads", "grad_out", "q", "k", "v", "out",
                                                                   "lse", "scale", "causal")),
 }
@@ -149,7 +162,7 @@ def plan(config: VendorConfig, ops: AttentionOperands) -> Plan:
     causal = p.mask is not MaskKind.NONE
     if p.direction is Direction.FORWARD:
         result = AttentionResult(None, None)
-        args = (config.family, ops.q, ops.k, ops.v, result, ops.scale, causal, p.needs_lse)
+        args = (config.family, ops.q, ops.k, ops.v, result, ops.scale, causal, p.needs_lse, ops.mask)
         return Plan((Launch("vendor", (1, 1, 1), args),), result)
     # The library allocates dQ/dK/dV itself (in Q's and K/V's layouts) and the stage hands
     # them over; the LSE goes as ours, (batch, heads_q, seqlen_q), from whichever forward.
@@ -186,7 +199,10 @@ CUDNN = Backend(
     arch_refusal=lambda arch: (("SDPA's cuDNN attention needs sm_90 or newer", "use sdpa-flash")
                                if arch.sm is not None and arch.sm < 90 else None),
     directions=(Direction.FORWARD, Direction.BACKWARD), refused_direction="", head_dims=_cudnn_head_dims,
-    refusal=_cudnn_refusal)
+    refusal=_cudnn_refusal,
+    # Inference only: cuDNN's LSE of a row that sees no key, and its backward with a bias, are not
+    # checked against ours; training with a mask runs the Triton kernels.
+    takes_mask=lambda p: p.direction is Direction.FORWARD and not p.needs_lse)
 FLASH = Backend(
     Family.SDPA_FLASH,
     arch_refusal=lambda arch: ("FlashAttention-2 needs sm_80 or newer", None) if arch.sm is not None and arch.sm < 80
