@@ -246,7 +246,7 @@ def attention(q, k, v, causal="none", needs_lse=False, mask=None):
 @pytest.mark.parametrize("additive", [False, True], ids=["bool", "additive"])
 def test_a_masked_attention_the_vendor_takes_is_cudnn_with_the_mask_as_its_bias(table, additive):
     """As the vendor runs it eagerly (vendor.mask_bias): 0 where a bool mask attends, -inf elsewhere,
-    added by cuDNN's op; keys that do not fill 16-byte rows keep the op (inductor would not pad them)."""
+    added by cuDNN's op, in rows of 16 bytes (7 keys: a row of 8, the view of 7)."""
     torch.manual_seed(6)
     q = torch.randn(2, 4, 6, 32).half()
     kv, kv_odd = torch.randn(2, 2, 8, 32).half(), torch.randn(2, 2, 7, 32).half()
@@ -263,7 +263,11 @@ def test_a_masked_attention_the_vendor_takes_is_cudnn_with_the_mask_as_its_bias(
         (call,) = [n for n in calls if n.target == cudnn]
         bias = call.args[3].meta["val"]
         assert tuple(bias.shape) == (2, 4, 6, 8) and bias.dtype == torch.float16
-        assert op in traced(lambda q, k, v, m: attention(q, k, v, mask=m), table, q, kv_odd, kv_odd, mask_for(kv_odd))
+        graph = make_fx(lambda q, k, v, m: attention(q, k, v, mask=m), decomposition_table=table,
+                        tracing_mode="fake")(q, kv_odd, kv_odd, mask_for(kv_odd)).graph
+        (call,) = [n for n in graph.nodes if n.op == "call_function" and n.target == cudnn]
+        bias = call.args[3].meta["val"]
+        assert tuple(bias.shape) == (2, 4, 6, 7) and bias.stride()[-2:] == (8, 1)
         assert op in traced(lambda q, k, v, m: attention(q, k, v, needs_lse=True, mask=m), table, q, kv, kv,
                             mask_for(kv))
     with tiledispatch.using(picking("attention", vendor=False)):

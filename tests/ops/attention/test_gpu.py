@@ -274,3 +274,19 @@ def test_cudnn_forward_with_a_mask_tensor(mask_kind, keys, queries):
         assert torch.equal(out[:, :, 0].float(), torch.zeros_like(out[:, :, 0].float()))
         result = compare_tensors(out, ref, VENDOR_TOLERANCE)
         assert result.passed, result
+
+
+def test_a_masked_cudnn_forward_replays_in_a_cuda_graph():
+    """The bias is made on the device from scalars (a CPU tensor would be a copy, refused in a capture)."""
+    torch.manual_seed(1)
+    q, k, v = randn(2, 8, 1, 128, dtype=BF16), randn(2, 2, 513, 128, dtype=BF16), randn(2, 2, 513, 128, dtype=BF16)
+    mask = torch.rand(2, 1, 1, 513, device=q.device) > 0.3
+    disp = dispatcher_of(lambda spec: spec.family == "sdpa-cudnn")
+    tiledispatch.attention(q, k, v, mask=mask, dispatcher=disp)  # selected and planned ahead of the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tiledispatch.attention(q, k, v, mask=mask, dispatcher=disp)
+    mask.copy_(torch.rand(2, 1, 1, 513, device=q.device) > 0.3)
+    expected = tiledispatch.attention(q, k, v, mask=mask, dispatcher=disp)
+    graph.replay()
+    assert torch.equal(out, expected)

@@ -153,7 +153,7 @@ def test_a_masked_cudnn_forward_matches_the_reference(monkeypatch, heads_kv):
     from tiledispatch.ops.attention.fastpath import VendorForward
 
     q, k, v = _inputs(heads_kv, bshd=False)
-    mask = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2]) > 0.4
+    mask = torch.rand(q.shape[0], 1, q.shape[2], k.shape[2], device=q.device) > 0.4
     mask[0, 0, 3] = False  # a row that sees no key
     calls = []
 
@@ -166,9 +166,10 @@ def test_a_masked_cudnn_forward_matches_the_reference(monkeypatch, heads_kv):
 
     monkeypatch.setattr(vendor, "cudnn_forward_op", stand_in_forward)
     ops = check_operands(q, k, v, options=AttentionOptions(), mask=mask)
+    expected, _ = reference_from(*(t.double().cpu() for t in (q, k, v)), ops.problem, scale=ops.scale,
+                                 mask=mask.cpu())
     config = VendorConfig(Family.SDPA_CUDNN, DType.FP16, Direction.FORWARD)
     assert supports(config, ops.problem) is None
-    expected, _ = reference_from(*(t.double() for t in (q, k, v)), ops.problem, scale=ops.scale, mask=mask)
     planned = execute(plan(config, ops), {"vendor": PythonLauncher(kernel_units(config)[0])}, None).out
     replayed = VendorForward(config, ops)(q, k, v, None, mask, None, None, 0, 0).out
     assert len(calls) == 2 and all(b is not None for b in calls)

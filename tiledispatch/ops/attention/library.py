@@ -25,6 +25,7 @@ from .function import Call, backward_grads, bound_forward, forward, options_of
 from .operands import check_operands
 from .plan import like_layout
 from .problem import FP8_DTYPES, FP8_OUTPUT
+from .vendor import padded_keys
 
 _FP8 = tuple(d.torch for d in FP8_DTYPES)
 Tensor = torch.Tensor
@@ -93,7 +94,7 @@ def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, c
     (inductor.py): a plain one, SDPA's own (16-bit dense tensors, no bias, sinks, window, soft-cap,
     dropout or scales, no LSE asked for, causal top-left or with Sq = Skv), becomes
     aten.scaled_dot_product_attention; one with a mask tensor, cuDNN's op with the mask as its bias,
-    as the vendor runs it eagerly (vendor.mask_bias), where the keys fill 16-byte rows."""
+    as the vendor runs it eagerly (vendor.mask_bias)."""
     plain = (all(t is None for t in (bias, sinks, alibi_slopes, cu_seqlens_q, cu_seqlens_k, scale_q, scale_k,
                                      scale_v))
              and window is None and softcap is None and not dropout_p and not needs_lse and kernel is None
@@ -102,7 +103,7 @@ def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, c
     is_causal = causal == "causal" or causal == "causal-br" and q.shape[2] == k.shape[2]
     if not plain or causal not in ("none", "causal", "causal-br") or causal != "none" and not is_causal:
         return NotImplemented
-    if mask is not None and (k.shape[2] % 8 or mask.dtype not in (torch.bool, q.dtype)):
+    if mask is not None and mask.dtype not in (torch.bool, q.dtype):
         return NotImplemented
     metas = inductor.static_metas(q, k, v, mask)
     options = options_of(causal, None, scale, None, 0.0, 0, 0, False, deterministic)
@@ -114,9 +115,12 @@ def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, c
         out = torch.ops.aten.scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale=scale,
                                                           enable_gqa=q.shape[1] != k.shape[1])
         return out, _empty(q)
-    additive = mask if mask.dtype == q.dtype else torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
+    bias = mask if mask.dtype == q.dtype else torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(
         ~mask, float("-inf"))
-    bias = additive.expand(*q.shape[:3], k.shape[2])
+    keys = k.shape[2]
+    if padded_keys(keys) != keys:  # rows of 16 bytes, as PyTorch's own SDPA pads a bias for cuDNN
+        bias = torch.nn.functional.pad(bias, (0, padded_keys(keys) - keys))[..., :keys]
+    bias = bias.expand(*q.shape[:3], keys)
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False, 0.0, is_causal, False,
                                                              scale=scale)[0]
     return out, _empty(q)

@@ -82,10 +82,9 @@ def _lse_bhs(lse: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return lse if lse.stride(-1) == 1 else lse.contiguous()
 
 
-@functools.lru_cache(maxsize=8)
-def _bias_values(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """0 and -inf as 0-dim CPU tensors of `dtype`: torch.where takes them beside CUDA tensors, no copy."""
-    return torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype)
+def padded_keys(keys: int) -> int:
+    """The keys a bias row holds: 16 bytes of a 16-bit dtype, the alignment cuDNN asks of its strides."""
+    return -(-keys // 8) * 8
 
 
 def mask_bias(mask: torch.Tensor, q: torch.Tensor, full: tuple[int, int, int, int]) -> torch.Tensor:
@@ -95,12 +94,13 @@ def mask_bias(mask: torch.Tensor, q: torch.Tensor, full: tuple[int, int, int, in
     (benchmarks/results/h200/attention_masked.txt; public SDPA's bool path does not).
 
     Made on the mask's own dims (its broadcast ones, of stride 0, kept at one: a (B, 1, S, S) mask
-    costs B*S*S, not B*H*S*S; the key dim always whole) in rows padded to 16 bytes, the alignment cuDNN asks of the bias's strides."""
+    costs B*S*S, not B*H*S*S; the key dim always whole) in rows of `padded_keys`. The fill values are
+    Python scalars: a CPU tensor would be a copy, which a CUDA graph capture refuses."""
     compact = mask[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in mask.stride()[:-1])]
     keys = compact.shape[-1]
-    rows = torch.empty((*compact.shape[:-1], -(-keys // 8) * 8), dtype=q.dtype, device=q.device)[..., :keys]
+    rows = torch.empty((*compact.shape[:-1], padded_keys(keys)), dtype=q.dtype, device=q.device)[..., :keys]
     if compact.dtype in (torch.bool, torch.uint8):
-        torch.where(compact.view(torch.bool), *_bias_values(q.dtype), out=rows)
+        rows.fill_(float("-inf")).masked_fill_(compact.view(torch.bool), 0.0)
     else:
         rows.copy_(compact)
     return rows.expand(full)
