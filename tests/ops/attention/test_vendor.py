@@ -180,7 +180,7 @@ def test_a_masked_cudnn_forward_matches_the_reference(monkeypatch, heads_kv):
 
 def test_cudnn_ranks_first_for_a_masked_llama_prefill_and_decode(hopper_cudnn):
     """The pointer forward with a mask ran 143 and 20 us where cuDNN with the bias ran 45 and 14
-    (H200, Llama 4x16 heads over 4, d=128, 512 keys: results/h200/attention_masked.txt)."""
+    (H200, Llama 4x16 heads over 4, d=128, 512 keys: results/h200/attention_masked_before.txt)."""
     registry = Registry.from_rule_set("attention", "default", SM90)
     d = Dispatcher(registry, SM90)
     for seqlen_q in (512, 1):

@@ -53,7 +53,7 @@ RESCALE_COST = 0.1
 # A mask tensor read beside the scores: the pointer forward with a bool mask ran 0.19x its modelled
 # speed on a Llama prefill (4x16 heads, 512x512, d=128: 143 us against 27) and 0.50x on its one-token
 # decode (20 against 10), where cuDNN with the mask as its bias ran 45 and 14 us
-# (results/h200/attention_masked.txt). The milder figure is taken: either puts cuDNN first there.
+# (results/h200/attention_masked_before.txt). The milder figure is taken: either puts cuDNN first there.
 USER_MASK_FACTOR = 0.5
 
 
