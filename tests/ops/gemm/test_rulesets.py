@@ -60,12 +60,12 @@ def test_full_has_no_repeated_name_and_is_quick():
 
 def test_full_contains_the_whole_tile_space_for_plain_epilogues(full_names):
     full = set(full_names)
-    tile = rulesets.FULL_TILES[0]
+    tile = rulesets.full_tiles()[0]
     for types, layout in itertools.product(rulesets.TYPES, rulesets.LAYOUTS):
         name = (f"gemm_{types.name}_{layout.name}_tiled_{tile.block_m}x{tile.block_n}x{tile.block_k}"
                 f"_w{tile.num_warps}_s{tile.num_stages}_g{tile.group_m}_k{tile.split_k}_none")
         assert name in full
-    expected = len(rulesets.FULL_TILES) * len(rulesets.TYPES) * len(rulesets.LAYOUTS)
+    expected = len(rulesets.full_tiles()) * len(rulesets.TYPES) * len(rulesets.LAYOUTS)
     plain = [n for n in full_names if n.endswith("_none")]
     assert len(plain) >= expected
 

@@ -8,6 +8,7 @@ configs an arch cannot run.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Iterator
@@ -196,12 +197,19 @@ WS_TILES = (
     _pingpong(128, 128, 64, 5, (2,)), _pingpong(128, 128, 64, 4, (2,)), _pingpong(64, 256, 64, 4, (2,)),
     _pingpong(128, 128, 128, 5, (1,)), _pingpong(128, 128, 128, 4, (1,)), _pingpong(64, 256, 128, 4, (1,)),
 )
-FULL_TILES = tuple(
-    Tile(bm, bn, bk, w, s, 8, k)
-    for bm, bn, bk, w, s, k in itertools.product(
-        (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (32, 64, 128), (4, 8), (2, 3, 4, 5), (1, 2, 4, 8, 16)
+
+
+@functools.cache
+def full_tiles() -> tuple[Tile, ...]:
+    """The whole tiled space: made on the first `full` enumeration, not at import (its 3,000
+    checked tiles take some 60 ms to build, which a process that never sweeps need not pay)."""
+    return tuple(
+        Tile(bm, bn, bk, w, s, 8, k)
+        for bm, bn, bk, w, s, k in itertools.product(
+            (16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (32, 64, 128), (4, 8), (2, 3, 4, 5), (1, 2, 4, 8, 16)
+        )
     )
-)
+
 
 _CPU_TYPES = (
     GemmTypes(DType.FP16, DType.FP16, DType.FP16),
@@ -284,7 +292,7 @@ def full(within: tuple | None = None) -> Iterator[AnyGemmConfig]:
     types, layouts, epilogues = _signatures(within)
     plain = tuple(e for e in _PLAIN if e in epilogues)
     seen = set()
-    for config in itertools.chain(default(within), _bind(FULL_TILES + STREAM_K_TILES + WS_TILES, types, layouts, plain)):
+    for config in itertools.chain(default(within), _bind(full_tiles() + STREAM_K_TILES + WS_TILES, types, layouts, plain)):
         if config not in seen:
             seen.add(config)
             yield config
