@@ -1,5 +1,5 @@
 """Which LightGBM objective picks better on unseen problems: a regression of log time or
-LambdaRank over each problem's kernels (the shipped one). No GPU: it reads a sweep's table.
+LambdaRank over each problem's kernels (the shipped one). No GPU: it reads a sweep's table (one op, direction, dtype and arch).
 
 Both learn from the same rows and features (heuristics.training's), in the same grouped 5-fold
 split by problem (bench.problemsets.fold_of); each fold's model picks, on the problems it never
@@ -23,7 +23,6 @@ from tiledispatch.bench.table import SelectionKey
 from tiledispatch.heuristics import training
 
 TABLE = "benchmarks/results/h200/selection/gemm_bf16_sweep.parquet"
-KEY = SelectionKey("gemm", "forward", "bf16", "sm_90")
 FOLDS = 5
 
 
@@ -58,8 +57,10 @@ def report(name: str, data, costs: np.ndarray, vendor: np.ndarray) -> None:
 
 def main() -> None:
     table = pd.read_parquet(sys.argv[1] if len(sys.argv) > 1 else TABLE)
-    rows = training.rows_of(table, KEY)
-    data = training.featurize(rows, KEY)
+    first = table.iloc[0]
+    key = SelectionKey(first["op"], first["direction"], first["dtype"], first["arch"])  # one key a table
+    rows = training.rows_of(table, key)
+    data = training.featurize(rows, key)
     vendor = rows["kernel"].str.contains("_vendor_").to_numpy()
     ranker = dict(training.DEFAULT_PARAMS, seed=0)
     regression = {k: v for k, v in ranker.items() if k not in ("eval_at", "lambdarank_truncation_level", "label_gain")}
