@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from tiledispatch import arch as arch_facts
-from tiledispatch.bench import sweep_worker
+from tiledispatch.bench import sweep_runner, sweep_worker
 from tiledispatch.bench.sweep import CandidatePolicy, planned, read_table, sweep
 from tiledispatch.bench.table import COLUMNS, Status, canonical_json, problem_from_row, problem_id
 from tiledispatch.cli.main import app
@@ -137,21 +137,76 @@ def test_check_catches_a_wrong_kernel(monkeypatch):
         return out
 
     wrong_launchers = []
-    loaded = sweep_worker._Kernels.run
+    loaded = sweep_worker._Kernels.check
 
-    def run(self, spec):
+    def check(self, spec):
         launchers = self.dispatcher.launchers(spec, self.specialization)
         wrong_launchers[:] = [launchers if spec.name == names[1] else None]
         return loaded(self, spec)
 
     monkeypatch.setattr(launch, "execute", off_by_one)
-    monkeypatch.setattr(sweep_worker._Kernels, "run", run)
+    monkeypatch.setattr(sweep_worker._Kernels, "check", check)
     result = sweep_worker.run_task(sweep_worker.Task(problem, specs))
     right, wrong = result.outcomes
     assert right.status is Status.OK and right.time_ms > 0
     assert wrong.status is Status.WRONG and wrong.time_ms is None
     detail = json.loads(wrong.error)
     assert detail["max_abs_error"] >= 0.99 and not detail["passed"]
+
+
+def test_checked_kernels_are_timed_in_turns_and_in_groups_their_outputs_fit(monkeypatch):
+    """Every kernel is checked before any is timed; each round samples each waiting kernel once, the
+    kernel named in flight before each sample; a timer that raises fails its kernel alone; kernels
+    whose outputs together pass the device's share are timed in groups."""
+    problem = gemm_problems()[0]
+    registry = Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP))
+    registry.candidates(problem.op, problem)
+    specs = tuple(registry.get(n) for n in ranked_names(problem, 3))
+    events = []
+
+    def check(self, spec):
+        events.append(("check", spec.name))
+
+        def sample():
+            events.append(("sample", spec.name))
+            if spec is specs[1]:
+                raise RuntimeError("a launch failed")
+            return 1.0 + specs.index(spec)
+        return sweep_worker._Timer(spec.name, sample, 10)
+
+    init = sweep_worker._Kernels.__init__
+
+    def three_rounds(self, task):
+        init(self, task)
+        self.rounds = 3
+
+    monkeypatch.setattr(sweep_worker._Kernels, "check", check)
+    monkeypatch.setattr(sweep_worker._Kernels, "__init__", three_rounds)
+    for limit, groups in ((100, [specs]), (15, [specs[:2], specs[2:]])):
+        events.clear()
+        monkeypatch.setattr(sweep_worker._Kernels, "held_bytes_limit", lambda self, limit=limit: limit)
+        started = []
+        result = sweep_worker.run_task(sweep_worker.Task(problem, specs), started.append)
+        statuses = [o.status for o in result.outcomes]
+        assert statuses == [Status.OK, Status.LAUNCH_FAILED, Status.OK]
+        assert [o.time_ms for o in result.outcomes] == [1.0, None, 3.0]
+        assert "a launch failed" in result.outcomes[1].error
+        done = 0
+        for group in groups:  # its checks, then its rounds: each a permutation of the kernels still timed
+            names = [s.name for s in group]
+            assert events[done:done + len(group)] == [("check", n) for n in names]
+            done += len(group)
+            timed = [n for n in names if n != specs[1].name]
+            samples = events[done:done + 1 + 3 * len(timed)]
+            failing = specs[1].name in names
+            rounds = [e[1] for e in samples if e[1] != specs[1].name]
+            assert sorted(rounds) == sorted(timed * 3)
+            for r in range(3):
+                assert sorted(rounds[r * len(timed):(r + 1) * len(timed)]) == sorted(timed)
+            done += len(timed) * 3 + failing
+        assert done == len(events)
+        sampled = [name for name in started if name in {s.name for s in specs}]
+        assert sampled.count(specs[0].name) == 1 + 3  # its check and each sample
 
 
 class _Pipe:
@@ -180,7 +235,7 @@ def test_a_batch_failing_after_its_kernels_ran_keeps_their_outcomes(monkeypatch)
 
     monkeypatch.setattr(sweep_worker, "device_info", broken)
     pipe = _Pipe(sweep_worker.Task(problem, specs))
-    sweep_worker._child(pipe)
+    sweep_runner._child(pipe)
     (result,) = [value for kind, value in pipe.sent if kind == "done"]
     assert [o.status for o in result.outcomes] == [Status.OK, Status.OK]
     assert all(o.time_ms > 0 for o in result.outcomes)
@@ -204,7 +259,7 @@ def test_the_fault_hooks_take_interpreter_kernels_only(monkeypatch):
 
 
 def test_a_killed_worker_takes_its_compile_processes_with_it():
-    runner = sweep_worker.IsolatedRunner({}, 30)
+    runner = sweep_runner.IsolatedRunner({}, 30)
     runner._start()
     try:
         leader = runner._process.pid

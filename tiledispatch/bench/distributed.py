@@ -2,7 +2,7 @@
 
 One Dask worker process per GPU, pinned by CUDA_VISIBLE_DEVICES, one thread each. A task is a
 (problem, kernel batch); the Dask worker hands it to a child process of its own
-(`sweep_worker.IsolatedRunner`), so a kernel that faults or hangs kills that child, not the
+(`sweep_runner.IsolatedRunner`), so a kernel that faults or hangs kills that child, not the
 worker: the kernel becomes a FAULT or TIMEOUT row and the batch goes on. Should a worker die all
 the same (the host lost, out of memory), the scheduler runs its tasks elsewhere; a task that took
 down workers `ALLOWED_FAILURES` + 1 times is recorded as FAULT rather than retried for ever. Tasks
@@ -22,7 +22,8 @@ import sys
 from typing import Iterator, Sequence
 
 from ..core.errors import InvalidArgumentError
-from .sweep_worker import DeviceInfo, Inject, IsolatedRunner, Outcome, Task, TaskResult, injected, smi_query
+from .sweep_runner import IsolatedRunner
+from .sweep_worker import DeviceInfo, Inject, Outcome, Task, TaskResult, injected, smi_query
 from .table import Status
 
 ALLOWED_FAILURES = 1  # a task that kills its worker twice is a fault, not retried again

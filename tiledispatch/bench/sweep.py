@@ -3,11 +3,12 @@
 For each problem the rule set's registry gives the candidates (refusals skipped, or recorded as
 UNSUPPORTED rows), a `CandidatePolicy` picks those to time (all, or the rules' top N plus a
 seeded sample of the rest: training data needs bad kernels too), and the vendor kernel is always
-among them. The (problem, kernel batch) tasks run in worker processes (`sweep_worker`): on one GPU
-in one child process, on several or on many hosts through Dask (`distributed`). Each finished task
-is one parquet part file in the output directory, so a killed sweep loses one task at most, and a
-sweep run again skips every (problem, kernel, GPU) the directory holds already. One sweep at a
-time writes a directory (a lock file); SIGTERM stops a sweep as Ctrl-C does, its workers with it.
+among them. The (problem, kernel batch) tasks run in worker processes (`sweep_runner`,
+`sweep_worker`): on one GPU in one child process, on several or on many hosts through Dask
+(`distributed`). Each finished task is one parquet part file in the output directory, so a
+killed sweep loses one task at most, and a sweep run again skips every (problem, kernel, GPU) the
+directory holds already. One sweep at a time writes a directory (a lock file); SIGTERM stops a
+sweep as Ctrl-C does, its workers with it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from ..core.op import OpKind, RuleSet, get_op
 from ..core.spec import KernelSpec
 from . import completeness
 from .candidates import CandidatePolicy, Planned, check_families, planned
-from .sweep_worker import DeviceInfo, IsolatedRunner, Outcome, Task, TaskResult, smi_query
+from .sweep_runner import IsolatedRunner
+from .sweep_worker import DeviceInfo, Outcome, Task, TaskResult, smi_query
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
 
 PART_GLOB = "part-*.parquet"

@@ -1,32 +1,25 @@
 """What a sweep runs in a worker process: build a batch of kernels, check each against its op's
-reference, time it.
+reference, then time those that pass, in turns.
 
-One child process per GPU (`IsolatedRunner`) does the work, pinned by its parent with
-CUDA_VISIBLE_DEVICES; the parent never touches the GPU. The child reports each kernel before it
-runs it and each outcome as it has it, so when it dies (an illegal address, a device assert) or
-outlives the time limit, the parent knows the kernel in flight: that kernel is a FAULT or a
-TIMEOUT row, and the rest of the batch goes to a fresh child. On the CPU the "GPU" is Triton's
-interpreter: the same path, one wall-clock run per kernel.
+One child process per GPU (`sweep_runner.IsolatedRunner`, pinned by its parent with
+CUDA_VISIBLE_DEVICES) runs `run_task`, naming each kernel before it runs it and reporting each
+outcome as it has it, so that its parent knows the kernel in flight when it dies. On the CPU the
+"GPU" is Triton's interpreter: the same path, one wall-clock run per kernel.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import itertools
 import json
 import math
-import multiprocessing
 import os
-import signal
 import socket
 import subprocess
 import time
-import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable
 
-from ..core.kernel import environment
 from ..core.spec import KernelSpec
 from .table import Status
 
@@ -37,7 +30,8 @@ PREPARING = "<prepare>"  # ... of making its problem's operands and float64 refe
 PREPARE_S = 3600.0  # the limit of PREPARING: a long problem's CPU reference takes minutes, and never hangs
 SAMPLE_MS = 20.0  # each timing sample replays a graph of back-to-back calls lasting about this long
 MAX_CALLS = 200
-ROUNDS = 5  # samples per kernel; the median is kept
+ROUNDS = 5  # samples per kernel, taken in turns with the batch's other kernels; the median is kept
+HELD_SHARE = 0.25  # of the device's free memory, the most the outputs of kernels waiting to be timed hold
 ERROR_CHARS = 2000
 STARTUP_S = 600.0  # a child's imports (torch, Triton) on a loaded host, before it takes a task
 
@@ -130,7 +124,7 @@ def device_info() -> DeviceInfo:
         return DeviceInfo(found[0])
 
 
-def _error(e: BaseException) -> str:
+def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:ERROR_CHARS]
 
 
@@ -166,19 +160,40 @@ def _context_lost(device) -> bool:
         return True
 
 
-def _time(run: Callable[[], None], on_gpu: bool) -> float:
-    """Median milliseconds per call: CUDA-graph replays sampled in rounds on the GPU (events around
-    plain launches where a graph cannot capture the kernel), one wall-clock run on the CPU."""
-    from .timing import calls_lasting, event_sampler, graph_sampler, interleaved_medians, time_call
+def _sampler(run: Callable[[], None], on_gpu: bool) -> Callable[[], float]:
+    """Milliseconds per call of `run`, a sample at a time: a replay of a CUDA graph of back-to-back
+    calls on the GPU (events around plain launches where a graph cannot capture the kernel), one
+    wall-clock run on the CPU."""
+    from .timing import calls_lasting, event_sampler, graph_sampler, time_call
 
     if not on_gpu:
-        return time_call(run, on_gpu=False).median_ms
+        return lambda: time_call(run, on_gpu=False).median_ms
     calls = calls_lasting(run, SAMPLE_MS, least=1, most=MAX_CALLS, repeats=3)
     try:
-        sampler = graph_sampler(lambda _: run(), [None], calls)
+        return graph_sampler(lambda _: run(), [None], calls)
     except RuntimeError:  # a stage that syncs or allocates on the host
-        sampler = event_sampler(run, calls)
-    return interleaved_medians({"kernel": sampler}, ROUNDS)["kernel"]
+        return event_sampler(run, calls)
+
+
+@dataclass
+class _Timer:
+    """A checked kernel waiting for its turns: its sampler, and the bytes its plans hold."""
+
+    name: str
+    sample: Callable[[], float]
+    held_bytes: int
+
+
+def _held_bytes(plans: list) -> int:
+    """Device bytes of the plans' outputs (and scratch): what a timer keeps alive until it is timed."""
+    import torch
+
+    held = 0
+    for plan in plans:
+        outputs = [getattr(plan.output, f.name) for f in fields(plan.output)] \
+            if is_dataclass(plan.output) else [plan.output]
+        held += sum(t.untyped_storage().nbytes() for t in (*outputs, *plan.zeroed) if isinstance(t, torch.Tensor))
+    return held
 
 
 # (problem key, operand sets, reference) of the last problem this process prepared
@@ -199,6 +214,7 @@ class _Kernels:
         self.definition = task.kernels[0].definition
         self.arch = arch_facts.load(task.kernels[0].arch)
         self.on_gpu = not self.arch.is_interpreter
+        self.rounds = ROUNDS if self.on_gpu else 1  # the interpreter's wall clock is no measurement
         self.device = torch.device("cuda" if self.on_gpu else "cpu")
         self.dispatcher = Dispatcher(Registry(task.kernels), self.arch)
         self.specialization = self.definition.specialization_of(task.problem)
@@ -246,7 +262,9 @@ class _Kernels:
             return "fresh operands do not reproduce this problem (its layout, alignment or tensors)"
         return None
 
-    def run(self, spec: KernelSpec) -> Outcome:
+    def check(self, spec: KernelSpec) -> Outcome | _Timer:
+        """Builds `spec`'s launchers, runs it once on poisoned outputs and checks the result: its
+        outcome where it fails, else a timer of its plans over every operand set."""
         from ..core.dispatcher import stream_getter
         from ..core.errors import BuildError, CacheError
         from ..core.launch import execute
@@ -255,7 +273,7 @@ class _Kernels:
         try:
             launchers = self.dispatcher.launchers(spec, self.specialization)
         except (BuildError, CacheError) as e:
-            return Outcome(name, Status.BUILD_FAILED, _error(e))
+            return Outcome(name, Status.BUILD_FAILED, error_text(e))
         stream = stream_getter(self.device)
         try:
             plan = definition.plan(spec.config, self.operands[0])
@@ -266,20 +284,66 @@ class _Kernels:
                 comparison = definition.check(plan.output, self.expected, self.operands[0])
                 if not comparison.passed:
                     return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
-            plans = itertools.cycle([plan] + [definition.plan(spec.config, o) for o in self.operands[1:]])
-            time_ms = _time(lambda: execute(next(plans), launchers, stream()), self.on_gpu)
-        except Exception as e:  # a Python error while planning, launching or timing: this kernel's alone,
-            # unless the device's context is lost (an illegal address raises at the next sync): a FAULT
-            return Outcome(name, Status.FAULT if _context_lost(self.device) else Status.LAUNCH_FAILED, _error(e))
-        if not math.isfinite(time_ms) or time_ms <= 0:
-            return Outcome(name, Status.LAUNCH_FAILED, f"timed at {time_ms} ms")
-        return Outcome(name, Status.OK, None, time_ms)
+            plans = [plan] + [definition.plan(spec.config, o) for o in self.operands[1:]]
+            turn = itertools.cycle(plans)
+            sample = _sampler(lambda: execute(next(turn), launchers, stream()), self.on_gpu)
+        except Exception as e:
+            return self.failed(name, e)
+        return _Timer(name, sample, _held_bytes(plans) if self.on_gpu else 0)
+
+    def failed(self, name: str, e: BaseException) -> Outcome:
+        """A Python error while planning, launching or timing: this kernel's alone, unless the
+        device's context is lost (an illegal address raises at the next sync): then a FAULT."""
+        return Outcome(name, Status.FAULT if _context_lost(self.device) else Status.LAUNCH_FAILED, error_text(e))
+
+    def time_in_turns(self, timers: list[_Timer], started: Callable[[str], None]) -> list[Outcome]:
+        """The timers' medians, sampled in turns (`timing.interleaved_medians`: the GPU's clock
+        drifts by more than the kernels of a problem differ, so each kernel's samples are drawn from
+        the same moments as the others'); `started(name)` before each sample names the kernel in
+        flight. A timer that raises is that kernel's failure; the others go on."""
+        failures: dict[str, Outcome] = {}
+
+        def guarded(timer: _Timer) -> Callable[[], float]:
+            def sample() -> float:
+                if timer.name in failures:
+                    return math.nan
+                started(timer.name)
+                try:
+                    return timer.sample()
+                except Exception as e:
+                    failures[timer.name] = self.failed(timer.name, e)
+                    return math.nan
+            return sample
+
+        from .timing import interleaved_medians
+
+        medians = interleaved_medians({t.name: guarded(t) for t in timers}, self.rounds)
+        outcomes = []
+        for timer in timers:
+            time_ms = medians[timer.name]
+            if timer.name in failures:
+                outcomes.append(failures[timer.name])
+            elif not math.isfinite(time_ms) or time_ms <= 0:
+                outcomes.append(Outcome(timer.name, Status.LAUNCH_FAILED, f"timed at {time_ms} ms"))
+            else:
+                outcomes.append(Outcome(timer.name, Status.OK, None, time_ms))
+        return outcomes
+
+    def held_bytes_limit(self) -> int:
+        """Bytes the timers waiting for their turns may hold: a share of the device's free memory."""
+        import torch
+
+        return int(torch.cuda.mem_get_info(self.device)[0] * HELD_SHARE) if self.on_gpu else 0
 
 
 def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
              finished: Callable[[Outcome], None] = lambda outcome: None) -> TaskResult:
-    """Builds, checks and times `task`'s kernels in this process, calling `started(name)` before
-    each kernel (and `started(BUILDING)` before the build) and `finished(outcome)` after it."""
+    """Builds and checks `task`'s kernels in this process, then times those that pass in turns,
+    calling `started(name)` before each kernel's check and each of its samples (and
+    `started(BUILDING)` before the build) and `finished(outcome)` once a kernel has its outcome.
+
+    The checked kernels wait for their turns together, as many as `held_bytes_limit` lets their
+    outputs stay on the device at once; a larger batch is timed in groups."""
     inject = injected(task.kernels)
     kernels = _Kernels(task)
     started(BUILDING)
@@ -288,7 +352,21 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
     build_s = time.perf_counter() - begin
     started(PREPARING)
     why_not = kernels.prepare()
-    outcomes = []
+    outcomes: dict[str, Outcome] = {}
+    waiting: list[_Timer] = []
+    limit = kernels.held_bytes_limit() if why_not is None else 0
+
+    def report(outcome: Outcome) -> None:
+        outcomes[outcome.kernel] = outcome
+        finished(outcome)
+        if outcome.status is Status.FAULT:  # no kernel can run in this process's context any more
+            os._exit(4)
+
+    def time_waiting() -> None:
+        for outcome in kernels.time_in_turns(waiting, started):
+            report(outcome)
+        waiting.clear()
+
     for spec in task.kernels:
         started(spec.name)
         action = inject.get(spec.name)
@@ -296,142 +374,14 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
             os._exit(3)
         if action is Inject.HANG:
             time.sleep(3600)
-        outcome = failed.get(spec.name) or (Outcome(spec.name, Status.UNSUPPORTED, why_not) if why_not
-                                            else kernels.run(spec))
-        outcomes.append(outcome)
-        finished(outcome)
-        if outcome.status is Status.FAULT:  # no kernel can run in this process's context any more
-            os._exit(4)
-    return TaskResult(tuple(outcomes), device_info(), build_s, time.perf_counter() - begin - build_s)
-
-
-def _child_main(conn) -> None:
-    """A worker process's start: it leads a process group of its own, so that killing the group
-    also ends the compile processes it started (`IsolatedRunner._kill`)."""
-    os.setpgid(0, 0)
-    _child(conn)
-
-
-def _child(conn) -> None:
-    """A worker process: says it is ready, then runs the tasks it is sent until it is sent None or
-    its parent goes."""
-    conn.send(("ready", None))  # after the imports: a task's time limit counts its work alone
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):  # the parent is gone: nobody is left to report to
-            return
-        if task is None:
-            return
-        finished: dict[str, Outcome] = {}
-
-        def report(outcome: Outcome) -> None:
-            finished[outcome.kernel] = outcome
-            conn.send(("finished", outcome))
-
-        try:
-            result = run_task(task, lambda name: conn.send(("started", name)), report)
-        except Exception as e:  # the rest of the batch failed as a whole (its operands, its reference):
-            # every kernel not yet finished says why, and those finished keep their outcomes
-            detail = _error(e) + "\n" + traceback.format_exc()[-ERROR_CHARS:]
-            result = TaskResult(tuple(finished.get(s.name) or Outcome(s.name, Status.LAUNCH_FAILED, detail)
-                                      for s in task.kernels), DeviceInfo())
-        try:
-            conn.send(("done", result))
-        except OSError:  # the parent went while the task ran
-            return
-
-
-class IsolatedRunner:
-    """Runs tasks in a child process of its own (pinned by `env`), restarting it after a fault or a
-    timeout: no kernel can take the caller down. `timeout_s` bounds each step: the batch's build, and
-    each kernel's check and timing (making a problem's operands and reference has PREPARE_S)."""
-
-    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 300.0) -> None:
-        self.env, self.timeout_s = dict(env or {}), timeout_s
-        self._process = self._conn = None
-
-    def _start(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        with environment(**self.env):
-            self._process = context.Process(target=_child_main, args=(child,), daemon=False)
-            self._process.start()
-        child.close()
-        self._conn = parent
-        limit = max(STARTUP_S, self.timeout_s)
-        try:
-            if not parent.poll(limit):
-                raise TimeoutError(f"no word from it in {limit} s")
-            parent.recv()
-        except (EOFError, OSError) as e:  # the environment cannot run a worker: no kernel can be swept here
-            self._kill()
-            raise RuntimeError(f"a sweep worker process failed to start ({type(e).__name__}: {e})") from e
-
-    def close(self, wait_s: float = 5.0) -> None:
-        """Stops the child: asked to exit, and killed with its process group if it has not within
-        `wait_s` (0: at once, as a sweep that is stopped mid-task does)."""
-        if self._process is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self._conn.send(None)
-            self._process.join(wait_s)
-            self._kill()
-
-    def _kill(self) -> None:
-        """Kills the child and every process of its group (a batch's compile processes)."""
-        if self._process is not None:
-            with contextlib.suppress(OSError):  # the group is gone, or the child had not formed it yet
-                os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.kill()
-            self._process.join()
-            self._conn.close()
-            self._process = self._conn = None
-
-    def run(self, task: Task) -> TaskResult:
-        """Every kernel of `task` with an outcome: a kernel that killed the child is a FAULT, one
-        that outlived the limit a TIMEOUT, and the rest of the batch runs in a fresh child."""
-        done: dict[str, Outcome] = {}
-        device, build_s, run_s = DeviceInfo(), 0.0, 0.0
-        pending = task.kernels
-        while pending:
-            if self._process is None:
-                self._start()
-            result, in_flight, status = self._attempt(replace(task, kernels=pending), done)
-            if result is not None:
-                device, build_s, run_s = result.device, build_s + result.build_s, run_s + result.run_s
-                done.update({o.kernel: o for o in result.outcomes})
-            else:
-                what = "timed out" if status is Status.TIMEOUT else "died"
-                batch = in_flight in (BUILDING, PREPARING)
-                stuck = [s.name for s in pending if s.name not in done] if batch else [in_flight]
-                doing = {BUILDING: "building the batch", PREPARING: "making the problem's operands and reference"}
-                for name in stuck:
-                    if name is not None and name not in done:  # a fault the child reported itself keeps its error
-                        done[name] = Outcome(name, status, f"the worker {what} "
-                                             f"{doing.get(in_flight, 'while running this kernel')}")
-            left = tuple(s for s in pending if s.name not in done)
-            if left == pending:  # nothing learnt (the child went before its first report): give up on them
-                for s in left:
-                    done[s.name] = Outcome(s.name, status, f"the worker {what} before running the batch")
-                left = ()
-            pending = left
-        return TaskResult(tuple(done[s.name] for s in task.kernels), device, build_s, run_s)
-
-    def _attempt(self, task: Task, done: dict[str, Outcome]) -> tuple[TaskResult | None, str | None, Status]:
-        in_flight = None
-        try:
-            self._conn.send(task)
-            while True:
-                if not self._conn.poll(max(self.timeout_s, PREPARE_S) if in_flight == PREPARING else self.timeout_s):
-                    self._kill()
-                    return None, in_flight, Status.TIMEOUT
-                kind, value = self._conn.recv()
-                if kind == "started":
-                    in_flight = value
-                elif kind == "finished":
-                    done[value.kernel] = value
-                else:
-                    return value, None, Status.OK
-        except (EOFError, OSError, BrokenPipeError):
-            self._kill()
-            return None, in_flight, Status.FAULT
+        checked = failed.get(spec.name) or (Outcome(spec.name, Status.UNSUPPORTED, why_not) if why_not
+                                            else kernels.check(spec))
+        if isinstance(checked, Outcome):
+            report(checked)
+            continue
+        waiting.append(checked)
+        if sum(t.held_bytes for t in waiting) > limit:
+            time_waiting()
+    time_waiting()
+    return TaskResult(tuple(outcomes[s.name] for s in task.kernels), device_info(), build_s,
+                      time.perf_counter() - begin - build_s)

@@ -43,7 +43,7 @@ TESTS_BWD = TINY_BWD + (Tile(32, 16, 4, 1), Tile(16, 32, 4, 2))
 # O and the scores in 128 registers a thread at d=128, where 128 x 64 over 4 warps spills:
 # sm_90 compiles). Tiles beyond the shared memory (128 x 128 x 3 stages at d=128) are
 # dropped per arch by the registry. Measured choices replace these after the H200 sweep
-# (benchmarks/attention_sweep.py).
+# (benchmarks/results/h200/attention_sweep.csv; a sweep now: `tiledispatch sweep --op attention`).
 DEFAULT_FWD = TESTS_FWD + (
     Tile(128, 64, 4, 3), Tile(128, 64, 8, 3), Tile(128, 128, 8, 3), Tile(128, 32, 4, 3),
     Tile(64, 64, 4, 3), Tile(128, 64, 8, 2), Tile(64, 128, 4, 2), Tile(128, 128, 8, 2), Tile(128, 128, 4, 2),
