@@ -15,27 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch
+from tiledispatch.bench.selections import selections
 from tiledispatch.bench.timing import graph_sampler, interleaved_medians
-from tiledispatch.core import dispatcher as dispatcher_module
 
 # (batch, heads_q, heads_kv, seqlen_q, seqlen_kv, head_dim): benchmarks/models.py's Llama shape
 CASES = {"prefill": (4, 16, 4, 512, 512, 128), "decode": (4, 16, 4, 1, 512, 128)}
-
-
-def selected(fn) -> str:
-    """The kernels the dispatchers select while `fn` runs once (a first sight: nothing memoised)."""
-    picked, select = [], dispatcher_module.Dispatcher.select
-
-    def spy(self, problem, *, device=None):
-        spec = select(self, problem, device=device)
-        picked.append(spec.name)
-        return spec
-    dispatcher_module.Dispatcher.select = spy
-    try:
-        fn()
-    finally:
-        dispatcher_module.Dispatcher.select = select
-    return " > ".join(picked)
 
 
 def reference(q, k, v, mask):
@@ -83,8 +67,8 @@ def main() -> None:
             "cudnn bias": lambda: cudnn(q, k, v, bias),
             "cudnn bias made each call": lambda: cudnn(q, k, v, as_bias(mask, q)),
         }
-        print(f"{name} {(b, hq, hkv, sq, skv, d)}: ours picks {selected(fns['ours mask'])} with the mask, "
-              f"{selected(fns['ours causal flag'])} with the flag")
+        masked, flagged = (" > ".join(selections(fns[label])) for label in ("ours mask", "ours causal flag"))
+        print(f"{name} {(b, hq, hkv, sq, skv, d)}: ours picks {masked} with the mask, {flagged} with the flag")
         samplers = {}
         for label, fn in fns.items():
             try:

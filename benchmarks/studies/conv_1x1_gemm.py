@@ -15,28 +15,12 @@ import torch
 import torch.nn.functional as F
 
 import tiledispatch
+from tiledispatch.bench.selections import selections
 from tiledispatch.bench.timing import graph_sampler, interleaved_medians
-from tiledispatch.core import dispatcher as dispatcher_module
 
 # (N, C, H, W, K): resnet50's and mobilenet_v3_large's 1x1 layers that lose the most
 SHAPES = [(32, 64, 56, 56, 256), (32, 256, 56, 56, 64), (32, 1024, 14, 14, 512), (32, 512, 7, 7, 2048),
           (64, 24, 56, 56, 72), (64, 72, 56, 56, 24), (64, 16, 112, 112, 64), (64, 960, 7, 7, 160)]
-
-
-def selected(fn) -> str:
-    """The kernels the dispatchers select while `fn` runs once (a first sight: nothing memoised)."""
-    picked, select = [], dispatcher_module.Dispatcher.select
-
-    def spy(self, problem, *, device=None):
-        spec = select(self, problem, device=device)
-        picked.append(spec.name)
-        return spec
-    dispatcher_module.Dispatcher.select = spy
-    try:
-        fn()
-    finally:
-        dispatcher_module.Dispatcher.select = select
-    return " > ".join(picked)
 
 
 def main() -> None:
@@ -51,8 +35,8 @@ def main() -> None:
         wt = (torch.randn(k, c, 1, 1, device="cuda", dtype=torch.bfloat16) * 0.1).contiguous(
             memory_format=torch.channels_last)
         a, b = x.permute(0, 2, 3, 1).reshape(-1, c), wt.reshape(k, c).t()  # (NHW, C) @ (C, K)
-        picks = (selected(lambda: tiledispatch.gemm(a, b)),
-                 selected(lambda: tiledispatch.conv(x, wt, kernel=forced)))
+        picks = [" > ".join(selections(call)) for call in (lambda: tiledispatch.gemm(a, b),
+                                                           lambda: tiledispatch.conv(x, wt, kernel=forced))]
         samplers = {
             "cudnn": graph_sampler(lambda _: F.conv2d(x, wt), [None], args.calls),
             "mm": graph_sampler(lambda _: torch.mm(a, b), [None], args.calls),
