@@ -308,7 +308,7 @@ def _usable(key: SelectionKey) -> TrainedModel | None:
     try:
         return shipped(key)
     except ImportError as e:
-        log.warning("the shipped model %s needs LightGBM (pip install 'tiledispatch[selection]'): %s; "
+        log.warning("the shipped model %s needs LightGBM, a dependency of tiledispatch (pip install lightgbm): %s; "
                     "ranking by rules", key.name, e)
     except (OSError, ModelFormatError) as e:
         log.warning("the shipped model %s/%s cannot be used (%s); ranking by rules", key.arch, key.name, e)
