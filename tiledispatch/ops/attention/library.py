@@ -120,6 +120,8 @@ def _attention_as_aten(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, c
     keys = k.shape[2]
     if padded_keys(keys) != keys:  # rows of 16 bytes, as PyTorch's own SDPA pads a bias for cuDNN
         bias = torch.nn.functional.pad(bias, (0, padded_keys(keys) - keys))[..., :keys]
+    else:  # a caller's additive mask may be a strided view: cuDNN takes dense rows
+        bias = bias.contiguous()
     bias = bias.expand(*q.shape[:3], keys)
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, False, 0.0, is_causal, False,
                                                              scale=scale)[0]
