@@ -209,6 +209,37 @@ def test_checked_kernels_are_timed_in_turns_and_in_groups_their_outputs_fit(monk
         assert sampled.count(specs[0].name) == 1 + 3  # its check and each sample
 
 
+def test_a_fault_while_timing_in_turns_is_reported_at_once(monkeypatch):
+    """A lost context fails every later sample: the kernel whose sample lost it is reported before
+    any other, as the worker then ends (`report` exits the process on a FAULT)."""
+    kernels = object.__new__(sweep_worker._Kernels)
+    kernels.rounds, kernels.device = 3, torch.device("cpu")
+    monkeypatch.setattr(sweep_worker, "_context_lost", lambda device: True)
+    lost = []
+
+    def sample_of(name):
+        def sample():
+            if name == "b" or lost:
+                lost.append(name)
+                raise RuntimeError("an illegal memory access was encountered")
+            return 1.0
+        return sample
+    reported = []
+
+    class Exited(Exception):
+        pass
+
+    def report(outcome):
+        reported.append(outcome)
+        if outcome.status is Status.FAULT:
+            raise Exited
+    timers = [sweep_worker._Timer(name, sample_of(name), 0) for name in "abc"]
+    with pytest.raises(Exited):
+        kernels.time_in_turns(timers, lambda name: None, report)
+    assert [(o.kernel, o.status) for o in reported] == [("b", Status.FAULT)]
+    assert "illegal memory access" in reported[0].error
+
+
 class _Pipe:
     """The child's end of its pipe, in this process: the tasks it is sent, what it sends back."""
 

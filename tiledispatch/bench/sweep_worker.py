@@ -296,11 +296,14 @@ class _Kernels:
         device's context is lost (an illegal address raises at the next sync): then a FAULT."""
         return Outcome(name, Status.FAULT if _context_lost(self.device) else Status.LAUNCH_FAILED, error_text(e))
 
-    def time_in_turns(self, timers: list[_Timer], started: Callable[[str], None]) -> list[Outcome]:
-        """The timers' medians, sampled in turns (`timing.interleaved_medians`: the GPU's clock
-        drifts by more than the kernels of a problem differ, so each kernel's samples are drawn from
-        the same moments as the others'); `started(name)` before each sample names the kernel in
-        flight. A timer that raises is that kernel's failure; the others go on."""
+    def time_in_turns(self, timers: list[_Timer], started: Callable[[str], None],
+                      report: Callable[[Outcome], None]) -> None:
+        """Reports the timers' medians, sampled in turns (`timing.interleaved_medians`: the GPU's
+        clock drifts by more than the kernels of a problem differ, so each kernel's samples are
+        drawn from the same moments as the others'); `started(name)` before each sample names the
+        kernel in flight. A timer that raises is that kernel's failure and the others go on, but a
+        FAULT is reported at once: the device's context is lost, and the kernels sampled after it
+        would fail for it (`report` ends the process on a FAULT)."""
         failures: dict[str, Outcome] = {}
 
         def guarded(timer: _Timer) -> Callable[[], float]:
@@ -311,23 +314,23 @@ class _Kernels:
                 try:
                     return timer.sample()
                 except Exception as e:
-                    failures[timer.name] = self.failed(timer.name, e)
+                    failures[timer.name] = failure = self.failed(timer.name, e)
+                    if failure.status is Status.FAULT:
+                        report(failure)
                     return math.nan
             return sample
 
         from .timing import interleaved_medians
 
         medians = interleaved_medians({t.name: guarded(t) for t in timers}, self.rounds)
-        outcomes = []
         for timer in timers:
             time_ms = medians[timer.name]
             if timer.name in failures:
-                outcomes.append(failures[timer.name])
+                report(failures[timer.name])
             elif not math.isfinite(time_ms) or time_ms <= 0:
-                outcomes.append(Outcome(timer.name, Status.LAUNCH_FAILED, f"timed at {time_ms} ms"))
+                report(Outcome(timer.name, Status.LAUNCH_FAILED, f"timed at {time_ms} ms"))
             else:
-                outcomes.append(Outcome(timer.name, Status.OK, None, time_ms))
-        return outcomes
+                report(Outcome(timer.name, Status.OK, None, time_ms))
 
     def held_bytes_limit(self) -> int:
         """Bytes the timers waiting for their turns may hold: a share of the device's free memory."""
@@ -363,8 +366,7 @@ def run_task(task: Task, started: Callable[[str], None] = lambda name: None,
             os._exit(4)
 
     def time_waiting() -> None:
-        for outcome in kernels.time_in_turns(waiting, started):
-            report(outcome)
+        kernels.time_in_turns(waiting, started, report)
         waiting.clear()
 
     for spec in task.kernels:
