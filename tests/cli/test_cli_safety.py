@@ -287,6 +287,13 @@ def test_an_unexpected_exception_is_a_json_internal_error(monkeypatch):
     assert err["type"] == "ZeroDivisionError" and "report" in err["hint"] and "TILEDISPATCH_DEBUG" in err["hint"]
 
 
+def test_a_missing_optional_package_names_the_extra_that_brings_it(monkeypatch):
+    missing = ModuleNotFoundError("No module named 'pandas'", name="pandas")
+    monkeypatch.setattr("tiledispatch.cli.gemm.make_inputs", _raise(missing))
+    err = error("gemm", "16", "16", "16", *FAST, code=ExitCode.BAD_INPUT, words=["pandas", "not installed"])
+    assert err["type"] == "ModuleNotFoundError" and err["hint"] == "pip install 'tiledispatch[selection]'"
+
+
 def test_debug_env_re_raises_internal_errors(monkeypatch):
     monkeypatch.setattr("tiledispatch.cli.gemm.make_inputs", _raise(ZeroDivisionError("a bug")))
     monkeypatch.setenv("TILEDISPATCH_DEBUG", "1")

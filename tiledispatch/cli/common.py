@@ -39,6 +39,9 @@ REPEATS_MAX = 100_000
 JOBS_MAX = 1024
 BUG_HINT = ("this is a bug in tiledispatch: please report it with the command line that raised it; "
             f"{DEBUG_ENV}=1 shows the traceback")
+# The optional packages some commands import, by module, and the extra of pyproject.toml that brings each.
+EXTRA_OF = {"pandas": "selection", "pyarrow": "selection", "dask": "distributed", "distributed": "distributed",
+            "matplotlib": "bench"}
 
 
 class ExitCode(enum.IntEnum):
@@ -211,6 +214,10 @@ def _exception(e: Exception) -> ExitCode:
                           "use smaller sizes, or free memory on the device")
     if isinstance(e, OSError):  # a file or directory the user named is unusable
         return emit_error(ExitCode.BAD_INPUT, type(e).__name__, str(e))
+    extra = EXTRA_OF.get((getattr(e, "name", None) or "").split(".")[0]) if isinstance(e, ImportError) else None
+    if extra is not None:  # an optional package this command needs is not installed
+        return emit_error(ExitCode.BAD_INPUT, type(e).__name__, f"this command needs {e.name}, which is not installed",
+                          hint=f"pip install 'tiledispatch[{extra}]'")
     if os.environ.get(DEBUG_ENV) == "1":
         raise e
     return emit_error(ExitCode.INTERNAL, type(e).__name__, str(e)[:2000] or repr(e), hint=BUG_HINT)
