@@ -124,3 +124,32 @@ def test_the_gemm_dispatcher_ranks_its_problems_class_alone_and_never_the_vendor
     all_specs, kept_specs = everything.candidates(fwd.op, fwd), kept.candidates(fwd.op, fwd)
     assert [s for s in all_specs if s.config.family is not GemmFamily.VENDOR] == list(kept_specs)
     assert len(kept_specs) < len(all_specs)
+
+
+# resnet50's and MobileNet's largest 1x1 convs (N, C, H, W, K): the family's Triton GEMMs ran 0.57-0.88x
+# cuDNN on them, cuBLAS 0.89-1.0x (H200, benchmarks/results/h200/conv_1x1_gemm.txt)
+MEASURED_1X1 = [(32, 64, 56, 56, 256), (32, 256, 56, 56, 64), (32, 1024, 14, 14, 512), (32, 512, 7, 7, 2048),
+                (64, 24, 56, 56, 72), (64, 72, 56, 56, 24), (64, 16, 112, 112, 64), (64, 960, 7, 7, 160)]
+
+
+@pytest.mark.parametrize("strategy", ["rules", "model"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_product_the_gemm_op_gives_its_vendor_is_not_the_familys(strategy, dtype):
+    """Where the GEMM op would run the product on cuBLAS, the family scores 0 and cuDNN runs the
+    conv: every measured 1x1 shape, by the rules and by the model (fp16 has none: the rules)."""
+    pytest.importorskip("lightgbm")
+    from tiledispatch import arch as arch_facts
+    from tiledispatch.ops.conv.families.pointwise import pointwise_score
+    from tiledispatch.ops.conv.pointwise import gemm_op_dispatcher
+
+    sm90 = arch_facts.load("sm_90")
+    conv = Dispatcher(Registry.from_rule_set("conv", "default", sm90), sm90, strategy=strategy)
+    for n, c, h, w, k in MEASURED_1X1:
+        x = torch.empty(n, c, h, w, dtype=dtype, device="meta").contiguous(memory_format=torch.channels_last)
+        wt = torch.empty(k, c, 1, 1, dtype=dtype, device="meta").contiguous(memory_format=torch.channels_last)
+        p = check_operands(Direction.FORWARD, x=x, w=wt).problem
+        assert gemm_op_dispatcher(sm90).select(gemm_problem(p)).is_vendor
+        family = next(s for s in conv.registry.candidates(p.op, p) if isinstance(s.config, PointwiseConfig))
+        score = pointwise_score(family.config, p, sm90)
+        assert score.value == 0.0 and score.terms == {"gemm_picks_vendor": 1.0}
+        assert conv.select(p).is_vendor, (n, c, h, w, k)

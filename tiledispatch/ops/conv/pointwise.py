@@ -39,6 +39,17 @@ def gemm_dispatcher(arch) -> Dispatcher:
     return _DISPATCHERS.get_or_make(arch.name, make)
 
 
+def gemm_op_dispatcher(arch) -> Dispatcher:
+    """The GEMM op's default kernels for `arch`, its vendor path among them, ranked as
+    `tiledispatch.gemm` ranks them there (`default_strategy`): what the op would run a product on."""
+    from ...core.dispatcher import default_strategy
+
+    def make() -> Dispatcher:
+        registry = Registry.from_rule_sets([GEMM_OP.kind], RuleSet.DEFAULT, arch)
+        return Dispatcher(registry, arch, strategy=default_strategy(arch))
+    return _DISPATCHERS.get_or_make(("with the vendor", arch.name), make)
+
+
 def _matrix(t: torch.Tensor) -> torch.Tensor:
     """(A, B, *spatial) channels-last as the (A * pixels) x B matrix: a view where its strides allow."""
     return t.movedim(1, -1).reshape(-1, t.shape[1])

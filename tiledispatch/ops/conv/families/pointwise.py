@@ -65,8 +65,18 @@ def supports(config: PointwiseConfig, problem: ConvProblem) -> str | None:
 
 
 def pointwise_score(config: PointwiseConfig, p: ConvProblem, arch) -> Score:
-    """The gemm family: the device time the GEMM op's own ranking models for its best Triton kernel."""
-    ranked = pointwise.gemm_dispatcher(arch).explain(pointwise.gemm_problem(p)).ranked
+    """The gemm family: the device time the GEMM op's own ranking models for its best Triton kernel;
+    none (a score of 0) where the GEMM op would run the product on its vendor library instead.
+
+    Why the second: on resnet50's and MobileNet's large 1x1 convs the family's Triton GEMMs ran
+    0.57-0.88x cuDNN where cuBLAS ran 0.89-1.0x (H200, results/h200/conv_1x1_gemm.txt), and the GEMM
+    op picks cuBLAS for those products; its ranking, learned where a model ships, knows its Triton
+    kernels lose there better than this score does (measured over modelled time on the conv sweep's
+    44 pointwise problems: median 0.72, P90 1.53, no one factor)."""
+    gemm = pointwise.gemm_problem(p)
+    if pointwise.gemm_op_dispatcher(arch).select(gemm).is_vendor:
+        return Score(0.0, {"gemm_picks_vendor": 1.0})
+    ranked = pointwise.gemm_dispatcher(arch).explain(gemm).ranked
     if not ranked:
         return Score(0.0, {"gemm_kernels": 0.0})
     modelled = ranked[0].score.terms["modelled_us"] * 1e-6 * POINTWISE_GEMM_FIT
