@@ -14,7 +14,7 @@ from ....core.op import Score
 from ....core.runtime import current_arch
 from .. import pointwise
 from ..plan import output_tensor, python_unit
-from ..problem import ConvProblem
+from ..problem import ConvProblem, Direction
 from ..ranking import ideal_seconds
 from ..rules import Findings, signature_findings, signature_refusal
 from ..signature import FAMILIES, ConvSignature, Family
@@ -66,15 +66,16 @@ def supports(config: PointwiseConfig, problem: ConvProblem) -> str | None:
 
 def pointwise_score(config: PointwiseConfig, p: ConvProblem, arch) -> Score:
     """The gemm family: the device time the GEMM op's own ranking models for its best Triton kernel;
-    none (a score of 0) where the GEMM op would run the product on its vendor library instead.
+    for a forward, none (a score of 0) where the GEMM op would run the product on its vendor library.
 
-    Why the second: on resnet50's and MobileNet's large 1x1 convs the family's Triton GEMMs ran
-    0.57-0.88x cuDNN where cuBLAS ran 0.89-1.0x (H200, results/h200/conv_1x1_gemm.txt), and the GEMM
-    op picks cuBLAS for those products; its ranking, learned where a model ships, knows its Triton
-    kernels lose there better than this score does (measured over modelled time on the conv sweep's
-    44 pointwise problems: median 0.72, P90 1.53, no one factor)."""
+    Why: on resnet50's and MobileNet's large 1x1 forwards the family's Triton GEMMs ran 0.57-0.88x
+    cuDNN where cuBLAS ran 0.89-1.0x (H200, results/h200/conv_1x1_gemm.txt), and the GEMM op picks
+    cuBLAS for those products; its ranking, learned where a model ships, knows its Triton kernels
+    lose there better than this score does (measured over modelled time on the conv sweep's 44
+    pointwise problems: median 0.72, P90 1.53, no one factor). The backward directions keep the
+    score: no measurement says the same of them."""
     gemm = pointwise.gemm_problem(p)
-    if pointwise.gemm_op_dispatcher(arch).select(gemm).is_vendor:
+    if p.direction is Direction.FORWARD and pointwise.gemm_op_dispatcher(arch).select(gemm).is_vendor:
         return Score(0.0, {"gemm_picks_vendor": 1.0})
     ranked = pointwise.gemm_dispatcher(arch).explain(gemm).ranked
     if not ranked:
