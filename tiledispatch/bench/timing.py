@@ -49,23 +49,19 @@ def calls_lasting(fn: Callable[[], object], sample_ms: float, *, least: int, mos
 def host_us_per_call(fn: Callable[[], object], calls: int = 3000, warmup: int = 200) -> float:
     """Host time of a call, in microseconds: wall clock over back-to-back calls whose GPU work
     is tiny, so the host is what paces them (a final synchronize is left out of the count)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return _seconds_per_call(fn, calls, warmup, until_done=False) * 1e6
 
 
 def wall_ms_per_call(fn: Callable[[], object], calls: int, warmup: int) -> float:
     """Wall-clock milliseconds a call, the GPU synchronised before the first and after the last of
     `calls` back-to-back calls: what a program of such calls takes, its host and its GPU together
     (a step that is bound by the host reads its host time, one bound by the GPU its kernels')."""
+    return _seconds_per_call(fn, calls, warmup, until_done=True) * 1e3
+
+
+def _seconds_per_call(fn: Callable[[], object], calls: int, warmup: int, *, until_done: bool) -> float:
+    """Wall-clock seconds a call over `calls` back-to-back calls after `warmup` and a synchronize; the
+    clock stops after the GPU has finished them (`until_done`) or as the host has queued the last."""
     import torch
 
     for _ in range(warmup):
@@ -74,8 +70,12 @@ def wall_ms_per_call(fn: Callable[[], object], calls: int, warmup: int) -> float
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3
+    if until_done:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    if not until_done:  # the GPU still finishes before the caller goes on
+        torch.cuda.synchronize()
+    return elapsed / calls
 
 
 def profiled(fn: Callable[[], object], calls: int):
