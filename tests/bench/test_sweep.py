@@ -172,7 +172,7 @@ def test_checked_kernels_are_timed_in_turns_and_in_groups_their_outputs_fit(monk
             if spec is specs[1]:
                 raise RuntimeError("a launch failed")
             return 1.0 + specs.index(spec)
-        return sweep_worker._Timer(spec.name, sample, 10)
+        return sweep_worker._Timer(spec.name, sample, [], 10)
 
     init = sweep_worker._Kernels.__init__
 
@@ -233,7 +233,7 @@ def test_a_fault_while_timing_in_turns_is_reported_at_once(monkeypatch):
         reported.append(outcome)
         if outcome.status is Status.FAULT:
             raise Exited
-    timers = [sweep_worker._Timer(name, sample_of(name), 0) for name in "abc"]
+    timers = [sweep_worker._Timer(name, sample_of(name), [], 0) for name in "abc"]
     with pytest.raises(Exited):
         kernels.time_in_turns(timers, lambda name: None, report)
     assert [(o.kernel, o.status) for o in reported] == [("b", Status.FAULT)]

@@ -79,3 +79,35 @@ def test_wall_time_counts_the_timed_calls_between_two_synchronisations(monkeypat
     ms = wall_ms_per_call(call, calls=5, warmup=2)
     assert events == ["call"] * 2 + ["sync"] + ["call"] * 5 + ["sync"]
     assert 2.0 <= ms < 20.0
+
+
+def test_graph_sampler_keeps_what_its_function_holds(monkeypatch):
+    """A sweep's sampler is made from a closure over a kernel's plans (its outputs, a split-K
+    workspace) and outlives the function that made it: the graph writes those buffers at their
+    capture-time addresses, so the sampler must hold the closure."""
+    import gc
+    import weakref
+
+    import torch
+
+    class Graph:  # stands in for a CUDA graph: replay runs what was captured
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: __import__("contextlib").nullcontext())
+
+    class Workspace:
+        pass
+
+    def make():
+        workspace = Workspace()
+        return graph_sampler(lambda _: workspace, [None], 2), weakref.ref(workspace)
+
+    sample, held = make()
+    gc.collect()
+    assert held() is not None
+    del sample
+    gc.collect()
+    assert held() is None  # held by the sampler, not leaked

@@ -177,10 +177,15 @@ def _sampler(run: Callable[[], None], on_gpu: bool) -> Callable[[], float]:
 
 @dataclass
 class _Timer:
-    """A checked kernel waiting for its turns: its sampler, and the bytes its plans hold."""
+    """A checked kernel waiting for its turns: its sampler, its plans, and the bytes they hold.
+
+    The sampler's CUDA graph writes the plans' outputs and workspaces at the addresses they had
+    when it was captured: the timer keeps them, or a replay would write memory the allocator has
+    handed to the next kernel's plans, or fault on memory it has released."""
 
     name: str
     sample: Callable[[], float]
+    plans: list
     held_bytes: int
 
 
@@ -289,7 +294,7 @@ class _Kernels:
             sample = _sampler(lambda: execute(next(turn), launchers, stream()), self.on_gpu)
         except Exception as e:
             return self.failed(name, e)
-        return _Timer(name, sample, _held_bytes(plans) if self.on_gpu else 0)
+        return _Timer(name, sample, plans, _held_bytes(plans) if self.on_gpu else 0)
 
     def failed(self, name: str, e: BaseException) -> Outcome:
         """A Python error while planning, launching or timing: this kernel's alone, unless the

@@ -125,7 +125,9 @@ def graph_sampler(fn: Callable[[object], object], sets: list, calls: int) -> Cal
         end.synchronize()
         return begin.elapsed_time(end) / calls
 
-    sample.inputs = sets  # the graph reads these buffers' addresses: they must live as long as it does
+    # The graph reads the buffers of `sets` and of whatever `fn` holds (a plan's outputs and
+    # workspace, in its closure) at their capture-time addresses: they live as long as it does.
+    sample.inputs = (sets, fn)
     return sample
 
 
