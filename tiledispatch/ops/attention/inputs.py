@@ -113,18 +113,26 @@ def tuning_operands(problem: AttentionProblem, device, seed: int = 0):
 
 
 def reference_output(operands):
-    """The float64 result the sweep checks each kernel against: (out, lse) forward, (dq, dk, dv) backward."""
+    """The float64 result the sweep checks each kernel against, on the operands' device (float64
+    math there is exact, and a 2-TFLOP problem takes the CPU minutes): (out, lse) forward,
+    (dq, dk, dv) backward."""
     from .problem import Direction
-    from .reference import reference, reference_from
+    from .reference import gradients, reference, reference_from
 
+    device = operands.q.device
     if operands.problem.direction is Direction.FORWARD:
-        return reference(operands)
-    f64 = [t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (operands.q, operands.k, operands.v)]
-    sinks = None if operands.sinks is None else operands.sinks.detach().to("cpu", torch.float64)
-    out, _ = reference_from(*f64, operands.problem, scale=operands.scale, softcap=operands.softcap, sinks=sinks,
-                            cu_seqlens_q=None if operands.cu_seqlens_q is None else operands.cu_seqlens_q.cpu(),
-                            cu_seqlens_k=None if operands.cu_seqlens_k is None else operands.cu_seqlens_k.cpu())
-    grad_out = operands.grad_out.detach().to("cpu", torch.float64).reshape(out.shape)
+        return reference(operands, device=device)
+    f64 = [t.detach().to(device, torch.float64) for t in (operands.q, operands.k, operands.v)]
+    sinks = None if operands.sinks is None else operands.sinks.detach().to(device, torch.float64)
+    common = {"scale": operands.scale, "softcap": operands.softcap, "sinks": sinks}
+    if operands.cu_seqlens_q is None:
+        grad_out = operands.grad_out.detach().to(device, torch.float64).reshape(
+            *f64[0].shape[:3], operands.problem.head_dim_v)
+        return gradients(*f64, grad_out, operands.problem, **common)
+    f64 = [t.requires_grad_(True) for t in f64]
+    out, _ = reference_from(*f64, operands.problem, cu_seqlens_q=operands.cu_seqlens_q.cpu(),
+                            cu_seqlens_k=operands.cu_seqlens_k.cpu(), **common)
+    grad_out = operands.grad_out.detach().to(device, torch.float64).reshape(out.shape)
     return torch.autograd.grad(out, f64, grad_out)
 
 

@@ -1,9 +1,11 @@
-"""The attention reference: the same function in float64 on the CPU, written plainly.
+"""The attention reference: the same function in float64, written plainly.
 
 Scores are materialised, each feature applied in the kernels' order (scale, soft-cap,
 bias, additive mask, ALiBi, boolean mask, position mask), then softmax with the sink as
 one more logit, then dropout with a given keep mask. Its autograd gradients are what the
-backward plan is checked against.
+backward plan is checked against. A long problem is attended a few heads at a time
+(`head_chunks`), so its scores never outgrow MAX_SCORES elements: a 16k-token training
+problem's at once would take 70 GB.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ from .operands import AttentionOperands
 from .problem import FP8_DTYPES, FP8_OUTPUT, AttentionProblem, UserMask
 
 
-def _allowed(problem: AttentionProblem, sq: int, skv: int) -> torch.Tensor:
+# The most score elements one chunk of the reference materialises (float64: 2 GiB, and a few
+# temporaries of that size beside it).
+MAX_SCORES = 1 << 28
+
+
+def _allowed(problem: AttentionProblem, sq: int, skv: int, device=None) -> torch.Tensor:
     """(sq, skv) bool: the position mask (causal, window) of one sequence."""
     offset, left, right = problem.band(sq, skv)
-    i = torch.arange(sq).unsqueeze(1)
-    j = torch.arange(skv).unsqueeze(0)
-    keep = torch.ones(sq, skv, dtype=torch.bool)
+    i = torch.arange(sq, device=device).unsqueeze(1)
+    j = torch.arange(skv, device=device).unsqueeze(0)
+    keep = torch.ones(sq, skv, dtype=torch.bool, device=device)
     if left >= 0:
         keep &= j >= i + offset - left
     if right >= 0:
@@ -50,11 +57,12 @@ def attend(q, k, v, problem: AttentionProblem, *, scale: float, softcap: float =
     if mask is not None and mask.dtype != torch.bool:
         x = x + mask
     if slopes is not None:
-        distance = (torch.arange(sq).unsqueeze(1) + skv - sq - torch.arange(skv).unsqueeze(0)).abs()
+        positions = torch.arange(max(sq, skv), device=x.device)
+        distance = (positions[:sq].unsqueeze(1) + skv - sq - positions[:skv].unsqueeze(0)).abs()
         x = x - slopes[:, :, None, None] * distance.to(x.dtype)
     if mask is not None and mask.dtype == torch.bool:
         x = x.masked_fill(~mask, -math.inf)
-    x = x.masked_fill(~_allowed(problem, sq, skv), -math.inf)
+    x = x.masked_fill(~_allowed(problem, sq, skv, x.device), -math.inf)
     if sinks is not None:
         x = torch.cat([x, sinks.to(x.dtype)[None, :, None, None].expand(*x.shape[:3], 1)], dim=-1)
     lse = torch.logsumexp(x, dim=-1)
@@ -67,8 +75,67 @@ def attend(q, k, v, problem: AttentionProblem, *, scale: float, softcap: float =
     return torch.matmul(weights, v), lse
 
 
-def _f64(t):
-    return None if t is None else t.detach().to("cpu", torch.float64)
+def head_chunks(batch: int, heads_q: int, heads_kv: int, sq: int, skv: int):
+    """(batches, query heads, key heads) slices that cover a problem, each within MAX_SCORES
+    score elements where one head allows it: whole key-head groups, or part of one group (its
+    query heads all read one key head)."""
+    if batch * heads_q * sq * skv <= MAX_SCORES:
+        yield slice(0, batch), slice(0, heads_q), slice(0, heads_kv)
+        return
+    group = heads_q // heads_kv
+    fits = max(1, MAX_SCORES // (sq * skv))
+    step = fits // group * group if fits >= group else max(d for d in range(1, fits + 1) if group % d == 0)
+    for b in range(batch):
+        for h in range(0, heads_q, step):
+            end = min(h + step, heads_q)
+            kv = slice(h // group, -(-end // group)) if step >= group else slice(h // group, h // group + 1)
+            yield slice(b, b + 1), slice(h, end), kv
+
+
+def _part(t, shape, rows: slice, heads: slice):
+    """A chunk of a tensor that broadcasts to `shape` (batch, heads first): a view."""
+    return None if t is None else t.expand(shape)[rows, heads]
+
+
+def _fixed(q, k, v, problem: AttentionProblem, *, bias, mask, slopes, keep, sinks, **common):
+    """`attend` over `head_chunks`, the chunks' outputs and LSEs joined."""
+    batch, heads_q, sq, _ = q.shape
+    skv = k.shape[2]
+    full = (batch, heads_q, sq, skv)
+    chunks = list(head_chunks(batch, heads_q, k.shape[1], sq, skv))
+    if len(chunks) == 1:
+        return attend(q, k, v, problem, bias=bias, mask=mask, slopes=slopes, keep=keep, sinks=sinks, **common)
+    outs: dict[int, list] = {}
+    lses: dict[int, list] = {}
+    for rows, heads, kv in chunks:
+        out, lse = attend(q[rows, heads], k[rows, kv], v[rows, kv], problem, bias=_part(bias, full, rows, heads),
+                          mask=_part(mask, full, rows, heads), slopes=_part(slopes, (batch, heads_q), rows, heads),
+                          keep=_part(keep, full, rows, heads), sinks=None if sinks is None else sinks[heads],
+                          **common)
+        outs.setdefault(rows.start, []).append(out)
+        lses.setdefault(rows.start, []).append(lse)
+    return (torch.cat([torch.cat(parts, 1) for parts in outs.values()], 0),
+            torch.cat([torch.cat(parts, 1) for parts in lses.values()], 0))
+
+
+def gradients(q, k, v, grad_out, problem: AttentionProblem, *, scale: float, softcap: float = 0.0, sinks=None):
+    """float64 (dq, dk, dv) of a fixed-length problem without a mask, bias or dropout, by autograd
+    over one `head_chunks` chunk at a time (a whole problem's graph keeps every chunk's scores)."""
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    batch, heads_q, sq, _ = q.shape
+    for rows, heads, kv in head_chunks(batch, heads_q, k.shape[1], sq, k.shape[2]):
+        leaves = [t[rows, part].detach().requires_grad_(True) for t, part in ((q, heads), (k, kv), (v, kv))]
+        out, _ = attend(*leaves, problem, scale=scale, softcap=softcap,
+                        sinks=None if sinks is None else sinks[heads])
+        dq, dk, dv = torch.autograd.grad(out, leaves, grad_out[rows, heads])
+        grads[0][rows, heads] += dq
+        grads[1][rows, kv] += dk
+        grads[2][rows, kv] += dv
+    return tuple(grads)
+
+
+def _f64(t, device="cpu"):
+    return None if t is None else t.detach().to(device, torch.float64)
 
 
 def reference_from(q, k, v, problem: AttentionProblem, *, scale: float, softcap: float = 0.0, bias=None, mask=None,
@@ -80,7 +147,7 @@ def reference_from(q, k, v, problem: AttentionProblem, *, scale: float, softcap:
     """
     common = {"scale": scale, "softcap": softcap, "dropout_p": dropout_p, "sinks": sinks}
     if cu_seqlens_q is None:
-        return attend(q, k, v, problem, bias=bias, mask=mask, slopes=slopes, keep=keep, **common)
+        return _fixed(q, k, v, problem, bias=bias, mask=mask, slopes=slopes, keep=keep, **common)
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
@@ -94,15 +161,16 @@ def reference_from(q, k, v, problem: AttentionProblem, *, scale: float, softcap:
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
-def reference(ops: AttentionOperands, keep: torch.Tensor | None = None):
-    """float64 (out, lse) on the CPU for checked operands."""
+def reference(ops: AttentionOperands, keep: torch.Tensor | None = None, device="cpu"):
+    """float64 (out, lse) on `device` for checked operands."""
     mask = ops.mask
     if mask is not None:
-        mask = mask.cpu().bool() if ops.problem.variant.user_mask is UserMask.BOOLEAN else _f64(mask)
+        mask = mask.to(device).bool() if ops.problem.variant.user_mask is UserMask.BOOLEAN else _f64(mask, device)
     return reference_from(
-        _f64(ops.q), _f64(ops.k), _f64(ops.v), ops.problem, scale=ops.scale, softcap=ops.softcap,
-        bias=_f64(ops.bias), mask=mask, slopes=_f64(ops.alibi_slopes), sinks=_f64(ops.sinks),
-        keep=None if keep is None else keep.cpu().bool(), dropout_p=ops.dropout_p,
+        _f64(ops.q, device), _f64(ops.k, device), _f64(ops.v, device), ops.problem, scale=ops.scale,
+        softcap=ops.softcap, bias=_f64(ops.bias, device), mask=mask, slopes=_f64(ops.alibi_slopes, device),
+        sinks=_f64(ops.sinks, device), keep=None if keep is None else keep.to(device).bool(),
+        dropout_p=ops.dropout_p,
         cu_seqlens_q=None if ops.cu_seqlens_q is None else ops.cu_seqlens_q.cpu(),
         cu_seqlens_k=None if ops.cu_seqlens_k is None else ops.cu_seqlens_k.cpu())
 

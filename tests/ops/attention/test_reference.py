@@ -1,0 +1,84 @@
+"""The float64 reference attended in head chunks: the same outputs, LSE and gradients as attended
+whole, for every feature a chunk must slice (GQA groups, a broadcast bias and mask, ALiBi slopes,
+sinks, a window), so a long problem is checked in bounded memory."""
+
+import pytest
+import torch
+
+from tiledispatch.ops.attention import reference as ref
+from tiledispatch.ops.attention.inputs import reference_output, tuning_operands
+from tiledispatch.ops.attention.problem import MaskKind
+
+
+def _problem(mask=MaskKind.SLIDING_WINDOW, **sizes):
+    from tiledispatch.ops.attention import AttentionOptions, check_operands
+
+    b, hq, hkv, s, d = sizes.get("b", 2), sizes.get("hq", 6), sizes.get("hkv", 2), sizes.get("s", 24), 32
+    q, k, v = (torch.randn(b, h, s, d) for h in (hq, hkv, hkv))
+    window = (5, 0) if mask is MaskKind.SLIDING_WINDOW else None
+    ops = check_operands(q, k, v, options=AttentionOptions(window=window))
+    return ops.problem, [t.double() for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("heads_per_chunk", [1, 2, 4, 6])  # part of a group, one group, two, and all
+def test_chunked_forward_matches_the_whole(monkeypatch, heads_per_chunk):
+    problem, (q, k, v) = _problem(hq=12, hkv=3)  # groups of 4 query heads
+    b, hq, s = q.shape[0], q.shape[1], q.shape[2]
+    g = torch.Generator().manual_seed(1)
+    features = {"scale": 0.3, "softcap": 20.0, "sinks": torch.randn(hq, generator=g, dtype=torch.float64),
+                "bias": torch.randn(1, hq, s, s, generator=g, dtype=torch.float64),  # broadcast over batch
+                "mask": torch.rand(s, s, generator=g) > 0.2,  # broadcast over batch and heads
+                "slopes": torch.rand(b, hq, generator=g, dtype=torch.float64)}
+    whole = ref.reference_from(q, k, v, problem, **features)
+    monkeypatch.setattr(ref, "MAX_SCORES", heads_per_chunk * s * s)
+    chunks = list(ref.head_chunks(b, hq, 3, s, s))
+    assert len(chunks) > 1 and all(c[1].stop - c[1].start <= max(heads_per_chunk, 1) for c in chunks)
+    chunked = ref.reference_from(q, k, v, problem, **features)
+    for got, want in zip(chunked, whole):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_chunks_cover_every_head_once():
+    ref_max = ref.MAX_SCORES
+    try:
+        for fits, group in [(1, 4), (3, 4), (4, 4), (5, 4), (9, 4), (2, 1), (3, 6)]:
+            ref.MAX_SCORES = fits * 10 * 10
+            seen = []
+            for rows, heads, kv in ref.head_chunks(2, 4 * group, 4, 10, 10):
+                for h in range(heads.start, heads.stop):
+                    assert kv.start <= h // group < kv.stop  # each query head reads its own key head
+                    seen.append((rows.start, h))
+                assert (heads.stop - heads.start) * 100 <= max(ref.MAX_SCORES, 100)
+            assert sorted(seen) == [(b, h) for b in range(2) for h in range(4 * group)]
+    finally:
+        ref.MAX_SCORES = ref_max
+
+
+def test_chunked_gradients_match_autograd_of_the_whole(monkeypatch):
+    problem, (q, k, v) = _problem(hq=6, hkv=2)
+    grad_out = torch.randn(q.shape, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, _ = ref.reference_from(*leaves, problem, scale=0.25)
+    want = torch.autograd.grad(out, leaves, grad_out)
+    monkeypatch.setattr(ref, "MAX_SCORES", q.shape[2] * q.shape[2])  # one head a chunk
+    got = ref.gradients(q, k, v, grad_out, problem, scale=0.25)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_the_sweeps_backward_reference_is_chunked(monkeypatch):
+    """reference_output of a backward problem: the chunked gradients, equal to the whole's."""
+    import dataclasses
+
+    from tiledispatch.ops.attention.problem import Direction
+
+    problem, _ = _problem(b=1, hq=4, hkv=2, s=16)
+    backward = dataclasses.replace(problem, direction=Direction.BACKWARD, needs_lse=False)
+    ops = tuning_operands(backward, "cpu", seed=3)
+    if ops is None:
+        pytest.skip("fresh operands do not reproduce this problem")
+    whole = reference_output(ops)
+    monkeypatch.setattr(ref, "MAX_SCORES", 16 * 16)
+    for got, want in zip(reference_output(ops), whole):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
