@@ -535,8 +535,9 @@ def summarize(rows: list[dict]) -> dict:
     return {"models": per, "targets": {
         "eager_and_train_each_at_least_1.0x": target(("eager", "train"), 1.0),
         "cuda_graph_each_at_least_1.0x": graph,
+        # A target of its own: the each-model target above says which model falls short.
         "cuda_graph_geomean_at_least_1.1x": {"geomean": graph_geomean, "at_least": 1.1,
-                                             "pass": graph["pass"] and (graph_geomean or 0) >= 1.1},
+                                             "pass": not graph["not_measured"] and (graph_geomean or 0) >= 1.1},
         "compile_each_at_least_1.0x_of_torch_compile": target(("compile",), 1.0),
         "error_within_2x_of_pytorch": {"entries": accuracy, "pass": bool(accuracy) and all(
             v is True for v in accuracy.values())},

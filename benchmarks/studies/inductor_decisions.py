@@ -28,8 +28,8 @@ def main() -> None:
     traced = collections.Counter()
     original = inductor.picks_vendor
 
-    def spy(key, like, problem_of):
-        vendor = original(key, like, problem_of)
+    def spy(key, like, problem_of, **options):
+        vendor = original(key, like, problem_of, **options)
         d = dispatcher_module.dispatcher_or_default(None, like)
         from torch.utils._python_dispatch import _disable_current_modes
         with _disable_current_modes():

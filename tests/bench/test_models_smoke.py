@@ -77,8 +77,9 @@ def test_rows_of_another_run_are_kept_and_targets_follow_them(tmp_path):
     summary = models.summarize(merged)
     graph = summary["targets"]["cuda_graph_each_at_least_1.0x"]
     assert graph["below"] == ["b graph"] and not graph["pass"]
-    geomean = summary["targets"]["cuda_graph_geomean_at_least_1.1x"]["geomean"]
-    assert geomean == pytest.approx((2.0 / 1.1) ** 0.5, rel=1e-3)
+    geomean = summary["targets"]["cuda_graph_geomean_at_least_1.1x"]
+    assert geomean["geomean"] == pytest.approx((2.0 / 1.1) ** 0.5, rel=1e-3)
+    assert geomean["pass"]  # 1.35x: met, though one model is below 1.0x (the target above says so)
     assert summary["targets"]["eager_and_train_each_at_least_1.0x"]["pass"]
     assert summary["models"]["b"]["graph"]["error_within_2x_of_pytorch"] is False
     assert summary["models"]["a"]["graph"]["error_within_2x_of_pytorch"] is True
