@@ -13,7 +13,7 @@ import array
 import functools
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from .op import Score
 from .spec import KernelSpec
@@ -60,6 +60,17 @@ class Ranking:
         """The refused candidates with their reasons, in registry order."""
         specs, reasons = self.specs, self.reasons
         return tuple(Candidate(specs[i], reasons[r]) for i, r in enumerate(self.reason_ids) if r)
+
+    def rules_first(self, keep: Callable[[Candidate], bool]) -> Candidate | None:
+        """The accepted candidate the rules alone rank first among those `keep` takes (the highest
+        rule score, ties in registry order, as a rules ranking sorts them), whoever ordered
+        `accepted`; None where `keep` takes none. A dispatcher whose registry holds only the kept
+        kernels would rank it first: one ranking answers for both."""
+        kept = [c for c in self.accepted if keep(c)]
+        if self.model is None or not kept:
+            return kept[0] if kept else None
+        position = {spec.name: i for i, spec in enumerate(self.specs)}
+        return max(kept, key=lambda c: (c.score.value, -position[c.spec.name]))
 
 
 @dataclass(frozen=True)

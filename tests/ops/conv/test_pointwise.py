@@ -7,6 +7,8 @@ under the interpreter here and natively on a GPU.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -153,3 +155,27 @@ def test_a_product_the_gemm_op_gives_its_vendor_is_not_the_familys(strategy, dty
         score = pointwise_score(family.config, p, sm90)
         assert score.value == 0.0 and score.terms == {"gemm_picks_vendor": 1.0}
         assert conv.select(p).is_vendor, (n, c, h, w, k)
+
+
+def test_the_familys_kernel_read_off_the_gemm_ops_ranking():
+    """The forward's score reads the family's Triton GEMM off the GEMM op's own ranking (learned where a
+    model ships) rather than ranking the product again: `rules_first` gives the kernel the family's
+    dispatcher (no vendor, the rules) ranks first, on every product, whatever reordered the op's."""
+    pytest.importorskip("lightgbm")
+    from tiledispatch import arch as arch_facts
+    from tiledispatch.bench.problemsets import load_problems
+    from tiledispatch.ops.conv.pointwise import gemm_dispatcher, gemm_op_dispatcher
+
+    sm90 = arch_facts.load("sm_90")
+    op, family = gemm_op_dispatcher(sm90), gemm_dispatcher(sm90)
+    assert op.strategy.value == "model"  # the shipped sm_90 GEMM model reorders the op's ranking
+    root = Path(__file__).resolve().parents[3]
+    products = [gemm_problem(p) for p in load_problems(
+        root / "benchmarks/results/h200/selection/problems/sweep_conv_forward.json") if p.pointwise]
+    reordered = 0
+    for gemm in products:
+        ranking = op.explain(gemm).refusals
+        first = ranking.rules_first(lambda c: not c.spec.is_vendor)
+        assert first.spec.name == family.ranked(gemm)[0].spec.name
+        reordered += ranking.model is not None and ranking.accepted[0].spec.name != first.spec.name
+    assert len(products) > 20 and reordered > 0  # the model's order differs, and is not what is read

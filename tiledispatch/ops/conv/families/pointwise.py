@@ -75,12 +75,19 @@ def pointwise_score(config: PointwiseConfig, p: ConvProblem, arch) -> Score:
     pointwise problems: median 0.72, P90 1.53, no one factor). The backward directions keep the
     score: no measurement says the same of them."""
     gemm = pointwise.gemm_problem(p)
-    if p.direction is Direction.FORWARD and pointwise.gemm_op_dispatcher(arch).select(gemm).is_vendor:
-        return Score(0.0, {"gemm_picks_vendor": 1.0})
-    ranked = pointwise.gemm_dispatcher(arch).explain(gemm).ranked
-    if not ranked:
+    if p.direction is Direction.FORWARD:
+        # The op's ranking holds the family's own: its first Triton kernel by the rules is what
+        # `gemm_dispatcher` (the same kernels less the vendor's, ranked by the rules) runs.
+        dispatcher = pointwise.gemm_op_dispatcher(arch)
+        if dispatcher.select(gemm).is_vendor:
+            return Score(0.0, {"gemm_picks_vendor": 1.0})
+        best = dispatcher.explain(gemm).refusals.rules_first(lambda c: not c.spec.is_vendor)
+    else:
+        ranked = pointwise.gemm_dispatcher(arch).ranked(gemm)
+        best = ranked[0] if ranked else None
+    if best is None:
         return Score(0.0, {"gemm_kernels": 0.0})
-    modelled = ranked[0].score.terms["modelled_us"] * 1e-6 * POINTWISE_GEMM_FIT
+    modelled = best.score.terms["modelled_us"] * 1e-6 * POINTWISE_GEMM_FIT
     return Score(ideal_seconds(p, arch) / modelled, {"modelled_us": modelled * 1e6})
 
 
