@@ -23,6 +23,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .errors import InvalidConfigError
 from .validation import Correction, Finding
 
+# Configs whose family a table remembers (the gemm `full` rule set holds some 31k); past it, it
+# starts afresh rather than grow with configs made anew for each call (read from JSON, say).
+FOUND_KEPT = 1 << 16
+
 
 @dataclass(frozen=True)
 class CorrectionSpace:
@@ -64,6 +68,7 @@ class FamilyTable:
         self.op = op
         self._key = key
         self._families: dict[str, KernelFamily] = {}
+        self._found: dict[int, tuple[Any, KernelFamily]] = {}  # id(config) -> (config, its family)
         self._lock = threading.Lock()
 
     def register(self, family: KernelFamily) -> KernelFamily:
@@ -78,7 +83,20 @@ class FamilyTable:
         return family
 
     def of(self, config: Any) -> KernelFamily:
-        """The family that owns `config`; a config of an unregistered family is refused by name."""
+        """The family that owns `config`; a config of an unregistered family is refused by name.
+
+        Found once per config object: a problem's ranking asks for each candidate's family a few
+        times (its refusals, scores and host cost), and a registry's configs live as long as it."""
+        entry = self._found.get(id(config))
+        if entry is not None and entry[0] is config:
+            return entry[1]
+        family = self._lookup(config)
+        if len(self._found) >= FOUND_KEPT:
+            self._found.clear()
+        self._found[id(config)] = (config, family)
+        return family
+
+    def _lookup(self, config: Any) -> KernelFamily:
         name = self._key(config)
         family = self._families.get(name)
         if family is None or not isinstance(config, family.config_type):

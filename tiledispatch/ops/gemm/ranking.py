@@ -269,7 +269,25 @@ class _Occupancy:
     vectorised: Any  # A and B loaded in 16-byte vectors (their alignment, truthy where so)
 
 
+# id(config) -> (config, arch, (A's and B's alignment, A's dtype), its occupancy): what a config's
+# occupancy depends on of a problem is that little, so a new problem finds it made.
+_OCCUPANCIES: dict[int, tuple] = {}
+OCCUPANCIES_KEPT = 1 << 16
+
+
 def _occupancy(config: GemmConfig, p: GemmProblem, arch) -> _Occupancy:
+    given = (p.alignment.a, p.alignment.b, p.types.a)
+    entry = _OCCUPANCIES.get(id(config))
+    if entry is not None and entry[0] is config and entry[1] is arch and entry[2] == given:
+        return entry[3]
+    occupancy = _made_occupancy(config, p, arch)
+    if len(_OCCUPANCIES) >= OCCUPANCIES_KEPT:
+        _OCCUPANCIES.clear()
+    _OCCUPANCIES[id(config)] = (config, arch, given, occupancy)
+    return occupancy
+
+
+def _made_occupancy(config: GemmConfig, p: GemmProblem, arch) -> _Occupancy:
     t = p.types
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + REGISTER_RESERVE
