@@ -10,6 +10,7 @@ every kernel reads them.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -297,7 +298,7 @@ class ConvProblem:
     def spatial_dims(self) -> int:
         return len(self.input_size)
 
-    @property
+    @functools.cached_property  # read by every candidate's score and refusal: computed once a problem
     def output_size(self) -> tuple[int, ...]:
         return tuple(output_size(*args) for args in zip(self.input_size, self.filter_size, self.stride,
                                                           self.padding, self.dilation))
@@ -377,10 +378,18 @@ class ConvProblem:
 
     def flops(self) -> int:
         """2 * N * K * (output pixels) * C/G * (filter taps): the same in every direction."""
+        return self._flops
+
+    @functools.cached_property
+    def _flops(self) -> int:
         return 2 * self.n * self.k * math.prod(self.output_size) * self.c_per_group * math.prod(self.filter_size)
 
     def bytes(self) -> int:
         """The fewest bytes moved: each tensor read or written once (and y read, as residual)."""
+        return self._bytes
+
+    @functools.cached_property
+    def _bytes(self) -> int:
         item = self.types.dtype.itemsize
         x = self.n * self.c * math.prod(self.input_size)
         y = self.n * self.k * math.prod(self.output_size)
