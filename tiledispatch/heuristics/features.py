@@ -27,7 +27,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -92,22 +92,38 @@ class Column:
         return number
 
 
-def flatten(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """(path, scalar) for every leaf of a dataclass of dataclasses, enums, tuples, mappings and
     scalars, as `core.serialize.to_jsonable` would spell it; sets are skipped (no order)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from flatten(getattr(obj, f.name), f"{prefix}{f.name}.")
+    leaves: list[tuple[str, Any]] = []
+    _flatten_into(obj, prefix, leaves)
+    return leaves
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's field names: read for every new problem
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _flatten_into(obj: Any, prefix: str, leaves: list) -> None:
+    if isinstance(obj, enum.Enum):  # before the scalars: a str or int enum spells its value
+        leaves.append((prefix[:-1], obj.value))
+    elif obj is None or isinstance(obj, (bool, int, float, str)):
+        leaves.append((prefix[:-1], obj))
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for name in _field_names(type(obj)):
+            _flatten_into(getattr(obj, name), f"{prefix}{name}.", leaves)
     elif isinstance(obj, Mapping):
         for key, value in obj.items():
-            yield from flatten(value, f"{prefix}{key.value if isinstance(key, enum.Enum) else key}.")
+            _flatten_into(value, f"{prefix}{key.value if isinstance(key, enum.Enum) else key}.", leaves)
     elif isinstance(obj, (tuple, list)):
         for i, value in enumerate(obj):
-            yield from flatten(value, f"{prefix}{i}.")
-    elif isinstance(obj, enum.Enum):
-        yield prefix[:-1], obj.value
-    elif obj is None or isinstance(obj, (bool, int, float, str)):
-        yield prefix[:-1], obj
+            _flatten_into(value, f"{prefix}{i}.", leaves)
 
 
 def problem_values(problem: Any) -> dict[str, Any]:
