@@ -121,16 +121,17 @@ class Dispatcher:
 
     def _rank(self, problem) -> Ranking:
         specs = self.registry.candidates(problem.op, problem)
+        definition = get_op(problem.op)  # every candidate's: the registry gives the problem's op's kernels
         accepted, reasons, reason_ids = [], {None: 0}, []
         for spec in specs:
-            reason = spec.definition.supports(spec.config, problem)
+            reason = definition.supports(spec.config, problem)
             if reason is None and spec.name in self._broken:
                 reason = BROKEN
             reason_ids.append(reasons.setdefault(reason, len(reasons)))
             if reason is not None:
                 continue
             if self.strategy is not Strategy.FIRST:
-                accepted.append(Candidate(spec, None, spec.definition.rule_score(spec.config, problem, self.arch)))
+                accepted.append(Candidate(spec, None, definition.rule_score(spec.config, problem, self.arch)))
             else:
                 accepted.append(Candidate(spec))
         if self.strategy is not Strategy.FIRST:
