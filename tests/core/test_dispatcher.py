@@ -358,3 +358,25 @@ def test_the_default_for_a_tensor_is_the_default_dispatcher_and_forgotten_with_i
     default_dispatcher.cache_clear()
     again = dispatcher_or_default(None, t)
     assert again is not first and again is default_dispatcher(backend=Backend.INTERPRETER)
+
+
+def test_rules_first_reads_the_rules_order_back_from_a_model_ordered_ranking(registry):
+    """Ranking.rules_first: the best rule score among the kept candidates, equal scores in registry
+    order (as the rules' stable sort leaves them), whatever order a model put `accepted` in."""
+    import array
+
+    from tiledispatch.core.op import Score
+    from tiledispatch.core.ranking import Ranking
+
+    specs = tuple(registry)[:5]
+    values = [0.5, 0.9, 0.9, 0.7, 0.9]  # three equal best: the earliest in the registry is the rules' first
+    scored = [Candidate(s, None, Score(v, {})) for s, v in zip(specs, values)]
+    reversed_by_model = tuple(reversed(scored))
+    ranking = Ranking(reversed_by_model, specs, (None,), array.array("B", [0] * len(specs)), "a model")
+    assert ranking.rules_first(lambda c: True).spec is specs[1]
+    assert ranking.rules_first(lambda c: c.spec is not specs[1]).spec is specs[2]
+    assert ranking.rules_first(lambda c: c.spec in (specs[0], specs[3])).spec is specs[3]
+    assert ranking.rules_first(lambda c: False) is None
+    rules_ordered = Ranking(tuple(sorted(scored, key=lambda c: -c.score.value)), specs, (None,),
+                            array.array("B", [0] * len(specs)))
+    assert rules_ordered.rules_first(lambda c: True).spec is specs[1]  # no model: the first kept
