@@ -11,6 +11,7 @@ the copies, their units, plan, cost and rules are written once, here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -37,10 +38,15 @@ REALIGN_BANDWIDTH_FRACTION = {1: 0.39}
 REALIGN_BANDWIDTH_FRACTION_WIDE = 0.65
 
 
+# Memoised: a ranking asks for each realign candidate's twin and the realigned problem in its
+# refusal and again in its score; one object each also keeps the scores' per-config and
+# per-problem caches (ranking._occupancy, ranking._roofline) warm.
+@functools.lru_cache(maxsize=4096)
 def _twin(config: GemmConfig) -> GemmConfig:
     return replace(config, realign=False)
 
 
+@functools.lru_cache(maxsize=64)
 def _realigned(problem: GemmProblem) -> GemmProblem:
     return replace(problem, alignment=problem.alignment.realigned())
 
