@@ -653,3 +653,29 @@ def test_a_stopped_sweeps_incomplete_problems_are_left_out_of_its_evaluation(tmp
     result = CliRunner().invoke(app, ["evaluate", str(tmp_path), "--strategies", "rules"])
     document = json.loads(result.stdout)
     assert document["incomplete_problems_left_out"] == 0 and document["problems"] == 2, result.output
+
+
+def test_cli_gathers_the_table_into_one_file_that_resumes_as_a_directory(tmp_path):
+    """--gather writes the whole table as one parquet file (what a lent machine returns and what is
+    committed); copied into an empty directory as a part, a sweep there skips what it holds."""
+    import shutil
+
+    import pandas as pd
+
+    problem = gemm_problems()[0]
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps([json.loads(canonical_json(problem))]))
+    common = ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp16", "--rule-set", "tiny"]
+    first = CliRunner().invoke(app, [*common, "--top", "1", "--out", str(tmp_path / "out"),
+                                     "--gather", str(tmp_path / "table.parquet")])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["gathered"] == {"file": str(tmp_path / "table.parquet"), "rows": 1}
+    frame = read_table(tmp_path / "out")
+    assert frame.equals(pd.read_parquet(tmp_path / "table.parquet"))
+    (tmp_path / "again").mkdir()
+    shutil.copy(tmp_path / "table.parquet", tmp_path / "again" / "part-0.parquet")
+    again = CliRunner().invoke(app, [*common, "--top", "2", "--out", str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output
+    document = json.loads(again.stdout)
+    assert document["skipped"] == 1 and document["kernels"] == 1  # the second kernel alone is timed
+    assert len(read_table(tmp_path / "again")) == 2

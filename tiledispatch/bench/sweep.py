@@ -157,12 +157,30 @@ def _read_part(part: Path, columns: Sequence[str] | None = None):
                                    "(a sweep run again times its kernels anew)") from None
 
 
-def read_table(out: str | Path):
-    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none)."""
+def _arrow_table(out: str | Path):
     import pyarrow as pa
 
     tables = [_read_part(p) for p in sorted(Path(out).glob(PART_GLOB))]
-    return (pa.concat_tables(tables) if tables else schema().empty_table()).to_pandas()
+    return pa.concat_tables(tables) if tables else schema().empty_table()
+
+
+def read_table(out: str | Path):
+    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none)."""
+    return _arrow_table(out).to_pandas()
+
+
+def gather(out: str | Path, path: str | Path) -> int:
+    """Every part under `out` as one parquet file at `path`, written under a temporary name and
+    renamed; its row count. A sweep writes a part per task, too many files to carry or commit; the
+    gathered file resumes as a directory again, copied into an empty one as a part."""
+    import pyarrow.parquet as pq
+
+    table, path = _arrow_table(out), Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, staging)
+    staging.rename(path)
+    return table.num_rows
 
 
 def write_part(out: Path, rows: list[dict[str, Any]]) -> Path | None:

@@ -105,10 +105,12 @@ def sweep_command(
                                                  help="stop cleanly once a task finishes past this many seconds "
                                                       "(a rerun into --out goes on)"),
         record_refused: bool = typer.Option(False, "--record-refused",
-                                            help="a row per refused candidate too (status unsupported)")) -> None:
+                                            help="a row per refused candidate too (status unsupported)"),
+        gather_to: Optional[Path] = typer.Option(None, "--gather", help="then the whole table of --out (this "
+                                                 "sweep's rows and earlier ones) as one parquet file here")) -> None:
     """Time the candidates of a rule set on every problem of a set; one long-format parquet table."""
     from .. import arch as arch_facts
-    from ..bench.sweep import CandidatePolicy, SweepInterrupted, sweep
+    from ..bench.sweep import CandidatePolicy, SweepInterrupted, gather, sweep
     from ..core.op import OpKind, RuleSet
 
     kind = parse_option("--op", OpKind.parse, op)
@@ -125,12 +127,16 @@ def sweep_command(
                                    match=match),
         timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler, kernels_per_task=kernels_per_task, jobs=jobs,
         problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs, budget_s=budget_s, space=space)
+    def gathered() -> dict:
+        return {} if gather_to is None else {"gathered": {"file": str(gather_to), "rows": gather(out, gather_to)}}
+
     try:
         report = _with_progress(run, f"{kind.value} {set_name}")
     except SweepInterrupted as stopped:  # what it wrote before a Ctrl-C or SIGTERM, then the usual exit code
-        emit({"status": "interrupted", "op": kind.value, "problem_set": set_name, **stopped.report.to_dict()})
+        emit({"status": "interrupted", "op": kind.value, "problem_set": set_name, **stopped.report.to_dict(),
+              **gathered()})
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-    emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict()})
+    emit({"status": "ok", "op": kind.value, "problem_set": set_name, **report.to_dict(), **gathered()})
 
 
 def _with_progress(run: Callable[..., Any], what: str) -> Any:
