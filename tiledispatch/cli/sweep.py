@@ -127,6 +127,7 @@ def sweep_command(
                                    match=match),
         timeout_s=timeout, gpus=parse_gpus(gpus), scheduler=scheduler, kernels_per_task=kernels_per_task, jobs=jobs,
         problem_set_name=set_name, seed=seed, prebuild_jobs=prebuild_jobs, budget_s=budget_s, space=space)
+
     def gathered() -> dict:
         return {} if gather_to is None else {"gathered": {"file": str(gather_to), "rows": gather(out, gather_to)}}
 
