@@ -48,6 +48,10 @@ class Calibration:
     #: Host time a call of one of our custom ops costs inside a torch.compile'd graph over the aten
     #: call inductor makes for PyTorch's own op: a kept pick must save more device time than this.
     compiled_call_host_s: float
+    #: Host time an eager call bound to one of our Triton kernels costs over the vendor's call through
+    #: PyTorch (our replay and launch, or our autograd node, against PyTorch's C++ ones): where the
+    #: host is exposed, a pick must save more device time than this (`core.hostcost`).
+    eager_call_host_s: float
     #: Bytes one SM's programs must have requested at once to draw its share of DRAM bandwidth.
     bytes_in_flight_per_sm: int
     #: Operand bytes a second one SM takes through its L2 port with pointer loads (re-reads included).

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from ..core.dispatcher import dispatcher_or_default
+from ..core.hostcost import weighed
 
 _DECOMPOSITIONS: dict[Any, Callable] = {}  # op overload -> its decomposition
 _REGISTERED = threading.Event()
@@ -133,24 +134,11 @@ def picks_vendor(key: tuple, like: torch.Tensor, problem_of: Callable[[list], An
 def saves_its_call(dispatcher, problem, spec) -> bool:
     """Whether `spec`, a pick that is not the vendor's, is expected to save more device time than a call
     of our op costs the host inside a compiled graph over inductor's aten call
-    (`calibration.compiled_call_host_s`; results/h200/model_step_profile_compile_rules.txt).
-
-    Without CUDA graphs a compiled graph launches from the host, and the CNNs and decoders measured
-    are bound by it there (PyTorch's own compile of resnet50: 2.0 ms of wall time for 1.65 ms of GPU
-    work), so a kept call's host time is paid in full, and its device saving only where the GPU is
-    the bound. The saving is the rules' modelled times (`modelled_us`) of the vendor and the pick:
-    the analytic estimates every candidate carries, whatever ranked them. Where there is no vendor
-    candidate, or no estimate, the pick stays.
-    """
-    ranked = dispatcher.ranked(problem)
-    vendor = next((c for c in ranked if c.spec.is_vendor), None)
-    pick = next((c for c in ranked if c.spec.name == spec.name), None)
-    if vendor is None or pick is None:
-        return True
-    vendor_us, pick_us = (c.score.terms.get("modelled_us") if c.score is not None else None for c in (vendor, pick))
-    if vendor_us is None or pick_us is None:
-        return True
-    return (vendor_us - pick_us) * 1e-6 > dispatcher.arch.calibration.compiled_call_host_s
+    (`calibration.compiled_call_host_s`; results/h200/model_step_profile_compile_rules.txt): without
+    CUDA graphs a compiled graph launches from the host, and the CNNs and decoders measured are bound
+    by it there (PyTorch's own compile of resnet50: 2.0 ms of wall time for 1.65 ms of GPU work).
+    The weighing is core.hostcost's."""
+    return weighed(dispatcher, problem, spec, dispatcher.arch.calibration.compiled_call_host_s) is spec
 
 
 def _cuda_graphs() -> bool:

@@ -98,6 +98,33 @@ def test_a_bound_call_replays_on_new_tensors(dispatcher, case, kernel, own_out):
         assert cmp.passed, f"{kernel} replayed: {cmp.to_dict()}"
 
 
+@pytest.mark.skipif(ON_GPU, reason="driven through bind on the interpreter; the GPU's calls bind publicly")
+def test_a_forward_pick_weighed_for_eager_calls_binds_both_and_a_capture_runs_the_device_pick(dispatcher,
+                                                                                              monkeypatch):
+    """core.hostcost: where the forward's pick is not expected to save an eager call's host time, the
+    signature binds the cheaper kernel for eager calls and the pick for graph captures; both compute."""
+    from tiledispatch.core import hostcost
+
+    p = problem(*CASES["forward-grouped"], dtype="fp32")
+    ops = check_operands(p.direction, **(make_inputs(p, device=DEVICE, seed=0).kwargs(p) | {"out": None}))
+    pick = dispatcher.select(ops.problem)
+    cheaper = next(c.spec for c in dispatcher.ranked(ops.problem) if c.spec.family != pick.family)
+    monkeypatch.setattr(fastpath, "weighed", lambda d, problem, spec, host_s: cheaper if spec is pick else spec)
+    bound = fastpath.bind(dispatcher, ops, None)
+    assert isinstance(bound, hostcost.ByCapture)
+    assert isinstance(bound.eager, fastpath.BoundConv) and isinstance(bound.replayed, fastpath.BoundConv)
+    ran = []
+    for which in (bound.eager, bound.replayed):
+        monkeypatch.setattr(which, "_run", lambda *a, run=which._run, **k: (ran.append(run), run(*a, **k))[1])
+    for capturing in (False, True):
+        monkeypatch.setattr(hostcost, "capturing", lambda capturing=capturing: capturing)
+        fresh = make_inputs(p, device=DEVICE, seed=int(capturing) + 1)
+        cmp = compare(bound(_tensors(fresh, None)), check_operands(p.direction, **fresh.kwargs(p)))
+        assert cmp.passed, cmp.to_dict()
+    assert len(ran) == 2 and ran[0] is not ran[1]  # the eager call ran one bound kernel, the capture the other
+    assert isinstance(fastpath.bind(dispatcher, ops, pick.name), fastpath.BoundConv)  # a forced kernel: unweighed
+
+
 @pytest.mark.parametrize("direction", list(Direction), ids=lambda d: d.value)
 @pytest.mark.parametrize("own_out", [True, False], ids=["out", "allocated"])
 def test_the_vendor_stage_replays_on_new_tensors(direction, own_out):

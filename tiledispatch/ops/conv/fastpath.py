@@ -24,6 +24,7 @@ from ...core.launch import Plan
 from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, Unbindable, tensor_meta
 from ...core.tensors import check_no_alias
 from ...core.dtypes import DType
+from ...core.hostcost import ByCapture, eager_host_s, weighed
 from ..gemm import Activation
 from .operands import ConvOperands, channels_last_empty
 from .problem import Direction
@@ -201,11 +202,24 @@ def _dense_channels_last(t: torch.Tensor) -> bool:
 UNBOUND = object()  # a signature whose plan the swap cannot replay: the checked path takes it
 
 
-def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | PointwiseConv | object:
+def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | PointwiseConv | ByCapture | object:
     """Selects (or resolves), loads and plans once: a `BoundConv` to replay, a `DirectConv` for a plain
     call bound to the vendor, a `PointwiseConv` for a 1x1 forward bound to the GEMM, or UNBOUND
-    where the plan reads a copy the swap would not refresh."""
+    where the plan reads a copy the swap would not refresh. A forward pick not expected to save
+    an eager call's host time over the vendor (core.hostcost) runs the vendor in eager calls and
+    itself in graph captures: both bound, in a `ByCapture`."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
+    bound = _bind_spec(dispatcher, operands, spec, launchers)
+    if kernel is not None or operands.problem.direction is not Direction.FORWARD or bound is UNBOUND:
+        return bound
+    cheaper = weighed(dispatcher, operands.problem, spec, eager_host_s(dispatcher))
+    if cheaper is spec:
+        return bound
+    eager = _bind_spec(dispatcher, operands, *dispatcher.prepare(operands, kernel=cheaper))
+    return bound if eager is UNBOUND else ByCapture(eager, bound)
+
+
+def _bind_spec(dispatcher, operands: ConvOperands, spec, launchers: dict):
     if DirectConv.takes(spec, operands) and not operands.converted:
         return DirectConv(operands)
     pointwise = PointwiseConv.make(spec, operands, dispatcher)

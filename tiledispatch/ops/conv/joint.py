@@ -11,9 +11,9 @@ cuDNN kernels, and gives the bias's gradient too.
 The decision is made once per signature (the three tensors' metadata and the geometry) and
 kept in the dispatcher's memo, like a bound call.
 
-Where the dispatcher picks the vendor for the forward and for both gradients (`native_forward`),
-an eager recorded call goes one step further: it calls PyTorch's conv, whose autograd records its
-own backward, one convolution_backward as above. That is the same cuDNN work as the op's twin
+Where the dispatcher picks the vendor for the forward (for eager calls: core.hostcost) and for both
+gradients (`native_forward`), an eager recorded call goes one step further: it calls PyTorch's
+conv, whose autograd records its own backward, one convolution_backward as above. That is the same cuDNN work as the op's twin
 (library.py) and its joint backward, without the twin's Python, which cost a recorded 3x3 conv on
 cuDNN's path 76 us of host time on the H200's host against PyTorch's 22
 (results/h200/autograd_overhead_profile.txt): the vendor's pick costs what PyTorch's call costs.
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ...core.dispatcher import dispatcher_or_default
 from ...core.dtypes import DType
+from ...core.hostcost import capturing, eager_pick
 from ...core.replay import tensor_meta
 from .operands import ConvOperands, channels_last_empty, check_operands
 from .problem import Direction
@@ -87,11 +88,14 @@ _CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 class NativeVendor:
-    """conv(x, w, bias) by PyTorch's own op, for a signature whose three picks are the vendor's."""
+    """conv(x, w, bias) by PyTorch's own op, for a signature whose three picks are the vendor's.
+    `weighed`: the forward's pick is the vendor's for eager calls only (core.hostcost), so a
+    graph capture runs the op's twin, whose forward replays the device's pick."""
 
-    def __init__(self, spatial_dims: int, options: tuple) -> None:
+    def __init__(self, spatial_dims: int, options: tuple, weighed: bool) -> None:
         self._conv = _CONVS[spatial_dims]
         self._options = options[:4]  # stride, padding, dilation, groups
+        self.weighed = weighed
 
     def __call__(self, x, w, bias):
         return self._conv(x, w, bias, *self._options)
@@ -105,7 +109,9 @@ def native_forward(x, w, bias, geometry: tuple, dispatcher) -> NativeVendor | No
     key = ("conv-native", tensor_meta(x), tensor_meta(w), None if bias is None else tensor_meta(bias), geometry)
     chosen = dispatcher_or_default(dispatcher, x)
     native = chosen.memo(key, lambda: _decide_native(chosen, x, w, bias, geometry))
-    return None if native is _SEPARATE else native
+    if native is _SEPARATE or native.weighed and capturing():
+        return None
+    return native
 
 
 def _decide_native(dispatcher, x, w, bias, options: tuple):
@@ -113,10 +119,13 @@ def _decide_native(dispatcher, x, w, bias, options: tuple):
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
     forward = check_operands(Direction.FORWARD, x=x, w=w, bias=bias, **geometry)
     p = forward.problem
-    if forward.converted or p.wide_offsets or dispatcher.select(p, device=x.device).family != Family.VENDOR.value:
+    if forward.converted or p.wide_offsets:
+        return _SEPARATE
+    pick, eager = eager_pick(dispatcher, p, x.device)
+    if eager.family != Family.VENDOR.value:
         return _SEPARATE
     shaped = [channels_last_empty(tuple(t.shape), t.dtype, "meta") for t in (x, w)]
     dy = channels_last_empty((p.n, p.k, *p.output_size), x.dtype, "meta")
     if _decide(dispatcher, dy, *shaped, options) is _SEPARATE:
         return _SEPARATE
-    return NativeVendor(p.spatial_dims, options)
+    return NativeVendor(p.spatial_dims, options, weighed=eager is not pick)

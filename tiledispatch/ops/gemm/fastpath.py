@@ -21,6 +21,7 @@ import torch
 from ...core.dispatcher import stream_getter
 from ...core.dtypes import DType
 from ...core.errors import BuildError
+from ...core.hostcost import ByCapture
 from ...core.launch import Plan
 from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, tensor_meta
 from . import vendor
@@ -154,24 +155,6 @@ class DirectMatmul:
             check_no_alias(out, a, b, None)
             self._unaliased = pointers
         return self._matmul(a, b, out=out)
-
-
-class ByCapture:
-    """A launch-bound signature's two bound calls: eager code takes the one cheapest to launch,
-    a CUDA graph capture the one fastest on the device (its replays have no host time).
-
-    Both are loaded when the signature is first seen, and the vendor's handle made, so a capture
-    never loads a kernel nor creates a handle.
-    """
-
-    def __init__(self, eager, replayed) -> None:
-        self.eager, self.replayed = eager, replayed
-        # torch's raw query: its Python wrapper is one more frame on every call
-        self._capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
-
-    def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
-        call = self.replayed if self._capturing() else self.eager
-        return call(a, b, bias, residual, out, scale_a, scale_b)
 
 
 def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> BoundGemm | DirectMatmul | ByCapture:

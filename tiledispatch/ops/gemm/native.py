@@ -5,8 +5,11 @@ dA = dC B^T and dB = A^T dC, each selected for its own problem. Where the dispat
 forward and both products to the vendor (cuBLAS through PyTorch), that is what PyTorch's own
 `mm`/`addmm` and its autograd compute, without the twin's Python: a recorded 16x16 linear cost
 48 us of host time on the H200's host against F.linear's 18
-(results/h200/autograd_overhead_profile.txt). `native_forward` makes the decision once per
-signature, in the dispatcher's memo, and gives PyTorch's call where it holds.
+(results/h200/autograd_overhead_profile.txt). So each of the three picks is weighed against that
+host time (core.hostcost): one not expected to save it is the vendor's in eager calls (a graph
+capture runs the twin, whose products replay the device's picks). A GEMM's gradients are GEMMs,
+which the estimates cover as they cover its forward. `native_forward` makes the decision once
+per signature, in the dispatcher's memo, and gives PyTorch's call where it holds.
 
 It holds for 2-D fp16 or bf16 operands (an nn.Linear's flattened input and transposed weight)
 with no activation, residual, out dtype or scales in the op, the result in the operands' dtype;
@@ -18,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ...core.dispatcher import dispatcher_or_default
+from ...core.hostcost import capturing, eager_pick
 from ...core.replay import tensor_meta
 from .config import Family
 from .operands import check_operands
@@ -43,8 +47,10 @@ def native_forward(a, b, bias, dispatcher):
         return None
     key = ("gemm-native", tensor_meta(a), tensor_meta(b), None if bias is None else tensor_meta(bias))
     chosen = dispatcher_or_default(dispatcher, a)
-    native = chosen.memo(key, lambda: _decide(chosen, a, b, bias))
-    return None if native is _SEPARATE else native
+    native, weighed_pick = chosen.memo(key, lambda: _decide(chosen, a, b, bias))
+    if native is _SEPARATE or weighed_pick and capturing():
+        return None
+    return native
 
 
 def _meta(t: torch.Tensor, transposed: bool = False) -> torch.Tensor:
@@ -54,17 +60,18 @@ def _meta(t: torch.Tensor, transposed: bool = False) -> torch.Tensor:
     return torch.empty_strided(shape, stride, dtype=t.dtype, device="meta")
 
 
-def _decide(dispatcher, a, b, bias):
+def _decide(dispatcher, a, b, bias) -> tuple:
+    """(PyTorch's product, whether a pick was weighed to the vendor) or (_SEPARATE, False)."""
     forward = check_operands(a, b, bias=bias)
-    if forward.problem.wide_offsets or not _vendor(dispatcher, forward.problem, a.device):
-        return _SEPARATE
     dc = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device="meta")
-    for x, y in ((dc, _meta(b, transposed=True)), (_meta(a, transposed=True), dc)):  # dA = dC B^T, dB = A^T dC
-        problem = check_operands(x, y).problem
-        if problem.wide_offsets or not _vendor(dispatcher, problem, a.device):
-            return _SEPARATE
-    return _mm if bias is None else _addmm
-
-
-def _vendor(dispatcher, problem, device) -> bool:
-    return dispatcher.select(problem, device=device).family == Family.VENDOR.value
+    weighed_any = False
+    # the forward, then dA = dC B^T and dB = A^T dC
+    for problem in (forward.problem, *(check_operands(x, y).problem for x, y in (
+            (dc, _meta(b, transposed=True)), (_meta(a, transposed=True), dc)))):
+        if problem.wide_offsets:
+            return _SEPARATE, False
+        pick, eager = eager_pick(dispatcher, problem, a.device)
+        if eager.family != Family.VENDOR.value:
+            return _SEPARATE, False
+        weighed_any = weighed_any or eager is not pick
+    return (_mm if bias is None else _addmm), weighed_any
