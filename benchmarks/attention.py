@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import triton
 
 import tiledispatch
+from tiledispatch.bench.results import record_run
 from tiledispatch.bench.timing import event_sampler, interleaved_medians
 from tiledispatch.core.cache import KernelCache
 from tiledispatch.core.dispatcher import Dispatcher, default_dispatcher
@@ -314,6 +315,7 @@ def main() -> int:
         "flops_convention": "forward: 4 * d * visible (query, key) pairs per head; fwd+bwd: 3.5x forward",
     }
     (args.out / "attention_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    record_run(args.out, "attention.csv")  # its rows into the folder's long-format table (results.parquet)
     try:
         plot(entries, args.out / "attention.png")
     except ImportError:

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 import tiledispatch  # noqa: F401  (first: it picks the backend)
 from tiledispatch.bench.copy import copy_elements, kernel_copy
 from tiledispatch.bench.plots import plot_speed_vs_vendor
+from tiledispatch.bench.results import record_run
 from tiledispatch.bench.timing import event_sampler, geomean, graph_sampler, interleaved_medians, percentile
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.errors import TiledispatchError
@@ -432,6 +433,7 @@ def main() -> int:
         "seconds": round(time.perf_counter() - started, 1),
     })
     (args.out / "conv_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    record_run(args.out, "conv.csv")  # its rows into the folder's long-format table (results.parquet)
     plot_speed_vs_vendor(results, args.out / "conv.png", vendor="cuDNN", vendor_key="cudnn_ms",
                          label=lambda e: f"{e['case']} {e['direction']}")
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, indent=1))

@@ -38,6 +38,7 @@ import tiledispatch  # noqa: F401  (first: it picks the backend)
 import torch
 
 from tiledispatch.bench.plots import plot_speed_vs_vendor
+from tiledispatch.bench.results import Environment, record_run
 from tiledispatch.bench.timing import (
     geomean,
     graph_median_ms,
@@ -323,6 +324,7 @@ def main() -> int:
         "top_per_family": args.top or None,
     })
     (args.out / "gemm_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    record_run(args.out, "gemm.csv")  # its rows into the folder's long-format table (results.parquet)
     plot_speed_vs_vendor(summary_cases, args.out / "gemm.png", vendor="cuBLAS", vendor_key="cublas_ms",
                          label=lambda e: e["case"])
     print(json.dumps({k: v for k, v in summary.items() if k != "per_dtype"}, indent=1))
@@ -335,6 +337,9 @@ def merge(args) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         writer.writeheader()
         writer.writerows(rows)
+    host = json.loads(args.host_json.read_text()) if args.host_json else {}  # the shards' GPU and versions
+    record_run(args.out, "gemm.csv", Environment(gpu=host.get("gpu"), torch=host.get("torch"),
+                                                 triton=host.get("triton")))
     entries: dict[tuple, dict] = {}
     keys = {"cublas": ("vendor", "cublas_ms"), "triton-selected": ("selected", "selected_ms"),
             "triton-oracle": ("oracle", "oracle_ms"), "dispatcher": ("dispatcher", "dispatcher_ms")}
@@ -348,7 +353,6 @@ def merge(args) -> int:
     dtypes = sorted({e["dtype"] for e in cases})
     summary = summarize(cases, dtypes)
     if args.host_json:
-        host = json.loads(args.host_json.read_text())
         summary.update({k: v for k, v in host.items() if k.startswith("host_us")})
     summary.update({"cases": len(cases), "command": "python " + " ".join(sys.argv) + " (merged runs)",
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

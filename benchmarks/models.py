@@ -546,6 +546,9 @@ def summarize(rows: list[dict]) -> dict:
 
 def write_outputs(rows: list[dict], setting: Setting, args, firsts: dict, seconds: float) -> dict:
     import triton
+
+    from tiledispatch.bench.results import record_run
+
     env = {"gpu": torch.cuda.get_device_name() if setting.device == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -562,6 +565,7 @@ def write_outputs(rows: list[dict], setting: Setting, args, firsts: dict, second
                     "cudnn_benchmark": args.cudnn_benchmark, "smoke": setting.smoke,
                     "llama": asdict(TINY_LLAMA if setting.smoke else LLAMA)})
     summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    record_run(args.out, "models.csv")  # its rows into the folder's long-format table (results.parquet)
     return summary
 
 
