@@ -65,13 +65,11 @@ def test_by_capture_runs_the_device_pick_only_while_a_graph_is_captured(monkeypa
     assert calls == [("eager", (1, 2)), ("replayed", (1, 2))]
 
 
-def _weighing(op: str, monkeypatch, saving_us: float, vendor_for=()) -> Dispatcher:
-    """An sm_90 dispatcher (on this CPU) whose picks are Triton kernels that save `saving_us` over the
-    vendor, except for the conv directions in `vendor_for`, which it gives the vendor."""
+def _weighing(op: str, monkeypatch, saving_us: float) -> Dispatcher:
+    """An sm_90 dispatcher (on this CPU) whose picks are Triton kernels that save `saving_us` over the vendor."""
     d = Dispatcher(Registry.from_rule_set(op, "tests", SM90), SM90)
     pick, vendor = spec("pick", False, "igemm" if op == "conv" else "tiled"), spec("vendor", True)
-    monkeypatch.setattr(d, "select", lambda problem, device=None: (
-        vendor if getattr(problem, "direction", None) in vendor_for else pick))
+    monkeypatch.setattr(d, "select", lambda problem, device=None: pick)
     monkeypatch.setattr(d, "ranked", lambda problem: (candidate(pick, 40.0), candidate(vendor, 40.0 + saving_us)))
     d.loaded = []  # the kernels loaded ahead of a capture
     monkeypatch.setattr(d, "launchers", lambda s, specialization: d.loaded.append(s.name))
@@ -79,25 +77,22 @@ def _weighing(op: str, monkeypatch, saving_us: float, vendor_for=()) -> Dispatch
 
 
 @pytest.mark.parametrize("saving_us", [5.0, 500.0])
-@pytest.mark.parametrize("gradients_vendor", [True, False])
-def test_a_recorded_conv_whose_forward_saves_less_than_the_host_time_is_pytorchs_own_but_not_in_a_capture(
-        monkeypatch, saving_us, gradients_vendor):
-    """Only the forward is weighed: a gradient's Triton pick stays, however small its modelled saving."""
+def test_a_recorded_conv_whose_picks_save_less_than_the_host_time_is_pytorchs_own_but_not_in_a_capture(
+        monkeypatch, saving_us):
+    """The forward and both gradients are weighed; a capture runs the device's picks, loaded beforehand."""
     from tiledispatch.ops.conv import joint
-    from tiledispatch.ops.conv.problem import Direction
 
-    d = _weighing("conv", monkeypatch, saving_us,
-                  (Direction.BWD_DATA, Direction.BWD_WEIGHT) if gradients_vendor else ())
+    d = _weighing("conv", monkeypatch, saving_us)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 6, 7, 5, generator=g).bfloat16().contiguous(memory_format=torch.channels_last)
     w = torch.randn(4, 3, 3, 2, generator=g).bfloat16().contiguous(memory_format=torch.channels_last)
     options = ((2, 1), (1, 0), (1, 2), 2, False)
     monkeypatch.setattr(joint, "capturing", lambda: False)
     native = joint.native_forward(x, w, None, options, d)
-    if saving_us > HOST_S * 1e6 or not gradients_vendor:
+    if saving_us > HOST_S * 1e6:
         assert native is None  # the saving pays for the host time: the op's twin runs our picks
         return
-    assert native is not None and native.weighed and d.loaded == ["pick"]
+    assert native is not None and native.weighed and d.loaded == ["pick"] * 3
     assert torch.equal(native(x, w, None), F.conv2d(x, w, None, (2, 1), (1, 0), (1, 2), 2))
     monkeypatch.setattr(joint, "capturing", lambda: True)
     assert joint.native_forward(x, w, None, options, d) is None  # a capture: the device's picks

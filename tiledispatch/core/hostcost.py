@@ -12,9 +12,9 @@ runs elsewhere. A CUDA graph's replays have no host time: a capture runs the dev
 (`ByCapture`).
 
 The saving is the analytic estimates every candidate carries (`modelled_us`), whatever ranked
-them. Where there is no vendor candidate or no estimate, the pick stays. Gradients of a conv
-are not weighed: cuDNN's cliffs there (a 3-D depthwise backward-weight of 50 ms where a kernel
-of ours takes 85 us) are not in the estimates, so a small modelled saving may be a large one.
+them. Where there is no vendor candidate or no estimate, the pick stays. A vendor's cliff that
+the estimates know (cuDNN's 3-D depthwise backward-weight: 50 ms where a kernel of ours takes
+85 us, ops/conv/families/vendor.py) is a saving far above any host time, so its pick stays.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import tiledispatch
 from tiledispatch import Dispatcher, Registry
+from tiledispatch.core import hostcost
 from tiledispatch.core.errors import UnsupportedError
 
 from .helpers import ARCH, DEVICE, ON_GPU
@@ -138,7 +139,9 @@ def test_both_gradients_in_one_vendor_call_where_both_picks_are_the_vendor(monke
     from tiledispatch.ops.conv.joint import both_gradients
 
     d = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
-    monkeypatch.setattr(d, "select", lambda problem: SimpleNamespace(family=family))
+    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(
+        family=family, is_vendor=family == "vendor"))
+    monkeypatch.setattr(hostcost, "eager_host_s", lambda dispatcher: 0.0)  # the picks as given (test_hostcost weighs)
     g = torch.Generator().manual_seed(7)
     x, w = _leaf((2, 6, 7, 5), g, torch.float32), _leaf((4, 3, 3, 2), g, torch.float32)
     geometry = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
@@ -166,7 +169,8 @@ def test_a_recorded_conv_whose_three_picks_are_the_vendors_is_pytorchs_own(monke
     d = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
     by_direction = dict(zip(("forward", "bwd_data", "bwd_weight"), picks))
     monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(
-        family=by_direction[problem.direction.value]))
+        family=by_direction[problem.direction.value], is_vendor=by_direction[problem.direction.value] == "vendor"))
+    monkeypatch.setattr(hostcost, "eager_host_s", lambda dispatcher: 0.0)  # the picks as given (test_hostcost weighs)
     g = torch.Generator().manual_seed(11)
     x, w, b = (_leaf(s, g, torch.bfloat16) for s in ((2, 6, 7, 5), (4, 3, 3, 2), (4,)))
     geometry = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}

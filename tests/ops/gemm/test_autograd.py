@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import tiledispatch
 from tiledispatch import Dispatcher, Registry
+from tiledispatch.core import hostcost
 from tiledispatch.core.errors import UnsupportedError
 from tiledispatch.core.runtime import current_arch
 
@@ -117,7 +118,9 @@ def test_a_recorded_gemm_whose_three_picks_are_the_vendors_is_pytorchs_own(monke
 
     d = Dispatcher(Registry.from_rule_set("gemm", "tests", ARCH), ARCH)
     order = iter(picks * 4)  # forward, dA, dB: in the order the decision poses them
-    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(family=next(order)))
+    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(
+        family=(family := next(order)), is_vendor=family == "vendor"))
+    monkeypatch.setattr(hostcost, "eager_host_s", lambda dispatcher: 0.0)  # the picks as given (test_hostcost weighs)
     g = torch.Generator().manual_seed(5)
     a = torch.randn(24, 40, generator=g).to(torch.bfloat16).requires_grad_()
     weight = torch.randn(16, 40, generator=g).to(torch.bfloat16).requires_grad_()

@@ -205,12 +205,12 @@ UNBOUND = object()  # a signature whose plan the swap cannot replay: the checked
 def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv | PointwiseConv | ByCapture | object:
     """Selects (or resolves), loads and plans once: a `BoundConv` to replay, a `DirectConv` for a plain
     call bound to the vendor, a `PointwiseConv` for a 1x1 forward bound to the GEMM, or UNBOUND
-    where the plan reads a copy the swap would not refresh. A forward pick not expected to save
-    an eager call's host time over the vendor (core.hostcost) runs the vendor in eager calls and
-    itself in graph captures: both bound, in a `ByCapture`."""
+    where the plan reads a copy the swap would not refresh. A pick not expected to save an eager
+    call's host time over the vendor (core.hostcost) runs the vendor in eager calls and itself in
+    graph captures: both bound, in a `ByCapture`."""
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
     bound = _bind_spec(dispatcher, operands, spec, launchers)
-    if kernel is not None or operands.problem.direction is not Direction.FORWARD or bound is UNBOUND:
+    if kernel is not None or bound is UNBOUND:
         return bound
     cheaper = weighed(dispatcher, operands.problem, spec, eager_host_s(dispatcher))
     if cheaper is spec:

@@ -1,19 +1,19 @@
 """A conv whose picks are all the vendor's, run as PyTorch runs it: both gradients in one cuDNN
 call, and, on an eager call that autograd records, PyTorch's own op.
 
-A training step needs dx and dw of every conv. Each is selected for its own problem; where
-both selections are the vendor, computing them apart costs two trips through PyTorch's
-convolution_backward (and two fast-path replays, and a stand-in tensor each), where PyTorch's
-own autograd makes one: on resnet50's training step that was 97 calls of about 74 us of host
-time (results/h200/model_train_profile.txt). One call with both outputs asked runs the same
-cuDNN kernels, and gives the bias's gradient too.
+A training step needs dx and dw of every conv. Each is selected for its own problem (and, for
+eager calls, weighed against their host time: core.hostcost); where both picks are the vendor,
+computing them apart costs two trips through PyTorch's convolution_backward (and two fast-path
+replays, and a stand-in tensor each), where PyTorch's own autograd makes one: on resnet50's
+training step that was 97 calls of about 74 us of host time (results/h200/model_train_profile.txt).
+One call with both outputs asked runs the same cuDNN kernels, and gives the bias's gradient too.
 
 The decision is made once per signature (the three tensors' metadata and the geometry) and
 kept in the dispatcher's memo, like a bound call.
 
-Where the dispatcher picks the vendor for the forward (for eager calls: core.hostcost) and for both
-gradients (`native_forward`), an eager recorded call goes one step further: it calls PyTorch's
-conv, whose autograd records its own backward, one convolution_backward as above. That is the same cuDNN work as the op's twin
+Where the dispatcher picks the vendor for the forward and for both gradients (`native_forward`),
+an eager recorded call goes one step further: it calls PyTorch's conv, whose autograd records its
+own backward, one convolution_backward as above. That is the same cuDNN work as the op's twin
 (library.py) and its joint backward, without the twin's Python, which cost a recorded 3x3 conv on
 cuDNN's path 76 us of host time on the H200's host against PyTorch's 22
 (results/h200/autograd_overhead_profile.txt): the vendor's pick costs what PyTorch's call costs.
@@ -41,9 +41,12 @@ _SEPARATE = object()  # a signature whose gradients are computed apart
 
 
 class JointVendor:
-    """dx, dw (and dbias) of one signature by one aten.convolution_backward call."""
+    """dx, dw (and dbias) of one signature by one aten.convolution_backward call. `weighed`: a
+    gradient's pick is the vendor's for eager calls only (core.hostcost), so a graph capture
+    computes each gradient by the device's pick."""
 
-    def __init__(self, data: ConvOperands) -> None:
+    def __init__(self, data: ConvOperands, weighed: bool) -> None:
+        self.weighed = weighed
         p = data.problem
         self._args = (list(p.stride), list(p.padding), list(p.dilation), False, [0] * p.spatial_dims, p.groups)
         self._bias_size = [p.k]
@@ -63,24 +66,27 @@ def both_gradients(dy, x, w, geometry: tuple, dispatcher, with_bias: bool) -> tu
     key = ("conv-joint-backward", tensor_meta(dy), tensor_meta(x), tensor_meta(w), options)
     chosen = dispatcher_or_default(dispatcher, dy)
     joint = chosen.memo(key, lambda: _decide(chosen, dy, x, w, options))
-    if joint is _SEPARATE:
+    if joint is _SEPARATE or joint.weighed and capturing():
         return None
     dx, dw, dbias = joint(dy, x, w, with_bias)
     return dx, dw, dbias if with_bias else None
 
 
 def _decide(dispatcher, dy, x, w, options: tuple):
-    """A JointVendor where each direction's selection is the vendor on a plain call, else _SEPARATE."""
+    """A JointVendor where each direction's pick for eager calls is the vendor on a plain call, else _SEPARATE."""
     stride, padding, dilation, groups, allow_tf32 = options
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
     data = check_operands(Direction.BWD_DATA, dy=dy, w=w, input_size=tuple(x.shape), **geometry)
     weight = check_operands(Direction.BWD_WEIGHT, x=x, dy=dy, weight_size=tuple(w.shape), **geometry)
+    weighed = False
     for operands in (data, weight):
         if operands.converted or operands.problem.wide_offsets:
             return _SEPARATE
-        if dispatcher.select(operands.problem).family != Family.VENDOR.value:
+        pick, eager = eager_pick(dispatcher, operands.problem, None)
+        if eager.family != Family.VENDOR.value:
             return _SEPARATE
-    return JointVendor(data)
+        weighed = weighed or eager is not pick
+    return JointVendor(data, weighed)
 
 
 _NATIVE_DTYPES = (torch.float16, torch.bfloat16)
@@ -126,6 +132,7 @@ def _decide_native(dispatcher, x, w, bias, options: tuple):
         return _SEPARATE
     shaped = [channels_last_empty(tuple(t.shape), t.dtype, "meta") for t in (x, w)]
     dy = channels_last_empty((p.n, p.k, *p.output_size), x.dtype, "meta")
-    if _decide(dispatcher, dy, *shaped, options) is _SEPARATE:
+    gradients = _decide(dispatcher, dy, *shaped, options)
+    if gradients is _SEPARATE:
         return _SEPARATE
-    return NativeVendor(p.spatial_dims, options, weighed=eager is not pick)
+    return NativeVendor(p.spatial_dims, options, weighed=eager is not pick or gradients.weighed)
