@@ -13,6 +13,7 @@ import typer
 
 from ..core.choice import Choice
 from ..core.errors import InvalidProblemError
+from ..core.hostcost import eager_host_s, weighed
 from ..core.op import OpKind
 from ..core.runtime import Backend, current_backend
 from ..ops.conv import (
@@ -127,4 +128,11 @@ def explain_conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, s
                          limit: int = limit_option(10, "candidates shown per list")) -> None:
     """Show every candidate for a convolution: the ranking with its terms, and why each refused one refused."""
     problem = _problem(direction, sizes, stride, pad, dilation, dtype, bias, activation, residual, layout)
-    emit(dispatcher_for(OpKind.CONV, rule_set, strategy, arch).explain(problem).to_dict(limit=limit or None))
+    dispatcher = dispatcher_for(OpKind.CONV, rule_set, strategy, arch)
+    explanation = dispatcher.explain(problem)
+    doc = explanation.to_dict(limit=limit or None)
+    if explanation.selected is not None:
+        # A CUDA graph's replays run `selected`; an eager call the vendor's kernel where `selected` is
+        # not expected to save the host time an eager call of ours costs over it (core/hostcost.py).
+        doc["eager"] = weighed(dispatcher, problem, explanation.selected, eager_host_s(dispatcher)).name
+    emit(doc)
