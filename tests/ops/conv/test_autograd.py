@@ -189,3 +189,32 @@ def test_a_recorded_conv_whose_three_picks_are_the_vendors_is_pytorchs_own(monke
     got, expected = torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)
     assert all(torch.equal(a, e) for a, e in zip(got, expected))
     assert native_forward(x.float(), w.float(), b.float(), options, d) is None  # fp32: TF32 is the vendor's call
+
+
+def test_a_plain_recorded_call_is_decided_once_under_its_fast_path_key(monkeypatch):
+    """function.recorded_native: a plain recorded call (no activation, residual or forced kernel) keyed
+    as the fast path keys it asks the decision once; later calls are PyTorch's conv straight from the
+    memo, results and gradients F.conv2d's own. (Keys exist for GPU tensors only: faked here.)"""
+    from types import SimpleNamespace
+
+    from tiledispatch.core.replay import tensor_meta
+    from tiledispatch.ops.conv import fastpath, joint
+
+    d = Dispatcher(Registry.from_rule_set("conv", "tests", ARCH), ARCH)
+    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(family="vendor", is_vendor=True))
+    monkeypatch.setattr(fastpath, "forward_key", lambda x, w, bias, *options: (
+        "conv-forward", tensor_meta(x), tensor_meta(w), None if bias is None else tensor_meta(bias), options))
+    decided = []
+    real = joint._decide_native
+    monkeypatch.setattr(joint, "_decide_native", lambda *a: decided.append(1) or real(*a))
+    g = torch.Generator().manual_seed(13)
+    x, w, b = (_leaf(s, g, torch.bfloat16) for s in ((2, 6, 7, 5), (4, 3, 3, 2), (4,)))
+    geometry = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}
+    for _ in range(3):
+        y = tiledispatch.conv(x, w, bias=b, dispatcher=d, **geometry)
+        want = F.conv2d(x, w, b, **geometry)
+        assert torch.equal(y, want) and y.grad_fn.name() == "ConvolutionBackward0"
+    assert len(decided) == 1 and any(k[0] == "recorded" for k in d._bound.keys())
+    dy = torch.randn(y.shape, generator=g).to(DEVICE, y.dtype)
+    got, expected = torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)
+    assert all(torch.equal(a, e) for a, e in zip(got, expected))

@@ -19,7 +19,7 @@ from .config import (
     ToeplitzConfig,
     VendorConfig,
 )
-from .function import ConvCall, check_dtype_on_arch, checked_forward, needs_grad, recorded, run
+from .function import ConvCall, check_dtype_on_arch, checked_forward, needs_grad, recorded, recorded_native, run
 from . import fastpath
 from .inputs import check_output, reference_output, tuning_operands
 from ..gemm import Activation
@@ -88,6 +88,10 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
         if out is not None:
             raise UnsupportedError("out= cannot take part in autograd, and an input requires grad: call conv "
                                    "without out, or under torch.no_grad()")
+        if activation is None and residual is None and kernel is None:
+            native = recorded_native(x, w, bias, stride, padding, dilation, groups, allow_tf32, dispatcher)
+            if native is not None:
+                return native(x, w, bias)
         call = ConvCall(stride, padding, dilation, groups, Activation.of_argument(activation), allow_tf32, kernel,
                         dispatcher)
         return recorded(x, w, bias, residual, call)

@@ -22,13 +22,14 @@ from typing import Any
 import torch
 
 from ...core.args import as_kernel_name
+from ...core.dispatcher import dispatcher_or_default
 from ...core.dtypes import DType
 from ...core.errors import InvalidArgumentError, UnsupportedError
 from ...core.op import OpKind
 from ..gemm import Activation
 from ..library_common import dispatcher_token, records_eagerly
 from . import fastpath
-from .joint import native_forward
+from .joint import native_decision, native_forward, unless_captured
 from .operands import ConvOperands, _padding, check_operands
 from .problem import MAX_DILATION, MAX_STRIDE, ConvTypes, Direction, spatial_tuple
 from .vendor import ACTIVATIONS
@@ -57,8 +58,6 @@ def eager_run(direction: Direction, dispatcher, kernel, **arguments):
 
 def _eager(direction: Direction, dispatcher, kernel, arguments: dict):
     """A call seen before replays its bound plan (fastpath.py); any other runs every check."""
-    from ...core.dispatcher import dispatcher_or_default
-
     dispatcher = dispatcher_or_default(dispatcher, arguments.get("x", arguments.get("dy")))
     tensors = tuple(arguments.get(role) for role in fastpath.ROLES)
     key = None
@@ -160,6 +159,21 @@ def _read_geometry(dims, filter_size, stride, padding, dilation, groups, allow_t
     dilation = spatial_tuple(dilation, dims, "dilation", 1, MAX_DILATION)
     padding = _padding(padding, filter_size[-dims:], stride, dilation, Direction.FORWARD)
     return tuple(stride), tuple(padding), tuple(dilation), groups, allow_tf32
+
+
+def recorded_native(x, w, bias, stride, padding, dilation, groups, allow_tf32, dispatcher):
+    """`joint.native_forward` for a plain recorded call on the GPU (no activation, residual, out or
+    forced kernel), keyed on the call's own arguments as the fast path keys them: a training step's
+    every conv asks, and this skips reading its geometry and making its `ConvCall`. None where the
+    op's twin runs the call, or where the call has no signature (the full path decides)."""
+    if torch.compiler.is_dynamo_compiling():
+        return None
+    key = fastpath.forward_key(x, w, bias, None, None, stride, padding, dilation, groups, None, allow_tf32, None)
+    if key is None:
+        return None
+    chosen = dispatcher_or_default(dispatcher, x)
+    return unless_captured(chosen.memo(("recorded", key), lambda: native_decision(
+        x, w, bias, geometry(x, w.shape[2:], stride, padding, dilation, groups, allow_tf32), chosen)))
 
 
 def traced(direction: Direction, dispatcher, kernel, arguments: dict):

@@ -110,14 +110,23 @@ class NativeVendor:
 def native_forward(x, w, bias, geometry: tuple, dispatcher) -> NativeVendor | None:
     """PyTorch's conv for an eager recorded call whose forward and both gradients the dispatcher
     gives the vendor (see the module's docstring), else None (the op's twin runs it)."""
+    return unless_captured(native_decision(x, w, bias, geometry, dispatcher))
+
+
+def unless_captured(native: NativeVendor | None) -> NativeVendor | None:
+    """`native`, but None in a graph capture where its picks were weighed for eager calls."""
+    return None if native is None or native.weighed and capturing() else native
+
+
+def native_decision(x, w, bias, geometry: tuple, dispatcher) -> NativeVendor | None:
+    """The signature's NativeVendor whatever captures (its `weighed` says whether a capture may run
+    it), or None: decided once, in the dispatcher's memo."""
     if x.dtype not in _NATIVE_DTYPES:
         return None
     key = ("conv-native", tensor_meta(x), tensor_meta(w), None if bias is None else tensor_meta(bias), geometry)
     chosen = dispatcher_or_default(dispatcher, x)
     native = chosen.memo(key, lambda: _decide_native(chosen, x, w, bias, geometry))
-    if native is _SEPARATE or native.weighed and capturing():
-        return None
-    return native
+    return None if native is _SEPARATE else native
 
 
 def _decide_native(dispatcher, x, w, bias, options: tuple):
