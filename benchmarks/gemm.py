@@ -367,9 +367,10 @@ def merge(args) -> int:
 
 def summarize(entries: list[dict], dtypes: list[str]) -> dict:
     def stats(subset):
-        with_vendor = [e for e in subset if e["cublas_ms"]]
-        ratio = lambda key: [e["cublas_ms"] / e[key] for e in with_vendor if e[key]]  # noqa: E731
-        efficiency = [e["oracle_ms"] / e["selected_ms"] for e in subset if e["selected_ms"] and e.get("oracle_ms")]
+        # a case may lack any provider's row (cuBLAS unavailable, a pick that failed its check)
+        with_vendor = [e for e in subset if e.get("cublas_ms")]
+        ratio = lambda key: [e["cublas_ms"] / e[key] for e in with_vendor if e.get(key)]  # noqa: E731
+        efficiency = [e["oracle_ms"] / e["selected_ms"] for e in subset if e.get("selected_ms") and e.get("oracle_ms")]
         dispatcher_ratio = ratio("dispatcher_ms")
         return {
             "geomean_ratio_triton_selected": geomean(ratio("selected_ms")),

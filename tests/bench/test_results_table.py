@@ -311,9 +311,21 @@ def test_the_gemm_runners_merge_updates_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gemm.py", "--merge", str(shard), "--out", str(out), "--host-json", str(host)])
     assert gemm_runner.main() == 0
     table = pd.read_parquet(out / TABLE_NAME)
-    assert len(table) == 5 and set(table.gpu)  # the oracle placeholder left out == {"NVIDIA H100 80GB HBM3"}
+    assert len(table) == 5  # the oracle placeholder left out
+    assert set(table.gpu) == {"NVIDIA H100 80GB HBM3"}
     assert table.triton.isna().all() and table.commit.isna().all()  # the summary gave no Triton
     assert table.time_ms.dropna().tolist() == csv_times(out / "gemm.csv")
+
+
+def test_the_gemm_runners_merge_takes_a_case_with_no_pick(tmp_path, monkeypatch):
+    """--merge of shards where a case has no `triton-selected` row (its rows all failed, or cuBLAS alone
+    was timed): the summary leaves that case out of the ratios instead of failing on it."""
+    shard = write_csv(tmp_path / "shard.csv", Benchmark.GEMM, GEMM_ROWS[:5])  # no triton-selected row
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["gemm.py", "--merge", str(shard), "--out", str(out)])
+    assert gemm_runner.main() == 0
+    summary = json.loads((out / "gemm_summary.json").read_text())
+    assert summary["cases"] == 1 and summary["geomean_ratio_triton_selected"] is None
 
 
 def test_the_models_runner_updates_the_table(tmp_path):
