@@ -12,8 +12,9 @@ attention forward that SDPA can pose and that keeps no LSE); inductor then lower
 Without CUDA graphs the compiled graph is launched from the host, and a kept call costs it more than
 inductor's aten call does (`calibration.compiled_call_host_s`), so conv's forward and GEMM's product
 also become aten where the pick is not expected to save that much device time (`saves_its_call`).
-Conv's gradients do not weigh it: cuDNN's cliffs there (a 3-D depthwise backward-weight of 50 ms
-where a kernel of ours takes 85 us) are not in the analytic estimates.
+Conv's gradients are not weighed here (eager calls weigh them: core.hostcost): no compiled training
+step has been profiled, and cuDNN's known cliff there (a 3-D depthwise backward-weight of 50 ms
+where a kernel of ours takes 85 us) is in the estimates as one fitted stretch only.
 Any other pick, a forced kernel, another dispatcher or symbolic sizes keep the custom op, whose
 kernel selects at run time as before.
 

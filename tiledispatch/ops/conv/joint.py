@@ -73,7 +73,8 @@ def both_gradients(dy, x, w, geometry: tuple, dispatcher, with_bias: bool) -> tu
 
 
 def _decide(dispatcher, dy, x, w, options: tuple):
-    """A JointVendor where each direction's pick for eager calls is the vendor on a plain call, else _SEPARATE."""
+    """A JointVendor where each direction's pick for eager calls is the vendor on a plain call, else
+    _SEPARATE."""
     stride, padding, dilation, groups, allow_tf32 = options
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
     data = check_operands(Direction.BWD_DATA, dy=dy, w=w, input_size=tuple(x.shape), **geometry)
@@ -95,8 +96,8 @@ _CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 class NativeVendor:
     """conv(x, w, bias) by PyTorch's own op, for a signature whose three picks are the vendor's.
-    `weighed`: the forward's pick is the vendor's for eager calls only (core.hostcost), so a
-    graph capture runs the op's twin, whose forward replays the device's pick."""
+    `weighed`: one of them is the vendor's for eager calls only (core.hostcost), so a graph
+    capture runs the op's twin, which replays the device's picks."""
 
     def __init__(self, spatial_dims: int, options: tuple, weighed: bool) -> None:
         self._conv = _CONVS[spatial_dims]

@@ -151,13 +151,18 @@ def supports(config: VendorConfig, problem: ConvProblem) -> str | None:
     return None
 
 
+def _slow_grouped(p: ConvProblem) -> bool:
+    """C/G above 16 and not a multiple of it, or, in a forward, above 32 (see VENDOR_GROUPED_SLOW)."""
+    per_group = p.c_per_group
+    wide = p.direction is Direction.FORWARD and per_group > VENDOR_GROUPED_WIDE
+    return per_group > VENDOR_GROUPED_EVEN and (per_group % VENDOR_GROUPED_EVEN != 0 or wide)
+
+
 def vendor_score(config: VendorConfig, p: ConvProblem, arch) -> Score:
     ideal = ideal_seconds(p, arch)
     kind = shape_class(p)
     fraction = VENDOR_FRACTION[(kind, p.direction)]
-    wide = p.direction is Direction.FORWARD and p.c_per_group > VENDOR_GROUPED_WIDE
-    if kind is ShapeClass.GROUPED and p.c_per_group > VENDOR_GROUPED_EVEN and (p.c_per_group % VENDOR_GROUPED_EVEN
-                                                                                or wide):
+    if kind is ShapeClass.GROUPED and _slow_grouped(p):
         fraction *= VENDOR_GROUPED_SLOW[p.direction]
     conv_s = ideal / fraction
     if kind is ShapeClass.DEPTHWISE:
