@@ -138,3 +138,33 @@ def test_a_recorded_gemm_whose_three_picks_are_the_vendors_is_pytorchs_own(monke
                                                    torch.autograd.grad(want, leaves, dy)))
     assert native_forward(a.float(), weight.float().t(), None, d) is None  # fp32: TF32 is the vendor's call
     assert native_forward(a.unsqueeze(0), weight.t(), None, d) is None  # batched: the twin's broadcast
+
+
+def test_a_plain_recorded_linear_is_decided_once_under_its_fast_path_key(monkeypatch):
+    """native.recorded_native: a recorded call with no epilogue but a bias, keyed as the fast path keys
+    it, asks the decision once; later calls are PyTorch's addmm straight from the memo, result and
+    gradients PyTorch's own. (Keys exist for GPU tensors only: faked here.)"""
+    from types import SimpleNamespace
+
+    from tiledispatch.core.replay import tensor_meta
+    from tiledispatch.ops.gemm import fastpath, native
+
+    d = Dispatcher(Registry.from_rule_set("gemm", "tests", ARCH), ARCH)
+    monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(family="vendor", is_vendor=True))
+    monkeypatch.setattr(fastpath, "call_key", lambda a, b, bias, *options: (
+        "gemm", tensor_meta(a), tensor_meta(b), None if bias is None else tensor_meta(bias), options))
+    decided = []
+    real = native._decide
+    monkeypatch.setattr(native, "_decide", lambda *args: decided.append(1) or real(*args))
+    g = torch.Generator().manual_seed(17)
+    a = torch.randn(24, 40, generator=g).to(torch.bfloat16).requires_grad_()
+    weight = torch.randn(16, 40, generator=g).to(torch.bfloat16).requires_grad_()
+    bias = torch.randn(16, generator=g).to(torch.bfloat16).requires_grad_()
+    for _ in range(3):
+        y = tiledispatch.gemm(a, weight.t(), bias=bias, dispatcher=d)
+        want = torch.addmm(bias, a, weight.t())
+        assert torch.equal(y, want) and y.grad_fn.name() == want.grad_fn.name()
+    assert len(decided) == 1 and any(k[0] == "recorded" for k in d._bound.keys())
+    dy = torch.randn(y.shape, generator=g).to(y.dtype)
+    assert all(torch.equal(p, q) for p, q in zip(torch.autograd.grad(y, (a, weight, bias), dy),
+                                                   torch.autograd.grad(want, (a, weight, bias), dy)))

@@ -13,7 +13,7 @@ from .config import AnyGemmConfig, Family, GemmConfig, VendorConfig
 from . import families  # noqa: F401  (each family module registers itself in family.FAMILIES)
 from . import fastpath
 from .inputs import check_output, reference_output, tuning_operands
-from .native import native_forward
+from .native import native_forward, recorded_native
 from ..library_common import dispatcher_token, records_eagerly
 from .operands import GemmOperands, _asked_dtype, _scale, check_operands
 from .plan import ACTIVATION_CODES, kernel_units, plan
@@ -69,6 +69,11 @@ def gemm(a, b, *, bias=None, activation=None, residual=None, out=None, out_dtype
             or getattr(out, "requires_grad", False) or getattr(bias, "requires_grad", False)
             or getattr(residual, "requires_grad", False) or getattr(scale_a, "requires_grad", False)
             or getattr(scale_b, "requires_grad", False)):
+        if (activation is None and residual is None and out is None and out_dtype is None and scale_a is None
+                and scale_b is None and kernel is None and not torch.compiler.is_dynamo_compiling()):
+            native = recorded_native(a, b, bias, allow_tf32, dispatcher)
+            if native is not None:
+                return native(a, b, bias)
         return _recorded(a, b, bias, activation, residual, out, out_dtype, allow_tf32, scale_a, scale_b, kernel,
                          dispatcher)
     dispatcher = dispatcher_or_default(dispatcher, a)

@@ -23,6 +23,7 @@ import torch
 from ...core.dispatcher import dispatcher_or_default
 from ...core.hostcost import capturing, eager_pick
 from ...core.replay import tensor_meta
+from . import fastpath
 from .config import Family
 from .operands import check_operands
 
@@ -41,16 +42,34 @@ def _addmm(a, b, bias):
 def native_forward(a, b, bias, dispatcher):
     """PyTorch's product for a recorded 2-D call whose forward and both gradients the dispatcher
     gives the vendor, called as native(a, b, bias); else None."""
-    if a.dtype not in _NATIVE_DTYPES or a.dim() != 2 or b.dim() != 2 or b.dtype != a.dtype:
+    return _unless_captured(_decision(a, b, bias, dispatcher_or_default(dispatcher, a)))
+
+
+def recorded_native(a, b, bias, allow_tf32, dispatcher):
+    """`native_forward` for a recorded call on the GPU with no epilogue but a bias (no activation,
+    residual, out, out dtype, scales or forced kernel), keyed as the fast path keys the call: an
+    nn.Linear's every training step asks, and the key skips the checks `gemm()`'s recorded path
+    makes first. None where the op's twin runs it, or where the call has no key."""
+    key = fastpath.call_key(a, b, bias, None, None, None, None, allow_tf32, None, None, None)
+    if key is None:
         return None
-    if bias is not None and (bias.dtype != a.dtype or bias.dim() != 1):
-        return None
-    key = ("gemm-native", tensor_meta(a), tensor_meta(b), None if bias is None else tensor_meta(bias))
     chosen = dispatcher_or_default(dispatcher, a)
-    native, weighed_pick = chosen.memo(key, lambda: _decide(chosen, a, b, bias))
-    if native is _SEPARATE or weighed_pick and capturing():
-        return None
-    return native
+    return _unless_captured(chosen.memo(("recorded", key), lambda: _decision(a, b, bias, chosen)))
+
+
+def _unless_captured(decision: tuple):
+    native, weighed_pick = decision
+    return None if native is _SEPARATE or weighed_pick and capturing() else native
+
+
+def _decision(a, b, bias, chosen) -> tuple:
+    """(PyTorch's product or _SEPARATE, whether a pick was weighed to the vendor), once a signature."""
+    if a.dtype not in _NATIVE_DTYPES or a.dim() != 2 or b.dim() != 2 or b.dtype != a.dtype:
+        return _SEPARATE, False
+    if bias is not None and (bias.dtype != a.dtype or bias.dim() != 1):
+        return _SEPARATE, False
+    key = ("gemm-native", tensor_meta(a), tensor_meta(b), None if bias is None else tensor_meta(bias))
+    return chosen.memo(key, lambda: _decide(chosen, a, b, bias))
 
 
 def _meta(t: torch.Tensor, transposed: bool = False) -> torch.Tensor:
