@@ -65,6 +65,26 @@ def test_by_capture_runs_the_device_pick_only_while_a_graph_is_captured(monkeypa
     assert calls == [("eager", (1, 2)), ("replayed", (1, 2))]
 
 
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="a CUDA build answers with its own query")
+def test_a_pytorch_without_cuda_is_never_capturing():
+    """Its raw query raises ("dummy base class"): a weighed recorded call on the CPU asks it."""
+    assert hostcost.capturing() is False
+
+
+def test_a_pick_that_fails_to_load_ahead_of_a_capture_leaves_the_eager_pick(monkeypatch):
+    """eager_pick loads the device's pick for a later capture; a build failure there is the capture's
+    to meet (its own call selects past a failing kernel), not this eager call's."""
+    from tiledispatch.core.errors import BuildError
+
+    d = _weighing("gemm", monkeypatch, 5.0)
+
+    def fails(spec, specialization):
+        raise BuildError("no compiler here")
+    monkeypatch.setattr(d, "launchers", fails)
+    pick, eager = hostcost.eager_pick(d, None, None)
+    assert pick.name == "pick" and eager.is_vendor
+
+
 def _weighing(op: str, monkeypatch, saving_us: float) -> Dispatcher:
     """An sm_90 dispatcher (on this CPU) whose picks are Triton kernels that save `saving_us` over the vendor."""
     d = Dispatcher(Registry.from_rule_set(op, "tests", SM90), SM90)

@@ -19,9 +19,14 @@ the estimates know (cuDNN's 3-D depthwise backward-weight: 50 ms where a kernel 
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch
+
+from .errors import BuildError, CacheError
+
+log = logging.getLogger("tiledispatch.dispatcher")
 
 __all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "weighed"]
 
@@ -51,17 +56,27 @@ def eager_host_s(dispatcher) -> float:
 
 def eager_pick(dispatcher, problem, device):
     """(the dispatcher's pick, the one an eager call runs) for `problem`. Where they differ, the pick
-    is loaded now: a graph capture runs it, and loads no kernel while it captures."""
+    is loaded now: a graph capture runs it, and loads no kernel while it captures. A pick that
+    fails to load here is left to the capture's own call, which selects past a kernel that fails."""
     pick = dispatcher.select(problem, device=device)
     eager = weighed(dispatcher, problem, pick, eager_host_s(dispatcher))
     if eager is not pick:
-        dispatcher.launchers(pick, pick.definition.specialization_of(problem))
+        try:
+            dispatcher.launchers(pick, pick.definition.specialization_of(problem))
+        except (BuildError, CacheError):
+            log.debug("kernel %s did not load ahead of a capture", pick.name, exc_info=True)
     return pick, eager
 
 
-# torch's raw query: its Python wrapper is one more frame on every call that asks
-capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
-                                        torch.cuda.is_current_stream_capturing)
+def _never() -> bool:
+    return False
+
+
+# torch's raw query: its Python wrapper is one more frame on every call that asks. A PyTorch built
+# without CUDA captures nothing (and its query raises).
+capturing: Callable[[], bool] = (getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                                         torch.cuda.is_current_stream_capturing)
+                                 if torch.backends.cuda.is_built() else _never)
 
 
 class ByCapture:
