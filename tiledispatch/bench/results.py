@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .table import COLUMNS, Status
+from .table import COLUMNS, Status, write_file
 
 TABLE_NAME = "results.parquet"
 
@@ -267,15 +267,9 @@ def schema():
 def write_table(path: str | Path, rows: list[dict]) -> int:
     """`rows` as the parquet file at `path`, written under a temporary name and renamed; its row count."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist([{c: row.get(c) for c in TABLE_COLUMNS} for row in rows], schema=schema())
-    staging = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, staging, compression="zstd")
-    staging.rename(path)
-    return table.num_rows
+    return write_file(table, path, compression="zstd")
 
 
 def update(path: str | Path, rows: list[dict]) -> int:

@@ -36,7 +36,7 @@ from . import completeness
 from .candidates import CandidatePolicy, Planned, check_families, planned
 from .sweep_runner import IsolatedRunner
 from .sweep_worker import DeviceInfo, Outcome, Task, TaskResult, smi_query
-from .table import COLUMNS, Status, canonical_json, problem_id, selection_key
+from .table import COLUMNS, Status, canonical_json, problem_id, selection_key, write_file
 
 PART_GLOB = "part-*.parquet"
 STAGING_GLOB = ".part-*.parquet.tmp"  # a part being written: a sweep stopped mid-write leaves one
@@ -173,14 +173,7 @@ def gather(out: str | Path, path: str | Path) -> int:
     """Every part under `out` as one parquet file at `path`, written under a temporary name and
     renamed; its row count. A sweep writes a part per task, too many files to carry or commit; the
     gathered file resumes as a directory again, copied into an empty one as a part."""
-    import pyarrow.parquet as pq
-
-    table, path = _arrow_table(out), Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, staging)
-    staging.rename(path)
-    return table.num_rows
+    return write_file(_arrow_table(out), path)
 
 
 def write_part(out: Path, rows: list[dict[str, Any]]) -> Path | None:

@@ -13,6 +13,7 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..core.op import get_op
@@ -82,3 +83,17 @@ def problem_from_row(op: str, problem_json: str) -> Any:
 def config_from_row(op: str, config_json: str) -> Any:
     """The config object a row's ``config`` column holds."""
     return from_jsonable(get_op(op).config_type, json.loads(config_json), "config")
+
+
+def write_file(table: Any, path: str | Path, **options: Any) -> int:
+    """A pyarrow table as one parquet file at `path`, written under a temporary name and renamed, so
+    that a reader never sees half a file (`options` go to `pyarrow.parquet.write_table`); its row
+    count."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, staging, **options)
+    staging.rename(path)
+    return table.num_rows
