@@ -100,12 +100,29 @@ def conv(x, w, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, a
     key = None if torch.compiler.is_dynamo_compiling() else fastpath.forward_key(
         x, w, bias, residual, out, stride, padding, dilation, groups, activation, allow_tf32, kernel)
     if key is not None:  # a GPU call: bound once per signature, then replayed
-        chosen = dispatcher_or_default(dispatcher, x)
-        bound = chosen.memo(key, lambda: fastpath.bind(
-            chosen, checked_forward(chosen, kernel, arguments()), kernel))
+        bound = _bound(dispatcher_or_default(dispatcher, x), key, kernel, arguments)
         if bound is not fastpath.UNBOUND:
             return bound((x, w, None, bias, residual, out))
     return run(Direction.FORWARD, dispatcher, kernel, **arguments())
+
+
+def bound_forward(x, w, bias, stride, padding, dilation, groups, allow_tf32: bool):
+    """The call `conv()` replays for this plain forward signature (no activation, residual, out or
+    forced kernel, nothing recorded), called as bound((x, w, None, bias, None, None)) on tensors
+    of the signature; None where only the checked path takes the call. For a caller that keeps it
+    (tiledispatch.nn's modules) rather than key each call."""
+    key = fastpath.forward_key(x, w, bias, None, None, stride, padding, dilation, groups, None, allow_tf32, None)
+    if key is None:
+        return None
+    arguments = lambda: dict(x=x, w=w, stride=stride, padding=padding, dilation=dilation,  # noqa: E731
+                             groups=groups, bias=bias, allow_tf32=allow_tf32)
+    bound = _bound(dispatcher_or_default(None, x), key, None, arguments)
+    return None if bound is fastpath.UNBOUND else bound
+
+
+def _bound(chosen, key: tuple, kernel, arguments):
+    """The signature's bound call, made once in the dispatcher's memo (`arguments()` gives the checks' keywords)."""
+    return chosen.memo(key, lambda: fastpath.bind(chosen, checked_forward(chosen, kernel, arguments()), kernel))
 
 
 def conv_backward_data(dy, w, input_size, *, stride=1, padding=0, dilation=1, groups: int = 1, out=None,
@@ -150,6 +167,7 @@ __all__ = [
     "ToeplitzConfig",
     "VendorConfig",
     "auto_correct",
+    "bound_forward",
     "check_dtype_on_arch",
     "check_operands",
     "conv",

@@ -168,12 +168,18 @@ def recorded_native(x, w, bias, stride, padding, dilation, groups, allow_tf32, d
     op's twin runs the call, or where the call has no signature (the full path decides)."""
     if torch.compiler.is_dynamo_compiling():
         return None
+    return unless_captured(recorded_decision(x, w, bias, stride, padding, dilation, groups, allow_tf32, dispatcher))
+
+
+def recorded_decision(x, w, bias, stride, padding, dilation, groups, allow_tf32, dispatcher):
+    """The `joint.NativeVendor` of a plain recorded call whatever captures (its `weighed` says
+    whether a capture may run it), or None: `recorded_native` before the capture's say."""
     key = fastpath.forward_key(x, w, bias, None, None, stride, padding, dilation, groups, None, allow_tf32, None)
     if key is None:
         return None
     chosen = dispatcher_or_default(dispatcher, x)
-    return unless_captured(chosen.memo(("recorded", key), lambda: native_decision(
-        x, w, bias, geometry(x, w.shape[2:], stride, padding, dilation, groups, allow_tf32), chosen)))
+    return chosen.memo(("recorded", key), lambda: native_decision(
+        x, w, bias, geometry(x, w.shape[2:], stride, padding, dilation, groups, allow_tf32), chosen))
 
 
 def traced(direction: Direction, dispatcher, kernel, arguments: dict):

@@ -50,11 +50,19 @@ def recorded_native(a, b, bias, allow_tf32, dispatcher):
     residual, out, out dtype, scales or forced kernel), keyed as the fast path keys the call: an
     nn.Linear's every training step asks, and the key skips the checks `gemm()`'s recorded path
     makes first. None where the op's twin runs it, or where the call has no key."""
+    decision = recorded_decision(a, b, bias, allow_tf32, dispatcher)
+    return None if decision is None else _unless_captured(decision)
+
+
+def recorded_decision(a, b, bias, allow_tf32, dispatcher) -> tuple | None:
+    """(PyTorch's product, whether a graph capture must not run it) for a plain recorded call
+    whatever captures, or None: `recorded_native` before the capture's say."""
     key = fastpath.call_key(a, b, bias, None, None, None, None, allow_tf32, None, None, None)
     if key is None:
         return None
     chosen = dispatcher_or_default(dispatcher, a)
-    return _unless_captured(chosen.memo(("recorded", key), lambda: _decision(a, b, bias, chosen)))
+    native, weighed_pick = chosen.memo(("recorded", key), lambda: _decision(a, b, bias, chosen))
+    return None if native is _SEPARATE else (native, weighed_pick)
 
 
 def _unless_captured(decision: tuple):
