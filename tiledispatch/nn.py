@@ -69,18 +69,21 @@ class _ConvNd(_Kept):
         return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode,
                 torch.backends.cudnn.allow_tf32)
 
+    def _tf32(self, x) -> bool:
+        return torch.backends.cudnn.allow_tf32 and x.dtype is torch.float32
+
     def _direct(self, x):
         padding = self.padding
         if self.padding_mode != "zeros":  # padded by PyTorch, as nn.Conv2d does
             x, padding = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
         return conv(x, self.weight, stride=self.stride, padding=padding, dilation=self.dilation, groups=self.groups,
-                    bias=self.bias, allow_tf32=torch.backends.cudnn.allow_tf32)
+                    bias=self.bias, allow_tf32=self._tf32(x))
 
     def _bind(self, x, w, b, grad: bool):
         """The call this signature keeps, or None for the function's own path."""
         if self.padding_mode != "zeros":
             return None
-        options = (self.stride, self.padding, self.dilation, self.groups, torch.backends.cudnn.allow_tf32)
+        options = (self.stride, self.padding, self.dilation, self.groups, self._tf32(x))
         if not grad:
             bound = bound_forward(x, w, b, *options)
             return None if bound is None else lambda x, w, b: bound((x, w, None, b, None, None))
@@ -110,17 +113,19 @@ class Linear(_Kept, nn.Linear):
     def _options(self) -> tuple:
         return (torch.backends.cuda.matmul.allow_tf32,)
 
+    def _tf32(self, x) -> bool:
+        return torch.backends.cuda.matmul.allow_tf32 and x.dtype is torch.float32
+
     def _direct(self, x):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} takes a tensor; got {type(x).__name__}")
-        y = gemm(x.reshape(-1, x.shape[-1]), self.weight.t(), bias=self.bias,
-                 allow_tf32=torch.backends.cuda.matmul.allow_tf32)
+        y = gemm(x.reshape(-1, x.shape[-1]), self.weight.t(), bias=self.bias, allow_tf32=self._tf32(x))
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def _bind(self, x, w, b, grad: bool):
         if x.dim() == 0:
             return None
-        rows, wt, tf32 = x.reshape(-1, x.shape[-1]), w.t(), torch.backends.cuda.matmul.allow_tf32
+        rows, wt, tf32 = x.reshape(-1, x.shape[-1]), w.t(), self._tf32(x)
         if not grad:
             bound = bound_call(rows, wt, bias=b, allow_tf32=tf32, dispatcher=dispatcher_or_default(None, x))
             out_shape = (*x.shape[:-1], w.shape[0])
