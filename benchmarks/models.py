@@ -115,33 +115,13 @@ class Workload:
     session: Callable
 
 
-class TiledispatchConv2d(nn.Conv2d):
-    def forward(self, x):
-        import tiledispatch
-        return tiledispatch.conv(x, self.weight, stride=self.stride, padding=self.padding, dilation=self.dilation,
-                                 groups=self.groups, bias=self.bias)
-
-
-class TiledispatchLinear(nn.Linear):
-    def forward(self, x):
-        import tiledispatch
-        y = tiledispatch.gemm(x.reshape(-1, x.shape[-1]), self.weight.t(), bias=self.bias)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
 def use_tiledispatch(model: nn.Module) -> int:
-    """Swaps the class of every nn.Conv2d (zero padding) and nn.Linear for ours: parameters,
-    names and hooks stay. Returns how many modules now call tiledispatch."""
-    swapped = 0
-    for module in model.modules():
-        if type(module) is nn.Conv2d and module.padding_mode == "zeros":
-            module.__class__ = TiledispatchConv2d
-        elif type(module) is nn.Linear:
-            module.__class__ = TiledispatchLinear
-        else:
-            continue
-        swapped += 1
-    return swapped
+    """Turns every nn.Conv2d, nn.Linear (and Conv1d, Conv3d) of the model into tiledispatch.nn's,
+    in place (tiledispatch.nn.patch): parameters, names and hooks stay. Returns how many modules
+    now call tiledispatch."""
+    import tiledispatch.nn
+    tiledispatch.nn.patch(model)
+    return sum(type(m).__module__ == "tiledispatch.nn" for m in model.modules())
 
 
 class TinyCNN(nn.Sequential):

@@ -21,39 +21,58 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .core.dispatcher import dispatcher_or_default
-from .core.hostcost import capturing
+from .core.hostcost import ByCapture, capturing
 from .ops.conv import bound_forward, conv
+from .ops.conv.fastpath import DirectConv
 from .ops.conv.function import recorded_decision as conv_decision
 from .ops.gemm import bound_call, gemm
 from .ops.gemm.native import recorded_decision as gemm_decision
 
-_KEPT = "_tiledispatch_last"  # a module's (signature, call): dropped when it is copied or pickled
+_KEPT = "_tiledispatch_last"  # a module's (signature, call, vendor): dropped when it is copied or pickled
+
+
+# PyTorch's TF32 switches, which torch.compile reads once, as it reads them for nn.Conv2d and nn.Linear.
+@torch._dynamo.assume_constant_result
+def _conv_tf32() -> bool:
+    return torch._C._get_cudnn_allow_tf32()
+
+
+@torch._dynamo.assume_constant_result
+def _matmul_tf32() -> bool:
+    return torch._C._get_cublas_allow_tf32()
 
 
 def _signature(grad: bool, x, w, b, dispatcher, options: tuple) -> tuple:
-    """Everything the bound call depends on: each tensor's type, shape, strides, dtype, device,
-    16-byte alignment and negation bit, w's address (a Linear keeps w's transposed view), the
-    options, whether autograd records and the dispatcher that bound it."""
+    """Everything the kept call depends on: each tensor's type, shape, strides, dtype and negation bit,
+    x's device and 16-byte alignment, w's and b's addresses (unique across devices; a Linear keeps
+    w's transposed view), the options, whether autograd records and the dispatcher that bound it."""
     return (grad, dispatcher, options, type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
-            x.is_neg(), type(w), w.shape, w.stride(), w.dtype, w.get_device(), w.data_ptr(), w.is_neg(),
-            None if b is None else (type(b), b.shape, b.stride(), b.dtype, b.get_device(), b.data_ptr() & 15,
-                                    b.is_neg()))
+            x.is_neg(), type(w), w.shape, w.stride(), w.dtype, w.data_ptr(), w.is_neg(),
+            None if b is None else (type(b), b.shape, b.stride(), b.dtype, b.data_ptr(), b.is_neg()))
 
 
 class _Kept:
-    """The mixin: forward runs the kept call where the signature matches, else binds one."""
+    """The mixin: forward runs the kept call where the signature matches, else keeps a new one.
+
+    What is kept is (signature, call, vendor): `vendor(x, w, b)` is PyTorch's own op where the
+    dispatcher's eager pick is the vendor's (called straight, the cheapest call there is), and
+    `call(x, w, b)` the bound call, which a CUDA graph capture runs where the two differ (None
+    where they do not)."""
 
     def forward(self, x):
         if torch.compiler.is_dynamo_compiling() or type(x) is not torch.Tensor:
             return self._direct(x)  # the function's own path: traced, or checked (it names what is wrong)
         w, b = self.weight, self.bias
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad)
-        signature = _signature(grad, x, w, b, dispatcher_or_default(None, x), self._options())
+        signature = _signature(grad, x, w, b, dispatcher_or_default(None, x), self._options(x))
         kept = self.__dict__.get(_KEPT)
         if kept is None or kept[0] != signature:
-            kept = (signature, self._bind(x, w, b, grad) or self._direct_call)
+            kept = (signature, *self._bind(x, w, b, grad))
             self.__dict__[_KEPT] = kept  # not Module.__setattr__: neither a parameter, buffer nor module
-        return kept[1](x, w, b)
+        _, call, vendor = kept
+        if vendor is not None and (call is None or not capturing()):
+            return vendor(x, w, b)
+        return call(x, w, b)
 
     def _direct_call(self, x, w, b):
         return self._direct(x)
@@ -65,34 +84,42 @@ class _Kept:
 
 
 class _ConvNd(_Kept):
-    def _options(self) -> tuple:
-        return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode,
-                torch.backends.cudnn.allow_tf32)
+    def _options(self, x) -> tuple:
+        return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode, self._tf32(x))
 
-    def _tf32(self, x) -> bool:
-        return torch.backends.cudnn.allow_tf32 and x.dtype is torch.float32
+    @staticmethod
+    def _tf32(x) -> bool:
+        return x.dtype is torch.float32 and _conv_tf32()
 
     def _direct(self, x):
-        padding = self.padding
-        if self.padding_mode != "zeros":  # padded by PyTorch, as nn.Conv2d does
+        padding, tensor = self.padding, isinstance(x, torch.Tensor)  # conv() names an x that is not a tensor
+        if self.padding_mode != "zeros" and tensor:  # padded by PyTorch, as nn.Conv2d does
             x, padding = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
         return conv(x, self.weight, stride=self.stride, padding=padding, dilation=self.dilation, groups=self.groups,
-                    bias=self.bias, allow_tf32=self._tf32(x))
+                    bias=self.bias, allow_tf32=tensor and self._tf32(x))
 
-    def _bind(self, x, w, b, grad: bool):
-        """The call this signature keeps, or None for the function's own path."""
+    def _bind(self, x, w, b, grad: bool) -> tuple:
+        """(call, vendor) for this signature (see _Kept)."""
         if self.padding_mode != "zeros":
-            return None
+            return self._direct_call, None
         options = (self.stride, self.padding, self.dilation, self.groups, self._tf32(x))
-        if not grad:
-            bound = bound_forward(x, w, b, *options)
-            return None if bound is None else lambda x, w, b: bound((x, w, None, b, None, None))
-        native = conv_decision(x, w, b, *options, None)
-        if native is None:
-            return None
-        if not native.weighed:
-            return native
-        return lambda x, w, b: self._direct(x) if capturing() else native(x, w, b)  # a capture runs the twin
+        if grad:
+            native = conv_decision(x, w, b, *options, None)
+            if native is None:
+                return self._direct_call, None
+            return (self._direct_call if native.weighed else None), native  # a capture runs the twin where weighed
+        bound = bound_forward(x, w, b, *options)
+        if bound is None:
+            return self._direct_call, None
+        eager, replayed = (bound.eager, bound.replayed) if isinstance(bound, ByCapture) else (bound, None)
+        if isinstance(eager, DirectConv):
+            return (None if replayed is None else _tensors(replayed)), eager.call
+        return _tensors(bound), None
+
+
+def _tensors(bound):
+    """A conv's bound call, called as the modules call: on (x, w, b)."""
+    return lambda x, w, b: bound((x, w, None, b, None, None))
 
 
 class Conv1d(_ConvNd, nn.Conv1d):
@@ -110,11 +137,13 @@ class Conv3d(_ConvNd, nn.Conv3d):
 class Linear(_Kept, nn.Linear):
     """nn.Linear through `tiledispatch.gemm`: x (..., in_features) as one (rows, in_features) matrix."""
 
-    def _options(self) -> tuple:
-        return (torch.backends.cuda.matmul.allow_tf32,)
+    @staticmethod
+    def _options(x) -> tuple:
+        return (Linear._tf32(x),)
 
-    def _tf32(self, x) -> bool:
-        return torch.backends.cuda.matmul.allow_tf32 and x.dtype is torch.float32
+    @staticmethod
+    def _tf32(x) -> bool:
+        return x.dtype is torch.float32 and _matmul_tf32()
 
     def _direct(self, x):
         if not isinstance(x, torch.Tensor):
@@ -122,22 +151,26 @@ class Linear(_Kept, nn.Linear):
         y = gemm(x.reshape(-1, x.shape[-1]), self.weight.t(), bias=self.bias, allow_tf32=self._tf32(x))
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
-    def _bind(self, x, w, b, grad: bool):
+    def _bind(self, x, w, b, grad: bool) -> tuple:
+        """(call, vendor) for this signature (see _Kept): PyTorch's linear where the eager pick is the
+        vendor's, as it computes what the vendor's product computes."""
         if x.dim() == 0:
-            return None
+            return self._direct_call, None
         rows, wt, tf32 = x.reshape(-1, x.shape[-1]), w.t(), self._tf32(x)
-        if not grad:
-            bound = bound_call(rows, wt, bias=b, allow_tf32=tf32, dispatcher=dispatcher_or_default(None, x))
-            out_shape = (*x.shape[:-1], w.shape[0])
-            return lambda x, w, b: bound(x.reshape(-1, x.shape[-1]), wt, b, None, None, None, None).view(out_shape)
-        decision = gemm_decision(rows, wt, b, tf32, None)
-        if decision is None:
-            return None
-        # PyTorch's own linear computes what the dispatcher's three vendor picks would: it is the call
-        native, weighed = decision
-        if not weighed:
-            return lambda x, w, b: F.linear(x, w, b)
-        return lambda x, w, b: self._direct(x) if capturing() else F.linear(x, w, b)
+        if grad:
+            decision = gemm_decision(rows, wt, b, tf32, None)
+            if decision is None:
+                return self._direct_call, None
+            return (self._direct_call if decision[1] else None), F.linear  # a capture runs the twin where weighed
+        bound = bound_call(rows, wt, bias=b, allow_tf32=tf32, dispatcher=dispatcher_or_default(None, x))
+        out_shape = (*x.shape[:-1], w.shape[0])
+
+        def call(x, w, b):
+            return bound(x.reshape(-1, x.shape[-1]), wt, b, None, None, None, None).view(out_shape)
+        eager = bound.eager if isinstance(bound, ByCapture) else bound
+        if getattr(eager, "vendor", False):
+            return (call if isinstance(bound, ByCapture) else None), F.linear
+        return call, None
 
 
 _CLASSES = {nn.Conv1d: Conv1d, nn.Conv2d: Conv2d, nn.Conv3d: Conv3d, nn.Linear: Linear}

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
 
+import tiledispatch.nn as tdnn  # noqa: E402
 from tiledispatch.core.dispatcher import dispatcher_or_default  # noqa: E402
 from tiledispatch.bench.timing import profiled  # noqa: E402
 
@@ -32,7 +33,7 @@ from tiledispatch.bench.timing import profiled  # noqa: E402
 def pick_of(module: nn.Module, x: torch.Tensor):
     """The kernel the default dispatcher picks for this layer's call on `x`."""
     dispatcher = dispatcher_or_default(None, x)
-    if isinstance(module, models.TiledispatchConv2d):
+    if isinstance(module, tdnn.Conv2d):
         from tiledispatch.ops.conv import check_operands
         operands = check_operands("forward", x=x, w=module.weight, bias=module.bias, stride=module.stride,
                                   padding=module.padding, dilation=module.dilation, groups=module.groups)
@@ -65,7 +66,7 @@ def main() -> None:
     theirs = collections.defaultdict(float)  # layer -> PyTorch's call's host seconds, same input
     kernels: dict = {}  # layer -> the KernelSpec picked
     layers = [(name, m) for name, m in ours.named_modules()
-              if isinstance(m, (models.TiledispatchConv2d, models.TiledispatchLinear))]
+              if isinstance(m, (tdnn.Conv2d, tdnn.Linear))]
 
     def timed(name, module, forward, pytorch):
         turn = [0]
@@ -85,7 +86,7 @@ def main() -> None:
 
     for name, module in layers:
         pytorch = (lambda inp, m=module: F.conv2d(inp, m.weight, m.bias, m.stride, m.padding, m.dilation, m.groups)) \
-            if isinstance(module, models.TiledispatchConv2d) else (lambda inp, m=module: F.linear(inp, m.weight, m.bias))
+            if isinstance(module, tdnn.Conv2d) else (lambda inp, m=module: F.linear(inp, m.weight, m.bias))
         module.forward = timed(name, module, module.forward, pytorch)
     recording = torch.enable_grad() if args.grad else torch.no_grad()
     with recording:

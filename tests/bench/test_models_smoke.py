@@ -15,6 +15,7 @@ if str(ROOT) not in sys.path:  # benchmarks/ is no package: importable from the 
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import models, startup  # noqa: E402
+import tiledispatch.nn as tdnn  # noqa: E402
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
@@ -52,7 +53,7 @@ def test_a_failing_mode_is_a_row_and_the_run_goes_on(tmp_path, monkeypatch):
     def broken(self, x):
         raise RuntimeError("conv is broken\nsecond line")
 
-    monkeypatch.setattr(models.TiledispatchConv2d, "forward", broken)
+    monkeypatch.setattr(tdnn.Conv2d, "forward", broken)
     models.main(["--smoke", "--out", str(tmp_path), "--models", "tiny_cnn", "--modes", "eager,graph"])
     by_key = {(r["mode"], r["provider"]): r for r in rows_of(tmp_path)}
     assert by_key["eager", "tiledispatch"]["status"] == "error: RuntimeError: conv is broken"

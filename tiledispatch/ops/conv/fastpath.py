@@ -29,6 +29,7 @@ from ..gemm import Activation
 from .operands import ConvOperands, channels_last_empty
 from .problem import Direction
 from .signature import Family
+from .vendor import direct_call
 
 # The order of `BoundConv.__call__`'s tensors: ConvOperands' fields after the problem, so that the vendor
 # stage's operands are ConvOperands(problem, *tensors).
@@ -142,11 +143,11 @@ class DirectConv:
 
     def __init__(self, operands: ConvOperands) -> None:
         p = operands.problem
-        self._args = (p.stride, p.padding, p.dilation, p.groups)
+        self.call = direct_call(2, p.stride, p.padding, p.dilation, p.groups, operands.bias is not None)
 
     def __call__(self, tensors: tuple) -> torch.Tensor:
         x, w, _, bias, _, _ = tensors
-        return torch.conv2d(x, w, bias, *self._args)
+        return self.call(x, w, bias)
 
     @staticmethod
     def takes(spec, operands: ConvOperands) -> bool:

@@ -222,6 +222,8 @@ def recorded(x, w, bias, residual, call: ConvCall):
     twin (library.py), whose backward runs the two backward convs, or PyTorch's own conv where the
     vendor is picked for all three (joint.native_forward); an activation and its residual follow
     the op as PyTorch ops."""
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        check_operands(Direction.FORWARD, x=x, w=w)  # raises the error naming the argument that is not a tensor
     geo = geometry(x, w.shape[2:], call.stride, call.padding, call.dilation, call.groups, call.allow_tf32)
     activation = ACTIVATIONS[call.activation]
     if records_eagerly(x, w, bias, residual):

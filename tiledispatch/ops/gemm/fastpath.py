@@ -118,6 +118,7 @@ class BoundGemm:
         self._scale_a, self._scale_b = operands.scale_a, operands.scale_b
         self._stream = stream_getter(operands.device)
         self._unaliased: tuple | None = None  # the pointers of the last call whose out passed the alias check
+        self.vendor = all(launch.stage == "vendor" for launch in plan.launches)  # PyTorch's product alone
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
         if out is None:
@@ -142,6 +143,8 @@ class DirectMatmul:
 
     Nothing is planned or laid out: the call costs what torch.mm costs, plus the signature.
     """
+
+    vendor = True
 
     def __init__(self, result_2d: bool) -> None:
         self._matmul = torch.mm if result_2d else torch.matmul

@@ -1,0 +1,154 @@
+"""tiledispatch.nn: the modules compute what PyTorch's compute, forward and backward, keep one call
+per signature and forget it when the signature changes, and leave nothing of it in a copy."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tiledispatch
+import tiledispatch.nn as tdnn
+from tests.conftest import on_gpu, requires_gpu, requires_interpreter
+
+DEVICE = "cuda" if on_gpu() else "cpu"
+pytestmark = requires_interpreter
+
+
+def _pair(make, *args, **kwargs):
+    """(PyTorch's module in float64, ours in fp32) with the same weights."""
+    torch.manual_seed(0)
+    theirs = make(*args, **kwargs).double().to(DEVICE)
+    ours = tdnn.patch(copy.deepcopy(theirs)).float()
+    return theirs, ours
+
+
+def _check(theirs, ours, x, tol=2e-4):
+    with torch.no_grad():
+        want = theirs(x.double())
+        got = ours(x.float().clone())
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+CASES = [
+    (nn.Conv1d, (4, 6, 3), dict(padding=1), (2, 4, 9)),
+    (nn.Conv2d, (4, 8, 3), dict(stride=2, padding=1, bias=False), (2, 4, 7, 7)),
+    (nn.Conv2d, (8, 8, 3), dict(padding="same", groups=4, dilation=2), (1, 8, 6, 6)),
+    (nn.Conv2d, (4, 4, 3), dict(padding=1, padding_mode="reflect"), (1, 4, 5, 5)),
+    (nn.Conv3d, (2, 4, (1, 3, 3)), dict(padding=(0, 1, 1)), (1, 2, 3, 5, 5)),
+    (nn.Linear, (12, 5), {}, (2, 3, 12)),
+]
+
+
+@pytest.mark.parametrize("make, args, kwargs, shape", CASES, ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(CASES)])
+def test_a_module_matches_pytorch_and_keeps_one_call_per_signature(make, args, kwargs, shape):
+    theirs, ours = _pair(make, *args, **kwargs)
+    assert type(ours).__module__ == "tiledispatch.nn"
+    x = torch.randn(*shape, device=DEVICE)
+    for _ in range(2):  # the second call replays what the first kept
+        _check(theirs, ours, x)
+    kept = ours.__dict__["_tiledispatch_last"]
+    bigger = torch.randn(shape[0] + 1, *shape[1:], device=DEVICE)
+    _check(theirs, ours, bigger)  # a new signature: a new call kept, the right answer
+    assert ours.__dict__["_tiledispatch_last"][0] != kept[0]
+    _check(theirs, ours, x)
+
+
+def test_a_weight_replaced_in_place_or_through_data_is_seen():
+    theirs, ours = _pair(nn.Conv2d, 4, 6, 3, padding=1)
+    x = torch.randn(1, 4, 5, 5, device=DEVICE)
+    _check(theirs, ours, x)
+    with torch.no_grad():  # same storage, new values
+        theirs.weight.mul_(-2)
+        ours.weight.mul_(-2)
+    _check(theirs, ours, x)
+    fresh = torch.randn(6, 4, 1, 1, device=DEVICE)  # same Parameter object, another shape and storage
+    theirs.weight.data, ours.weight.data = fresh.double(), fresh.clone()
+    theirs.padding = ours.padding = (0, 0)
+    _check(theirs, ours, x)
+
+
+@pytest.mark.parametrize("make, args, shape", [(nn.Conv2d, (3, 4, 3), (2, 3, 6, 6)), (nn.Linear, (6, 4), (3, 6))])
+def test_gradients_match_pytorch(make, args, shape):
+    theirs, ours = _pair(make, *args)
+    x = torch.randn(*shape, device=DEVICE)
+    xt, xo = x.double().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn_like(theirs(xt))
+    for _ in range(2):
+        xo.grad = None
+        for p in ours.parameters():
+            p.grad = None
+        ours(xo).backward(dy.float())
+    theirs(xt).backward(dy)
+    for name, got, want in (("x", xo.grad, xt.grad), ("weight", ours.weight.grad, theirs.weight.grad),
+                            ("bias", ours.bias.grad, theirs.bias.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=2e-4, atol=2e-4, msg=lambda m: f"d{name}: {m}")
+
+
+def test_patch_swaps_exact_classes_in_place_and_leaves_subclasses():
+    class Mine(nn.Linear):
+        pass
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Sequential(nn.Linear(4, 4), Mine(4, 4)))
+    weight = model[0].weight
+    assert tdnn.patch(model) is model
+    assert [type(m) for m in (model[0], model[1], model[2][0], model[2][1])] == [tdnn.Conv2d, nn.ReLU, tdnn.Linear,
+                                                                                  Mine]
+    assert model[0].weight is weight
+    with pytest.raises(TypeError, match="nn.Module"):
+        tdnn.patch(object())
+
+
+def test_copies_and_pickles_leave_the_kept_call_behind():
+    _, ours = _pair(nn.Linear, 4, 3)
+    ours(torch.randn(2, 4, device=DEVICE))
+    assert "_tiledispatch_last" in ours.__dict__
+    for twin in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours))):
+        assert "_tiledispatch_last" not in twin.__dict__
+        x = torch.randn(2, 4, device=DEVICE)
+        torch.testing.assert_close(twin(x), ours(x))
+
+
+def test_an_input_that_is_not_a_tensor_is_named():
+    _, ours = _pair(nn.Conv2d, 3, 4, 3)
+    with pytest.raises(tiledispatch.TiledispatchError, match="x"):
+        ours([[1.0]])
+    _, linear = _pair(nn.Linear, 3, 4)
+    with pytest.raises(TypeError, match="takes a tensor"):
+        linear("x")
+
+
+def test_compile_fullgraph_of_a_patched_model_matches_eager():
+    torch.manual_seed(0)
+    model = tdnn.patch(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                     nn.Linear(4 * 5 * 5, 6))).to(DEVICE)
+    x = torch.randn(2, 3, 5, 5, device=DEVICE)
+    with torch.no_grad():
+        want = model(x)
+        torch._dynamo.reset()
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@requires_gpu
+def test_a_cuda_graph_capture_of_patched_bf16_modules_matches_their_eager_calls():
+    torch.manual_seed(0)
+    model = tdnn.patch(nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1, groups=64),
+                                     nn.Flatten(), nn.Linear(64 * 16 * 16, 32)))
+    model = model.cuda().bfloat16().to(memory_format=torch.channels_last)
+    x = torch.randn(8, 32, 16, 16, device="cuda", dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        eager = model(x)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            model(x)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = model(x)
+        replayed.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(replayed.float(), eager.float(), rtol=2e-2, atol=2e-2)
