@@ -13,7 +13,7 @@ import tiledispatch.nn as tdnn
 from tests.conftest import on_gpu, requires_gpu, requires_interpreter
 
 DEVICE = "cuda" if on_gpu() else "cpu"
-pytestmark = requires_interpreter
+pytestmark = [] if on_gpu() else [requires_interpreter]
 
 
 def _pair(make, *args, **kwargs):
@@ -152,3 +152,16 @@ def test_a_cuda_graph_capture_of_patched_bf16_modules_matches_their_eager_calls(
         graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(replayed.float(), eager.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_parametrized_weight_is_read_through_its_parametrization():
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    theirs, ours = _pair(nn.Conv2d, 3, 4, 3, padding=1)
+    x = torch.randn(1, 3, 5, 5, device=DEVICE)
+    _check(theirs, ours, x)
+    for module in (theirs, ours):
+        nn.utils.parametrize.register_parametrization(module, "weight", Doubled())
+    _check(theirs, ours, x)

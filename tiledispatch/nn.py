@@ -62,7 +62,9 @@ class _Kept:
     def forward(self, x):
         if torch.compiler.is_dynamo_compiling() or type(x) is not torch.Tensor:
             return self._direct(x)  # the function's own path: traced, or checked (it names what is wrong)
-        w, b = self.weight, self.bias
+        parameters = self._parameters  # Module.__getattr__ would look there, through a Python frame
+        w = parameters["weight"] if "weight" in parameters else self.weight  # else: a parametrization's
+        b = parameters["bias"] if "bias" in parameters else self.bias
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad)
         signature = _signature(grad, x, w, b, dispatcher_or_default(None, x), self._options(x))
         kept = self.__dict__.get(_KEPT)

@@ -47,6 +47,21 @@ def family_of(spec) -> str:
     return f"{spec.op.value} {spec.definition.family_of(spec.config)}"
 
 
+def path_of(module: nn.Module) -> str:
+    """What the module's eager call runs (tiledispatch.nn's kept call): PyTorch's op, a bound call
+    (by its class), or the function's checked path."""
+    kept = module.__dict__.get("_tiledispatch_last")
+    if kept is None:
+        return "nothing kept"
+    _, call, vendor = kept
+    if vendor is not None:
+        return "pytorch op" + ("" if call is None else ", graphs ours")
+    if getattr(call, "__func__", None) is not None:
+        return "checked path"
+    cells = [c.cell_contents for c in call.__closure__ or ()]
+    return "bound " + "/".join(sorted({type(v).__name__ for v in cells if hasattr(v, "__call__")}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="resnet50")
@@ -98,18 +113,18 @@ def main() -> None:
         torch.cuda.synchronize()
     by_family = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for name, _ in layers:
-        entry = by_family[family_of(kernels[name])]
+        entry = by_family[f"{family_of(kernels[name])}: {path_of(dict(layers)[name])}"]
         entry[0] += 1
         entry[1] += host[name] / args.calls * 1e6
         entry[2] += theirs[name] / args.calls * 1e6
     print(f"{args.model} batch {args.batch}, grad {'on' if args.grad else 'off'}: host microseconds per forward, "
           "summed over the layers of each family")
-    print(f"{'family':28s} {'layers':>6s} {'ours us':>9s} {'PyTorch us':>11s} {'ours/layer':>11s} {'PyTorch/layer':>14s}")
+    print(f"{'family: eager path':44s} {'layers':>6s} {'ours us':>9s} {'PyTorch us':>11s} {'ours/layer':>11s} {'PyTorch/layer':>14s}")
     for family, (count, ours_us, torch_us) in sorted(by_family.items(), key=lambda kv: -kv[1][1]):
-        print(f"{family:28s} {count:6d} {ours_us:9.1f} {torch_us:11.1f} {ours_us / count:11.1f} {torch_us / count:14.1f}")
+        print(f"{family:44s} {count:6d} {ours_us:9.1f} {torch_us:11.1f} {ours_us / count:11.1f} {torch_us / count:14.1f}")
     for name, _ in layers:
         print(f"  {name:32s} {kernels[name].name:60s} {host[name] / args.calls * 1e6:7.1f} us  "
-              f"PyTorch {theirs[name] / args.calls * 1e6:7.1f} us")
+              f"PyTorch {theirs[name] / args.calls * 1e6:7.1f} us  {path_of(dict(layers)[name])}")
     for name, module in layers:  # the plain wrapped modules again, for the profile
         del module.forward
     with torch.enable_grad() if args.grad else torch.no_grad():
