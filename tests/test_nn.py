@@ -16,6 +16,16 @@ DEVICE = "cuda" if on_gpu() else "cpu"
 pytestmark = [] if on_gpu() else [requires_interpreter]
 
 
+@pytest.fixture(autouse=True)
+def _exact_fp32():
+    """fp32 without TF32, so that ours and PyTorch's both compare with float64 (on a GPU cuDNN's
+    switch is on by default, and the modules follow it as nn.Conv2d does: see the TF32 test)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def _pair(make, *args, **kwargs):
     """(PyTorch's module in float64, ours in fp32) with the same weights."""
     torch.manual_seed(0)
@@ -51,7 +61,7 @@ def test_a_module_matches_pytorch_and_keeps_one_call_per_signature(make, args, k
     kept = ours.__dict__["_tiledispatch_last"]
     bigger = torch.randn(shape[0] + 1, *shape[1:], device=DEVICE)
     _check(theirs, ours, bigger)  # a new signature: a new call kept, the right answer
-    assert ours.__dict__["_tiledispatch_last"][0] != kept[0]
+    assert ours.__dict__["_tiledispatch_last"][:2] != kept[:2]
     _check(theirs, ours, x)
 
 
@@ -75,6 +85,8 @@ def test_gradients_match_pytorch(make, args, shape):
     x = torch.randn(*shape, device=DEVICE)
     xt, xo = x.double().requires_grad_(), x.clone().requires_grad_()
     dy = torch.randn_like(theirs(xt))
+    with torch.no_grad():
+        ours(xo)  # kept without autograd first: a recorded call must not run that
     for _ in range(2):
         xo.grad = None
         for p in ours.parameters():
@@ -152,6 +164,18 @@ def test_a_cuda_graph_capture_of_patched_bf16_modules_matches_their_eager_calls(
         graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(replayed.float(), eager.float(), rtol=2e-2, atol=2e-2)
+    # the same modules, now recorded by autograd: the gradients are PyTorch's own modules'
+    theirs = copy.deepcopy(model)
+    for module in theirs.modules():
+        if type(module).__module__ == "tiledispatch.nn":
+            module.__class__ = next(c for c in type(module).__mro__ if c.__module__.startswith("torch.nn"))
+    grads = []
+    for net in (model, theirs):
+        xg = x.clone().requires_grad_()
+        net(xg).float().square().sum().backward()
+        grads.append((xg.grad.float(), net[0].weight.grad.float(), net[3].bias.grad.float()))
+    for name, got, want in zip(("x", "conv weight", "linear bias"), *grads):
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2, msg=lambda m: f"d{name}: {m}")
 
 
 def test_a_parametrized_weight_is_read_through_its_parametrization():
@@ -165,3 +189,17 @@ def test_a_parametrized_weight_is_read_through_its_parametrization():
     for module in (theirs, ours):
         nn.utils.parametrize.register_parametrization(module, "weight", Doubled())
     _check(theirs, ours, x)
+
+
+def test_the_modules_follow_pytorchs_tf32_switches():
+    theirs, ours = _pair(nn.Conv2d, 8, 8, 3, padding=1)
+    linear_theirs, linear_ours = _pair(nn.Linear, 16, 8)
+    theirs, linear_theirs = theirs.float(), linear_theirs.float()
+    x, h = torch.randn(2, 8, 6, 6, device=DEVICE), torch.randn(4, 16, device=DEVICE)
+    for tf32 in (False, True):
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+        tol = 5e-3 if tf32 and on_gpu() else 1e-4
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), theirs(x), rtol=tol, atol=tol)
+            torch.testing.assert_close(linear_ours(h), linear_theirs(h), rtol=tol, atol=tol)
+        assert ours.__dict__["_tiledispatch_last"][0][2][5] is tf32  # the options in the kept call's key

@@ -28,7 +28,7 @@ from .ops.conv.function import recorded_decision as conv_decision
 from .ops.gemm import bound_call, gemm
 from .ops.gemm.native import recorded_decision as gemm_decision
 
-_KEPT = "_tiledispatch_last"  # a module's (signature, call, vendor): dropped when it is copied or pickled
+_KEPT = "_tiledispatch_last"  # a module's (quick, signature, call, vendor): dropped when it is copied or pickled
 
 
 # PyTorch's TF32 switches, which torch.compile reads once, as it reads them for nn.Conv2d and nn.Linear.
@@ -42,22 +42,24 @@ def _matmul_tf32() -> bool:
     return torch._C._get_cublas_allow_tf32()
 
 
-def _signature(grad: bool, x, w, b, dispatcher, options: tuple) -> tuple:
-    """Everything the kept call depends on: each tensor's type, shape, strides, dtype and negation bit,
-    x's device and 16-byte alignment, w's and b's addresses (unique across devices; a Linear keeps
-    w's transposed view), the options, whether autograd records and the dispatcher that bound it."""
-    return (grad, dispatcher, options, type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
-            x.is_neg(), type(w), w.shape, w.stride(), w.dtype, w.data_ptr(), w.is_neg(),
-            None if b is None else (type(b), b.shape, b.stride(), b.dtype, b.data_ptr(), b.is_neg()))
+def _signature(x, w, b) -> tuple:
+    """What a bound call of our kernels depends on beyond the quick key: each tensor's strides,
+    type, negation bit and (x) 16-byte alignment, w's and b's shapes, dtypes and addresses (unique
+    across devices; a Linear keeps w's transposed view)."""
+    return (x.stride(), x.data_ptr() & 15, x.is_neg(), type(w), w.shape, w.stride(), w.dtype, w.data_ptr(),
+            w.is_neg(), None if b is None else (type(b), b.shape, b.stride(), b.dtype, b.data_ptr(), b.is_neg()))
 
 
 class _Kept:
-    """The mixin: forward runs the kept call where the signature matches, else keeps a new one.
+    """The mixin: forward runs the kept call where the call matches it, else keeps a new one.
 
-    What is kept is (signature, call, vendor): `vendor(x, w, b)` is PyTorch's own op where the
-    dispatcher's eager pick is the vendor's (called straight, the cheapest call there is), and
-    `call(x, w, b)` the bound call, which a CUDA graph capture runs where the two differ (None
-    where they do not)."""
+    What is kept is (quick, signature, call, vendor). `vendor(x, w, b)` is PyTorch's own op, where
+    the dispatcher's eager pick is the vendor's: called straight, the cheapest call there is, and
+    right for any tensors (it is what PyTorch's module computes), so the quick key alone says
+    whether it is still the pick: whether autograd records, the dispatcher, the options and x's
+    shape, dtype and device. `call(x, w, b)` is the bound call of our kernels (None where the vendor's runs in
+    CUDA graph captures too), which holds for its whole signature only: it runs where the quick
+    key and the signature both match."""
 
     def forward(self, x):
         if torch.compiler.is_dynamo_compiling() or type(x) is not torch.Tensor:
@@ -66,12 +68,15 @@ class _Kept:
         w = parameters["weight"] if "weight" in parameters else self.weight  # else: a parametrization's
         b = parameters["bias"] if "bias" in parameters else self.bias
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad)
-        signature = _signature(grad, x, w, b, dispatcher_or_default(None, x), self._options(x))
+        quick = (grad, dispatcher_or_default(None, x), self._options(x, b), x.shape, x.dtype, x.get_device())
         kept = self.__dict__.get(_KEPT)
-        if kept is None or kept[0] != signature:
-            kept = (signature, *self._bind(x, w, b, grad))
+        if kept is not None and kept[3] is not None and kept[0] == quick and (kept[2] is None or not capturing()):
+            return kept[3](x, w, b)
+        signature = _signature(x, w, b)
+        if kept is None or kept[0] != quick or kept[1] != signature:
+            kept = (quick, signature, *self._bind(x, w, b, grad))
             self.__dict__[_KEPT] = kept  # not Module.__setattr__: neither a parameter, buffer nor module
-        _, call, vendor = kept
+        _, _, call, vendor = kept
         if vendor is not None and (call is None or not capturing()):
             return vendor(x, w, b)
         return call(x, w, b)
@@ -86,8 +91,8 @@ class _Kept:
 
 
 class _ConvNd(_Kept):
-    def _options(self, x) -> tuple:
-        return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode, self._tf32(x))
+    def _options(self, x, b) -> tuple:
+        return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode, self._tf32(x), b is None)
 
     @staticmethod
     def _tf32(x) -> bool:
@@ -140,8 +145,8 @@ class Linear(_Kept, nn.Linear):
     """nn.Linear through `tiledispatch.gemm`: x (..., in_features) as one (rows, in_features) matrix."""
 
     @staticmethod
-    def _options(x) -> tuple:
-        return (Linear._tf32(x),)
+    def _options(x, b) -> tuple:
+        return (Linear._tf32(x), b is None)
 
     @staticmethod
     def _tf32(x) -> bool:
