@@ -63,10 +63,13 @@ def test_bf16_layouts(shape, layout):
     _check(GemmProblem(m, n, k, types=GemmTypes.parse("bf16"), layout=GemmLayout.parse(layout)))
 
 
-def test_launch_bound_call_runs_triton_eagerly_and_the_replay_pick_in_a_graph():
-    """16x16: eager calls launch a Triton tile (cheapest host path), a captured graph the kernel
-    fastest on the device; both kernels are bound before the capture, and both compute."""
-    from tiledispatch.ops.gemm import fastpath
+def test_launch_bound_call_runs_the_weighed_pick_eagerly_and_the_replay_pick_in_a_graph():
+    """16x16: eager calls run the pick weighed against an eager call's host time (core.hostcost),
+    a captured graph the kernel fastest on the device; both kernels are bound before the capture,
+    and both compute."""
+    from tiledispatch.core.hostcost import eager_host_s, weighed
+    from tiledispatch.ops.gemm import check_operands, fastpath
+    from tiledispatch.ops.gemm.ranking import replay_pick
 
     dispatcher = Dispatcher(Registry.from_rule_set("gemm", "default", current_arch()), current_arch())
     a = torch.randn(16, 16, device="cuda", dtype=torch.bfloat16)
@@ -75,8 +78,14 @@ def test_launch_bound_call_runs_triton_eagerly_and_the_replay_pick_in_a_graph():
     tiledispatch.gemm(a, b, out=out, dispatcher=dispatcher)
     assert _rel(out, _ref(a, b)) < 1.6e-2
     (bound,) = dispatcher._bound.values()
-    assert isinstance(bound, fastpath.ByCapture)
-    assert isinstance(bound.eager, fastpath.BoundGemm) and isinstance(bound.replayed, fastpath.DirectMatmul)
+    problem = check_operands(a, b, out=out).problem
+    pick = dispatcher.select(problem)
+    eager_spec, replayed_spec = weighed(dispatcher, problem, pick, eager_host_s(dispatcher)), replay_pick(
+        dispatcher, problem, pick)
+    eager, replayed = (bound.eager, bound.replayed) if isinstance(bound, fastpath.ByCapture) else (bound, bound)
+    assert isinstance(bound, fastpath.ByCapture) == (eager_spec.name != replayed_spec.name)
+    assert isinstance(eager, fastpath.DirectMatmul) == eager_spec.is_vendor
+    assert isinstance(replayed, fastpath.DirectMatmul) == replayed_spec.is_vendor
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -87,6 +96,23 @@ def test_launch_bound_call_runs_triton_eagerly_and_the_replay_pick_in_a_graph():
     torch.cuda.synchronize()
     assert _rel(out, _ref(a, b)) < 1.6e-2
     assert len(dispatcher._bound) == 1
+
+
+def test_a_vendor_call_with_a_bias_alone_is_one_addmm_on_the_callers_tensors():
+    from tiledispatch.ops.gemm import fastpath
+
+    vendor = next(s.name for s in tiledispatch.default_dispatcher().registry if s.op.value == "gemm" and s.is_vendor
+                  and "bf16" in s.name)
+    a, w = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16), torch.randn(32, 64, device="cuda",
+                                                                                 dtype=torch.bfloat16)
+    bias = torch.randn(32, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((8, 32), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for given in (None, out):
+        c = tiledispatch.gemm(a, w.t(), bias=bias, out=given, kernel=vendor)
+        want = a.double() @ w.double().t() + bias.double()
+        assert _rel(c, want) < 1.6e-2 and (given is None or c.data_ptr() == out.data_ptr())
+    kinds = {type(v) for v in tiledispatch.default_dispatcher()._bound.values()}
+    assert fastpath.DirectMatmul in kinds  # no plan around PyTorch's addmm
 
 
 @pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.name)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .problem import Activation, GemmTypes
+from ...core.dtypes import DType
+from .problem import Activation, Epilogue, GemmTypes
 
 # cuBLAS takes each matrix's leading dimension as a 32-bit int: a wider stride is copied first.
 LEADING_DIM_LIMIT = 2**31
@@ -23,6 +24,15 @@ def is_plain(operands) -> bool:
     p = operands.problem
     return (p.epilogue.plain and not p.types.scaled and p.types.c is p.types.a
             and (operands.out is None or operands.out.is_contiguous()))
+
+
+def adds_bias_alone(operands, result_2d: bool) -> bool:
+    """Whether the call is one cuBLASLt addmm, the bias in its epilogue: a 2-D 16-bit product plus a
+    bias of its dtype, and nothing else (an nn.Linear's call)."""
+    p = operands.problem
+    return (result_2d and p.epilogue == Epilogue(bias=True) and p.types.a in (DType.FP16, DType.BF16)
+            and p.types.b is p.types.c is p.types.a
+            and operands.bias.dtype == operands.a.dtype and (operands.out is None or operands.out.is_contiguous()))
 
 
 def _addressable(t: torch.Tensor) -> torch.Tensor:
