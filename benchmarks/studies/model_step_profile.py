@@ -7,6 +7,7 @@ by the host; one near it, by its kernels. The model is benchmarks/models.py's (b
 channels-last; ours: every Conv2d and Linear through tiledispatch, its picks compiled ahead).
 
     python benchmarks/studies/model_step_profile.py [--model resnet50] [--modes eager,train,compile] [--steps 10]
+        [--cprofile]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
 
-from tiledispatch.bench.timing import wall_ms_per_call  # noqa: E402
+from tiledispatch.bench.timing import profiled, wall_ms_per_call  # noqa: E402
 
 OUR_OPS = ("tiledispatch", "aten::conv", "aten::cudnn", "aten::mm", "aten::addmm", "aten::linear")
 
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--modes", default="eager,train")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--cprofile", action="store_true", help="then a cProfile of our model's steps in each mode")
     args = parser.parse_args()
     modes = args.modes.split(",")
     work = models.workloads(False)[args.model]
@@ -72,6 +74,10 @@ def main() -> None:
         for name, model in (("pytorch", variants.pytorch), ("tiledispatch", variants.ours)):
             with torch.set_grad_enabled(mode == "train"):
                 report(name, args.steps, *profile(step_of(mode, work, model, variants.inputs), args.steps), args.top)
+        if args.cprofile:
+            with torch.set_grad_enabled(mode == "train"):
+                stats, _ = profiled(step_of(mode, work, variants.ours, variants.inputs), args.steps)
+            stats.sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":
