@@ -64,7 +64,9 @@ def main() -> None:
     parser.add_argument("--modes", default="eager,train")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--cprofile", action="store_true", help="then a cProfile of our model's steps in each mode")
+    parser.add_argument("--cprofile", action="store_true", help="then a cProfile of each model's steps in each mode")
+    parser.add_argument("--sort", default="tottime", help="the cProfile's order: tottime or cumulative")
+    parser.add_argument("--cprofile-top", type=int, default=25)
     args = parser.parse_args()
     modes = args.modes.split(",")
     work = models.workloads(False)[args.model]
@@ -74,10 +76,11 @@ def main() -> None:
         for name, model in (("pytorch", variants.pytorch), ("tiledispatch", variants.ours)):
             with torch.set_grad_enabled(mode == "train"):
                 report(name, args.steps, *profile(step_of(mode, work, model, variants.inputs), args.steps), args.top)
-        if args.cprofile:
+        for name, model in (("pytorch", variants.pytorch), ("tiledispatch", variants.ours)) if args.cprofile else ():
             with torch.set_grad_enabled(mode == "train"):
-                stats, _ = profiled(step_of(mode, work, variants.ours, variants.inputs), args.steps)
-            stats.sort_stats("tottime").print_stats(25)
+                stats, seconds = profiled(step_of(mode, work, model, variants.inputs), args.steps)
+            print(f"{name} {mode} under cProfile: {seconds * 1e3:.2f} ms a step")
+            stats.sort_stats(args.sort).print_stats(args.cprofile_top)
 
 
 if __name__ == "__main__":
