@@ -229,3 +229,24 @@ def test_fp8_replay_takes_each_calls_scales(given):
     assert len(d.prepared) == 1, "the second fp8 call of a signature must replay"
     want = _checked_forward(d, q, k, v, causal=True, **scales)
     assert torch.equal(out, want.out) and torch.equal(lse, want.lse)
+
+
+def test_a_plain_inference_call_replays_under_its_raw_options():
+    """No grad, dropout or LSE: the call is keyed on its options as written (fastpath.plain_key) and
+    replays the same bound forward; other options are another key, with their own answer."""
+    d = SpyDispatcher(("fwd",))
+    with torch.no_grad():
+        tiledispatch.attention(randn(1, 2, 17, 32), randn(1, 2, 17, 32), randn(1, 2, 17, 32), causal=True,
+                               softcap=2.0, dispatcher=d)
+        q, k, v = randn(1, 2, 17, 32), randn(1, 2, 17, 32), randn(1, 2, 17, 32)
+        out = tiledispatch.attention(q, k, v, causal=True, softcap=2.0, dispatcher=d)
+        assert len(d.prepared) == 1, "the second plain call must replay"
+        plain = fastpath.plain_key(q, k, v, (None,) * 4, True, None, None, 2.0, False, None)
+        assert d.memo(plain, lambda: pytest.fail("no plain entry")) is not None
+        want = _checked_forward(d, q, k, v, causal=True, softcap=2.0)
+        assert torch.equal(out, want.out)
+        other = tiledispatch.attention(q, k, v, causal=False, softcap=2.0, dispatcher=d)
+        assert torch.equal(other, _checked_forward(d, q, k, v, causal=False, softcap=2.0).out)
+        assert not torch.equal(other, out)
+    assert fastpath.plain_key(q.requires_grad_(), k, v, (None,) * 4, True, None, None, None, False, None) is None
+    assert fastpath.plain_key(q, k, v, (None,) * 4, True, [1, 0], None, None, False, None) is None  # unhashable

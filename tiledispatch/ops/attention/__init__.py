@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
+from ...core.dispatcher import dispatcher_or_default
 from ...core.op import OpDefinition, register
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from . import families  # noqa: F401  (registers the kernel families)
+from . import fastpath
 from .arguments import parse_causal, parse_window
 from .function import bound_forward, forward, read_call, recorded
 from .inputs import check_output, reference_output, tuning_operands
@@ -82,6 +86,18 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     output is bf16. Masks and windows, soft-cap, sinks and GQA; no mask or bias tensor,
     ALiBi, dropout or varlen.
     """
+    plain = None
+    if (type(dropout_p) in (float, int) and dropout_p == 0 and return_lse is False and dropout_seed is None
+            and type(dropout_offset) is int and dropout_offset == 0 and cu_seqlens_q is None and cu_seqlens_k is None
+            and scale_q is None and scale_k is None and scale_v is None and not torch.compiler.is_dynamo_compiling()):
+        plain = fastpath.plain_key(q, k, v, (bias, mask, alibi_slopes, sinks), causal, window, scale, softcap,
+                                   deterministic, kernel)
+    if plain is not None:  # a plain inference call: its bound forward, found under the raw options
+        chosen = dispatcher_or_default(dispatcher, q)
+        bound = chosen.memo(plain, lambda: _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window,
+                                                        scale, softcap, deterministic, kernel, dispatcher))
+        if bound is not None:
+            return bound(q, k, v, bias, mask, alibi_slopes, sinks, 0, 0).out
     call, grad, with_lse = read_call(
         q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale, softcap=softcap, dropout_p=dropout_p,
         dropout_seed=dropout_seed, dropout_offset=dropout_offset, return_lse=return_lse,
@@ -96,6 +112,18 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
         result = forward(call, q, k, v, tensors)
         out, lse = result.out, result.lse
     return (out, lse) if with_lse else out
+
+
+def _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window, scale, softcap, deterministic, kernel,
+                 dispatcher):
+    """The bound forward of a plain inference call (None: the checked path takes it), every option
+    read and checked as `attention()` reads them."""
+    call, _, _ = read_call(q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale,
+                           softcap=softcap, dropout_p=0.0, dropout_seed=None, dropout_offset=0, return_lse=False,
+                           deterministic=deterministic, kernel=kernel, backward_kernel=None, dispatcher=dispatcher)
+    tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes, "cu_seqlens_q": None,
+               "cu_seqlens_k": None, "scale_q": None, "scale_k": None, "scale_v": None}
+    return bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel)
 
 
 __all__ = [

@@ -119,6 +119,28 @@ def forward_key(q, k, v, optional: tuple, options: AttentionOptions, kernel, sca
     return (Direction.FORWARD, scalars, options.needs_lse, metas, extra, (q is k, q is v, k is v), scale_metas)
 
 
+def plain_key(q, k, v, optional: tuple, causal, window, scale, softcap, deterministic, kernel) -> tuple | None:
+    """The signature of a plain inference call written as the caller wrote it, before any option
+    is read: the tensors' metas and the raw options with their types (one reading of equal raw
+    options gives equal options). None where the call is not plain, or not keyable: then
+    `attention()` reads every option, as a first sight does. Plain: nothing autograd records,
+    no dropout, LSE, varlen or fp8 scales (the caller checks those it passes alone)."""
+    metas, extra = _metas((q, k, v)), _optional_metas(optional)
+    if metas is None or extra is None:
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(
+            t is not None and t.requires_grad for t in optional)):
+        return None
+    raw = (causal, window, scale, softcap, deterministic, kernel)
+    key = ("attention-plain", metas, extra, (q is k, q is v, k is v), raw, tuple(map(type, raw)),
+           tuple(map(type, window)) if type(window) is tuple else None)
+    try:
+        hash(key)
+    except TypeError:  # a list or another unhashable option: the full reading takes it
+        return None
+    return key
+
+
 def backward_key(q, k, v, out, lse, grad_out, optional: tuple, options: AttentionOptions, kernel,
                  bias_grad: bool) -> tuple | None:
     """The backward's signature: the forward's options, the backward kernel, whether the bias
