@@ -401,3 +401,24 @@ def test_warp_specialised_epilogues(dtype, epilogue):
                               epilogue=epilogue)
         for spec in registry:
             _check(problem, dispatcher, kernel=spec.name, seed=len(spec.name))
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "bias"])
+def test_the_vendor_honours_each_calls_tf32_choice_whatever_pytorchs_switch_says(bias):
+    """cuBLAS reads PyTorch's process-wide switch: an fp32 call gets exactly what it asked for
+    (TF32 or not) under either setting, and the switch is left as it was."""
+    a, b = torch.randn(256, 512, device="cuda"), torch.randn(512, 192, device="cuda")
+    c = torch.randn(192, device="cuda") if bias else None
+    want = _ref(a, b, c)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for switch in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = switch
+            for name, tf32 in (("fp32", False), ("tf32", True)):
+                kernel = f"gemm_{name}_sss_vendor_{'bias' if bias else 'none'}_{current_arch().name}"
+                got = tiledispatch.gemm(a, b, bias=c, allow_tf32=tf32, kernel=kernel)
+                error = _rel(got, want)
+                assert (error > 1e-5) if tf32 else (error < 1e-6), (switch, name, error)
+                assert torch.backends.cuda.matmul.allow_tf32 is switch
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved

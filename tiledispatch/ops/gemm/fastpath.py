@@ -149,12 +149,19 @@ class DirectMatmul:
 
     vendor = True
 
-    def __init__(self, result_2d: bool, bias: bool = False) -> None:
+    def __init__(self, result_2d: bool, bias: bool = False, tf32: bool | None = None) -> None:
         self._matmul = torch.mm if result_2d else torch.matmul
         self._bias = bias
+        self._tf32 = tf32  # an fp32 call's own TF32 choice (vendor.tf32_switch)
         self._unaliased: tuple | None = None
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
+        if self._tf32 is not None:
+            with vendor.matmul_tf32(self._tf32):
+                return self._call(a, b, bias, out)
+        return self._call(a, b, bias, out)
+
+    def _call(self, a, b, bias, out):
         if out is None:
             return torch.addmm(bias, a, b) if self._bias else self._matmul(a, b)
         pointers = (out.data_ptr(), a.data_ptr(), b.data_ptr(), None if bias is None else bias.data_ptr())
@@ -191,7 +198,7 @@ def _bound(spec, launchers: dict, operands: GemmOperands, result_2d: bool) -> Bo
     # A wide problem goes through the vendor's own run, which copies what cuBLAS cannot address.
     if isinstance(spec.config, VendorConfig) and not operands.problem.wide_offsets:
         if vendor.is_plain(operands):
-            return DirectMatmul(result_2d)
+            return DirectMatmul(result_2d, tf32=vendor.tf32_switch(operands.problem.types))
         if vendor.adds_bias_alone(operands, result_2d):
             return DirectMatmul(result_2d, bias=True)
     return BoundGemm(operands, spec.definition.plan(spec.config, operands), launchers, result_2d)

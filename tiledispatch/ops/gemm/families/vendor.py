@@ -11,7 +11,7 @@ from ....heuristics.roofline import dram_bytes_per_s, soft_max
 from ..config import Family, VendorConfig
 from ..family import FAMILIES, GemmFamily, register
 from ..problem import Activation, GemmProblem, Layout
-from .. import plan, ranking, rules
+from .. import plan, ranking, rules, vendor
 from ..rules import GemmRule, error
 
 # Fractions of the model's ideal that cuBLAS reaches at its best, measured on an H200
@@ -40,7 +40,7 @@ HOST_VENDOR_SECONDS = 7.4e-6
 UNIT = KernelUnit(
     stage="vendor", module="tiledispatch.ops.gemm.vendor", function="run",
     signature=tuple((name, "python") for name in
-                    ("a", "b", "out", "bias", "residual", "scale_a", "scale_b", "activation")),
+                    ("a", "b", "out", "bias", "residual", "scale_a", "scale_b", "activation", "tf32")),
     constexprs=(), num_warps=0, num_stages=0, kind=UnitKind.PYTHON,
 )
 
@@ -110,7 +110,8 @@ def kernel_units(config: VendorConfig, alignment, arch=None) -> tuple[KernelUnit
 def launch_plan(config: VendorConfig, ops) -> Plan:
     p = ops.problem
     out = plan.output(ops)
-    args = (ops.a, ops.b, out, ops.bias, ops.residual, ops.scale_a, ops.scale_b, p.epilogue.activation)
+    args = (ops.a, ops.b, out, ops.bias, ops.residual, ops.scale_a, ops.scale_b, p.epilogue.activation,
+            vendor.tf32_switch(p.types))
     return Plan((Launch("vendor", (1, 1, 1), args),), out)
 
 
