@@ -203,3 +203,24 @@ def test_the_modules_follow_pytorchs_tf32_switches():
             torch.testing.assert_close(ours(x), theirs(x), rtol=tol, atol=tol)
             torch.testing.assert_close(linear_ours(h), linear_theirs(h), rtol=tol, atol=tol)
         assert ours.__dict__["_tiledispatch_last"][0][2][5] is tf32  # the options in the kept call's key
+
+
+@pytest.mark.parametrize("make, args, shape", [(nn.Conv2d, (3, 4, 3), (2, 3, 6, 6)), (nn.Linear, (6, 4), (3, 6))])
+def test_under_autocast_the_modules_run_in_its_dtype_as_pytorchs_do(make, args, shape):
+    dtype = torch.bfloat16 if on_gpu() else torch.float16  # the interpreter has no bf16 tl.dot
+    torch.manual_seed(0)
+    theirs = make(*args).to(DEVICE)
+    ours = tdnn.patch(copy.deepcopy(theirs))
+    x = torch.randn(*shape, device=DEVICE)
+    xt, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast(DEVICE, dtype=dtype):
+        want, got = theirs(xt), ours(xo)
+        assert got.dtype == want.dtype == dtype
+        with torch.no_grad():
+            assert ours(x).dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    want.float().sum().backward()
+    got.float().sum().backward()
+    assert ours.weight.grad.dtype == torch.float32  # the parameters stay fp32, their gradients too
+    torch.testing.assert_close(ours.weight.grad, theirs.weight.grad, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(xo.grad, xt.grad, rtol=3e-2, atol=3e-2)

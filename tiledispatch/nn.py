@@ -11,7 +11,8 @@ direct call would: a new signature (and then it is kept), torch.compile's trace,
 a call autograd records that the op's twin takes.
 
 The modules read PyTorch's own switches as nn.Conv2d and nn.Linear do: TF32 from
-`torch.backends.cudnn.allow_tf32` (convs) and `torch.backends.cuda.matmul.allow_tf32` (linears).
+`torch.backends.cudnn.allow_tf32` (convs) and `torch.backends.cuda.matmul.allow_tf32` (linears),
+and under `torch.autocast` they run in its dtype (the functions take the dtypes they are given).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def _signature(x, w, b) -> tuple:
             w.is_neg(), None if b is None else (type(b), b.shape, b.stride(), b.dtype, b.data_ptr(), b.is_neg()))
 
 
+def _autocast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in autocast's dtype, as autocast casts a conv's or a linear's operands: floating ones
+    other than fp64."""
+    return t.to(dtype) if t.dtype is not dtype and t.is_floating_point() and t.dtype is not torch.float64 else t
+
+
 class _Kept:
     """The mixin: forward runs the kept call where the call matches it, else keeps a new one.
 
@@ -62,11 +69,18 @@ class _Kept:
     key and the signature both match."""
 
     def forward(self, x):
-        if torch.compiler.is_dynamo_compiling() or type(x) is not torch.Tensor:
-            return self._direct(x)  # the function's own path: traced, or checked (it names what is wrong)
+        compiling = torch.compiler.is_dynamo_compiling()
+        if not compiling and type(x) is not torch.Tensor:
+            return self._direct(x, self.weight, self.bias)  # the function's checks name what is wrong
         parameters = self._parameters  # Module.__getattr__ would look there, through a Python frame
         w = parameters["weight"] if "weight" in parameters else self.weight  # else: a parametrization's
         b = parameters["bias"] if "bias" in parameters else self.bias
+        device = "cuda" if x.is_cuda else x.device.type
+        if torch.is_autocast_enabled(device):  # as autocast runs nn.Conv2d and nn.Linear: in its dtype
+            dtype = torch.get_autocast_dtype(device)
+            x, w, b = _autocast(x, dtype), _autocast(w, dtype), None if b is None else _autocast(b, dtype)
+        if compiling:
+            return self._direct(x, w, b)  # traced: the custom op
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad)
         quick = (grad, dispatcher_or_default(None, x), self._options(x, b), x.shape, x.dtype, x.get_device())
         kept = self.__dict__.get(_KEPT)
@@ -82,7 +96,7 @@ class _Kept:
         return call(x, w, b)
 
     def _direct_call(self, x, w, b):
-        return self._direct(x)
+        return self._direct(x, w, b)
 
     def __getstate__(self):
         state = dict(super().__getstate__())
@@ -98,12 +112,12 @@ class _ConvNd(_Kept):
     def _tf32(x) -> bool:
         return x.dtype is torch.float32 and _conv_tf32()
 
-    def _direct(self, x):
+    def _direct(self, x, w, b):
         padding, tensor = self.padding, isinstance(x, torch.Tensor)  # conv() names an x that is not a tensor
         if self.padding_mode != "zeros" and tensor:  # padded by PyTorch, as nn.Conv2d does
             x, padding = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode), 0
-        return conv(x, self.weight, stride=self.stride, padding=padding, dilation=self.dilation, groups=self.groups,
-                    bias=self.bias, allow_tf32=tensor and self._tf32(x))
+        return conv(x, w, stride=self.stride, padding=padding, dilation=self.dilation, groups=self.groups,
+                    bias=b, allow_tf32=tensor and self._tf32(x))
 
     def _bind(self, x, w, b, grad: bool) -> tuple:
         """(call, vendor) for this signature (see _Kept)."""
@@ -152,10 +166,10 @@ class Linear(_Kept, nn.Linear):
     def _tf32(x) -> bool:
         return x.dtype is torch.float32 and _matmul_tf32()
 
-    def _direct(self, x):
+    def _direct(self, x, w, b):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{type(self).__name__} takes a tensor; got {type(x).__name__}")
-        y = gemm(x.reshape(-1, x.shape[-1]), self.weight.t(), bias=self.bias, allow_tf32=self._tf32(x))
+        y = gemm(x.reshape(-1, x.shape[-1]), w.t(), bias=b, allow_tf32=self._tf32(x))
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def _bind(self, x, w, b, grad: bool) -> tuple:
