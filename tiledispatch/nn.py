@@ -64,9 +64,10 @@ class _Kept:
     the dispatcher's eager pick is the vendor's: called straight, the cheapest call there is, and
     right for any tensors (it is what PyTorch's module computes), so the quick key alone says
     whether it is still the pick: whether autograd records, the dispatcher, the options and x's
-    shape, dtype and device. `call(x, w, b)` is the bound call of our kernels (None where the vendor's runs in
-    CUDA graph captures too), which holds for its whole signature only: it runs where the quick
-    key and the signature both match."""
+    shape, dtype and device. `call(x, w, b)` is the bound call of our kernels (None where the
+    vendor's runs in CUDA graph captures too), which holds for its whole signature only: it runs
+    where the quick key and the signature both match. Under autocast, w's cast is a new tensor
+    each call, so a call of our kernels binds again each time (the memo's lookup, not a ranking)."""
 
     def forward(self, x):
         compiling = torch.compiler.is_dynamo_compiling()
