@@ -191,7 +191,7 @@ def test_explain_ranks_for_an_arch_it_is_asked_for():
 def test_explain_shows_the_pick_an_eager_call_runs_where_it_weighs_host_time():
     """core.hostcost: on a GPU arch, a conv pick of ours that saves less device time than an eager call's
     host time over cuDNN runs cuDNN eagerly (`eager`), one that saves more runs itself; a GEMM's
-    recorded call is weighed alike (`recorded`). The interpreter weighs nothing."""
+    eager call is weighed alike (`eager`, and `recorded` for a recorded call). The interpreter weighs nothing."""
     small = invoke("explain", "conv", "8", "48", "48", "2", "28", "28", "3", "3", "--dtype", "bf16", "--pad", "1",
                    "--arch", "sm_90", "--rule-set", "default", "--strategy", "rules", "--limit", "0")
     assert "_vendor_" not in small["selected"] and small["eager"] == "conv_fwd_bf16_vendor_none_sm90"
@@ -201,7 +201,7 @@ def test_explain_shows_the_pick_an_eager_call_runs_where_it_weighs_host_time():
     assert "_igemm_" in regnet["selected"] and regnet["eager"] == regnet["selected"]
     gemm = invoke("explain", "gemm", "4096", "4096", "4096", "--dtype", "bf16", "--layout", "rcr", "--arch",
                   "sm_90", "--rule-set", "default", "--strategy", "rules", "--limit", "0")
-    assert gemm["recorded"] in {c["kernel"] for c in gemm["ranking"]}
+    assert gemm["eager"] == gemm["recorded"] and gemm["eager"] in {c["kernel"] for c in gemm["ranking"]}
     interpreter = invoke("explain", "conv", "2", "8", "8", "2", "7", "7", "3", "3", "--pad", "1", "--rule-set",
                          "tests", "--limit", "0")
     assert interpreter["eager"] == interpreter["selected"]

@@ -100,7 +100,8 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
         # Eager calls run `selected`; a CUDA graph's replays have no host time, so where the
         # launches outlast the kernel they run the kernel fastest on the device instead.
         doc["graph_replay"] = replay_pick(dispatcher, problem, explanation.selected).name
-        # An eager call that autograd records runs PyTorch's own product where `selected` is not
-        # expected to save the host time our autograd node costs over PyTorch's (core/hostcost.py).
-        doc["recorded"] = weighed(dispatcher, problem, explanation.selected, eager_host_s(dispatcher)).name
+        # An eager call, recorded by autograd or not, runs the vendor's product where `selected` is
+        # not expected to save an eager call's host time over it (core/hostcost.py).
+        doc["eager"] = doc["recorded"] = weighed(dispatcher, problem, explanation.selected,
+                                                 eager_host_s(dispatcher)).name
     emit(doc)
