@@ -91,11 +91,12 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
             and type(dropout_offset) is int and dropout_offset == 0 and cu_seqlens_q is None and cu_seqlens_k is None
             and scale_q is None and scale_k is None and scale_v is None and not torch.compiler.is_dynamo_compiling()):
         plain = fastpath.plain_key(q, k, v, (bias, mask, alibi_slopes, sinks), causal, window, scale, softcap,
-                                   deterministic, kernel)
+                                   deterministic, kernel, backward_kernel)
     if plain is not None:  # a plain inference call: its bound forward, found under the raw options
         chosen = dispatcher_or_default(dispatcher, q)
         bound = chosen.memo(plain, lambda: _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window,
-                                                        scale, softcap, deterministic, kernel, dispatcher))
+                                                        scale, softcap, deterministic, kernel, backward_kernel,
+                                                        dispatcher))
         if bound is not None:
             return bound(q, k, v, bias, mask, alibi_slopes, sinks, 0, 0).out
     call, grad, with_lse = read_call(
@@ -115,12 +116,13 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
 
 
 def _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window, scale, softcap, deterministic, kernel,
-                 dispatcher):
+                 backward_kernel, dispatcher):
     """The bound forward of a plain inference call (None: the checked path takes it), every option
-    read and checked as `attention()` reads them."""
+    read and checked as `attention()` reads them (the backward kernel too, unused as it is)."""
     call, _, _ = read_call(q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale,
                            softcap=softcap, dropout_p=0.0, dropout_seed=None, dropout_offset=0, return_lse=False,
-                           deterministic=deterministic, kernel=kernel, backward_kernel=None, dispatcher=dispatcher)
+                           deterministic=deterministic, kernel=kernel, backward_kernel=backward_kernel,
+                           dispatcher=dispatcher)
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes, "cu_seqlens_q": None,
                "cu_seqlens_k": None, "scale_q": None, "scale_k": None, "scale_v": None}
     return bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel)

@@ -119,7 +119,8 @@ def forward_key(q, k, v, optional: tuple, options: AttentionOptions, kernel, sca
     return (Direction.FORWARD, scalars, options.needs_lse, metas, extra, (q is k, q is v, k is v), scale_metas)
 
 
-def plain_key(q, k, v, optional: tuple, causal, window, scale, softcap, deterministic, kernel) -> tuple | None:
+def plain_key(q, k, v, optional: tuple, causal, window, scale, softcap, deterministic, kernel,
+              backward_kernel=None) -> tuple | None:
     """The signature of a plain inference call written as the caller wrote it, before any option
     is read: the tensors' metas and the raw options with their types (one reading of equal raw
     options gives equal options). None where the call is not plain, or not keyable: then
@@ -131,7 +132,7 @@ def plain_key(q, k, v, optional: tuple, causal, window, scale, softcap, determin
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(
             t is not None and t.requires_grad for t in optional)):
         return None
-    raw = (causal, window, scale, softcap, deterministic, kernel)
+    raw = (causal, window, scale, softcap, deterministic, kernel, backward_kernel)  # each checked on first sight
     key = ("attention-plain", metas, extra, (q is k, q is v, k is v), raw, tuple(map(type, raw)),
            tuple(map(type, window)) if type(window) is tuple else None)
     try:
