@@ -224,3 +224,17 @@ def test_under_autocast_the_modules_run_in_its_dtype_as_pytorchs_do(make, args, 
     assert ours.weight.grad.dtype == torch.float32  # the parameters stay fp32, their gradients too
     torch.testing.assert_close(ours.weight.grad, theirs.weight.grad, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(xo.grad, xt.grad, rtol=3e-2, atol=3e-2)
+
+
+def test_calls_the_ops_do_not_take_run_pytorchs_own_op_as_the_module_would():
+    """fp64, an empty batch and a conv's unbatched input: PyTorch's op, with PyTorch's answer."""
+    torch.manual_seed(0)
+    for make, args, shapes in ((nn.Conv2d, (3, 4, 3), ((3, 5, 5), (0, 3, 5, 5))), (nn.Linear, (4, 3), ((0, 4),))):
+        theirs = make(*args).to(DEVICE)
+        ours = tdnn.patch(copy.deepcopy(theirs))
+        for shape in shapes:
+            x = torch.randn(*shape, device=DEVICE)
+            assert torch.equal(ours(x), theirs(x))
+        wide_theirs, wide_ours = theirs.double(), ours.double()
+        x = torch.randn(*((2, 3, 5, 5) if make is nn.Conv2d else (2, 4)), device=DEVICE, dtype=torch.float64)
+        assert torch.equal(wide_ours(x), wide_theirs(x))

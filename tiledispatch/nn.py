@@ -8,7 +8,8 @@ after call, so each module keeps the last signature it saw and the call bound fo
 that matches compares one tuple and runs the bound call, where `tiledispatch.conv` keys the
 call and looks it up in the dispatcher's shared memo. Any other call runs the function, as a
 direct call would: a new signature (and then it is kept), torch.compile's trace, a CPU tensor,
-a call autograd records that the op's twin takes.
+a call autograd records that the op's twin takes. A call the ops do not take (fp64, an empty
+batch, a conv's unbatched input) runs PyTorch's own op, as the module replaced would.
 
 The modules read PyTorch's own switches as nn.Conv2d and nn.Linear do: TF32 from
 `torch.backends.cudnn.allow_tf32` (convs) and `torch.backends.cuda.matmul.allow_tf32` (linears),
@@ -55,6 +56,15 @@ def _autocast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`t` in autocast's dtype, as autocast casts a conv's or a linear's operands: floating ones
     other than fp64."""
     return t.to(dtype) if t.dtype is not dtype and t.is_floating_point() and t.dtype is not torch.float64 else t
+
+
+_TAKEN = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _takes(x, w) -> bool:
+    """Whether tiledispatch's ops take the call: a dtype of theirs, and something to compute. The
+    modules give any other (fp64, an empty batch) to PyTorch's op, as the module they replace would."""
+    return x.dtype in _TAKEN and w.dtype in _TAKEN and x.numel() > 0 and w.numel() > 0
 
 
 class _Kept:
@@ -122,6 +132,8 @@ class _ConvNd(_Kept):
 
     def _bind(self, x, w, b, grad: bool) -> tuple:
         """(call, vendor) for this signature (see _Kept)."""
+        if not _takes(x, w) or x.dim() != len(self.kernel_size) + 2:
+            return None, self._conv_forward  # an unbatched input too: PyTorch's module's own conv
         if self.padding_mode != "zeros":
             return self._direct_call, None
         options = (self.stride, self.padding, self.dilation, self.groups, self._tf32(x))
@@ -176,8 +188,8 @@ class Linear(_Kept, nn.Linear):
     def _bind(self, x, w, b, grad: bool) -> tuple:
         """(call, vendor) for this signature (see _Kept): PyTorch's linear where the eager pick is the
         vendor's, as it computes what the vendor's product computes."""
-        if x.dim() == 0:
-            return self._direct_call, None
+        if not _takes(x, w) or x.dim() == 0:
+            return None, F.linear
         rows, wt, tf32 = x.reshape(-1, x.shape[-1]), w.t(), self._tf32(x)
         if grad:
             decision = gemm_decision(rows, wt, b, tf32, None)
