@@ -82,6 +82,15 @@ class LruTable:
         in turn (the failure may belong to the maker's own call: its tensors). A maker that
         asks for its own key again makes a second value rather than wait on itself.
         """
+        # A hit needs no lock: each OrderedDict call is one step that no other thread's interleaves
+        # (the GIL, or the dict's own lock without it), and a key dropped between the two is kept out.
+        value = self._data.get(key, _MISSING)
+        if value is not _MISSING:
+            try:
+                self._data.move_to_end(key)
+            except KeyError:
+                pass
+            return value
         me = threading.get_ident()
         while True:
             with self._lock:
