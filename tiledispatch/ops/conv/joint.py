@@ -23,19 +23,17 @@ layout the op takes (channels-last: a converted operand keeps the op's path), wi
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
 from ...core.dispatcher import dispatcher_or_default
-from ...core.dtypes import DType
 from ...core.hostcost import capturing, eager_pick
 from ...core.replay import tensor_meta
+from ...core.switches import TF32
 from .operands import ConvOperands, channels_last_empty, check_operands
 from .problem import Direction
 from .signature import Family
-from .vendor import _tf32
+from .vendor import tf32_switch
 
 _SEPARATE = object()  # a signature whose gradients are computed apart
 
@@ -50,10 +48,10 @@ class JointVendor:
         p = data.problem
         self._args = (list(p.stride), list(p.padding), list(p.dilation), False, [0] * p.spatial_dims, p.groups)
         self._bias_size = [p.k]
-        self._tf32 = p.types.allow_tf32 if p.types.dtype is DType.FP32 else None
+        self._tf32 = tf32_switch(p.types)
 
     def __call__(self, dy, x, w, with_bias: bool) -> tuple:
-        with contextlib.nullcontext() if self._tf32 is None else _tf32(self._tf32):
+        with TF32(torch.backends.cudnn, self._tf32):
             return torch.ops.aten.convolution_backward(
                 dy, x, w, self._bias_size if with_bias else None, *self._args, [True, True, with_bias])
 

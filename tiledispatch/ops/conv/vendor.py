@@ -9,12 +9,11 @@ and the ranking charges for it. The interpreter target refuses it: it is a GPU l
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
 from ...core.dtypes import DType
+from ...core.switches import TF32
 from ..gemm import Activation
 from .operands import channels_last_empty
 from .problem import Direction
@@ -52,7 +51,7 @@ def run(operands, out: torch.Tensor) -> None:
     would be one more pass over the output.
     """
     p = operands.problem
-    with _tf32(p.types.allow_tf32) if p.types.dtype is DType.FP32 else contextlib.nullcontext():
+    with TF32(torch.backends.cudnn, tf32_switch(p.types)):
         if p.direction is Direction.FORWARD:
             args = {"stride": p.stride, "padding": p.padding, "dilation": p.dilation, "groups": p.groups}
             result = CONV[p.spatial_dims](operands.x, operands.w, operands.bias, **args)
@@ -81,15 +80,7 @@ def run(operands, out: torch.Tensor) -> None:
         out.copy_(result)
 
 
-class _tf32:
-    """cuDNN's tf32 switch for the duration of one call (fp32 only: no other dtype reads it)."""
-
-    def __init__(self, allow: bool) -> None:
-        self.allow = allow
-
-    def __enter__(self):
-        self.saved = torch.backends.cudnn.allow_tf32
-        torch.backends.cudnn.allow_tf32 = self.allow
-
-    def __exit__(self, *exc):
-        torch.backends.cudnn.allow_tf32 = self.saved
+def tf32_switch(types) -> bool | None:
+    """What cuDNN's TF32 switch must read for a conv of these types (`core.switches.TF32`): the
+    problem's own choice for fp32, None (the switch is not read) for any other dtype."""
+    return types.allow_tf32 if types.dtype is DType.FP32 else None

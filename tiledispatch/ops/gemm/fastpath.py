@@ -24,6 +24,7 @@ from ...core.errors import BuildError
 from ...core.hostcost import ByCapture, eager_host_s, weighed
 from ...core.launch import Plan
 from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, tensor_meta
+from ...core.switches import TF32
 from . import vendor
 from .config import VendorConfig
 from .operands import GemmOperands, check_no_alias
@@ -157,7 +158,7 @@ class DirectMatmul:
 
     def __call__(self, a, b, bias, residual, out, scale_a, scale_b):
         if self._tf32 is not None:
-            with vendor.matmul_tf32(self._tf32):
+            with TF32(torch.backends.cuda.matmul, self._tf32):
                 return self._call(a, b, bias, out)
         return self._call(a, b, bias, out)
 

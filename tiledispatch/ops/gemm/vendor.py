@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core.dtypes import DType
+from ...core.switches import TF32
 from .problem import Activation, Epilogue, GemmTypes
 
 # cuBLAS takes each matrix's leading dimension as a 32-bit int: a wider stride is copied first.
@@ -43,31 +44,16 @@ def _addressable(t: torch.Tensor) -> torch.Tensor:
 
 
 def tf32_switch(types: GemmTypes) -> bool | None:
-    """What cuBLAS's TF32 switch must read for a product of these types: the problem's own choice
-    for fp32 inputs, None (the switch is not read) for any other."""
+    """What cuBLAS's TF32 switch must read for a product of these types (`core.switches.TF32`): the
+    problem's own choice for fp32 inputs, None (the switch is not read) for any other."""
     return types.allow_tf32 if types.a is DType.FP32 else None
-
-
-class matmul_tf32:
-    """PyTorch's matmul TF32 switch set to the call's own choice for the duration of one fp32 call:
-    cuBLAS reads the process-wide switch, which says nothing of what this call asked for."""
-
-    def __init__(self, allow: bool) -> None:
-        self.allow = allow
-
-    def __enter__(self):
-        self.saved = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = self.allow
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32 = self.saved
 
 
 def run(a, b, out, bias, residual, scale_a, scale_b, activation: Activation, tf32: bool | None = None) -> None:
     """out = activation(scale * a @ b + bias) + residual, on batched (3-D) views; `tf32` as
     `tf32_switch` gives it."""
     if tf32 is not None:
-        with matmul_tf32(tf32):
+        with TF32(torch.backends.cuda.matmul, tf32):
             return run(a, b, out, bias, residual, scale_a, scale_b, activation)
     a, b = _addressable(a), _addressable(b)
     plain = bias is None and residual is None and activation is Activation.NONE
