@@ -13,7 +13,7 @@ import typer
 
 from ..core.choice import Choice
 from ..core.errors import InvalidProblemError
-from ..core.hostcost import eager_host_s, weighed
+from ..core.hostcost import for_eager
 from ..core.op import OpKind
 from ..core.runtime import Backend, current_backend
 from ..ops.conv import (
@@ -134,5 +134,5 @@ def explain_conv_command(sizes: List[int] = SIZES, direction: str = DIRECTION, s
     if explanation.selected is not None:
         # A CUDA graph's replays run `selected`; an eager call the vendor's kernel where `selected` is
         # not expected to save the host time an eager call of ours costs over it (core/hostcost.py).
-        doc["eager"] = weighed(dispatcher, problem, explanation.selected, eager_host_s(dispatcher)).name
+        doc["eager"] = for_eager(dispatcher, problem, explanation.selected).name
     emit(doc)

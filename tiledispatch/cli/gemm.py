@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ..core.hostcost import eager_host_s, weighed
+from ..core.hostcost import for_eager
 from ..core.op import OpKind
 from ..core.runtime import Backend, current_backend
 from ..ops.gemm import GemmLayout, GemmProblem, GemmTypes, check_operands
@@ -102,6 +102,5 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
         doc["graph_replay"] = replay_pick(dispatcher, problem, explanation.selected).name
         # An eager call, recorded by autograd or not, runs the vendor's product where `selected` is
         # not expected to save an eager call's host time over it (core/hostcost.py).
-        doc["eager"] = doc["recorded"] = weighed(dispatcher, problem, explanation.selected,
-                                                 eager_host_s(dispatcher)).name
+        doc["eager"] = doc["recorded"] = for_eager(dispatcher, problem, explanation.selected).name
     emit(doc)

@@ -28,7 +28,7 @@ from .errors import BuildError, CacheError
 
 log = logging.getLogger("tiledispatch.dispatcher")
 
-__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "weighed"]
+__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "weighed"]
 
 
 def weighed(dispatcher, problem, spec, host_s: float):
@@ -54,12 +54,17 @@ def eager_host_s(dispatcher) -> float:
     return 0.0 if arch.is_interpreter else arch.calibration.eager_call_host_s
 
 
+def for_eager(dispatcher, problem, spec):
+    """What an eager call runs where the dispatcher picks `spec`: `weighed` by an eager call's host time."""
+    return weighed(dispatcher, problem, spec, eager_host_s(dispatcher))
+
+
 def eager_pick(dispatcher, problem, device):
     """(the dispatcher's pick, the one an eager call runs) for `problem`. Where they differ, the pick
     is loaded now: a graph capture runs it, and loads no kernel while it captures. A pick that
     fails to load here is left to the capture's own call, which selects past a kernel that fails."""
     pick = dispatcher.select(problem, device=device)
-    eager = weighed(dispatcher, problem, pick, eager_host_s(dispatcher))
+    eager = for_eager(dispatcher, problem, pick)
     if eager is not pick:
         try:
             dispatcher.launchers(pick, pick.definition.specialization_of(problem))

@@ -109,7 +109,7 @@ def test_a_forward_pick_weighed_for_eager_calls_binds_both_and_a_capture_runs_th
     ops = check_operands(p.direction, **(make_inputs(p, device=DEVICE, seed=0).kwargs(p) | {"out": None}))
     pick = dispatcher.select(ops.problem)
     cheaper = next(c.spec for c in dispatcher.ranked(ops.problem) if c.spec.family != pick.family)
-    monkeypatch.setattr(fastpath, "weighed", lambda d, problem, spec, host_s: cheaper if spec is pick else spec)
+    monkeypatch.setattr(fastpath, "for_eager", lambda d, problem, spec: cheaper if spec is pick else spec)
     bound = fastpath.bind(dispatcher, ops, None)
     assert isinstance(bound, hostcost.ByCapture)
     assert isinstance(bound.eager, fastpath.BoundConv) and isinstance(bound.replayed, fastpath.BoundConv)

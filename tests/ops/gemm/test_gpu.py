@@ -67,7 +67,7 @@ def test_launch_bound_call_runs_the_weighed_pick_eagerly_and_the_replay_pick_in_
     """16x16: eager calls run the pick weighed against an eager call's host time (core.hostcost),
     a captured graph the kernel fastest on the device; both kernels are bound before the capture,
     and both compute."""
-    from tiledispatch.core.hostcost import eager_host_s, weighed
+    from tiledispatch.core.hostcost import for_eager
     from tiledispatch.ops.gemm import check_operands, fastpath
     from tiledispatch.ops.gemm.ranking import replay_pick
 
@@ -80,8 +80,7 @@ def test_launch_bound_call_runs_the_weighed_pick_eagerly_and_the_replay_pick_in_
     (bound,) = dispatcher._bound.values()
     problem = check_operands(a, b, out=out).problem
     pick = dispatcher.select(problem)
-    eager_spec, replayed_spec = weighed(dispatcher, problem, pick, eager_host_s(dispatcher)), replay_pick(
-        dispatcher, problem, pick)
+    eager_spec, replayed_spec = for_eager(dispatcher, problem, pick), replay_pick(dispatcher, problem, pick)
     eager, replayed = (bound.eager, bound.replayed) if isinstance(bound, fastpath.ByCapture) else (bound, bound)
     assert isinstance(bound, fastpath.ByCapture) == (eager_spec.name != replayed_spec.name)
     assert isinstance(eager, fastpath.DirectMatmul) == eager_spec.is_vendor

@@ -24,7 +24,7 @@ from ...core.launch import Plan
 from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, Unbindable, tensor_meta
 from ...core.tensors import check_no_alias
 from ...core.dtypes import DType
-from ...core.hostcost import ByCapture, eager_host_s, weighed
+from ...core.hostcost import ByCapture, for_eager
 from ..gemm import Activation
 from .operands import ConvOperands, channels_last_empty
 from .problem import Direction
@@ -213,7 +213,7 @@ def bind(dispatcher, operands: ConvOperands, kernel) -> BoundConv | DirectConv |
     bound = _bind_spec(dispatcher, operands, spec, launchers)
     if kernel is not None or bound is UNBOUND:
         return bound
-    cheaper = weighed(dispatcher, operands.problem, spec, eager_host_s(dispatcher))
+    cheaper = for_eager(dispatcher, operands.problem, spec)
     if cheaper is spec:
         return bound
     eager = _bind_spec(dispatcher, operands, *dispatcher.prepare(operands, kernel=cheaper))

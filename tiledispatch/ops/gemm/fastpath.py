@@ -21,7 +21,7 @@ import torch
 from ...core.dispatcher import stream_getter
 from ...core.dtypes import DType
 from ...core.errors import BuildError
-from ...core.hostcost import ByCapture, eager_host_s, weighed
+from ...core.hostcost import ByCapture, for_eager
 from ...core.launch import Plan
 from ...core.replay import PLAIN_TENSORS, Binding, BoundPlan, tensor_meta
 from ...core.switches import TF32
@@ -179,7 +179,7 @@ def bind(dispatcher, operands: GemmOperands, kernel: Any, result_2d: bool) -> Bo
     spec, launchers = dispatcher.prepare(operands, kernel=kernel)
     replayed = spec if kernel is not None else replay_pick(dispatcher, operands.problem, spec)
     if kernel is None:  # an eager call runs the vendor unless the pick saves its host time (core.hostcost)
-        cheaper = weighed(dispatcher, operands.problem, spec, eager_host_s(dispatcher))
+        cheaper = for_eager(dispatcher, operands.problem, spec)
         if cheaper is not spec:
             spec, launchers = dispatcher.prepare(operands, kernel=cheaper)
     eager = _bound(spec, launchers, operands, result_2d)
