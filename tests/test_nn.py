@@ -61,7 +61,7 @@ def test_a_module_matches_pytorch_and_keeps_one_call_per_signature(make, args, k
     kept = ours.__dict__["_tiledispatch_last"]
     bigger = torch.randn(shape[0] + 1, *shape[1:], device=DEVICE)
     _check(theirs, ours, bigger)  # a new signature: a new call kept, the right answer
-    assert ours.__dict__["_tiledispatch_last"][:2] != kept[:2]
+    assert ours.__dict__["_tiledispatch_last"].shape == bigger.shape != kept.shape
     _check(theirs, ours, x)
 
 
@@ -77,6 +77,26 @@ def test_a_weight_replaced_in_place_or_through_data_is_seen():
     theirs.weight.data, ours.weight.data = fresh.double(), fresh.clone()
     theirs.padding = ours.padding = (0, 0)
     _check(theirs, ours, x)
+
+
+def test_setting_an_option_drops_the_kept_call():
+    """The kept call's check reads none of the module's options: setting one (or any attribute)
+    drops the call, and the next call binds for the new options."""
+    theirs, ours = _pair(nn.Conv2d, 4, 6, 3, padding=1)
+    x = torch.randn(2, 4, 7, 7, device=DEVICE)
+    _check(theirs, ours, x)
+    for name, value in (("stride", (2, 2)), ("dilation", (2, 1)), ("padding", (0, 2)), ("groups", 2)):
+        if name == "groups":
+            theirs.weight.data, ours.weight.data = theirs.weight.data[:, :2].clone(), ours.weight.data[:, :2].clone()
+        setattr(theirs, name, value)
+        setattr(ours, name, value)
+        assert "_tiledispatch_last" not in ours.__dict__
+        _check(theirs, ours, x)
+    _, linear = _pair(nn.Linear, 4, 3)
+    linear(torch.randn(2, 4, device=DEVICE))
+    linear.bias = None
+    h = torch.randn(2, 4, device=DEVICE)
+    torch.testing.assert_close(linear(h), h @ linear.weight.t())
 
 
 @pytest.mark.parametrize("make, args, shape", [(nn.Conv2d, (3, 4, 3), (2, 3, 6, 6)), (nn.Linear, (6, 4), (3, 6))])
@@ -202,7 +222,7 @@ def test_the_modules_follow_pytorchs_tf32_switches():
         with torch.no_grad():
             torch.testing.assert_close(ours(x), theirs(x), rtol=tol, atol=tol)
             torch.testing.assert_close(linear_ours(h), linear_theirs(h), rtol=tol, atol=tol)
-        assert ours.__dict__["_tiledispatch_last"][0][2][5] is tf32  # the options in the kept call's key
+        assert ours.__dict__["_tiledispatch_last"].tf32 is tf32  # the switch the kept call was bound under
 
 
 @pytest.mark.parametrize("make, args, shape", [(nn.Conv2d, (3, 4, 3), (2, 3, 6, 6)), (nn.Linear, (6, 4), (3, 6))])

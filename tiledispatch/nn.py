@@ -18,11 +18,14 @@ and under `torch.autocast` they run in its dtype (the functions take the dtypes 
 
 from __future__ import annotations
 
+from typing import Any, Callable, NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .core.dispatcher import dispatcher_or_default
+from .core.dispatcher import _BY_DEVICE as _by_device
+from .core.dispatcher import _SCOPED, dispatcher_or_default
 from .core.hostcost import ByCapture, capturing
 from .ops.conv import bound_forward, conv
 from .ops.conv.fastpath import DirectConv
@@ -30,7 +33,12 @@ from .ops.conv.function import recorded_decision as conv_decision
 from .ops.gemm import bound_call, gemm
 from .ops.gemm.native import recorded_decision as gemm_decision
 
-_KEPT = "_tiledispatch_last"  # a module's (quick, signature, call, vendor): dropped when it is copied or pickled
+_KEPT = "_tiledispatch_last"  # a module's kept call (_Bound): dropped when it is copied or pickled
+
+_compiling = torch.compiler.is_dynamo_compiling
+_scoped = _SCOPED.get
+_any_autocast = torch._C._is_any_autocast_enabled
+_grad_enabled = torch.is_grad_enabled
 
 
 # PyTorch's TF32 switches, which torch.compile reads once, as it reads them for nn.Conv2d and nn.Linear.
@@ -45,9 +53,9 @@ def _matmul_tf32() -> bool:
 
 
 def _signature(x, w, b) -> tuple:
-    """What a bound call of our kernels depends on beyond the quick key: each tensor's strides,
-    type, negation bit and (x) 16-byte alignment, w's and b's shapes, dtypes and addresses (unique
-    across devices; a Linear keeps w's transposed view)."""
+    """What a bound call of our kernels depends on beyond the kept call's other fields: each tensor's
+    strides, type, negation bit and (x) 16-byte alignment, w's and b's shapes, dtypes and addresses
+    (unique across devices; a Linear keeps w's transposed view)."""
     return (x.stride(), x.data_ptr() & 15, x.is_neg(), type(w), w.shape, w.stride(), w.dtype, w.data_ptr(),
             w.is_neg(), None if b is None else (type(b), b.shape, b.stride(), b.dtype, b.data_ptr(), b.is_neg()))
 
@@ -67,23 +75,59 @@ def _takes(x, w) -> bool:
     return x.dtype in _TAKEN and w.dtype in _TAKEN and x.numel() > 0 and w.numel() > 0
 
 
+class _Bound(NamedTuple):
+    """A module's kept call: what it was bound for, then what it runs.
+
+    The first seven fields say whether the dispatcher's pick still holds: x's shape, dtype and
+    device index, whether autograd records, the dispatcher, the TF32 switch (None where x is not
+    fp32) and whether there is no bias. The module's own options (stride, padding, ...) are not
+    here: setting any attribute of the module drops its kept call (`_Kept.__setattr__`)."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: int
+    grad: bool
+    dispatcher: Any
+    tf32: bool | None
+    no_bias: bool
+    signature: tuple  # _signature: where `call` holds
+    call: Callable | None  # our kernels' bound call; None where the vendor's runs in CUDA graph captures too
+    vendor: Callable | None  # PyTorch's own op, where the eager pick is the vendor's
+
+
 class _Kept:
     """The mixin: forward runs the kept call where the call matches it, else keeps a new one.
 
-    What is kept is (quick, signature, call, vendor). `vendor(x, w, b)` is PyTorch's own op, where
-    the dispatcher's eager pick is the vendor's: called straight, the cheapest call there is, and
-    right for any tensors (it is what PyTorch's module computes), so the quick key alone says
-    whether it is still the pick: whether autograd records, the dispatcher, the options and x's
-    shape, dtype and device. `call(x, w, b)` is the bound call of our kernels (None where the
-    vendor's runs in CUDA graph captures too), which holds for its whole signature only: it runs
-    where the quick key and the signature both match. Under autocast, w's cast is a new tensor
-    each call, so a call of our kernels binds again each time (the memo's lookup, not a ranking)."""
+    `vendor(x, w, b)` (see _Bound) is called straight, the cheapest call there is, and right for any
+    tensors (it is what PyTorch's module computes), so the first fields alone say whether it is still
+    the pick; the check reads no Python attribute of the module and builds nothing. `call(x, w, b)`,
+    the bound call of our kernels, holds for its whole signature only. Under autocast, w's cast is a
+    new tensor each call, so a call of our kernels binds again each time (the memo's lookup, not a
+    ranking)."""
 
     def forward(self, x):
-        compiling = torch.compiler.is_dynamo_compiling()
+        kept = self.__dict__.get(_KEPT)
+        if kept is not None and type(x) is torch.Tensor and not _compiling() and not _any_autocast():
+            shape, dtype, device, grad, dispatcher, tf32, no_bias, signature, call, vendor = kept
+            parameters = self._parameters  # Module.__getattr__ would look there, through a Python frame
+            w, b = parameters.get("weight"), parameters.get("bias")  # no weight: a parametrization's
+            if (w is not None and x.shape == shape and x.dtype is dtype and (b is None) is no_bias
+                    and x.get_device() == device
+                    and (_grad_enabled() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad))
+                    is grad and (_scoped() or _by_device.get(x.is_cuda)) is dispatcher
+                    and (tf32 is None or tf32 is self._tf32_switch())):
+                if vendor is not None and (call is None or not capturing()):
+                    return vendor(x, w, b)
+                if call is not None and _signature(x, w, b) == signature:
+                    return call(x, w, b)
+        return self._keep(x)
+
+    def _keep(self, x):
+        """A call the kept one does not cover: run as the function would, keeping its bound call."""
+        compiling = _compiling()
         if not compiling and type(x) is not torch.Tensor:
             return self._direct(x, self.weight, self.bias)  # the function's checks name what is wrong
-        parameters = self._parameters  # Module.__getattr__ would look there, through a Python frame
+        parameters = self._parameters
         w = parameters["weight"] if "weight" in parameters else self.weight  # else: a parametrization's
         b = parameters["bias"] if "bias" in parameters else self.bias
         device = "cuda" if x.is_cuda else x.device.type
@@ -93,21 +137,29 @@ class _Kept:
         if compiling:
             return self._direct(x, w, b)  # traced: the custom op
         grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or b is not None and b.requires_grad)
-        quick = (grad, dispatcher_or_default(None, x), self._options(x, b), x.shape, x.dtype, x.get_device())
+        fields = (x.shape, x.dtype, x.get_device(), grad, dispatcher_or_default(None, x),
+                  self._tf32_switch() if x.dtype is torch.float32 else None, b is None, _signature(x, w, b))
         kept = self.__dict__.get(_KEPT)
-        if kept is not None and kept[3] is not None and kept[0] == quick and (kept[2] is None or not capturing()):
-            return kept[3](x, w, b)
-        signature = _signature(x, w, b)
-        if kept is None or kept[0] != quick or kept[1] != signature:
-            kept = (quick, signature, *self._bind(x, w, b, grad))
+        if kept is None or kept[:8] != fields:
+            kept = _Bound(*fields, *self._bind(x, w, b, grad))
             self.__dict__[_KEPT] = kept  # not Module.__setattr__: neither a parameter, buffer nor module
-        _, _, call, vendor = kept
-        if vendor is not None and (call is None or not capturing()):
-            return vendor(x, w, b)
-        return call(x, w, b)
+        if kept.vendor is not None and (kept.call is None or not capturing()):
+            return kept.vendor(x, w, b)
+        return kept.call(x, w, b)
+
+    def _tf32(self, x) -> bool:
+        return x.dtype is torch.float32 and self._tf32_switch()
 
     def _direct_call(self, x, w, b):
         return self._direct(x, w, b)
+
+    def __setattr__(self, name, value):
+        self.__dict__.pop(_KEPT, None)  # an option, a parameter or a mode changed: the kept call may not hold
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        self.__dict__.pop(_KEPT, None)
+        super().__delattr__(name)
 
     def __getstate__(self):
         state = dict(super().__getstate__())
@@ -116,12 +168,7 @@ class _Kept:
 
 
 class _ConvNd(_Kept):
-    def _options(self, x, b) -> tuple:
-        return (self.stride, self.padding, self.dilation, self.groups, self.padding_mode, self._tf32(x), b is None)
-
-    @staticmethod
-    def _tf32(x) -> bool:
-        return x.dtype is torch.float32 and _conv_tf32()
+    _tf32_switch = staticmethod(_conv_tf32)
 
     def _direct(self, x, w, b):
         padding, tensor = self.padding, isinstance(x, torch.Tensor)  # conv() names an x that is not a tensor
@@ -171,13 +218,7 @@ class Conv3d(_ConvNd, nn.Conv3d):
 class Linear(_Kept, nn.Linear):
     """nn.Linear through `tiledispatch.gemm`: x (..., in_features) as one (rows, in_features) matrix."""
 
-    @staticmethod
-    def _options(x, b) -> tuple:
-        return (Linear._tf32(x), b is None)
-
-    @staticmethod
-    def _tf32(x) -> bool:
-        return x.dtype is torch.float32 and _matmul_tf32()
+    _tf32_switch = staticmethod(_matmul_tf32)
 
     def _direct(self, x, w, b):
         if not isinstance(x, torch.Tensor):

@@ -53,7 +53,7 @@ def path_of(module: nn.Module) -> str:
     kept = module.__dict__.get("_tiledispatch_last")
     if kept is None:
         return "nothing kept"
-    _, call, vendor = kept
+    call, vendor = kept.call, kept.vendor
     if vendor is not None:
         return "pytorch op" + ("" if call is None else ", graphs ours")
     if getattr(call, "__func__", None) is not None:
