@@ -128,3 +128,41 @@ def test_backward_finds_the_tensors_of_a_mapping_output():
     shapes = warmup(lambda inp: {"logits": model(inp), "note": "not a tensor"}, x, backward=True)
     directions = {str(getattr(getattr(s.problem, "direction", None), "value", None)) for s in shapes}
     assert {"bwd_data", "bwd_weight"} <= directions
+
+
+def test_after_a_warmup_the_first_real_call_ranks_and_loads_nothing(monkeypatch):
+    """The recorder's selections are the dispatcher's own, and warmup loads what it built."""
+    model, x = Tiny(), _input()
+    dispatcher = dispatcher_or_default(None, x)
+    with torch.no_grad():
+        shapes = warmup(model, x)
+    ranked, loaded = [], []
+    monkeypatch.setattr(dispatcher, "_rank", lambda problem: ranked.append(problem))
+    monkeypatch.setattr(dispatcher, "_load", lambda spec, specialization: loaded.append(spec.name))
+    with torch.no_grad():
+        got = model(x)
+    assert ranked == [] and loaded == []
+    want = Tiny()(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert [s.kernel for s in shapes] == [dispatcher.select(s.problem).name for s in shapes]
+
+
+def test_under_autotune_the_recorder_times_nothing_and_records_every_finalist(tmp_path):
+    """A skipped stage has no time: recording under autotune must neither store a timing nor pick
+    by one; it names each finalist, for the real call to time them all built."""
+    from tiledispatch.core.cache import KernelCache
+    from tiledispatch.core.dispatcher import Dispatcher, Strategy
+    from tiledispatch.core.op import OpKind, RuleSet
+    from tiledispatch.core.registry import Registry
+    from tiledispatch.core.runtime import current_arch
+    from tiledispatch.core.tuning import policy
+
+    arch = current_arch()
+    tuned = Dispatcher(Registry.from_rule_set(OpKind.GEMM, RuleSet.TESTS, arch), arch, strategy=Strategy.AUTOTUNE,
+                       cache=KernelCache(tmp_path))
+    a, b = torch.randn(40, 24).half(), torch.randn(24, 56).half()
+    shapes = record(lambda: tiledispatch.gemm(a, b), dispatcher=tuned)
+    problem = shapes[0].problem
+    finalists = {c.spec.name for c in policy().finalists(list(tuned.ranked(problem)))}
+    assert len(finalists) > 1 and finalists <= {s.kernel for s in shapes}
+    assert list(tuned.tuning.dir.glob("*.json")) == []

@@ -5,8 +5,8 @@ thread (seconds a kernel). `warmup(model, example_inputs)` runs the model once t
 `Recorder`: a dispatcher that selects exactly as the default one does and records each problem
 with its pick, but launches no compiled kernel (the vendor library's stages run, as they compile
 nothing), so the outputs are uninitialised memory of the right shapes. The picks are then built
-by worker processes together (`core.kernel.build_all`), and a model's first real call loads
-them from the cache.
+by worker processes together (`core.kernel.build_all`, Triton's launchers with them) and
+loaded, so a model's first real call finds its problems ranked and its kernels loaded.
 
 The recorded shapes are JSON (`save_shapes` / `load_shapes`) that a serving engine can ship and
 warm from, without the model: `tiledispatch warmup shapes.json`, or `build_shapes(load_shapes(...))`.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .core.dispatcher import Dispatcher, default_dispatcher, dispatcher_or_default, using
-from .core.errors import InvalidArgumentError, UnknownKernelError
+from .core.errors import BuildError, CacheError, InvalidArgumentError, UnknownKernelError
 from .core.jsonio import read_json
 from .core.kernel import BuildResult, PythonLauncher, build_all, units
 from .core.op import UnitKind, get_op
@@ -59,12 +59,18 @@ def _skip(grid, args, stream) -> None:
 
 
 class Recorder(Dispatcher):
-    """Selects as `base` does (its registry, arch, strategy, cache and tuning store), records each
-    problem and pick once, and launches no compiled kernel. Nothing it binds outlives it: its memo
-    keeps nothing, so no bound call with skipped stages can serve a real call."""
+    """Selects as `base` does (its registry, arch, strategy, models, cache and tuning store),
+    records each problem with every kernel loaded for it, and launches no compiled kernel.
+
+    Its selections are `base`'s own tables (they depend on no launch): the first real call after
+    a warm-up ranks nothing again. Nothing it binds outlives it: its memo keeps nothing, so no
+    bound call with skipped stages can serve a real call. Under autotune it times nothing (a
+    skipped stage has no time): it records every finalist, for the real call to time them built."""
 
     def __init__(self, base: Dispatcher) -> None:
-        super().__init__(base.registry, base.arch, strategy=base.strategy, cache=base._cache, tuning=base._tuning)
+        super().__init__(base.registry, base.arch, strategy=base.strategy, cache=base._cache, tuning=base._tuning,
+                         models=base._models)
+        self._selected, self._rankings, self._broken = base._selected, base._rankings, base._broken
         self._seen: dict[Any, Shape] = {}
         self._recording = threading.Lock()
 
@@ -75,11 +81,18 @@ class Recorder(Dispatcher):
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         return make()
 
-    def prepare(self, operands, *, kernel=None):
-        spec, launchers = super().prepare(operands, kernel=kernel)
+    def load_for(self, problem, spec) -> dict[str, Any]:
+        self._note(problem, spec)
+        return super().load_for(problem, spec)
+
+    def _note(self, problem, spec) -> None:
         with self._recording:
-            self._seen.setdefault((operands.problem.key(), spec.name), Shape(operands.problem, spec.name))
-        return spec, launchers
+            self._seen.setdefault((problem.key(), spec.name), Shape(problem, spec.name))
+
+    def _time_finalists(self, problem, finalists, device):
+        for candidate in finalists:
+            self._note(problem, candidate.spec)
+        return None
 
     def _load(self, spec, specialization) -> dict[str, Any]:
         """Compiled stages skipped; the Python ones (the vendor library) run, as they compile nothing
@@ -182,6 +195,13 @@ def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, s
         save_shapes(shapes, shapes_file)
     for result in failed:  # the dispatcher takes its next candidate for these at the first real call
         log.warning("kernel %s failed to build: %s", result.name, result.error)
+    broken = {result.name for result in failed}
+    for shape in shapes:  # loaded now, so that the first real call loads nothing
+        if shape.kernel not in broken:
+            try:
+                dispatcher.load_for(shape.problem, _spec_of(dispatcher, shape))
+            except (BuildError, CacheError):
+                log.warning("kernel %s failed to load after its build", shape.kernel, exc_info=True)
     return shapes
 
 

@@ -7,13 +7,19 @@ by the host; one near it, by its kernels. The model is benchmarks/models.py's (b
 channels-last; ours: every Conv2d and Linear through tiledispatch, its picks compiled ahead).
 
     python benchmarks/studies/model_step_profile.py [--model resnet50] [--modes eager,train,compile] [--steps 10]
-        [--cprofile]
+        [--cprofile] [--backward-cprofile]
+
+--backward-cprofile profiles our autograd twins' backward calls, which run on autograd's device
+thread, where a profile of the step's own thread does not look.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -54,8 +60,42 @@ def report(name: str, steps: int, wall: float, busy: float, averages, kernels, t
     for e in host[:8]:
         print(f"    host {e.key:48s} {e.count // steps:4d} calls  {e.cpu_time_total / steps / 1e3:7.3f} ms a step "
               f"({e.cpu_time_total / max(e.count, 1):6.1f} us a call)")
+    waits = [e for e in averages if "Synchronize" in e.key or "Memcpy" in e.key]
+    for e in waits:  # a wait for the device in the step: the host's time and the device's no longer overlap
+        print(f"    wait {e.key:48s} {e.count / steps:6.1f} calls a step  {e.cpu_time_total / steps / 1e3:7.3f} ms a step")
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
         print(f"    gpu  {e.key[:70]:70s} {e.count // steps:4d}  {e.self_device_time_total / steps / 1e3:7.3f} ms")
+
+
+class BackwardProfile:
+    """Our twins' backward calls, each under one cProfile enabled on the thread that runs it."""
+
+    def __init__(self) -> None:
+        from tiledispatch.ops.attention.library import AttentionFunction
+        from tiledispatch.ops.conv.library import ConvFunction
+        from tiledispatch.ops.gemm.library import GemmFunction
+        self.profile, self.seconds, self.calls = cProfile.Profile(), {}, {}
+        for twin in (AttentionFunction, ConvFunction, GemmFunction):
+            twin.backward = staticmethod(self.wrapped(twin.__name__, twin.backward))
+
+    def wrapped(self, name, backward):
+        def timed(ctx, *grads):
+            start = time.perf_counter()
+            self.profile.enable()
+            try:
+                return backward(ctx, *grads)
+            finally:
+                self.profile.disable()
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+                self.calls[name] = self.calls.get(name, 0) + 1
+        return timed
+
+    def report(self, steps: int, top: int) -> None:
+        for name, seconds in self.seconds.items():
+            print(f"  {name}.backward: {self.calls[name] / steps:.1f} calls a step, "
+                  f"{seconds / self.calls[name] * 1e6:.1f} us a call (wall, under cProfile)")
+        if self.seconds:
+            pstats.Stats(self.profile).sort_stats("cumulative").print_stats(top)
 
 
 def main() -> None:
@@ -67,6 +107,8 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true", help="then a cProfile of each model's steps in each mode")
     parser.add_argument("--sort", default="tottime", help="the cProfile's order: tottime or cumulative")
     parser.add_argument("--cprofile-top", type=int, default=25)
+    parser.add_argument("--backward-cprofile", action="store_true",
+                        help="then a cProfile of our twins' backward calls over the training steps")
     args = parser.parse_args()
     modes = args.modes.split(",")
     work = models.workloads(False)[args.model]
@@ -81,6 +123,15 @@ def main() -> None:
                 stats, seconds = profiled(step_of(mode, work, model, variants.inputs), args.steps)
             print(f"{name} {mode} under cProfile: {seconds * 1e3:.2f} ms a step")
             stats.sort_stats(args.sort).print_stats(args.cprofile_top)
+    if args.backward_cprofile and "train" in modes:
+        backward = BackwardProfile()
+        with torch.enable_grad():
+            step = step_of("train", work, variants.ours, variants.inputs)
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+        print(f"{args.model} train: our twins' backward calls")
+        backward.report(args.steps, args.cprofile_top)
 
 
 if __name__ == "__main__":

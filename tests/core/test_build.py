@@ -16,7 +16,7 @@ from tiledispatch.core.op import OpKind, RuleSet
 from tiledispatch.core.registry import Registry
 from tiledispatch.ops.gemm import Alignment
 
-from ..conftest import interpreter_only
+from ..conftest import interpreter_only, requires_gpu
 
 SM90 = arch.load("sm_90")
 PLAIN = "gemm_fp16_rcr_tiled_32x32x32_w4_s2_g4_k1_none_sm90"
@@ -297,3 +297,15 @@ def test_a_unit_must_list_its_kernels_parameters_in_order(tiny90):
     signature[-1], signature[-2] = signature[-2], signature[-1]
     with pytest.raises(BuildError, match="list them in the kernel's order"):
         kernel._function(replace(unit, signature=tuple(signature)))
+
+
+@requires_gpu
+def test_a_build_worker_builds_tritons_launcher_too(tiny90, tmp_path, monkeypatch):
+    """Triton compiles a C launcher per kernel signature the first time a process on the host loads
+    such a kernel (about a second): the build workers make it, into Triton's cache."""
+    triton_cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_cache))  # the spawned workers' Triton cache
+    cache = KernelCache(tmp_path / "kernels")
+    (result,) = kernel.build_all([tiny90.get(PLAIN)], cache, jobs=1, specializations=(Alignment(),))
+    assert result.ok, result.error
+    assert list(triton_cache.rglob("__triton_launcher*.so"))

@@ -252,7 +252,7 @@ class Dispatcher:
         for candidate in finalists:
             spec = candidate.spec
             try:
-                launchers = self.launchers(spec, definition.specialization_of(problem))
+                launchers = self.load_for(problem, spec)
             except BuildError:
                 log.warning("kernel %s failed to build; not a finalist", spec.name, exc_info=True)
                 with self._lock:
@@ -299,6 +299,11 @@ class Dispatcher:
         return self._launchers.get_or_make((spec.name, specialization),
                                            functools.partial(self._load, spec, specialization), share_errors=True)
 
+    def load_for(self, problem, spec: KernelSpec) -> dict[str, Any]:
+        """`spec`'s launchers for `problem`'s specialization: every path that loads a kernel to run
+        a problem asks here (a warm-up's Recorder notes the pair)."""
+        return self.launchers(spec, spec.definition.specialization_of(problem))
+
     def _load(self, spec: KernelSpec, specialization: Any | None) -> dict[str, Any]:
         cache = None if self.arch.is_interpreter else self.cache
         return kernel_step.load(spec, cache, specialization)
@@ -323,7 +328,7 @@ class Dispatcher:
                     raise
                 raise e from failure  # every candidate left failed to load: say why the last one did
             try:
-                launchers = self.launchers(spec, spec.definition.specialization_of(problem))
+                launchers = self.load_for(problem, spec)
                 break
             except (BuildError, CacheError) as e:
                 if kernel is not None or isinstance(e, InsecureCacheError):

@@ -67,7 +67,7 @@ def eager_pick(dispatcher, problem, device):
     eager = for_eager(dispatcher, problem, pick)
     if eager is not pick:
         try:
-            dispatcher.launchers(pick, pick.definition.specialization_of(problem))
+            dispatcher.load_for(problem, pick)
         except (BuildError, CacheError):
             log.debug("kernel %s did not load ahead of a capture", pick.name, exc_info=True)
     return pick, eager

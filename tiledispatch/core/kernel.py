@@ -271,6 +271,27 @@ def loaded_kernel(src, entry: CacheEntry):
     return compiled
 
 
+def build_launcher(unit: KernelUnit, entry: CacheEntry) -> None:
+    """Triton's C launcher for the unit, compiled into Triton's own cache without loading the kernel.
+
+    Triton compiles one small C module per kernel signature with the host's C compiler (about a
+    second) the first time a process on the machine loads such a kernel; a build worker makes it
+    here, so that the process that loads the kernel finds it built. A host without the CUDA
+    driver (a CPU build host) loads nothing and builds none; a launcher that fails to build is
+    left to the loading process, which says why."""
+    from triton.backends.nvidia.driver import CudaLauncher, libcuda_dirs
+
+    try:
+        libcuda_dirs()
+    except AssertionError:  # Triton's word for no libcuda.so on this host
+        return
+    try:
+        compiled = loaded_kernel(_source(unit), entry)
+        CudaLauncher(compiled.src, compiled.metadata)
+    except Exception:  # noqa: BLE001 - an optimisation of the first load, which builds it anyway
+        log.warning("Triton's launcher for %s (%s) did not build ahead", unit.function, unit.stage, exc_info=True)
+
+
 def _needs_no_scratch(run) -> bool:
     """Whether Triton's launcher object (3.6's CudaLauncher) can be bypassed for this kernel."""
     try:
@@ -349,7 +370,10 @@ def _worker_build(spec: KernelSpec, cache_root: str, specializations: tuple | No
     start = time.perf_counter()
     try:
         for specialization in specializations or spec.definition.specializations:
-            build(spec, KernelCache(cache_root), specialization)
+            entries = build(spec, KernelCache(cache_root), specialization)
+            for unit in units(spec, specialization):
+                if unit.stage in entries:
+                    build_launcher(unit, entries[unit.stage])
         return BuildResult(spec.name, True, time.perf_counter() - start)
     except Exception as e:  # reported per kernel; one bad config must not stop a build
         return BuildResult(spec.name, False, time.perf_counter() - start, f"{type(e).__name__}: {e}")
