@@ -26,6 +26,7 @@ SM90_FIGURES = {
     "host_launch_s": 4.8e-6,
     "compiled_call_host_s": 100e-6,
     "eager_call_host_s": 30e-6,
+    "recorded_call_host_s": 300e-6,
     "bytes_in_flight_per_sm": 36 * 1024,
     "sm_port_bytes_per_s": 70e9,
     "tma_port_bytes_per_s": 100e9,

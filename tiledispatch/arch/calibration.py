@@ -52,6 +52,11 @@ class Calibration:
     #: PyTorch (our replay and launch, or our autograd node, against PyTorch's C++ ones): where the
     #: host is exposed, a pick must save more device time than this (`core.hostcost`).
     eager_call_host_s: float
+    #: Host time an eager call that autograd records costs through our op's autograd twin (its
+    #: forward and backward in Python) over PyTorch's own op, whose autograd is C++: where the
+    #: host is exposed, the picks of the forward and both gradients together must save more device
+    #: time than this, else PyTorch's op runs the call (`core.hostcost.native_for_recorded`).
+    recorded_call_host_s: float
     #: Bytes one SM's programs must have requested at once to draw its share of DRAM bandwidth.
     bytes_in_flight_per_sm: int
     #: Operand bytes a second one SM takes through its L2 port with pointer loads (re-reads included).

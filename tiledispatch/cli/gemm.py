@@ -101,6 +101,8 @@ def explain_gemm_command(m: int = M, n: int = N, k: int = K, batch: int = BATCH,
         # launches outlast the kernel they run the kernel fastest on the device instead.
         doc["graph_replay"] = replay_pick(dispatcher, problem, explanation.selected).name
         # An eager call, recorded by autograd or not, runs the vendor's product where `selected` is
-        # not expected to save an eager call's host time over it (core/hostcost.py).
+        # not expected to save an eager call's host time over it (core/hostcost.py); a recorded one
+        # also where its gradients' picks and its own together do not save the twin's host time
+        # (`native_for_recorded`), which the forward's problem alone does not say.
         doc["eager"] = doc["recorded"] = for_eager(dispatcher, problem, explanation.selected).name
     emit(doc)

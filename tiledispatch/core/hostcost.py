@@ -28,7 +28,7 @@ from .errors import BuildError, CacheError
 
 log = logging.getLogger("tiledispatch.dispatcher")
 
-__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "weighed"]
+__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "native_for_recorded", "weighed"]
 
 
 def weighed(dispatcher, problem, spec, host_s: float):
@@ -36,15 +36,46 @@ def weighed(dispatcher, problem, spec, host_s: float):
     expected to save `host_s` seconds of device time over it."""
     if host_s <= 0 or spec.is_vendor:
         return spec
+    against = _against_vendor(dispatcher, problem, spec)
+    return spec if against is None or against[1] > host_s else against[0]
+
+
+def _against_vendor(dispatcher, problem, spec):
+    """(the vendor's candidate, the device seconds `spec` is expected to save over it), or None where
+    there is no vendor candidate or no estimate of either."""
     ranked = dispatcher.ranked(problem)
     vendor = next((c for c in ranked if c.spec.is_vendor), None)
     pick = next((c for c in ranked if c.spec.name == spec.name), None)
     if vendor is None or pick is None:
-        return spec
+        return None
     vendor_us, pick_us = (c.score.terms.get("modelled_us") if c.score is not None else None for c in (vendor, pick))
     if vendor_us is None or pick_us is None:
-        return spec
-    return spec if (vendor_us - pick_us) * 1e-6 > host_s else vendor.spec
+        return None
+    return vendor.spec, (vendor_us - pick_us) * 1e-6
+
+
+def native_for_recorded(dispatcher, problems, device) -> bool | None:
+    """Whether an eager call that autograd records, whose forward and gradients pose `problems`, runs
+    PyTorch's own op (its autograd in C++): None where it does not, and our op's twin runs it; else
+    whether a pick of ours was weighed away (a CUDA graph capture then runs the twin, which replays
+    the device's picks, and those are loaded now: a capture loads no kernel).
+
+    The twin costs the host `calibration.recorded_call_host_s` over PyTorch's op, once for the
+    forward and backward together, so the picks' savings over the vendor add up against it."""
+    host_s = 0.0 if dispatcher.arch.is_interpreter else dispatcher.arch.calibration.recorded_call_host_s
+    picks = [(problem, dispatcher.select(problem, device=device)) for problem in problems]
+    ours = [(problem, pick) for problem, pick in picks if not pick.is_vendor]
+    saving = 0.0
+    for problem, pick in ours:
+        against = None if host_s <= 0 else _against_vendor(dispatcher, problem, pick)
+        if against is None:
+            return None
+        saving += against[1]
+    if ours and saving > host_s:
+        return None
+    for problem, pick in ours:
+        _load_ahead(dispatcher, problem, pick)
+    return bool(ours)
 
 
 def eager_host_s(dispatcher) -> float:
@@ -66,11 +97,17 @@ def eager_pick(dispatcher, problem, device):
     pick = dispatcher.select(problem, device=device)
     eager = for_eager(dispatcher, problem, pick)
     if eager is not pick:
-        try:
-            dispatcher.load_for(problem, pick)
-        except (BuildError, CacheError):
-            log.debug("kernel %s did not load ahead of a capture", pick.name, exc_info=True)
+        _load_ahead(dispatcher, problem, pick)
     return pick, eager
+
+
+def _load_ahead(dispatcher, problem, pick) -> None:
+    """Loads a pick a graph capture runs; one that fails is left to the capture's own call, which
+    selects past a kernel that fails."""
+    try:
+        dispatcher.load_for(problem, pick)
+    except (BuildError, CacheError):
+        log.debug("kernel %s did not load ahead of a capture", pick.name, exc_info=True)
 
 
 def _never() -> bool:

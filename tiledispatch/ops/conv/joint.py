@@ -11,8 +11,9 @@ One call with both outputs asked runs the same cuDNN kernels, and gives the bias
 The decision is made once per signature (the three tensors' metadata and the geometry) and
 kept in the dispatcher's memo, like a bound call.
 
-Where the dispatcher picks the vendor for the forward and for both gradients (`native_forward`),
-an eager recorded call goes one step further: it calls PyTorch's conv, whose autograd records its
+Where the dispatcher's picks for the forward and both gradients are not expected to save the
+twin's host time over the vendor's (`core.hostcost.native_for_recorded`; `native_forward`), an
+eager recorded call goes one step further: it calls PyTorch's conv, whose autograd records its
 own backward, one convolution_backward as above. That is the same cuDNN work as the op's twin
 (library.py) and its joint backward, without the twin's Python, which cost a recorded 3x3 conv on
 cuDNN's path 76 us of host time on the H200's host against PyTorch's 22
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core.dispatcher import dispatcher_or_default
-from ...core.hostcost import capturing, eager_pick
+from ...core.hostcost import capturing, eager_pick, native_for_recorded
 from ...core.replay import tensor_meta
 from ...core.switches import TF32
 from .operands import ConvOperands, channels_last_empty, check_operands
@@ -133,14 +134,11 @@ def _decide_native(dispatcher, x, w, bias, options: tuple):
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
     forward = check_operands(Direction.FORWARD, x=x, w=w, bias=bias, **geometry)
     p = forward.problem
-    if forward.converted or p.wide_offsets:
-        return _SEPARATE
-    pick, eager = eager_pick(dispatcher, p, x.device)
-    if eager.family != Family.VENDOR.value:
-        return _SEPARATE
-    shaped = [channels_last_empty(tuple(t.shape), t.dtype, "meta") for t in (x, w)]
+    shaped_x, shaped_w = (channels_last_empty(tuple(t.shape), t.dtype, "meta") for t in (x, w))
     dy = channels_last_empty((p.n, p.k, *p.output_size), x.dtype, "meta")
-    gradients = _decide(dispatcher, dy, *shaped, options)
-    if gradients is _SEPARATE:
+    data = check_operands(Direction.BWD_DATA, dy=dy, w=shaped_w, input_size=tuple(x.shape), **geometry)
+    weight = check_operands(Direction.BWD_WEIGHT, x=shaped_x, dy=dy, weight_size=tuple(w.shape), **geometry)
+    if any(o.converted or o.problem.wide_offsets for o in (forward, data, weight)):
         return _SEPARATE
-    return NativeVendor(p.spatial_dims, options, weighed=eager is not pick or gradients.weighed)
+    weighed = native_for_recorded(dispatcher, (p, data.problem, weight.problem), x.device)
+    return _SEPARATE if weighed is None else NativeVendor(p.spatial_dims, options, weighed)

@@ -5,9 +5,10 @@ dA = dC B^T and dB = A^T dC, each selected for its own problem. Where the dispat
 forward and both products to the vendor (cuBLAS through PyTorch), that is what PyTorch's own
 `mm`/`addmm` and its autograd compute, without the twin's Python: a recorded 16x16 linear cost
 48 us of host time on the H200's host against F.linear's 18
-(results/h200/autograd_overhead_profile.txt). So each of the three picks is weighed against that
-host time (core.hostcost): one not expected to save it is the vendor's in eager calls (a graph
-capture runs the twin, whose products replay the device's picks). A GEMM's gradients are GEMMs,
+(results/h200/autograd_overhead_profile.txt). So the three picks' savings over the vendor are
+weighed together against the twin's host time (`core.hostcost.native_for_recorded`): where they
+are not expected to save it, eager calls run PyTorch's op (a graph capture runs the twin, whose
+products replay the device's picks). A GEMM's gradients are GEMMs,
 which the estimates cover as they cover its forward. `native_forward` makes the decision once
 per signature, in the dispatcher's memo, and gives PyTorch's call where it holds.
 
@@ -21,10 +22,9 @@ from __future__ import annotations
 import torch
 
 from ...core.dispatcher import dispatcher_or_default
-from ...core.hostcost import capturing, eager_pick
+from ...core.hostcost import capturing, native_for_recorded
 from ...core.replay import tensor_meta
 from . import fastpath
-from .config import Family
 from .operands import check_operands
 
 _NATIVE_DTYPES = (torch.float16, torch.bfloat16)
@@ -91,14 +91,10 @@ def _decide(dispatcher, a, b, bias) -> tuple:
     """(PyTorch's product, whether a pick was weighed to the vendor) or (_SEPARATE, False)."""
     forward = check_operands(a, b, bias=bias)
     dc = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device="meta")
-    weighed_any = False
     # the forward, then dA = dC B^T and dB = A^T dC
-    for problem in (forward.problem, *(check_operands(x, y).problem for x, y in (
-            (dc, _meta(b, transposed=True)), (_meta(a, transposed=True), dc)))):
-        if problem.wide_offsets:
-            return _SEPARATE, False
-        pick, eager = eager_pick(dispatcher, problem, a.device)
-        if eager.family != Family.VENDOR.value:
-            return _SEPARATE, False
-        weighed_any = weighed_any or eager is not pick
-    return (_mm if bias is None else _addmm), weighed_any
+    problems = (forward.problem, *(check_operands(x, y).problem for x, y in (
+        (dc, _meta(b, transposed=True)), (_meta(a, transposed=True), dc))))
+    if any(problem.wide_offsets for problem in problems):
+        return _SEPARATE, False
+    weighed = native_for_recorded(dispatcher, problems, a.device)
+    return (_SEPARATE, False) if weighed is None else ((_mm if bias is None else _addmm), weighed)
