@@ -130,6 +130,7 @@ def test_backward_finds_the_tensors_of_a_mapping_output():
     assert {"bwd_data", "bwd_weight"} <= directions
 
 
+@requires_interpreter
 def test_after_a_warmup_the_first_real_call_ranks_and_loads_nothing(monkeypatch):
     """The recorder's selections are the dispatcher's own, and warmup loads what it built."""
     model, x = Tiny(), _input()
@@ -147,6 +148,7 @@ def test_after_a_warmup_the_first_real_call_ranks_and_loads_nothing(monkeypatch)
     assert [s.kernel for s in shapes] == [dispatcher.select(s.problem).name for s in shapes]
 
 
+@requires_interpreter
 def test_under_autotune_the_recorder_times_nothing_and_records_every_finalist(tmp_path):
     """A skipped stage has no time: recording under autotune must neither store a timing nor pick
     by one; it names each finalist, for the real call to time them all built."""
@@ -154,10 +156,9 @@ def test_under_autotune_the_recorder_times_nothing_and_records_every_finalist(tm
     from tiledispatch.core.dispatcher import Dispatcher, Strategy
     from tiledispatch.core.op import OpKind, RuleSet
     from tiledispatch.core.registry import Registry
-    from tiledispatch.core.runtime import current_arch
     from tiledispatch.core.tuning import policy
 
-    arch = current_arch()
+    arch = tiledispatch.arch.load("interpreter")  # the CPU tensors' arch, on a GPU host too
     tuned = Dispatcher(Registry.from_rule_set(OpKind.GEMM, RuleSet.TESTS, arch), arch, strategy=Strategy.AUTOTUNE,
                        cache=KernelCache(tmp_path))
     a, b = torch.randn(40, 24).half(), torch.randn(24, 56).half()
