@@ -28,7 +28,7 @@ from .errors import BuildError, CacheError
 
 log = logging.getLogger("tiledispatch.dispatcher")
 
-__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "native_for_recorded", "weighed"]
+__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "native_for_recorded", "recorded_host_s", "weighed"]
 
 
 def weighed(dispatcher, problem, spec, host_s: float):
@@ -62,7 +62,7 @@ def native_for_recorded(dispatcher, problems, device) -> bool | None:
 
     The twin costs the host `calibration.recorded_call_host_s` over PyTorch's op, once for the
     forward and backward together, so the picks' savings over the vendor add up against it."""
-    host_s = 0.0 if dispatcher.arch.is_interpreter else dispatcher.arch.calibration.recorded_call_host_s
+    host_s = recorded_host_s(dispatcher)
     picks = [(problem, dispatcher.select(problem, device=device)) for problem in problems]
     ours = [(problem, pick) for problem, pick in picks if not pick.is_vendor]
     saving = 0.0
@@ -83,6 +83,13 @@ def eager_host_s(dispatcher) -> float:
     Triton's interpreter, whose kernels' time is the host's own and no estimate holds."""
     arch = dispatcher.arch
     return 0.0 if arch.is_interpreter else arch.calibration.eager_call_host_s
+
+
+def recorded_host_s(dispatcher) -> float:
+    """The host time a call through our op's autograd twin costs over PyTorch's op on this
+    dispatcher's arch; 0 on Triton's interpreter, as `eager_host_s`."""
+    arch = dispatcher.arch
+    return 0.0 if arch.is_interpreter else arch.calibration.recorded_call_host_s
 
 
 def for_eager(dispatcher, problem, spec):

@@ -171,6 +171,7 @@ def test_a_recorded_conv_whose_three_picks_are_the_vendors_is_pytorchs_own(monke
     monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(
         family=by_direction[problem.direction.value], is_vendor=by_direction[problem.direction.value] == "vendor"))
     monkeypatch.setattr(hostcost, "eager_host_s", lambda dispatcher: 0.0)  # the picks as given (test_hostcost weighs)
+    monkeypatch.setattr(hostcost, "recorded_host_s", lambda dispatcher: 0.0)
     g = torch.Generator().manual_seed(11)
     x, w, b = (_leaf(s, g, torch.bfloat16) for s in ((2, 6, 7, 5), (4, 3, 3, 2), (4,)))
     geometry = {"stride": (2, 1), "padding": (1, 0), "dilation": (1, 2), "groups": 2}

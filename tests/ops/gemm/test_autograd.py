@@ -121,6 +121,7 @@ def test_a_recorded_gemm_whose_three_picks_are_the_vendors_is_pytorchs_own(monke
     monkeypatch.setattr(d, "select", lambda problem, device=None: SimpleNamespace(
         family=(family := next(order)), is_vendor=family == "vendor"))
     monkeypatch.setattr(hostcost, "eager_host_s", lambda dispatcher: 0.0)  # the picks as given (test_hostcost weighs)
+    monkeypatch.setattr(hostcost, "recorded_host_s", lambda dispatcher: 0.0)
     g = torch.Generator().manual_seed(5)
     a = torch.randn(24, 40, generator=g).to(torch.bfloat16).requires_grad_()
     weight = torch.randn(16, 40, generator=g).to(torch.bfloat16).requires_grad_()
