@@ -7,7 +7,7 @@ by the host; one near it, by its kernels. The model is benchmarks/models.py's (b
 channels-last; ours: every Conv2d and Linear through tiledispatch, its picks compiled ahead).
 
     python benchmarks/studies/model_step_profile.py [--model resnet50] [--modes eager,train,compile] [--steps 10]
-        [--cprofile] [--backward-cprofile]
+        [--cprofile] [--backward-cprofile] [--first-call]
 
 --backward-cprofile profiles our autograd twins' backward calls, which run on autograd's device
 thread, where a profile of the step's own thread does not look.
@@ -109,10 +109,19 @@ def main() -> None:
     parser.add_argument("--cprofile-top", type=int, default=25)
     parser.add_argument("--backward-cprofile", action="store_true",
                         help="then a cProfile of our twins' backward calls over the training steps")
+    parser.add_argument("--first-call", action="store_true",
+                        help="only a cProfile of our model's first eager call after tiledispatch.warmup")
     args = parser.parse_args()
     modes = args.modes.split(",")
     work = models.workloads(False)[args.model]
     variants = models.make_variants(work, models.GPU, warmup=True, backward="train" in modes)
+    if args.first_call:
+        with torch.no_grad():
+            stats, seconds = profiled(step_of("eager", work, variants.ours, variants.inputs), 1)
+        print(f"{args.model}: our first eager call after warmup {seconds * 1e3:.1f} ms under cProfile "
+              f"(warmup {variants.first_call_s.get('tiledispatch warmup')} s)")
+        stats.sort_stats("cumulative").print_stats(args.cprofile_top)
+        return
     for mode in modes:
         print(f"{args.model} {mode}")
         for name, model in (("pytorch", variants.pytorch), ("tiledispatch", variants.ours)):
