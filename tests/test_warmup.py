@@ -167,3 +167,17 @@ def test_under_autotune_the_recorder_times_nothing_and_records_every_finalist(tm
     finalists = {c.spec.name for c in policy().finalists(list(tuned.ranked(problem)))}
     assert len(finalists) > 1 and finalists <= {s.kernel for s in shapes}
     assert list(tuned.tuning.dir.glob("*.json")) == []
+
+
+@requires_interpreter
+def test_a_training_warmup_leaves_inference_nothing_to_rank_or_load_either(monkeypatch):
+    """warmup(backward=True) records the no-grad forward too: a model that trains is evaluated."""
+    model, x = Tiny(), _input().requires_grad_()
+    dispatcher = dispatcher_or_default(None, x)
+    warmup(model, x, backward=True)
+    ranked, loaded = [], []
+    monkeypatch.setattr(dispatcher, "_rank", lambda problem: ranked.append(problem))
+    monkeypatch.setattr(dispatcher, "_load", lambda spec, specialization: loaded.append(spec.name))
+    with torch.no_grad():
+        model(x.detach())
+    assert ranked == [] and loaded == []

@@ -171,18 +171,23 @@ def _tensors_of(out: Any) -> list:
 
 def warmup(model: Callable[..., Any], *example_inputs, backward: bool = False, shapes_file: str | Path | None = None,
            jobs: int | None = None, dispatcher: Dispatcher | None = None) -> tuple[Shape, ...]:
-    """Records the problems `model(*example_inputs)` poses (and its backward's, with `backward`),
-    compiles their kernels in parallel, and writes the shapes to `shapes_file` if given.
+    """Records the problems `model(*example_inputs)` poses in inference (and, with `backward`, in a
+    training step: a forward autograd records, then its backward), compiles their kernels in
+    parallel, and writes the shapes to `shapes_file` if given.
 
-    The model runs once with no compiled kernel launched: its outputs are not meaningful, and
-    a model whose control flow reads its activations' values records one path only.
+    A model that trains is evaluated too, and its inference calls bind kernels of their own (an
+    epilogue fused where autograd would need its input, a 1x1 conv as one GEMM), so `backward`
+    records both. The model runs with no compiled kernel launched: its outputs are not meaningful,
+    and a model whose control flow reads its activations' values records one path only.
     """
     def run() -> None:
         import torch
 
-        with torch.set_grad_enabled(backward):
-            out = model(*example_inputs)
-            if backward:
+        with torch.no_grad():
+            model(*example_inputs)
+        if backward:
+            with torch.enable_grad():
+                out = model(*example_inputs)
                 tensors = [t for t in _tensors_of(out) if t.requires_grad]
                 if not tensors:
                     raise InvalidArgumentError("backward=True: the model's output does not require grad")
