@@ -2,11 +2,11 @@
 (no GPU needed: the shapes come from a forward on the meta device, the picks from an arch's rules
 or shipped models).
 
-For every layer: the pick for its forward and for each gradient, each weighed against an eager
-call's host time (core.hostcost), and the path a recorded call runs: `native` (PyTorch's own op,
-where the three weighed picks are the vendor's) or `twin` (the op's autograd.Function, whose
-forward and backward run our picks). A twin call costs the host some
-30-55 us more than PyTorch's (results/h200/autograd_overhead_profile.txt).
+For every layer: the pick for its forward and for each gradient, the forward's pick an eager
+inference call runs (weighed against an eager call's host time, core.hostcost), and the path a
+recorded call runs: `native` (PyTorch's own op, where the three picks together are not expected to
+save the twin's host time, `calibration.recorded_call_host_s`) or `twin` (the op's
+autograd.Function, whose forward and backward run our picks).
 
     python benchmarks/studies/eager_decisions.py [--model resnet50] [--batch 32] [--arch sm_90]
         [--strategy model|rules]
@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from tiledispatch import Dispatcher, Registry, arch as arches
 from tiledispatch.core.dispatcher import Strategy
-from tiledispatch.core.hostcost import weighed
+from tiledispatch.core.hostcost import for_eager, native_for_recorded
 from tiledispatch.core.op import RuleSet, all_ops
 
 
@@ -78,19 +78,22 @@ def main() -> None:
     target = arches.load(args.arch)
     registry = Registry.from_rule_sets([d.kind for d in all_ops()], RuleSet.DEFAULT, target)
     dispatcher = Dispatcher(registry, target, strategy=args.strategy)
-    host_s = target.calibration.eager_call_host_s
+    dispatcher.load_for = lambda problem, spec: None  # decisions only: nothing is built for a capture here
+    calibration = target.calibration
     paths = collections.Counter()
-    print(f"{args.model} batch {args.batch} on {args.arch}, {args.strategy}: eager host time weighed "
-          f"{host_s * 1e6:.0f} us; picks forward / backward-data (dA) / backward-weight (dB)")
+    print(f"{args.model} batch {args.batch} on {args.arch}, {args.strategy}: an eager call's host time weighed "
+          f"{calibration.eager_call_host_s * 1e6:.0f} us, a recorded call's {calibration.recorded_call_host_s * 1e6:.0f} "
+          "us; picks forward / backward-data (dA) / backward-weight (dB)")
     for layer, module, x in layer_inputs(args.model, args.batch):
         problems = conv_problems(module, x) if isinstance(module, nn.Conv2d) else gemm_problems(module, x)
         picks = [dispatcher.select(p) for p in problems]
-        eager = [weighed(dispatcher, p, s, host_s) for p, s in zip(problems, picks)]
-        native = all(s.is_vendor for s in eager)
+        inference = for_eager(dispatcher, problems[0], picks[0])
+        recorded = "twin" if native_for_recorded(dispatcher, problems, None) is None else "native"
         kind = "conv" if isinstance(module, nn.Conv2d) else "linear"
-        paths[(kind, "native" if native else "twin")] += 1
-        print(f"  {layer:28s} {kind:6s} {'native' if native else 'twin':6s} "
-              f"{' / '.join(family(s) for s in picks):34s} weighed: {' / '.join(family(s) for s in eager)}")
+        paths[(kind, "inference " + family(inference))] += 1
+        paths[(kind, "recorded " + recorded)] += 1
+        print(f"  {layer:28s} {kind:6s} {' / '.join(family(s) for s in picks):34s} "
+              f"inference: {family(inference):10s} recorded: {recorded}")
     print("paths:", ", ".join(f"{k[0]} {k[1]}: {n}" for k, n in sorted(paths.items())))
 
 
