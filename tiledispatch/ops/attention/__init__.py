@@ -20,6 +20,7 @@ from . import fastpath
 from .arguments import parse_causal, parse_window
 from .function import bound_forward, forward, read_call, recorded
 from .inputs import check_output, reference_output, tuning_operands
+from .native import native_forward
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
@@ -106,7 +107,14 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes,
                "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
                "scale_q": scale_q, "scale_k": scale_k, "scale_v": scale_v}
-    if grad:  # the op's kernel binds its own call
+    if grad:  # the op's kernel binds its own call, unless cuDNN's own op takes it (native.py)
+        native = None
+        if (not with_lse and bias is None and mask is None and alibi_slopes is None and sinks is None
+                and cu_seqlens_q is None and cu_seqlens_k is None and scale_q is None and scale_k is None
+                and scale_v is None):
+            native = native_forward(q, k, v, call)
+        if native is not None:
+            return native(q, k, v)
         out, lse = recorded(q, k, v, bias, sinks, mask, alibi_slopes, cu_seqlens_q, cu_seqlens_k, call)
     else:
         call = replace(call, bound=bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel))
