@@ -69,7 +69,8 @@ def test_calls_cudnns_op_does_not_take_keep_the_twin(monkeypatch):
     longer_k, longer_v = (torch.cat([t, t], dim=2).detach().requires_grad_() for t in (k, v))
     out = tiledispatch.attention(q, longer_k, longer_v, causal="bottom_right", dispatcher=d)
     assert "Cudnn" not in out.grad_fn.name()
-    call, _, _ = read_call(  # the plain call as attention() reads it, then with a forced kernelq, k, v, None, None, None, None, causal=False, window=None, scale=None, softcap=None,
+    # the plain call as attention() reads it, then with a forced kernel
+    call, _, _ = read_call(q, k, v, None, None, None, None, causal=False, window=None, scale=None, softcap=None,
                            dropout_p=0.0, dropout_seed=None, dropout_offset=0, return_lse=False, deterministic=False,
                            kernel=None, backward_kernel=None, dispatcher=d)
     assert native.native_forward(q, k, v, call) is not None
