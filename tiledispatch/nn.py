@@ -5,10 +5,9 @@ Why modules, beside the functions: in an eager model the host is often the bound
 resnet50 runs 4.8 ms eager and 2.5 ms replayed from a CUDA graph on the H200), so every
 microsecond a call adds over PyTorch's own module shows. A layer sees the same signature call
 after call, so each module keeps the last signature it saw and the call bound for it: a call
-that matches compares one tuple and runs the bound call, where `tiledispatch.conv` keys the
-call and looks it up in the dispatcher's shared memo. Any other call runs the function, as a
-direct call would: a new signature (and then it is kept), torch.compile's trace, a CPU tensor,
-a call autograd records that the op's twin takes. A call the ops do not take (fp64, an empty
+that matches compares a few fields and runs the bound call, where `tiledispatch.conv` keys the
+call and looks it up in the dispatcher's shared memo. Any other call binds as the function
+would: a new signature (and then it is kept), torch.compile's trace, a call under autocast. A call the ops do not take (fp64, an empty
 batch, a conv's unbatched input) runs PyTorch's own op, as the module replaced would.
 
 The modules read PyTorch's own switches as nn.Conv2d and nn.Linear do: TF32 from
