@@ -3,7 +3,10 @@
 The ranking orders kernels by their time on the device. A call of one of our Triton kernels
 costs the host more than the vendor's call through PyTorch: our replay and launch, or our
 autograd node, against PyTorch's C++ ones (`calibration.eager_call_host_s` for an eager call,
-`calibration.compiled_call_host_s` for a call inside a compiled graph). A program bound by its
+`calibration.compiled_call_host_s` for a call inside a compiled graph, and
+`calibration.recorded_call_host_s` for a call autograd records, whose twin's forward and
+backward both run in Python: there the three directions' savings add up against it,
+`native_for_recorded`). A program bound by its
 host (an eager model at a small batch, a compiled graph launched without CUDA graphs) pays that
 time on every call, while a device saving counts only where the GPU is the bound. So where the
 host is exposed, a pick that is not the vendor's is kept only where it is expected to save more
@@ -28,7 +31,8 @@ from .errors import BuildError, CacheError
 
 log = logging.getLogger("tiledispatch.dispatcher")
 
-__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "native_for_recorded", "recorded_host_s", "weighed"]
+__all__ = ["ByCapture", "capturing", "eager_host_s", "eager_pick", "for_eager", "native_for_recorded",
+           "recorded_host_s", "weighed"]
 
 
 def weighed(dispatcher, problem, spec, host_s: float):
