@@ -14,11 +14,10 @@ import contextvars
 import functools
 import itertools
 import logging
-import math
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import kernel as kernel_step
 from .choice import Choice
@@ -27,7 +26,8 @@ from .errors import BuildError, CacheError, InsecureCacheError, NoKernelError, U
 from .launch import execute
 from .memo import LruTable
 from .op import RuleSet, UnitKind, all_ops, get_op
-from .ranking import Candidate, Explanation, ModelSource, Ranking, model_source
+from .candidate_set import CandidateSet, model_order
+from .ranking import Accepted, Candidate, Explanation, ModelSource, Ranking, model_source
 from .registry import Registry
 from .tuning import TuningRecord, TuningStore, policy
 from .runtime import Backend, check_device, current_arch, default_backend
@@ -53,17 +53,10 @@ class Strategy(Choice):
 SELECTIONS_KEPT = 4096
 BOUND_KEPT = 4096
 RANKINGS_KEPT = 32
+# Candidate sets (`core.candidate_set`): one per class of problems in use (a GEMM class is its dtypes, layout and
+# epilogue), each a few KB of columns.
+CANDIDATE_SETS_KEPT = 256
 BROKEN = "failed to build on this machine"  # the refusal of a kernel that failed to build or load here
-def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool], size: int | None) -> tuple[list, list]:
-    """(the candidates a model ranks: the rules' best `size` (None: all) and the vendor's, the others)
-    of `ranked`, in the rules' order; `evaluate` splits a sweep's rows by it too. The size is the
-    op's (`OpDefinition.model_shortlist`)."""
-    if size is None:
-        return list(ranked), []
-    listed = [i < size or is_vendor(c) for i, c in enumerate(ranked)]
-    return [c for c, kept in zip(ranked, listed) if kept], [c for c, kept in zip(ranked, listed) if not kept]
-
-
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
                  cache: KernelCache | None = None, tuning: TuningStore | None = None,
@@ -81,6 +74,8 @@ class Dispatcher:
         self._models = models  # the `model` strategy's; None: the registered (shipped) ones
         self._selected = LruTable(SELECTIONS_KEPT)  # problem key -> KernelSpec
         self._rankings = LruTable(RANKINGS_KEPT)  # see _ranking
+        # id(a registry class's candidates) -> its CandidateSet, which holds the tuple (so the id stays its own)
+        self._sets = LruTable(CANDIDATE_SETS_KEPT)
         self._bound = LruTable(BOUND_KEPT)  # an op's bound calls: see memo
         # (kernel name, specialization) -> launchers by stage. Not bounded by use: the registry
         # and the op's specializations bound it, and a bound call keeps its launchers' loaded
@@ -122,48 +117,33 @@ class Dispatcher:
     def _rank(self, problem) -> Ranking:
         specs = self.registry.candidates(problem.op, problem)
         definition = get_op(problem.op)  # every candidate's: the registry gives the problem's op's kernels
-        accepted, reasons, reason_ids = [], {None: 0}, []
-        for spec in specs:
-            reason = definition.supports(spec.config, problem)
-            if reason is None and spec.name in self._broken:
-                reason = BROKEN
-            reason_ids.append(reasons.setdefault(reason, len(reasons)))
-            if reason is not None:
-                continue
-            if self.strategy is not Strategy.FIRST:
-                accepted.append(Candidate(spec, None, definition.rule_score(spec.config, problem, self.arch)))
-            else:
-                accepted.append(Candidate(spec))
-        if self.strategy is not Strategy.FIRST:
-            accepted.sort(key=lambda c: -c.score.value)  # stable: ties keep registry order
-        model = None
-        if self.strategy in (Strategy.MODEL, Strategy.AUTOTUNE) and accepted:
-            accepted, model = self._model_order(problem, accepted)
+        candidates = self._sets.get_or_make(id(specs), lambda: CandidateSet(definition, specs, self.arch))
+        refusals = candidates.refusals(problem)
+        if self._broken:
+            broken = self._broken
+            refusals = [BROKEN if r is None and s.name in broken else r for r, s in zip(refusals, specs)]
+        reasons: dict[str | None, int] = {None: 0}
+        reason_ids = [reasons.setdefault(reason, len(reasons)) for reason in refusals]
         typecode = "B" if len(reasons) <= 0xFF else "H" if len(reasons) <= 0xFFFF else "L"
-        return Ranking(tuple(accepted), specs, tuple(reasons), array.array(typecode, reason_ids), model)
+        rows = [i for i, reason in enumerate(refusals) if reason is None]
+        model = None
+        if self.strategy is Strategy.FIRST:
+            accepted = Accepted(specs, rows)
+        else:
+            scores = candidates.scores(rows, problem)
+            # By score, best first; stable, so ties keep registry order.
+            order = sorted(range(len(rows)), key=scores.values.__getitem__, reverse=True)
+            costs = None
+            source = self._models if self._models is not None else model_source()
+            if self.strategy in (Strategy.MODEL, Strategy.AUTOTUNE) and rows and source is not None:
+                predictor = source.model_for(problem, self.arch)  # None where none covers the problem
+                if predictor is not None:
+                    order, costs = model_order(predictor, problem, self.arch, candidates, rows, scores, order)
+                    model = predictor.label
+            accepted = Accepted(specs, rows, scores, order, costs)
+        return Ranking(accepted, specs, tuple(reasons), array.array(typecode, reason_ids), model)
 
-    def _model_order(self, problem, accepted: list[Candidate]) -> tuple[list[Candidate], str | None]:
-        """The rules' shortlist (their best few, as the op says, and the vendor's) by a learned model's
-        cost, one batched prediction, then the other candidates in the rules' order; with the
-        model's label. As they are, with None, where no model covers the problem. Equal costs keep
-        the rules' order."""
-        source = self._models if self._models is not None else model_source()
-        model = source.model_for(problem, self.arch) if source is not None else None
-        if model is None:
-            return accepted, None
-        shortlist, rest = model_shortlist(accepted, lambda c: c.spec.is_vendor,
-                                          get_op(problem.op).model_shortlist)
-        costs = [float(c) for c in
-                 model.predict_cost(problem, [c.spec.config for c in shortlist], self.arch,
-                                    [c.score for c in shortlist])]
-        if len(costs) != len(shortlist) or not all(map(math.isfinite, costs)):
-            raise UnsupportedError(f"the model {model.label} gave {len(costs)} costs (finite: "
-                                   f"{all(map(math.isfinite, costs))}) for {len(shortlist)} candidates of "
-                                   f"{problem.describe()}; a model gives one finite cost per candidate")
-        order = sorted(range(len(shortlist)), key=costs.__getitem__)
-        return [Candidate(shortlist[i].spec, None, shortlist[i].score, costs[i]) for i in order] + rest, model.label
-
-    def ranked(self, problem) -> tuple[Candidate, ...]:
+    def ranked(self, problem) -> Sequence[Candidate]:
         """The candidates that accept `problem`, best first: `explain(problem).ranked` without
         the refusals, which cost an object per kernel of the registry to spell out."""
         return self._ranking(problem).accepted

@@ -12,7 +12,7 @@ import enum
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 
 from .choice import Choice
 from .errors import UnsupportedError
@@ -179,8 +179,14 @@ class OpDefinition:
     spaces: Mapping[str, Callable[[Any, Any], Iterable[Any]]] = field(default_factory=dict)
     # How many of the rules' best candidates a learned model ranks, beside the vendor's (None: every
     # candidate): a shortlist saves first-sight time where the rules already rank well, and loses
-    # the kernels the rules place low where they do not (core.dispatcher.model_shortlist).
+    # the kernels the rules place low where they do not (core.candidate_set.model_shortlist).
     model_shortlist: int | None = 16
+    # config -> what of a config `supports` reads (hashable): configs of one key take or refuse every
+    # problem alike, so a ranking asks once per key (`core.candidate_set`). None: once per config.
+    support_key: Callable[[Any], Hashable] | None = None
+    # (configs, arch) -> a `core.candidate_set.ScoreBatch`: the configs' rule scores prepared once, each
+    # problem's made in one pass (`rule_score`'s numbers). None: `rule_score` per config.
+    score_batch: Callable[[Sequence[Any], Any], Any] | None = None
 
 
 # The registered ops by name, in registration order (the order `all_ops` and a default

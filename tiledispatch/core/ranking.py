@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import array
 import functools
+import operator
 import threading
+from collections import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from .op import Score
 from .spec import KernelSpec
@@ -41,6 +43,54 @@ class Candidate:
         return out
 
 
+class Accepted(abc.Sequence):
+    """A ranking's accepted candidates, best first, each made a `Candidate` when first read.
+
+    A problem's first sight reads one or a few of them (the pick, the vendor's beside it); making
+    all of them, each score's terms spelt out, took as long as scoring them. Position `i` holds
+    the spec at `rows[order[i]]` of `specs`, the score `scores.score(order[i])` (None without
+    scores) and `costs[i]` (None without a model). Threads reading one position get one object.
+    """
+
+    __slots__ = ("_specs", "_rows", "_scores", "_order", "_costs", "_made")
+
+    def __init__(self, specs: Sequence[KernelSpec], rows: Sequence[int], scores: Any = None,
+                 order: Sequence[int] | None = None, costs: Sequence[float | None] | None = None) -> None:
+        self._specs, self._rows, self._scores, self._costs = specs, rows, scores, costs
+        self._order = order if order is not None else range(len(rows))
+        self._made: dict[int, Candidate] = {}
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        index = operator.index(index)
+        if index < 0:
+            index += len(self)
+        made = self._made.get(index)
+        if made is None:
+            j = self._order[index]  # an IndexError past the end, as a tuple's
+            score = None if self._scores is None else self._scores.score(j)
+            cost = None if self._costs is None else self._costs[index]
+            made = self._made.setdefault(index, Candidate(self._specs[self._rows[j]], None, score, cost))
+        return made
+
+    def __iter__(self) -> Iterator[Candidate]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Accepted, tuple)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # equal to a tuple of its candidates, but not a tuple: not a key
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
 @dataclass(frozen=True)
 class Ranking:
     """One problem's ranking: the accepted candidates, best first, and the refusals, compactly.
@@ -50,7 +100,7 @@ class Ranking:
     kernel's by its index in `reasons` (0, whose reason is None, where it was accepted).
     """
 
-    accepted: tuple[Candidate, ...]
+    accepted: Sequence[Candidate]  # a tuple, or `Accepted`, which makes each when read
     specs: tuple[KernelSpec, ...]  # the op's kernels, in registry order (shared, not copied)
     reasons: tuple[str | None, ...]
     reason_ids: array.array
@@ -79,7 +129,7 @@ class Explanation:
     arch: str
     strategy: Strategy
     selected: KernelSpec | None
-    ranked: tuple[Candidate, ...]  # the accepted candidates, in the ranking's order (rules' or model's)
+    ranked: Sequence[Candidate]  # the accepted candidates, in the ranking's order (rules' or model's)
     refusals: Ranking = field(repr=False)  # `refused`, compactly
     tuned_ms: Mapping[str, float] | None = None  # autotune: the finalists' measured times, if tuned
 

@@ -28,7 +28,7 @@ from .. import arch as arch_facts
 from ..bench.problemsets import fold_of
 from ..bench.table import SelectionKey, Status, config_from_row, problem_from_row
 from ..core.choice import Choice
-from ..core.dispatcher import model_shortlist
+from ..core.candidate_set import model_shortlist
 from ..core.errors import InvalidArgumentError, TiledispatchError
 from ..core.op import get_op
 from . import autotune

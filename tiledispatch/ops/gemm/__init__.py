@@ -19,8 +19,9 @@ from .operands import GemmOperands, _asked_dtype, _scale, check_operands
 from .plan import ACTIVATION_CODES, kernel_units, plan
 from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
 from .ranking import rule_score
-from .rules import GemmRule, auto_correct, supports, validate
+from .rules import GemmRule, auto_correct, support_key, supports, validate
 from .rulesets import RULE_SETS, problem_class
+from .score_batch import GemmScoreBatch
 from .spaces import SPACES
 from .vendor import ACTIVATIONS
 
@@ -47,6 +48,8 @@ OP = register(OpDefinition(
     reference=reference_output,
     check=check_output,
     spaces=SPACES,
+    support_key=support_key,
+    score_batch=GemmScoreBatch,
 ))
 
 

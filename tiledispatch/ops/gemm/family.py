@@ -14,7 +14,10 @@ Each family module in ``families/`` registers one `GemmFamily`: the core protoco
 - `fits`: whether the rule sets bind a tile of the family to a config's signature at all
   (types, layout, epilogue: what holds on every arch);
 - `name_options`: the family's own part of a config's name;
-- `uses_tma`, `warp_specialised`: facts of its kernels that `Family` reports.
+- `uses_tma`, `warp_specialised`: facts of its kernels that `Family` reports;
+- `tile_kernel`: the terms (`ranking.TileKernel`) of a family whose `device_score` is the tile
+  model's (`ranking.tile_score`): a ranking scores its configs together, as columns
+  (`score_batch`), rather than one call each. None for a model of its own (gemv, the vendor's).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class GemmFamily(KernelFamily):
     name_options: Callable[[Any], str] = field(kw_only=True, default=_no_options)
     uses_tma: bool = field(kw_only=True, default=False)
     warp_specialised: bool = field(kw_only=True, default=False)
+    tile_kernel: Any = field(kw_only=True, default=None)
 
 
 def register(family: GemmFamily) -> GemmFamily:

@@ -23,7 +23,7 @@ from ...heuristics.analytic import blocks_per_sm, tile_efficiency, wave_efficien
 from ...heuristics.roofline import dram_bytes_per_s, fma_flops, ideal_seconds, soft_max, tensor_flops
 from .config import AnyGemmConfig, GemmConfig
 from .family import FAMILIES
-from .problem import GemmProblem, Layout
+from .problem import GemmProblem, GemmTypes, Layout
 from .rules import REGISTER_RESERVE, accumulator_registers, shared_memory_bytes
 
 # One persistent program per SM has no neighbour to hide its load latency: the stages in
@@ -134,7 +134,11 @@ def replay_pick(dispatcher, problem: GemmProblem, selected=None):
 # --- what every family's model shares ------------------------------------------------------
 
 def peak_flops(problem: GemmProblem, arch) -> float:
-    t = problem.types
+    return types_peak_flops(problem.types, arch)
+
+
+def types_peak_flops(t: GemmTypes, arch) -> float:
+    """The peak FLOP/s of a product of these types: a config's, bound to its problem's types, too."""
     if t.a is DType.FP32 and not t.allow_tf32:
         return fma_flops(arch)  # no tensor cores
     return tensor_flops(arch, t.a)
@@ -145,7 +149,7 @@ def peak_flops(problem: GemmProblem, arch) -> float:
 _LAST_ROOFLINE: tuple = (None, None, 0.0, 0.0)
 
 
-def _roofline(problem: GemmProblem, arch) -> tuple[float, float]:
+def roofline(problem: GemmProblem, arch) -> tuple[float, float]:
     """(peak FLOP/s, ideal seconds) of `problem` on `arch`."""
     global _LAST_ROOFLINE
     last = _LAST_ROOFLINE
@@ -158,7 +162,7 @@ def _roofline(problem: GemmProblem, arch) -> tuple[float, float]:
 
 
 def problem_ideal_seconds(problem: GemmProblem, arch) -> float:
-    return _roofline(problem, arch)[1]
+    return roofline(problem, arch)[1]
 
 
 def layout_penalty(config: GemmConfig, p: GemmProblem) -> float:
@@ -206,15 +210,47 @@ class TileKernel:
     fills_once: Callable[[GemmConfig], bool] = _flattened
     dealt: Callable[[GemmConfig, GemmProblem, Any], DealtLoad | None] = _whole_tiles
 
+    @property
+    def deals(self) -> bool:
+        """Whether its grid deals K iterations out (`dealt`) rather than whole tiles."""
+        return self.dealt is not _whole_tiles
+
+
+# --- what a config's terms read of it alone (the batch, `score_batch`, makes them once per config) ----
+
+def pipeline_depth(config: GemmConfig, t: GemmTypes, arch, peak: float) -> float:
+    """A persistent program's stages in flight against its load latency (1: they cover it)."""
+    operand_bytes_per_k = config.block_m * t.a.itemsize + config.block_n * t.b.itemsize
+    consumed_per_s = peak / arch.sm_count * operand_bytes_per_k / (2 * config.block_m * config.block_n)
+    in_flight = max(config.num_stages - 1, 1) * config.block_k * operand_bytes_per_k
+    return min(1.0, in_flight / (consumed_per_s * LOAD_LATENCY_S)) ** 0.5
+
+
+def operand_feed(config: GemmConfig, t: GemmTypes, arch, peak: float) -> float:
+    """Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed."""
+    intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
+    return min(1.0, intensity * dram_bytes_per_s(arch) * L2_REUSE / peak)
+
+
+def row_fraction(config: GemmConfig, t: GemmTypes, persistent: bool) -> float:
+    """Pointer loads of K rows shorter than a 128-byte line (TMA copies whole boxes: 1)."""
+    return 1.0 if persistent else min(1.0, config.block_k * t.a.itemsize / 128) ** ROW_EXPONENT
+
+
+def lone_latency(config: GemmConfig) -> float:
+    """What one resident program, not persistent, keeps of its rate: it hides its own loads alone."""
+    return 0.9 if config.num_stages >= 3 else 0.8
+
+
+def spill_factor(occupancy: "_Occupancy", arch) -> float:
+    """The more it spills, the slower: graded by how far the register estimate overshoots."""
+    return SPILL_PENALTY * (arch.registers_per_thread_max / occupancy.registers) ** 2 if occupancy.spills else 1.0
+
 
 def _persistent_terms(config: GemmConfig, p: GemmProblem, arch, peak: float, stream: DealtLoad | None,
                       flattened: bool) -> dict[str, float]:
     """Pipeline depth against load latency, and the per-tile overhead a flattened loop hides."""
-    t = p.types
-    operand_bytes_per_k = config.block_m * t.a.itemsize + config.block_n * t.b.itemsize
-    consumed_per_s = peak / arch.sm_count * operand_bytes_per_k / (2 * config.block_m * config.block_n)
-    in_flight = max(config.num_stages - 1, 1) * config.block_k * operand_bytes_per_k
-    depth = min(1.0, in_flight / (consumed_per_s * LOAD_LATENCY_S)) ** 0.5
+    depth = pipeline_depth(config, p.types, arch, peak)
     k_tiles = math.ceil(p.k / config.block_k)
     overhead = FLATTENED_OVERHEAD_ITERATIONS if flattened else TILE_OVERHEAD_ITERATIONS
     if stream is not None:
@@ -280,25 +316,24 @@ def _occupancy(config: GemmConfig, p: GemmProblem, arch) -> _Occupancy:
     entry = _OCCUPANCIES.get(id(config))
     if entry is not None and entry[0] is config and entry[1] is arch and entry[2] == given:
         return entry[3]
-    occupancy = _made_occupancy(config, p, arch)
+    occupancy = made_occupancy(config, p.types.a, p.alignment.a and p.alignment.b, arch)
     if len(_OCCUPANCIES) >= OCCUPANCIES_KEPT:
         _OCCUPANCIES.clear()
     _OCCUPANCIES[id(config)] = (config, arch, given, occupancy)
     return occupancy
 
 
-def _made_occupancy(config: GemmConfig, p: GemmProblem, arch) -> _Occupancy:
-    t = p.types
+def made_occupancy(config: GemmConfig, a: DType, vectorised: Any, arch) -> _Occupancy:
+    """A program's registers and residency, with A of dtype `a`, its operands loaded in vectors or not."""
     threads = config.num_warps * 32
     registers = accumulator_registers(config) + REGISTER_RESERVE
-    vectorised = p.alignment.a and p.alignment.b
     if not vectorised:
         # Unaligned operands are loaded element by element, each through its own 64-bit
         # pointer held in registers: large tiles over few threads spill. Single bytes (fp8)
         # also take a register each until they are packed: on the unaligned fp8 cases of
         # gemm.csv, time grew 3x from 32 to 64 elements per thread per K step (128x128x64
         # over 8 warps: 4.4 ms, 64x64x32 over 4: 1.35 ms at 4095x4097x4093), not in bf16.
-        per_element = 3 if t.a.is_fp8 else 2
+        per_element = 3 if a.is_fp8 else 2
         registers += per_element * (config.block_m + config.block_n) * config.block_k // threads
     spills = registers > arch.registers_per_thread_max + SPILL_MARGIN
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
@@ -325,15 +360,12 @@ def _efficiency(config: GemmConfig, p: GemmProblem, arch, kernel: TileKernel, pe
     waves = wave_efficiency(tiles, arch.sm_count)
     if stream is not None:  # every program the same K iterations; the extra loops cost in `overlap`
         waves = stream.programs / arch.sm_count
-    # Operand bytes each tile pulls per FLOP, against what L2-assisted bandwidth can feed.
-    intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * t.a.itemsize)
-    feed = min(1.0, intensity * dram_bytes_per_s(arch) * L2_REUSE / peak)
+    feed = operand_feed(config, t, arch, peak)
     # One resident program cannot hide its own loads and epilogue behind another's math:
     # credit for two or more (on the H200 suite, 128x128 tiles with 2 resident beat
     # 128x256 with 1 by up to 1.6x in fp8 and 1.5x at 1024^3).
-    latency = 1.0 if concurrent >= 2 or persistent else 0.9 if config.num_stages >= 3 else 0.8
-
-    row = 1.0 if persistent else min(1.0, config.block_k * t.a.itemsize / 128) ** ROW_EXPONENT
+    latency = 1.0 if concurrent >= 2 or persistent else lone_latency(config)
+    row = row_fraction(config, t, persistent)
     efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency * row
     if not occupancy.vectorised:
         efficiency *= UNALIGNED_LOAD_FRACTION
@@ -341,9 +373,7 @@ def _efficiency(config: GemmConfig, p: GemmProblem, arch, kernel: TileKernel, pe
     if persistent:
         persistent_terms = _persistent_terms(config, p, arch, peak, stream, kernel.loops_across_tiles(config))
         efficiency *= persistent_terms["depth"] * persistent_terms["overlap"]
-    # The more it spills, the slower: graded by how far the estimate overshoots.
-    efficiency *= SPILL_PENALTY * (arch.registers_per_thread_max / occupancy.registers) ** 2 \
-        if occupancy.spills else 1.0
+    efficiency *= spill_factor(occupancy, arch)
     return efficiency, row, {**waste, **persistent_terms, "waves": waves, "feed": feed, "latency": latency}
 
 
@@ -377,7 +407,7 @@ def tile_score(config: GemmConfig, problem: GemmProblem, arch, kernel: TileKerne
     """ideal / modelled device time of a tile family's kernel (the module's docstring says how)."""
     p = problem
     bandwidth = dram_bytes_per_s(arch)
-    peak, ideal = _roofline(p, arch)
+    peak, ideal = roofline(p, arch)
     calibration = arch.calibration
     occupancy = _occupancy(config, p, arch)
     tiles = math.ceil(p.m / config.block_m) * math.ceil(p.n / config.block_n) * p.batch * config.split_k

@@ -81,6 +81,13 @@ def supports(config: AnyGemmConfig, problem: GemmProblem) -> str | None:
     return FAMILIES.of(config).supports(config, problem)
 
 
+def support_key(config: AnyGemmConfig) -> tuple:
+    """What `supports` reads of a config: its family (whose check it is), realign, split_k (its
+    workspace) and its signature. Configs of one key take or refuse every problem alike."""
+    return (config.family, getattr(config, "realign", False), getattr(config, "split_k", 1), config.types,
+            config.epilogue, config.layout)
+
+
 def shared_memory_bytes(config: GemmConfig) -> int:
     """Bytes of shared memory the software pipeline holds: one A and one B tile per stage,
     and for TMA stores the staging buffer of one C slice."""

@@ -40,7 +40,7 @@ REALIGN_BANDWIDTH_FRACTION_WIDE = 0.65
 
 # Memoised: a ranking asks for each realign candidate's twin and the realigned problem in its
 # refusal and again in its score; one object each also keeps the scores' per-config and
-# per-problem caches (ranking._occupancy, ranking._roofline) warm.
+# per-problem caches (ranking._occupancy, ranking.roofline) warm.
 @functools.lru_cache(maxsize=4096)
 def _twin(config: GemmConfig) -> GemmConfig:
     return replace(config, realign=False)
@@ -63,7 +63,7 @@ def variant(family: GemmFamily) -> GemmFamily:
         if not config.realign:
             return family.device_score(config, problem, arch)
         inner = family.device_score(_twin(config), _realigned(problem), arch)
-        copies_s = _copy_seconds(problem, arch)
+        copies_s = copy_seconds(problem, arch)
         modelled = inner.terms["modelled_us"] * 1e-6 + copies_s
         return Score(ranking.problem_ideal_seconds(problem, arch) / modelled,
                      {**inner.terms, "realign_us": copies_s * 1e6, "modelled_us": modelled * 1e6})
@@ -97,7 +97,7 @@ def _reason(problem: GemmProblem) -> str | None:
     return None
 
 
-def _copy_seconds(p: GemmProblem, arch) -> float:
+def copy_seconds(p: GemmProblem, arch) -> float:
     """The copies of a realign plan: each unaligned operand read and written once more."""
     t = p.types
     elements = {"a": p.m * p.k, "b": p.k * p.n, "c": p.m * p.n}

@@ -111,5 +111,5 @@ FAMILY = register(realign.variant(GemmFamily(
     supports=rules.tma_tile_reason, score=ranking.rule_score, kernel_units=kernel_units, plan=launch_plan,
     correction=rules.tile_correction, device_score=device_score, host_launches=host_launches,
     shared_memory_bytes=tma_persistent.shared_memory_bytes, accumulator_registers=tma_persistent.accumulator_registers,
-    fits=rules.tma_fits, uses_tma=True,
+    fits=rules.tma_fits, uses_tma=True, tile_kernel=KERNEL,
 )))

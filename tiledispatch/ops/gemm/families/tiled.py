@@ -53,7 +53,7 @@ FAMILY = register(realign.variant(GemmFamily(
     op=FAMILIES.op, name=Family.TILED.value, config_type=GemmConfig, validate=validate,
     supports=rules.tile_reason, score=ranking.rule_score, kernel_units=kernel_units, plan=plan.pointer_plan,
     correction=rules.tile_correction, device_score=device_score, host_launches=ranking.split_launches,
-    shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
+    shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers, tile_kernel=KERNEL,
 )))
 
 

@@ -87,7 +87,7 @@ FAMILY = register(realign.variant(GemmFamily(
     supports=rules.tma_tile_reason, score=ranking.rule_score, kernel_units=kernel_units, plan=launch_plan,
     correction=rules.tile_correction, device_score=device_score, host_launches=ranking.split_launches,
     shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
-    fits=rules.tma_fits, name_options=name_options, uses_tma=True,
+    fits=rules.tma_fits, name_options=name_options, uses_tma=True, tile_kernel=KERNEL,
 )))
 
 

@@ -152,5 +152,5 @@ FAMILY = register(realign.variant(GemmFamily(
     supports=rules.tma_tile_reason, score=ranking.rule_score, kernel_units=kernel_units, plan=launch_plan,
     correction=rules.tile_correction, device_score=device_score, host_launches=ranking.split_launches,
     shared_memory_bytes=shared_memory_bytes, accumulator_registers=accumulator_registers,
-    fits=ws_fits, uses_tma=True, warp_specialised=True,
+    fits=ws_fits, uses_tma=True, warp_specialised=True, tile_kernel=KERNEL,
 )))

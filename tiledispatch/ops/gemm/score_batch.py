@@ -1,0 +1,194 @@
+"""GEMM's `score_batch`: a candidate set's rule scores (`ranking.rule_score`), a problem's at once.
+
+The tile families' configs (all but gemv's, the vendor's and stream-K's: a few a class) are
+scored together by `tile_batch`; realign's copies and the host's launches, which `rule_score`
+adds to a device score, follow as columns too. The others keep `rule_score`, one call each. A
+score's terms are spelt out when read (`GemmScores.score`): a ranking reads those of its pick
+and of a model's shortlist, not the 80 others'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...core.memo import LruTable
+from ...core.op import Score
+from . import ranking
+from .config import AnyGemmConfig, GemmConfig
+from .families import realign
+from .family import FAMILIES
+from .problem import GemmProblem
+from .tile_batch import Occupancies, TileColumns, device_seconds, tile_terms
+
+# Scores this close (relative) are ordered by their scalar numbers (`_near_ties`): far above the
+# last bits numpy's vector pow may round otherwise (1e-16), far below any real difference.
+NEAR_TIE = 1e-12
+# Kept a set: the subsets of its tile configs that take its problems (`_Taking`; a class's take a
+# few), and for each what its rows read of a problem beyond its sizes (`_Variant`), by (layout,
+# unaligned operands): a class's problems have a handful.
+TAKINGS_KEPT = 16
+VARIANTS_KEPT = 16
+
+
+def _names(persistent: bool, realigned: bool) -> tuple[str, ...]:
+    """A tile config's terms as `rule_score` spells them, in its order."""
+    return (("tile_m", "tile_n", "tile_k") + (("depth", "overlap") if persistent else ())
+            + ("waves", "feed", "latency", "resident", "concurrent", "row", "in_flight", "compute_us", "memory_us",
+               "chain_us", "reduce_us", "spills", "modelled_us") + (("realign_us",) if realigned else ())
+            + ("device_score", "host_us", "call_us"))
+
+
+_COLUMNS = _names(True, True)  # every term, in the order of `GemmScores`' matrix
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """What the tile rows' scores read of a problem beyond its sizes: each config's occupancy (its
+    operands loaded as vectors or not), its layout penalty and its call's host seconds."""
+
+    occupancy: Occupancies
+    penalty: np.ndarray
+    host_s: np.ndarray
+
+
+class _Taking:
+    """The tile configs of a set that take a problem, as columns: those of its class's problems
+    take the same few subsets (realign's configs taken or not, gemv's), each made once."""
+
+    def __init__(self, columns: TileColumns, configs: Sequence[GemmConfig], kernels: Sequence[Any],
+                 arch: Any) -> None:
+        self.columns, self.configs, self._arch = columns, configs, arch
+        self.realign = np.array([c.realign for c in configs], dtype=bool)
+        position = {name: i for i, name in enumerate(_COLUMNS)}
+        self.names = [(names, np.array([position[name] for name in names], dtype=np.intp)) for names in
+                      (_names(k.persistent, c.realign) for c, k in zip(configs, kernels))]
+        self._variants = LruTable(VARIANTS_KEPT)
+
+    def variant(self, p: GemmProblem) -> _Variant:
+        return self._variants.get_or_make((p.layout, p.alignment.unaligned_operands), lambda: self._made_variant(p))
+
+    def _made_variant(self, p: GemmProblem) -> _Variant:
+        """Realign configs load vectors (from their copies) whatever the problem's operands."""
+        c, arch = self.columns, self._arch
+        occupancy = c.vectors if p.alignment.a and p.alignment.b else c.vectors.where(self.realign, c.elements)
+        return _Variant(occupancy, np.array([ranking.layout_penalty(config, p) for config in self.configs]),
+                        np.array([ranking.host_seconds(config, p, arch) for config in self.configs]))
+
+
+class GemmScores:
+    """One problem's scores of the configs asked for (`core.candidate_set.Scores`)."""
+
+    __slots__ = ("values", "_made", "_at", "_terms", "_names", "_matrix")
+
+    def __init__(self, values: list[float], made: dict[int, Score], at: list[int], terms: dict[str, np.ndarray],
+                 names: Sequence[tuple[tuple[str, ...], np.ndarray]]) -> None:
+        self.values, self._made, self._at, self._terms, self._names = values, made, at, terms, names
+        self._matrix: np.ndarray | None = None
+
+    def score(self, j: int) -> Score:
+        made = self._made.get(j)
+        if made is None:
+            if self._matrix is None:  # made once, for the first score read (two threads: either's)
+                self._matrix = np.column_stack([self._terms[name] for name in _COLUMNS])
+            at = self._at[j]
+            names, index = self._names[at]
+            made = self._made.setdefault(j, Score(self.values[j], dict(zip(names, self._matrix[at, index].tolist()))))
+        return made
+
+
+class GemmScoreBatch:
+    """The scores of one candidate set's configs on `arch` (`core.candidate_set.ScoreBatch`)."""
+
+    def __init__(self, configs: Sequence[AnyGemmConfig], arch: Any) -> None:
+        self._configs, self._arch = tuple(configs), arch
+        kernels = [FAMILIES.of(c).tile_kernel for c in self._configs]
+        self._kernels = [k if k is not None and not k.deals else None for k in kernels]
+        tiles = [i for i, k in enumerate(self._kernels) if k is not None]
+        self._tile = [-1] * len(self._configs)  # each config's row among the tile configs (-1: scored alone)
+        for row, i in enumerate(tiles):
+            self._tile[i] = row
+        self._columns = TileColumns.of([self._configs[i] for i in tiles], [self._kernels[i] for i in tiles], arch)
+        self._takings = LruTable(TAKINGS_KEPT)
+
+    def _taking(self, tile_rows: tuple[int, ...], rows: Sequence[int]) -> _Taking:
+        def make() -> _Taking:
+            tiled = [i for i in rows if self._tile[i] >= 0]
+            return _Taking(self._columns.take(np.array(tile_rows, dtype=np.intp)), [self._configs[i] for i in tiled],
+                           [self._kernels[i] for i in tiled], self._arch)
+        return self._takings.get_or_make(tile_rows, make)
+
+    def scores(self, rows: Sequence[int], p: GemmProblem) -> GemmScores:
+        """`rule_score` of each config at `rows`, which take `p`."""
+        arch, tile = self._arch, self._tile
+        tile_rows = tuple(tile[i] for i in rows if tile[i] >= 0)
+        taking = self._taking(tile_rows, rows)
+        variant = taking.variant(p)
+        terms = tile_terms(taking.columns, variant.occupancy, variant.penalty, p, arch)
+        modelled_us, device = terms["modelled"] * 1e6, terms["value"]
+        ideal, copies_s = ranking.problem_ideal_seconds(p, arch), realign.copy_seconds(p, arch)
+        terms["realign_us"] = np.full(len(tile_rows), copies_s * 1e6)  # read by realign configs alone
+        if taking.realign.any():
+            realigned, realigned_us = _realigned(terms["modelled"], copies_s, ideal)
+            device = np.where(taking.realign, realigned, device)
+            modelled_us = np.where(taking.realign, realigned_us, modelled_us)
+        tile_values, call_s = _call_value(device, modelled_us, variant.host_s)
+        terms.update(modelled_us=modelled_us, device_score=device, host_us=variant.host_s * 1e6, call_us=call_s * 1e6)
+        tile_values = tile_values.tolist()
+        values, made, at = [], {}, []  # at: each asked config's row in `taking` (-1: scored alone)
+        for j, i in enumerate(rows):
+            if tile[i] >= 0:
+                at.append(len(values) - len(made))  # the tile configs asked before it
+                values.append(tile_values[at[-1]])
+            else:
+                made[j] = score = ranking.rule_score(self._configs[i], p, arch)
+                at.append(-1)
+                values.append(score.value)
+        for j in _near_ties(values):
+            if at[j] >= 0:
+                values[j] = _exact(taking, at[j], terms, variant, arch, ideal, copies_s)
+        return GemmScores(values, made, at, terms, taking.names)
+
+
+def _exact(taking: _Taking, row: int, terms: dict[str, np.ndarray], variant: _Variant, arch: Any, ideal: float,
+           copies_s: float) -> float:
+    """The value of tile config `row` of `taking` as `rule_score` rounds it: from the parts the columns
+    hold exactly (sums, products and quotients round alike in numpy), with Python's pow."""
+    c = taking.columns
+    part = {name: float(terms[name][row]) for name in ("compute_s", "memory_in", "intake_s", "chain_s", "reduce_s")}
+    _, modelled = device_seconds(part["compute_s"], part["memory_in"], part["intake_s"],
+                                 float(c.bandwidth_fraction[row]), part["chain_s"], arch.calibration.launch_s,
+                                 part["reduce_s"], float(c.start_s[row]))
+    if taking.realign[row]:
+        device, modelled_us = _realigned(modelled, copies_s, ideal)
+    else:
+        device, modelled_us = ideal / modelled * float(variant.penalty[row]), modelled * 1e6
+    return _call_value(device, modelled_us, float(variant.host_s[row]))[0]
+
+
+def _realigned(modelled, copies_s: float, ideal: float):
+    """(device score, modelled us) of `realign.variant`'s configs: the twin's time on the copies,
+    then the copies. Columns or floats."""
+    modelled_s = modelled * 1e6 * 1e-6 + copies_s
+    return ideal / modelled_s, modelled_s * 1e6
+
+
+def _call_value(device, modelled_us, host_s):
+    """(`rule_score`'s value, the call's seconds) from the device score, its modelled time and the
+    host's: the longer of the two, smoothed. Columns or floats."""
+    device_s = modelled_us * 1e-6
+    call_s = (device_s**ranking.HOST_EXPONENT + host_s**ranking.HOST_EXPONENT) ** (1 / ranking.HOST_EXPONENT)
+    return device * device_s / call_s, call_s
+
+
+def _near_ties(values: list[float]) -> list[int]:
+    """The positions whose value lies within NEAR_TIE of another's. numpy's vector pow (SVML, where
+    the CPU has AVX-512) may round the last bit where libm's does not: between two such scores, the
+    order is the scalar model's only once both are its numbers. Elsewhere a last bit orders nothing."""
+    v = np.array(values)
+    order = np.argsort(v, kind="stable")
+    ranked = v[order]
+    close = np.flatnonzero(ranked[1:] - ranked[:-1] <= NEAR_TIE * ranked[1:])
+    return sorted(set(order[close].tolist()) | set(order[close + 1].tolist()))
