@@ -21,11 +21,8 @@ from .config import AnyGemmConfig, GemmConfig
 from .families import realign
 from .family import FAMILIES
 from .problem import GemmProblem
-from .tile_batch import Occupancies, TileColumns, device_seconds, tile_terms
+from .tile_batch import Occupancies, TileColumns, power_of, tile_terms
 
-# Scores this close (relative) are ordered by their scalar numbers (`_near_ties`): far above the
-# last bits numpy's vector pow may round otherwise (1e-16), far below any real difference.
-NEAR_TIE = 1e-12
 # Kept a set: the subsets of its tile configs that take its problems (`_Taking`; a class's take a
 # few), and for each what its rows read of a problem beyond its sizes (`_Variant`), by (layout,
 # unaligned operands): a class's problems have a handful.
@@ -146,49 +143,19 @@ class GemmScoreBatch:
                 made[j] = score = ranking.rule_score(self._configs[i], p, arch)
                 at.append(-1)
                 values.append(score.value)
-        for j in _near_ties(values):
-            if at[j] >= 0:
-                values[j] = _exact(taking, at[j], terms, variant, arch, ideal, copies_s)
         return GemmScores(values, made, at, terms, taking.names)
 
 
-def _exact(taking: _Taking, row: int, terms: dict[str, np.ndarray], variant: _Variant, arch: Any, ideal: float,
-           copies_s: float) -> float:
-    """The value of tile config `row` of `taking` as `rule_score` rounds it: from the parts the columns
-    hold exactly (sums, products and quotients round alike in numpy), with Python's pow."""
-    c = taking.columns
-    part = {name: float(terms[name][row]) for name in ("compute_s", "memory_in", "intake_s", "chain_s", "reduce_s")}
-    _, modelled = device_seconds(part["compute_s"], part["memory_in"], part["intake_s"],
-                                 float(c.bandwidth_fraction[row]), part["chain_s"], arch.calibration.launch_s,
-                                 part["reduce_s"], float(c.start_s[row]))
-    if taking.realign[row]:
-        device, modelled_us = _realigned(modelled, copies_s, ideal)
-    else:
-        device, modelled_us = ideal / modelled * float(variant.penalty[row]), modelled * 1e6
-    return _call_value(device, modelled_us, float(variant.host_s[row]))[0]
-
-
-def _realigned(modelled, copies_s: float, ideal: float):
+def _realigned(modelled: np.ndarray, copies_s: float, ideal: float) -> tuple[np.ndarray, np.ndarray]:
     """(device score, modelled us) of `realign.variant`'s configs: the twin's time on the copies,
-    then the copies. Columns or floats."""
+    then the copies."""
     modelled_s = modelled * 1e6 * 1e-6 + copies_s
     return ideal / modelled_s, modelled_s * 1e6
 
 
-def _call_value(device, modelled_us, host_s):
+def _call_value(device: np.ndarray, modelled_us: np.ndarray, host_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(`rule_score`'s value, the call's seconds) from the device score, its modelled time and the
-    host's: the longer of the two, smoothed. Columns or floats."""
-    device_s = modelled_us * 1e-6
-    call_s = (device_s**ranking.HOST_EXPONENT + host_s**ranking.HOST_EXPONENT) ** (1 / ranking.HOST_EXPONENT)
+    host's: the longer of the two, smoothed."""
+    device_s, exponent = modelled_us * 1e-6, ranking.HOST_EXPONENT
+    call_s = power_of(power_of(device_s, exponent) + power_of(host_s, exponent), 1 / exponent)
     return device * device_s / call_s, call_s
-
-
-def _near_ties(values: list[float]) -> list[int]:
-    """The positions whose value lies within NEAR_TIE of another's. numpy's vector pow (SVML, where
-    the CPU has AVX-512) may round the last bit where libm's does not: between two such scores, the
-    order is the scalar model's only once both are its numbers. Elsewhere a last bit orders nothing."""
-    v = np.array(values)
-    order = np.argsort(v, kind="stable")
-    ranked = v[order]
-    close = np.flatnonzero(ranked[1:] - ranked[:-1] <= NEAR_TIE * ranked[1:])
-    return sorted(set(order[close].tolist()) | set(order[close + 1].tolist()))

@@ -5,9 +5,9 @@ on the CPU machine (1.7 ms a class of 80), the same few dozen operations on new 
 Here each operation runs once over a column of all the configs. `TileColumns` holds what a config
 alone decides (its tile, its kernel's terms, its occupancy either way its operands load), made once
 per candidate set; `tile_terms` is `tile_score` written over those columns, step for step in its
-order of operations, so each number is the scalar model's (numpy's vector `pow` may round the last
-bit otherwise: within 1e-15). Configs whose grid deals K out (stream-K, `TileKernel.deals`) keep
-the scalar model: a class has one or two.
+order of operations and with its rounding (`power_of`), so each number is the scalar model's, to
+the bit. Configs whose grid deals K out (stream-K, `TileKernel.deals`) keep the scalar model: a
+class has one or two.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...heuristics.roofline import dram_bytes_per_s, soft_max
+from ...heuristics.roofline import dram_bytes_per_s
 from . import ranking
 from .config import GemmConfig
 from .problem import GemmProblem
@@ -28,12 +28,17 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def device_seconds(compute_s, memory_in, intake_s, bandwidth_fraction, chain_s, launch_s, reduce_s, start_s):
-    """(memory, modelled) seconds of `tile_score` from their parts: the slower of DRAM (`memory_in`)
-    and the SM's intake, against compute and the latency chain, and the fixed costs. Columns, or one
-    config's floats: with floats, Python's pow rounds as the scalar model's does."""
-    memory_s = soft_max(memory_in, intake_s, 6) / bandwidth_fraction
-    return memory_s, soft_max(soft_max(compute_s, memory_s), chain_s) + launch_s + reduce_s + start_s
+def _soft_max(first: np.ndarray, second: np.ndarray, power: int = 3) -> np.ndarray:
+    """`roofline.soft_max` of two columns, rounded as it rounds (`power_of`)."""
+    return power_of(power_of(first, power) + power_of(second, power), 1 / power)
+
+
+def power_of(base: np.ndarray, exponent: float) -> np.ndarray:
+    """`base ** exponent` of a column, each rounded as Python's float pow rounds it: `float_power`
+    calls libm's pow for each element, where `power` (and `**`) takes a vector pow (AVX-512 SVML)
+    that rounds some last bits apart, and two tiles whose scores differ in the last bit (64x128
+    and 128x64) would swap places."""
+    return np.float_power(base, exponent)
 
 
 @dataclass(frozen=True)
@@ -161,20 +166,16 @@ def tile_terms(c: TileColumns, occupancy: Occupancies, penalty: np.ndarray, p: G
     in_flight = np.minimum(1.0, per_program * programs_per_sm / calibration.bytes_in_flight_per_sm)
     in_flight = in_flight * (np.minimum(1.0, tiles / sms * ranking.SM_BANDWIDTH_SHARE) * c.row)
     intake_s = programs * ((rows * c.ia + np.minimum(n, c.bn) * c.ib) * _cdiv(k, c.split)) / c.port
-    memory_in = p.bytes() / (bandwidth * in_flight)
+    memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), intake_s, 6) / c.bandwidth_fraction
     reduce_s = np.where(c.split > 1, 2 * c.split * p.batch * m * n * 4 / bandwidth + calibration.launch_s, 0.0)
     # _chain_seconds
     k_iters = _cdiv(k_tiles, c.split)
     chain_s = np.where(persistent,
                        programs * k_iters * c.per_iter + ranking.CHAIN_LATENCY_S * np.where(c.fills_once, 1, programs),
                        _cdiv(programs, concurrent) * (k_iters * c.per_iter + ranking.CHAIN_LATENCY_S))
-    memory_s, modelled = device_seconds(compute_s, memory_in, intake_s, c.bandwidth_fraction, chain_s,
-                                        calibration.launch_s, reduce_s, c.start_s)
-    # The parts (seconds) beside the terms: `score_batch` recomputes a near tie's score from them.
-    return {"compute_s": compute_s, "memory_in": memory_in, "intake_s": intake_s, "chain_s": chain_s,
-            "reduce_s": reduce_s, "value": ideal / modelled * penalty, "modelled": modelled, "tile_m": tile_m,
-            "tile_n": tile_n, "tile_k": tile_k, "depth": c.depth, "overlap": overlap, "waves": waves, "feed": c.feed,
-            "latency": latency,
+    modelled = _soft_max(_soft_max(compute_s, memory_s), chain_s) + calibration.launch_s + reduce_s + c.start_s
+    return {"value": ideal / modelled * penalty, "modelled": modelled, "tile_m": tile_m, "tile_n": tile_n,
+            "tile_k": tile_k, "depth": c.depth, "overlap": overlap, "waves": waves, "feed": c.feed, "latency": latency,
             "resident": occupancy.resident.astype(np.float64), "concurrent": concurrent.astype(np.float64),
             "row": c.row, "in_flight": in_flight, "compute_us": compute_s * 1e6, "memory_us": memory_s * 1e6,
             "chain_us": chain_s * 1e6, "reduce_us": reduce_s * 1e6, "spills": occupancy.spills,
