@@ -28,7 +28,7 @@ from tiledispatch.core.op import RuleSet, get_op  # noqa: E402
 from tiledispatch.core.registry import Registry  # noqa: E402
 from tiledispatch.heuristics import features, learned, training  # noqa: E402
 from tiledispatch.heuristics.features import Column, FeatureSpec, Kind, ModelFormatError, Source  # noqa: E402
-from tiledispatch.ops.gemm.problem import GemmTypes  # noqa: E402
+from tiledispatch.ops.gemm.problem import Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes  # noqa: E402
 
 SM90, INTERP = arch.load("sm_90"), arch.load("interpreter")
 GEMM = get_op("gemm")
@@ -165,6 +165,26 @@ def test_an_unknown_category_and_a_missing_field_are_missing_values():
     vendor = next(c for c in GEMM.rule_sets[RuleSet.TINY]() if GEMM.family_of(c) == "vendor")
     row = features.Featurizer(spec).matrix(problems(1, 0)[0], [vendor], SM90)[0]
     assert math.isnan(row[0]) and math.isnan(row[1]) and row[2] == 1.0  # a vendor config has no block_m
+
+
+def test_a_problems_columns_are_its_flattened_fields_read_field_by_field():
+    """The featurizer keeps each dtype, layout, epilogue and alignment's codes for the next problem
+    holding them: a row is still every leaf of the problem, encoded, the unknown categories named."""
+    model = learned.shipped(SelectionKey("gemm", "forward", "bf16", "sm_90"))
+    featurizer, group = model.featurizer, [c for c in model.spec.columns if c.source is Source.PROBLEM]
+    bf16, unaligned = GemmTypes.parse("bf16"), Alignment(a=Align.NONE, m=Align.BYTES16)
+    posed = [GemmProblem(m, n, k, batch, types, GemmLayout.parse(layout), Epilogue(bias), alignment)
+             for m, n, k, batch in ((1, 4096, 4096, 1), (333, 1000, 64, 8), (8192, 8192, 8192, 1))
+             for types in (bf16, GemmTypes.parse("fp16")) for layout in ("rcr", "crr", "rss")
+             for bias in (False, True) for alignment in (Alignment(), unaligned)]
+    for problem in posed + posed:  # the second time round, from the kept codes
+        values = features.problem_values(problem)
+        expected = [c.encode(values.get(c.path)) for c in group]
+        np.testing.assert_array_equal(featurizer._problem(problem)[1], expected)
+        assert featurizer.unknown_categories(problem) == tuple(
+            f"{c.path}={values[c.path]!r}" for c, code in zip(group, expected)
+            if c.kind is Kind.CATEGORY and math.isnan(code) and values.get(c.path) is not None)
+    assert any(featurizer.unknown_categories(p) for p in posed) and not featurizer.unknown_categories(posed[0])
 
 
 def test_the_spec_round_trips_through_json(model):

@@ -33,6 +33,11 @@ class Scores(Protocol):
     def score(self, j: int) -> Score:
         """The j-th score, with its terms (made when first asked for, then the same object)."""
 
+    def rows(self, js: Sequence[int]) -> Sequence[Score]:
+        """The scores at `js`, for a model's features. An op's may also give them as a table
+        (`table(names)`: a float64 row a score, NaN where it has no such term) without making
+        the Score objects, which the featurizer then reads (`heuristics.features`)."""
+
 
 class ScoreBatch(Protocol):
     """An op's scoring of a candidate set's configs (`OpDefinition.score_batch`)."""
@@ -52,6 +57,9 @@ class ScoreList:
 
     def score(self, j: int) -> Score:
         return self.made[j]
+
+    def rows(self, js: Sequence[int]) -> list[Score]:
+        return [self.made[j] for j in js]
 
 
 class _OneByOne:
@@ -115,7 +123,7 @@ def model_order(model: Predictor, problem: Any, arch: Any, candidates: Candidate
     vendor, specs = candidates.vendor, candidates.specs
     shortlist, rest = model_shortlist(order, lambda j: vendor[rows[j]], get_op(problem.op).model_shortlist)
     costs = [float(c) for c in model.predict_cost(problem, [specs[rows[j]].config for j in shortlist], arch,
-                                                  [scores.score(j) for j in shortlist])]
+                                                  scores.rows(shortlist))]
     if len(costs) != len(shortlist) or not all(map(math.isfinite, costs)):
         raise UnsupportedError(f"the model {model.label} gave {len(costs)} costs (finite: "
                                f"{all(map(math.isfinite, costs))}) for {len(shortlist)} candidates of "

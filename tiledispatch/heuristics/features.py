@@ -275,6 +275,11 @@ class Featurizer:
         # for the last problem read: the model's source asks `unknown_categories` of the very
         # problem `matrix` then reads, so it is flattened once. Replaced whole: thread-safe.
         self._last: tuple[Any, np.ndarray, tuple[str, ...]] | None = None
+        # A problem's columns are read field by field: (field, a dataclass value it holds) -> its
+        # leaves' (position in PROBLEM's columns, code, the unknown category or None). A new
+        # problem has new sizes but the dtypes, layout, epilogue and alignment of others.
+        self._problem_at = {c.path: j for j, (_, c) in enumerate(self._groups[Source.PROBLEM])}
+        self._fields: dict[tuple[str, Any], tuple[tuple[int, float, str | None], ...]] = {}
 
     def _encode(self, sources: Sequence[Source], rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """The columns of `sources`, in turn, each read from its row of raw values."""
@@ -297,12 +302,36 @@ class Featurizer:
         last = self._last
         if last is not None and last[0] is problem:
             return last
-        values = problem_values(problem)
-        row = self._encode((Source.PROBLEM,), (values,))
-        unknown = tuple(f"{c.path}={values[c.path]!r}" for j, (_, c) in enumerate(self._groups[Source.PROBLEM])
-                        if c.kind is Kind.CATEGORY and math.isnan(row[j]) and values.get(c.path) is not None)
-        self._last = last = (problem, row, unknown)
+        row = np.full(len(self._problem_at), math.nan)  # a column the problem has no leaf for: missing
+        unknown = []
+        for name in _field_names(type(problem)):
+            for j, code, missing in self._field_codes(name, getattr(problem, name)):
+                row[j] = code
+                if missing is not None:
+                    unknown.append((j, missing))
+        self._last = last = (problem, row, tuple(missing for _, missing in sorted(unknown)))
         return last
+
+    def _field_codes(self, name: str, value: Any) -> tuple[tuple[int, float, str | None], ...]:
+        """(position, code, the unknown category or None) of each of a problem field's leaves that
+        the spec has a column for; kept for a dataclass value (a later problem's dtypes, say)."""
+        key = (name, value) if dataclasses.is_dataclass(value) else None
+        codes = self._fields.get(key) if key is not None else None
+        if codes is None:
+            group, codes = self._groups[Source.PROBLEM], []
+            for path, leaf in flatten(value, f"{name}."):
+                j = self._problem_at.get(path)
+                if j is not None:
+                    column = group[j][1]
+                    code = column.encode(leaf)
+                    unknown = column.kind is Kind.CATEGORY and math.isnan(code) and leaf is not None
+                    codes.append((j, code, f"{path}={leaf!r}" if unknown else None))
+            codes = tuple(codes)
+            if key is not None:
+                if len(self._fields) >= CONFIGS_KEPT:
+                    self._fields.clear()
+                self._fields[key] = codes
+        return codes
 
     def unknown_categories(self, problem: Any) -> tuple[str, ...]:
         """The problem's categorical fields (`path=value`) whose value no training problem had (a
@@ -331,7 +360,10 @@ class Featurizer:
             out[:, np.concatenate([index[Source.CONFIG], index[Source.KERNEL]])] = \
                 np.stack([self._config_row(c) for c in configs])
         paths = self._score_paths
-        if paths and configs:
+        table = getattr(scores, "table", None)
+        if paths and configs and table is not None:  # the op's own table of them (GEMM's): no Score made
+            out[:, index[Source.SCORE]] = table(paths)
+        elif paths and configs:
             nans = itertools.repeat(math.nan)
             block = np.array([list(map(s.terms.get, paths, nans)) for s in scores], dtype=np.float64)
             if self._value_at is not None:

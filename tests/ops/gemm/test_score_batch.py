@@ -12,7 +12,9 @@ from tiledispatch import arch
 from tiledispatch.core.candidate_set import CandidateSet
 from tiledispatch.core.op import OpKind, RuleSet, get_op
 from tiledispatch.core.registry import Registry
-from tiledispatch.ops.gemm import ranking, tile_batch
+from tiledispatch.bench.table import SelectionKey
+from tiledispatch.heuristics import learned
+from tiledispatch.ops.gemm import ranking, score_batch, tile_batch
 from tiledispatch.ops.gemm.problem import Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes
 
 GEMM = get_op(OpKind.GEMM)
@@ -78,3 +80,23 @@ def test_column_powers_round_as_pythons():
     bases = [rng.uniform(0, 4) * 10 ** rng.randint(-12, 3) for _ in range(5000)]
     for exponent in (3, 6, 8, 1 / 3, 1 / 6, 1 / 8):
         assert tile_batch.power_of(np.array(bases), exponent).tolist() == [b**exponent for b in bases]
+
+
+def test_a_models_features_read_from_the_table_are_the_scores():
+    """`rows(js).table(names)`, which a model's featurizer reads, is each score's value and terms by
+    name (NaN where it has none), as the Score objects give them, the vendor's and stream-K's too."""
+    names = list(score_batch._COLUMNS) + ["epilogue_steps", "no_such_term"]
+    target = arch.load("sm_90")
+    model, featurized = learned.shipped(SelectionKey("gemm", "forward", "bf16", "sm_90")), 0
+    for problem, specs, candidates in candidate_sets(RuleSet.DEFAULT, target, 30, seed=5):
+        rows = [i for i, reason in enumerate(candidates.refusals(problem)) if reason is None]
+        scores, js = candidates.scores(rows, problem), list(range(len(rows)))[::-1]
+        expected = [[s.value if name == "value" else s.terms.get(name, np.nan) for name in names]
+                    for s in (candidates.scores(rows, problem).score(j) for j in js)]
+        np.testing.assert_array_equal(scores.rows(js).table(names), np.array(expected).reshape(len(js), len(names)))
+        if problem.types.name == "bf16" and js:
+            configs = [specs[rows[j]].config for j in js]
+            np.testing.assert_array_equal(model.featurizer.matrix(problem, configs, target, scores.rows(js)),
+                                          model.featurizer.matrix(problem, configs, target, list(scores.rows(js))))
+            featurized += 1
+    assert featurized >= 3

@@ -9,6 +9,7 @@ and of a model's shortlist, not the 80 others'.
 
 from __future__ import annotations
 
+from collections import abc
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -38,7 +39,11 @@ def _names(persistent: bool, realigned: bool) -> tuple[str, ...]:
             + ("device_score", "host_us", "call_us"))
 
 
-_COLUMNS = _names(True, True)  # every term, in the order of `GemmScores`' matrix
+# The columns of `GemmScores`' table: every term, the score's value (`features.score_values`), and
+# last one of NaN, which a name no tile config's score has reads.
+_COLUMNS = _names(True, True) + ("value",)
+_POSITION = {name: i for i, name in enumerate(_COLUMNS)}
+_NOWHERE = len(_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -59,9 +64,11 @@ class _Taking:
                  arch: Any) -> None:
         self.columns, self.configs, self._arch = columns, configs, arch
         self.realign = np.array([c.realign for c in configs], dtype=bool)
-        position = {name: i for i, name in enumerate(_COLUMNS)}
-        self.names = [(names, np.array([position[name] for name in names], dtype=np.intp)) for names in
-                      (_names(k.persistent, c.realign) for c, k in zip(configs, kernels))]
+        names = [_names(k.persistent, c.realign) for c, k in zip(configs, kernels)]
+        self.names = [(terms, np.array([_POSITION[name] for name in terms], dtype=np.intp)) for terms in names]
+        # Which columns of the table each config's score has (the value, and its family's terms).
+        self.present = np.array([[name in terms or name == "value" for name in _COLUMNS] + [False] for terms in names],
+                                dtype=bool).reshape(len(names), len(_COLUMNS) + 1)
         self._variants = LruTable(VARIANTS_KEPT)
 
     def variant(self, p: GemmProblem) -> _Variant:
@@ -76,24 +83,68 @@ class _Taking:
 
 
 class GemmScores:
-    """One problem's scores of the configs asked for (`core.candidate_set.Scores`)."""
+    """One problem's scores of the configs asked for (`core.candidate_set.Scores`): the tile
+    configs' as a table, a `Score` made of a row when read; the others' made already."""
 
-    __slots__ = ("values", "_made", "_at", "_terms", "_names", "_matrix")
+    __slots__ = ("values", "_made", "_at", "_terms", "_taking", "_table")
 
     def __init__(self, values: list[float], made: dict[int, Score], at: list[int], terms: dict[str, np.ndarray],
-                 names: Sequence[tuple[tuple[str, ...], np.ndarray]]) -> None:
-        self.values, self._made, self._at, self._terms, self._names = values, made, at, terms, names
-        self._matrix: np.ndarray | None = None
+                 taking: _Taking) -> None:
+        self.values, self._made, self._at, self._terms, self._taking = values, made, at, terms, taking
+        self._table: np.ndarray | None = None
+
+    def _rows(self) -> np.ndarray:
+        """The tile configs' table (NaN where a score has no such term), made once, when first read
+        (two threads: either's)."""
+        if self._table is None:
+            columns = [self._terms[name] for name in _COLUMNS]
+            self._table = np.where(self._taking.present, np.column_stack(columns + [columns[0]]), np.nan)
+        return self._table
 
     def score(self, j: int) -> Score:
         made = self._made.get(j)
         if made is None:
-            if self._matrix is None:  # made once, for the first score read (two threads: either's)
-                self._matrix = np.column_stack([self._terms[name] for name in _COLUMNS])
             at = self._at[j]
-            names, index = self._names[at]
-            made = self._made.setdefault(j, Score(self.values[j], dict(zip(names, self._matrix[at, index].tolist()))))
+            names, index = self._taking.names[at]
+            made = self._made.setdefault(j, Score(self.values[j], dict(zip(names, self._rows()[at, index].tolist()))))
         return made
+
+    def rows(self, js: Sequence[int]) -> "ScoreRows":
+        return ScoreRows(self, js)
+
+    def table(self, js: Sequence[int], names: Sequence[str]) -> np.ndarray:
+        """The scores at `js` by `names` (their values and terms, NaN where one has none), read from
+        the table: no Score is made."""
+        at = np.array([self._at[j] for j in js], dtype=np.intp)
+        if not len(self._taking.configs):  # no tile config takes the problem
+            out = np.full((len(js), len(names)), np.nan)
+        else:  # the rows of configs scored alone (at -1) are written below
+            out = self._rows()[np.ix_(at, [_POSITION.get(name, _NOWHERE) for name in names])]
+        for r in np.flatnonzero(at < 0).tolist():
+            score = self._made[js[r]]
+            out[r] = [score.value if name == "value" else score.terms.get(name, np.nan) for name in names]
+        return out
+
+
+class ScoreRows(abc.Sequence):
+    """Some of a problem's scores, as the `Score`s a model reads (`Predictor.predict_cost`), which
+    `table` gives without making them (the model's featurizer asks it)."""
+
+    __slots__ = ("_scores", "_js")
+
+    def __init__(self, scores: GemmScores, js: Sequence[int]) -> None:
+        self._scores, self._js = scores, js
+
+    def __len__(self) -> int:
+        return len(self._js)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._scores.score(j) for j in self._js[i]]
+        return self._scores.score(self._js[i])
+
+    def table(self, names: Sequence[str]) -> np.ndarray:
+        return self._scores.table(self._js, names)
 
 
 class GemmScoreBatch:
@@ -124,7 +175,7 @@ class GemmScoreBatch:
         taking = self._taking(tile_rows, rows)
         variant = taking.variant(p)
         terms = tile_terms(taking.columns, variant.occupancy, variant.penalty, p, arch)
-        modelled_us, device = terms["modelled"] * 1e6, terms["value"]
+        modelled_us, device = terms["modelled"] * 1e6, terms["device_score"]
         ideal, copies_s = ranking.problem_ideal_seconds(p, arch), realign.copy_seconds(p, arch)
         terms["realign_us"] = np.full(len(tile_rows), copies_s * 1e6)  # read by realign configs alone
         if taking.realign.any():
@@ -132,7 +183,8 @@ class GemmScoreBatch:
             device = np.where(taking.realign, realigned, device)
             modelled_us = np.where(taking.realign, realigned_us, modelled_us)
         tile_values, call_s = _call_value(device, modelled_us, variant.host_s)
-        terms.update(modelled_us=modelled_us, device_score=device, host_us=variant.host_s * 1e6, call_us=call_s * 1e6)
+        terms.update(modelled_us=modelled_us, device_score=device, host_us=variant.host_s * 1e6, call_us=call_s * 1e6,
+                     value=tile_values)
         tile_values = tile_values.tolist()
         values, made, at = [], {}, []  # at: each asked config's row in `taking` (-1: scored alone)
         for j, i in enumerate(rows):
@@ -143,7 +195,7 @@ class GemmScoreBatch:
                 made[j] = score = ranking.rule_score(self._configs[i], p, arch)
                 at.append(-1)
                 values.append(score.value)
-        return GemmScores(values, made, at, terms, taking.names)
+        return GemmScores(values, made, at, terms, taking)
 
 
 def _realigned(modelled: np.ndarray, copies_s: float, ideal: float) -> tuple[np.ndarray, np.ndarray]:

@@ -138,9 +138,9 @@ class TileColumns:
 
 def tile_terms(c: TileColumns, occupancy: Occupancies, penalty: np.ndarray, p: GemmProblem,
                arch) -> dict[str, np.ndarray]:
-    """`tile_score` of every config of `c` on `p`: its terms' columns, with "value" and "modelled"
-    (seconds) beside them. `occupancy` is each config's for `p`'s operands, `penalty` its
-    `layout_penalty`."""
+    """`tile_score` of every config of `c` on `p`: its terms' columns, with its value ("device_score")
+    and "modelled" (seconds) beside them. `occupancy` is each config's for `p`'s operands, `penalty`
+    its `layout_penalty`."""
     m, n, k, sms = p.m, p.n, p.k, arch.sm_count
     calibration, bandwidth = arch.calibration, dram_bytes_per_s(arch)
     peak, ideal = ranking.roofline(p, arch)
@@ -174,7 +174,7 @@ def tile_terms(c: TileColumns, occupancy: Occupancies, penalty: np.ndarray, p: G
                        programs * k_iters * c.per_iter + ranking.CHAIN_LATENCY_S * np.where(c.fills_once, 1, programs),
                        _cdiv(programs, concurrent) * (k_iters * c.per_iter + ranking.CHAIN_LATENCY_S))
     modelled = _soft_max(_soft_max(compute_s, memory_s), chain_s) + calibration.launch_s + reduce_s + c.start_s
-    return {"value": ideal / modelled * penalty, "modelled": modelled, "tile_m": tile_m, "tile_n": tile_n,
+    return {"device_score": ideal / modelled * penalty, "modelled": modelled, "tile_m": tile_m, "tile_n": tile_n,
             "tile_k": tile_k, "depth": c.depth, "overlap": overlap, "waves": waves, "feed": c.feed, "latency": latency,
             "resident": occupancy.resident.astype(np.float64), "concurrent": concurrent.astype(np.float64),
             "row": c.row, "in_flight": in_flight, "compute_us": compute_s * 1e6, "memory_us": memory_s * 1e6,
