@@ -82,6 +82,9 @@ class TileColumns:
     split: np.ndarray
     ia: np.ndarray
     ib: np.ndarray
+    k_span: np.ndarray  # int64 products the model takes whole: K a program covers, its split's K steps
+    a_step: np.ndarray  # bytes of a row of A a K step
+    b_step: np.ndarray  # bytes of B's tile a K step
     persistent: np.ndarray  # bool
     fills_once: np.ndarray  # bool
     compute_fraction: np.ndarray  # float columns: the kernel's terms and the config's own
@@ -116,7 +119,9 @@ class TileColumns:
             bm=ints(c.block_m for c in configs), bn=ints(c.block_n for c in configs),
             bk=ints(c.block_k for c in configs), stages_m1=ints(max(c.num_stages - 1, 1) for c in configs),
             split=ints(c.split_k for c in configs), ia=ints(c.types.a.itemsize for c in configs),
-            ib=ints(c.types.b.itemsize for c in configs),
+            ib=ints(c.types.b.itemsize for c in configs), k_span=ints(c.block_k * c.split_k for c in configs),
+            a_step=ints(c.block_k * c.types.a.itemsize for c in configs),
+            b_step=ints(c.block_k * c.block_n * c.types.b.itemsize for c in configs),
             persistent=np.array([k.persistent for k in kernels], dtype=bool),
             fills_once=np.array([k.fills_once(c) for c, k in zip(configs, kernels)], dtype=bool),
             compute_fraction=floats(k.compute_fraction for k in kernels),
@@ -150,7 +155,7 @@ def tile_terms(c: TileColumns, occupancy: Occupancies, penalty: np.ndarray, p: G
     programs = _cdiv(tiles, sms)  # the busiest SM's
     concurrent = np.where(persistent, 1, np.minimum(occupancy.resident, programs))
     # _efficiency
-    k_span = c.bk * c.split
+    k_span = c.k_span
     tile_m, tile_n = m / (m_tiles * c.bm), n / (n_tiles * c.bn)
     tile_k = np.where(k >= k_span, k / (_cdiv(k, k_span) * k_span), k / (k_tiles * c.bk))
     waves = tiles / (programs * sms)
@@ -161,13 +166,14 @@ def tile_terms(c: TileColumns, occupancy: Occupancies, penalty: np.ndarray, p: G
     compute_s = p.flops() / (peak * efficiency) / c.compute_fraction
     # _memory_seconds and _intake_seconds
     rows = np.minimum(m, c.bm)
-    per_program = (rows * c.bk * c.ia + c.bk * c.bn * c.ib) * c.stages_m1
-    programs_per_sm = np.where(persistent, 1.0, np.minimum(occupancy.resident, np.maximum(tiles / sms, 1.0)))
+    per_program = (rows * c.a_step + c.b_step) * c.stages_m1  # integers: their grouping changes nothing
+    per_sm = tiles / sms
+    programs_per_sm = np.where(persistent, 1.0, np.minimum(occupancy.resident, np.maximum(per_sm, 1.0)))
     in_flight = np.minimum(1.0, per_program * programs_per_sm / calibration.bytes_in_flight_per_sm)
-    in_flight = in_flight * (np.minimum(1.0, tiles / sms * ranking.SM_BANDWIDTH_SHARE) * c.row)
+    in_flight = in_flight * (np.minimum(1.0, per_sm * ranking.SM_BANDWIDTH_SHARE) * c.row)
     intake_s = programs * ((rows * c.ia + np.minimum(n, c.bn) * c.ib) * _cdiv(k, c.split)) / c.port
     memory_s = _soft_max(p.bytes() / (bandwidth * in_flight), intake_s, 6) / c.bandwidth_fraction
-    reduce_s = np.where(c.split > 1, 2 * c.split * p.batch * m * n * 4 / bandwidth + calibration.launch_s, 0.0)
+    reduce_s = np.where(c.split > 1, c.split * (2 * p.batch * m * n * 4) / bandwidth + calibration.launch_s, 0.0)
     # _chain_seconds
     k_iters = _cdiv(k_tiles, c.split)
     chain_s = np.where(persistent,
