@@ -104,9 +104,14 @@ class GemmScores:
     def score(self, j: int) -> Score:
         made = self._made.get(j)
         if made is None:
-            at = self._at[j]
+            at, table = self._at[j], self._table
             names, index = self._taking.names[at]
-            made = self._made.setdefault(j, Score(self.values[j], dict(zip(names, self._rows()[at, index].tolist()))))
+            if table is None:  # a few read (the pick's, the vendor's beside it): not worth the table
+                terms = self._terms
+                row = [float(terms[name][at]) for name in names]
+            else:
+                row = table[at, index].tolist()
+            made = self._made.setdefault(j, Score(self.values[j], dict(zip(names, row))))
         return made
 
     def rows(self, js: Sequence[int]) -> "ScoreRows":
