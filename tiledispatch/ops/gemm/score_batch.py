@@ -55,27 +55,47 @@ class _Variant:
     penalty: np.ndarray
     host_s: np.ndarray
 
+    def take(self, index: np.ndarray) -> "_Variant":
+        return _Variant(self.occupancy.take(index), self.penalty.take(index), self.host_s.take(index))
+
 
 class _Taking:
-    """The tile configs of a set that take a problem, as columns: those of its class's problems
-    take the same few subsets (realign's configs taken or not, gemv's), each made once."""
+    """Tile configs of a set, as columns: the set's whole, or those that take a problem, which a
+    class's problems share a few of (realign's configs taken or not, split-K's), each taken once
+    from the whole (`take`)."""
 
-    def __init__(self, columns: TileColumns, configs: Sequence[GemmConfig], kernels: Sequence[Any],
-                 arch: Any) -> None:
-        self.columns, self.configs, self._arch = columns, configs, arch
+    def __init__(self, columns: TileColumns, configs: Sequence[GemmConfig],
+                 names: Sequence[tuple[tuple[str, ...], np.ndarray]], present: np.ndarray, arch: Any,
+                 whole: tuple["_Taking", np.ndarray] | None = None) -> None:
+        self.columns, self.configs, self.names, self.present, self._arch = columns, configs, names, present, arch
         self.realign = np.array([c.realign for c in configs], dtype=bool)
-        names = [_names(k.persistent, c.realign) for c, k in zip(configs, kernels)]
-        self.names = [(terms, np.array([_POSITION[name] for name in terms], dtype=np.intp)) for terms in names]
-        # Which columns of the table each config's score has (the value, and its family's terms).
-        self.present = np.array([[name in terms or name == "value" for name in _COLUMNS] + [False] for terms in names],
-                                dtype=bool).reshape(len(names), len(_COLUMNS) + 1)
+        self._whole = whole  # (the set's whole, the rows of it these are)
         self._variants = LruTable(VARIANTS_KEPT)
+
+    @classmethod
+    def of(cls, configs: Sequence[GemmConfig], kernels: Sequence[Any], arch: Any) -> "_Taking":
+        """A set's tile configs, each with its terms' names in `rule_score`'s order and which columns
+        of the table its score has (the value, and its family's terms)."""
+        names = [_names(k.persistent, c.realign) for c, k in zip(configs, kernels)]
+        present = np.array([[name in terms or name == "value" for name in _COLUMNS] + [False] for terms in names],
+                           dtype=bool).reshape(len(names), len(_COLUMNS) + 1)
+        return cls(TileColumns.of(configs, kernels, arch), configs,
+                   [(terms, np.array([_POSITION[name] for name in terms], dtype=np.intp)) for terms in names],
+                   present, arch)
+
+    def take(self, index: np.ndarray) -> "_Taking":
+        return _Taking(self.columns.take(index), [self.configs[i] for i in index.tolist()],
+                       [self.names[i] for i in index.tolist()], self.present.take(index, axis=0), self._arch,
+                       (self, index))
 
     def variant(self, p: GemmProblem) -> _Variant:
         return self._variants.get_or_make((p.layout, p.alignment.unaligned_operands), lambda: self._made_variant(p))
 
     def _made_variant(self, p: GemmProblem) -> _Variant:
         """Realign configs load vectors (from their copies) whatever the problem's operands."""
+        if self._whole is not None:
+            whole, index = self._whole
+            return whole.variant(p).take(index)
         c, arch = self.columns, self._arch
         occupancy = c.vectors if p.alignment.a and p.alignment.b else c.vectors.where(self.realign, c.elements)
         return _Variant(occupancy, np.array([ranking.layout_penalty(config, p) for config in self.configs]),
@@ -163,21 +183,19 @@ class GemmScoreBatch:
         self._tile = [-1] * len(self._configs)  # each config's row among the tile configs (-1: scored alone)
         for row, i in enumerate(tiles):
             self._tile[i] = row
-        self._columns = TileColumns.of([self._configs[i] for i in tiles], [self._kernels[i] for i in tiles], arch)
+        self._whole = _Taking.of([self._configs[i] for i in tiles], [self._kernels[i] for i in tiles], arch)
         self._takings = LruTable(TAKINGS_KEPT)
 
-    def _taking(self, tile_rows: tuple[int, ...], rows: Sequence[int]) -> _Taking:
-        def make() -> _Taking:
-            tiled = [i for i in rows if self._tile[i] >= 0]
-            return _Taking(self._columns.take(np.array(tile_rows, dtype=np.intp)), [self._configs[i] for i in tiled],
-                           [self._kernels[i] for i in tiled], self._arch)
-        return self._takings.get_or_make(tile_rows, make)
+    def _taking(self, tile_rows: tuple[int, ...]) -> _Taking:
+        if len(tile_rows) == len(self._whole.configs):
+            return self._whole
+        return self._takings.get_or_make(tile_rows, lambda: self._whole.take(np.array(tile_rows, dtype=np.intp)))
 
     def scores(self, rows: Sequence[int], p: GemmProblem) -> GemmScores:
         """`rule_score` of each config at `rows`, which take `p`."""
         arch, tile = self._arch, self._tile
         tile_rows = tuple(tile[i] for i in rows if tile[i] >= 0)
-        taking = self._taking(tile_rows, rows)
+        taking = self._taking(tile_rows)
         variant = taking.variant(p)
         terms = tile_terms(taking.columns, variant.occupancy, variant.penalty, p, arch)
         modelled_us, device = terms["modelled"] * 1e6, terms["device_score"]
