@@ -9,6 +9,7 @@ and of a model's shortlist, not the 80 others'.
 
 from __future__ import annotations
 
+import functools
 from collections import abc
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -46,6 +47,15 @@ _POSITION = {name: i for i, name in enumerate(_COLUMNS)}
 _NOWHERE = len(_COLUMNS)
 
 
+@functools.cache
+def _kind(persistent: bool, realigned: bool) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+    """(its terms' names, their columns in the table, which of the table's columns its score has) of a
+    tile config: one of four, shared by every config of a set."""
+    names = _names(persistent, realigned)
+    return (names, np.array([_POSITION[name] for name in names], dtype=np.intp),
+            np.array([name in names or name == "value" for name in _COLUMNS] + [False], dtype=bool))
+
+
 @dataclass(frozen=True)
 class _Variant:
     """What the tile rows' scores read of a problem beyond its sizes: each config's occupancy (its
@@ -64,29 +74,24 @@ class _Taking:
     class's problems share a few of (realign's configs taken or not, split-K's), each taken once
     from the whole (`take`)."""
 
-    def __init__(self, columns: TileColumns, configs: Sequence[GemmConfig],
-                 names: Sequence[tuple[tuple[str, ...], np.ndarray]], present: np.ndarray, arch: Any,
+    def __init__(self, columns: TileColumns, configs: Sequence[GemmConfig], kinds: Sequence[tuple], arch: Any,
                  whole: tuple["_Taking", np.ndarray] | None = None) -> None:
-        self.columns, self.configs, self.names, self.present, self._arch = columns, configs, names, present, arch
+        self.columns, self.configs, self.kinds, self._arch = columns, configs, kinds, arch  # kinds: `_kind`s
         self.realign = np.array([c.realign for c in configs], dtype=bool)
+        self.present = np.array([kind[2] for kind in kinds], dtype=bool).reshape(len(kinds), len(_COLUMNS) + 1)
         self._whole = whole  # (the set's whole, the rows of it these are)
         self._variants = LruTable(VARIANTS_KEPT)
 
     @classmethod
     def of(cls, configs: Sequence[GemmConfig], kernels: Sequence[Any], arch: Any) -> "_Taking":
-        """A set's tile configs, each with its terms' names in `rule_score`'s order and which columns
-        of the table its score has (the value, and its family's terms)."""
-        names = [_names(k.persistent, c.realign) for c, k in zip(configs, kernels)]
-        present = np.array([[name in terms or name == "value" for name in _COLUMNS] + [False] for terms in names],
-                           dtype=bool).reshape(len(names), len(_COLUMNS) + 1)
+        """A set's tile configs, each of its `_kind`."""
         return cls(TileColumns.of(configs, kernels, arch), configs,
-                   [(terms, np.array([_POSITION[name] for name in terms], dtype=np.intp)) for terms in names],
-                   present, arch)
+                   [_kind(k.persistent, c.realign) for c, k in zip(configs, kernels)], arch)
 
     def take(self, index: np.ndarray) -> "_Taking":
-        return _Taking(self.columns.take(index), [self.configs[i] for i in index.tolist()],
-                       [self.names[i] for i in index.tolist()], self.present.take(index, axis=0), self._arch,
-                       (self, index))
+        rows = index.tolist()
+        return _Taking(self.columns.take(index), [self.configs[i] for i in rows], [self.kinds[i] for i in rows],
+                       self._arch, (self, index))
 
     def variant(self, p: GemmProblem) -> _Variant:
         return self._variants.get_or_make((p.layout, p.alignment.unaligned_operands), lambda: self._made_variant(p))
@@ -125,7 +130,7 @@ class GemmScores:
         made = self._made.get(j)
         if made is None:
             at, table = self._at[j], self._table
-            names, index = self._taking.names[at]
+            names, index, _ = self._taking.kinds[at]
             if table is None:  # a few read (the pick's, the vendor's beside it): not worth the table
                 terms = self._terms
                 row = [float(terms[name][at]) for name in names]
