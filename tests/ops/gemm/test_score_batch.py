@@ -100,3 +100,18 @@ def test_a_models_features_read_from_the_table_are_the_scores():
                                           model.featurizer.matrix(problem, configs, target, list(scores.rows(js))))
             featurized += 1
     assert featurized >= 3
+
+
+def test_a_problem_past_exact_int64_columns_is_scored_config_by_config():
+    """Past EXACT_FLOPS the model's integers may pass 2**53 (or int64): each config takes rule_score."""
+    target = arch.load("sm_90")
+    registry = Registry.from_rule_sets([OpKind.GEMM], RuleSet.DEFAULT, target)
+    for m in (2**17, 2**30):
+        problem = GemmProblem(m, 2**30, 2**30, 4, GemmTypes.parse("bf16"), GemmLayout.parse("rcr"))
+        specs = registry.candidates(OpKind.GEMM, problem)
+        candidates = CandidateSet(GEMM, specs, target)
+        rows = [i for i, reason in enumerate(candidates.refusals(problem)) if reason is None]
+        assert problem.flops() >= score_batch.EXACT_FLOPS and rows
+        scores = candidates.scores(rows, problem)
+        assert [scores.score(j) for j in range(len(rows))] == [ranking.rule_score(specs[i].config, problem, target)
+                                                               for i in rows]

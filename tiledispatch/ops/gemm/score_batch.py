@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core.candidate_set import ScoreList
 from ...core.memo import LruTable
 from ...core.op import Score
 from . import ranking
@@ -25,6 +26,10 @@ from .family import FAMILIES
 from .problem import GemmProblem
 from .tile_batch import Occupancies, TileColumns, power_of, tile_terms
 
+# Below this many FLOPs every integer the tile model forms (tiles, bytes a program, split-K's partial
+# sums) stays under 2**53, where int64 columns hold and convert it as Python's ints do; a larger
+# problem (a 200k-cubed GEMM) is scored config by config.
+EXACT_FLOPS = 2**53
 # Kept a set: the subsets of its tile configs that take its problems (`_Taking`; a class's take a
 # few), and for each what its rows read of a problem beyond its sizes (`_Variant`), by (layout,
 # unaligned operands): a class's problems have a handful.
@@ -40,7 +45,7 @@ def _names(persistent: bool, realigned: bool) -> tuple[str, ...]:
             + ("device_score", "host_us", "call_us"))
 
 
-# The columns of `GemmScores`' table: every term, the score's value (`features.score_values`), and
+# The columns of `GemmScores`' table: every term, the score's value (`features.score_values`), and a
 # last one of NaN, which a name no tile config's score has reads.
 _COLUMNS = _names(True, True) + ("value",)
 _POSITION = {name: i for i, name in enumerate(_COLUMNS)}
@@ -122,7 +127,7 @@ class GemmScores:
         """The tile configs' table (NaN where a score has no such term), made once, when first read
         (two threads: either's)."""
         if self._table is None:
-            columns = [self._terms[name] for name in _COLUMNS]
+            columns = [self._terms[name] for name in _COLUMNS]  # and any last one, which `present` makes NaN
             self._table = np.where(self._taking.present, np.column_stack(columns + [columns[0]]), np.nan)
         return self._table
 
@@ -196,9 +201,11 @@ class GemmScoreBatch:
             return self._whole
         return self._takings.get_or_make(tile_rows, lambda: self._whole.take(np.array(tile_rows, dtype=np.intp)))
 
-    def scores(self, rows: Sequence[int], p: GemmProblem) -> GemmScores:
+    def scores(self, rows: Sequence[int], p: GemmProblem) -> GemmScores | ScoreList:
         """`rule_score` of each config at `rows`, which take `p`."""
         arch, tile = self._arch, self._tile
+        if p.flops() >= EXACT_FLOPS:
+            return ScoreList([ranking.rule_score(self._configs[i], p, arch) for i in rows])
         tile_rows = tuple(tile[i] for i in rows if tile[i] >= 0)
         taking = self._taking(tile_rows)
         variant = taking.variant(p)
