@@ -116,9 +116,11 @@ class Ranking:
         rule score, ties in registry order, as a rules ranking sorts them), whoever ordered
         `accepted`; None where `keep` takes none. A dispatcher whose registry holds only the kept
         kernels would rank it first: one ranking answers for both."""
+        if self.model is None:  # the rules' order: the first kept (the rest need not be made)
+            return next((c for c in self.accepted if keep(c)), None)
         kept = [c for c in self.accepted if keep(c)]
-        if self.model is None or not kept:
-            return kept[0] if kept else None
+        if not kept:
+            return None
         position = {spec.name: i for i, spec in enumerate(self.specs)}
         return max(kept, key=lambda c: (c.score.value, -position[c.spec.name]))
 
