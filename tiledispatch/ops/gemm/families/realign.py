@@ -48,7 +48,10 @@ def _twin(config: GemmConfig) -> GemmConfig:
 
 @functools.lru_cache(maxsize=64)
 def _realigned(problem: GemmProblem) -> GemmProblem:
-    return replace(problem, alignment=problem.alignment.realigned())
+    """The problem on the copies: itself where every operand is aligned (most problems, which a
+    ranking asks of each realign group), not a copy made through its checks."""
+    return replace(problem, alignment=problem.alignment.realigned()) if problem.alignment.unaligned_operands \
+        else problem
 
 
 def variant(family: GemmFamily) -> GemmFamily:
