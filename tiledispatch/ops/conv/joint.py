@@ -71,13 +71,22 @@ def both_gradients(dy, x, w, geometry: tuple, dispatcher, with_bias: bool) -> tu
     return dx, dw, dbias if with_bias else None
 
 
+def _geometry(options: tuple) -> dict:
+    stride, padding, dilation, groups, allow_tf32 = options
+    return dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
+
+
+def _gradients(dy, x, w, options: tuple) -> tuple[ConvOperands, ConvOperands]:
+    """The checked operands of dx's and dw's convs (backward-data, backward-weight)."""
+    geometry = _geometry(options)
+    return (check_operands(Direction.BWD_DATA, dy=dy, w=w, input_size=tuple(x.shape), **geometry),
+            check_operands(Direction.BWD_WEIGHT, x=x, dy=dy, weight_size=tuple(w.shape), **geometry))
+
+
 def _decide(dispatcher, dy, x, w, options: tuple):
     """A JointVendor where each direction's pick for eager calls is the vendor on a plain call, else
     _SEPARATE."""
-    stride, padding, dilation, groups, allow_tf32 = options
-    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
-    data = check_operands(Direction.BWD_DATA, dy=dy, w=w, input_size=tuple(x.shape), **geometry)
-    weight = check_operands(Direction.BWD_WEIGHT, x=x, dy=dy, weight_size=tuple(w.shape), **geometry)
+    data, weight = _gradients(dy, x, w, options)
     weighed = False
     for operands in (data, weight):
         if operands.converted or operands.problem.wide_offsets:
@@ -130,14 +139,11 @@ def native_decision(x, w, bias, geometry: tuple, dispatcher) -> NativeVendor | N
 
 
 def _decide_native(dispatcher, x, w, bias, options: tuple):
-    stride, padding, dilation, groups, allow_tf32 = options
-    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, allow_tf32=allow_tf32)
-    forward = check_operands(Direction.FORWARD, x=x, w=w, bias=bias, **geometry)
+    forward = check_operands(Direction.FORWARD, x=x, w=w, bias=bias, **_geometry(options))
     p = forward.problem
     shaped_x, shaped_w = (channels_last_empty(tuple(t.shape), t.dtype, "meta") for t in (x, w))
     dy = channels_last_empty((p.n, p.k, *p.output_size), x.dtype, "meta")
-    data = check_operands(Direction.BWD_DATA, dy=dy, w=shaped_w, input_size=tuple(x.shape), **geometry)
-    weight = check_operands(Direction.BWD_WEIGHT, x=shaped_x, dy=dy, weight_size=tuple(w.shape), **geometry)
+    data, weight = _gradients(dy, shaped_x, shaped_w, options)
     if any(o.converted or o.problem.wide_offsets for o in (forward, data, weight)):
         return _SEPARATE
     weighed = native_for_recorded(dispatcher, (p, data.problem, weight.problem), x.device)
