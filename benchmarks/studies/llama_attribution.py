@@ -1,0 +1,86 @@
+"""Which of tiledispatch's ops costs the Llama workloads their time against PyTorch (GPU).
+
+benchmarks/models.py's Llama prefill and decode, each step timed four ways in turns
+(bench.timing.interleaved_medians), all with the same weights:
+
+    pytorch     PyTorch's modules and SDPA
+    linears     tiledispatch.nn's Linear (tiledispatch.nn.patch), SDPA's attention
+    attention   PyTorch's Linear, tiledispatch.attention through transformers' interface
+    both        both, as models.py runs "tiledispatch"
+
+A ratio of 1.0 means the variant costs what PyTorch's model does; the ratios of `linears` and
+`attention` say which op a gap of `both` comes from. Modes: eager inference and, for the
+prefill, a training step (forward, loss, backward), as models.py times them.
+
+    python benchmarks/studies/llama_attribution.py [--models llama_prefill,llama_decode] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import models  # noqa: E402  (benchmarks/models.py)
+from tiledispatch.bench.timing import interleaved_medians  # noqa: E402
+
+VARIANTS = ("pytorch", "linears", "attention", "both")
+
+
+def variants(work, setting) -> dict:
+    """The four models of one workload, each of the reference's weights in the run's dtype."""
+    torch.manual_seed(0)
+    with torch.device(setting.device):
+        reference = work.build(setting).to(setting.dtype).eval()
+    out = {}
+    for name in VARIANTS:
+        model = copy.deepcopy(reference)
+        if name in ("linears", "both"):
+            models.use_tiledispatch(model)
+        if name in ("attention", "both"):
+            models.route_attention(model)
+        out[name] = model
+    return out
+
+
+def step(mode: str, work, model, inputs):
+    if mode == "train":
+        model.train()
+        return models.train_step(model, work, inputs)
+    model.eval()
+    return work.session(model, model, inputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="llama_prefill,llama_decode")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    setting = models.GPU
+    table = models.workloads(smoke=False)
+    for name in args.models.split(","):
+        work = table[name]
+        built = variants(work, setting)
+        inputs = work.inputs(setting)
+        for mode in ("eager", "train") if name == "llama_prefill" else ("eager",):
+            with torch.set_grad_enabled(mode == "train"):
+                steps = {v: step(mode, work, m, inputs) for v, m in built.items()}
+                for fn in steps.values():  # first sights, compiles and cuDNN plans outside the clock
+                    for _ in range(3):
+                        fn()
+                torch.cuda.synchronize()
+                samplers = {v: models.sampler(fn, setting) for v, fn in steps.items()}
+                medians = interleaved_medians(samplers, rounds=args.rounds)
+            base = medians["pytorch"]
+            line = "  ".join(f"{v} {medians[v]:.3f} ms ({base / medians[v]:.3f}x)" for v in VARIANTS)
+            print(f"{name} {mode}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
