@@ -248,5 +248,32 @@ def test_a_plain_inference_call_replays_under_its_raw_options():
         other = tiledispatch.attention(q, k, v, causal=False, softcap=2.0, dispatcher=d)
         assert torch.equal(other, _checked_forward(d, q, k, v, causal=False, softcap=2.0).out)
         assert not torch.equal(other, out)
-    assert fastpath.plain_key(q.requires_grad_(), k, v, (None,) * 4, True, None, None, None, False, None) is None
     assert fastpath.plain_key(q, k, v, (None,) * 4, True, [1, 0], None, None, False, None) is None  # unhashable
+    recorded = fastpath.plain_key(q.requires_grad_(), k, v, (None,) * 4, True, None, None, None, False, None)
+    assert recorded[1] is True and recorded != plain  # a recorded call is its own key
+    with torch.no_grad():
+        assert fastpath.plain_key(q, k, v, (None,) * 4, True, None, None, None, False, None)[1] is False
+    bias = randn(1, 2, 17, 17)
+    assert fastpath.plain_key(q, k, v, (bias, None, None, None), True, None, None, None, False, None) is None
+    assert fastpath.plain_key(q.detach(), k, v, (bias.requires_grad_(), None, None, None), True, None, None, None,
+                              False, None) is None  # the bias's gradient: the checked path
+
+
+def test_a_plain_recorded_call_off_cudnn_keeps_the_checked_path_and_its_gradients():
+    """A recorded plain call that cuDNN's op cannot take (here: the CPU) is remembered as such
+    under its raw options, and each call runs the checked path, whose output and gradients are the
+    float64 reference's to fp16's tolerance."""
+    d = SpyDispatcher(("fwd", "bwd"))
+    q, k, v = (randn(1, 2, 17, 32).requires_grad_() for _ in range(3))
+    for _ in range(2):
+        out = tiledispatch.attention(q, k, v, causal=True, dispatcher=d)
+    plain = fastpath.plain_key(q, k, v, (None,) * 4, True, None, None, None, False, None)
+    assert d.memo(plain, lambda: pytest.fail("no plain entry")) is None
+    dout = randn(*out.shape)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+    want_grads = torch.autograd.grad(want, leaves, dout.double())
+    torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=2e-3)  # fp16 inputs and outputs
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=1e-2)

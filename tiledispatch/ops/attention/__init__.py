@@ -13,6 +13,7 @@ from dataclasses import replace
 import torch
 
 from ...core.dispatcher import dispatcher_or_default
+from ...core.hostcost import capturing
 from ...core.op import OpDefinition, register
 from .config import AnyAttentionConfig, AttentionConfig, Family, VendorConfig
 from . import families  # noqa: F401  (registers the kernel families)
@@ -20,7 +21,7 @@ from . import fastpath
 from .arguments import parse_causal, parse_window
 from .function import bound_forward, forward, read_call, recorded
 from .inputs import check_output, reference_output, tuning_operands
-from .native import native_forward
+from .native import native_decision, native_forward
 from .operands import AttentionOperands, AttentionOptions, check_operands
 from .plan import AttentionGrads, AttentionResult, kernel_units, plan
 from .problem import (
@@ -93,13 +94,19 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
             and scale_q is None and scale_k is None and scale_v is None and not torch.compiler.is_dynamo_compiling()):
         plain = fastpath.plain_key(q, k, v, (bias, mask, alibi_slopes, sinks), causal, window, scale, softcap,
                                    deterministic, kernel, backward_kernel)
-    if plain is not None:  # a plain inference call: its bound forward, found under the raw options
+    if plain is not None:  # a plain call: its bound forward or cuDNN's own op, found under the raw options
         chosen = dispatcher_or_default(dispatcher, q)
-        bound = chosen.memo(plain, lambda: _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window,
-                                                        scale, softcap, deterministic, kernel, backward_kernel,
-                                                        dispatcher))
-        if bound is not None:
-            return bound(q, k, v, bias, mask, alibi_slopes, sinks, 0, 0).out
+        if plain[1]:  # autograd records it
+            native = chosen.memo(plain, lambda: _plain_native(q, k, v, causal, window, scale, softcap,
+                                                              deterministic, kernel, backward_kernel, dispatcher))
+            if native is not None and not (native.weighed and capturing()):
+                return native(q, k, v)
+        else:
+            bound = chosen.memo(plain, lambda: _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal,
+                                                            window, scale, softcap, deterministic, kernel,
+                                                            backward_kernel, dispatcher))
+            if bound is not None:
+                return bound(q, k, v, bias, mask, alibi_slopes, sinks, 0, 0).out
     call, grad, with_lse = read_call(
         q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale, softcap=softcap, dropout_p=dropout_p,
         dropout_seed=dropout_seed, dropout_offset=dropout_offset, return_lse=return_lse,
@@ -134,6 +141,17 @@ def _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window, scale
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes, "cu_seqlens_q": None,
                "cu_seqlens_k": None, "scale_q": None, "scale_k": None, "scale_v": None}
     return bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel)
+
+
+def _plain_native(q, k, v, causal, window, scale, softcap, deterministic, kernel, backward_kernel, dispatcher):
+    """cuDNN's own op for a plain recorded call (no bias, mask, ALiBi or sinks), or None: the
+    checked path takes it. Every option is read and checked as `attention()` reads them; whether
+    a capture runs the twin instead is asked on each call (`CudnnAttention.weighed`)."""
+    call, _, _ = read_call(q, k, v, None, None, None, None, causal=causal, window=window, scale=scale,
+                           softcap=softcap, dropout_p=0.0, dropout_seed=None, dropout_offset=0, return_lse=False,
+                           deterministic=deterministic, kernel=kernel, backward_kernel=backward_kernel,
+                           dispatcher=dispatcher)
+    return native_decision(q, k, v, call)
 
 
 __all__ = [

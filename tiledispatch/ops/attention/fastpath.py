@@ -121,19 +121,21 @@ def forward_key(q, k, v, optional: tuple, options: AttentionOptions, kernel, sca
 
 def plain_key(q, k, v, optional: tuple, causal, window, scale, softcap, deterministic, kernel,
               backward_kernel=None) -> tuple | None:
-    """The signature of a plain inference call written as the caller wrote it, before any option
-    is read: the tensors' metas and the raw options with their types (one reading of equal raw
-    options gives equal options). None where the call is not plain, or not keyable: then
-    `attention()` reads every option, as a first sight does. Plain: nothing autograd records,
-    no dropout, LSE, varlen or fp8 scales (the caller checks those it passes alone)."""
+    """The signature of a plain call written as the caller wrote it, before any option is read:
+    the tensors' metas, whether autograd records the call, and the raw options with their types
+    (one reading of equal raw options gives equal options). None where the call is not plain, or
+    not keyable: then `attention()` reads every option, as a first sight does. Plain: no dropout,
+    LSE, varlen or fp8 scales (the caller checks those it passes alone), and a recorded call has
+    none of bias, mask, ALiBi and sinks (cuDNN's own op takes it or the checked path does)."""
     metas, extra = _metas((q, k, v)), _optional_metas(optional)
     if metas is None or extra is None:
         return None
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(
-            t is not None and t.requires_grad for t in optional)):
+    recorded = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if recorded and extra is not _NO_OPTIONAL or torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in optional):
         return None
     raw = (causal, window, scale, softcap, deterministic, kernel, backward_kernel)  # each checked on first sight
-    key = ("attention-plain", metas, extra, (q is k, q is v, k is v), raw, tuple(map(type, raw)),
+    key = ("attention-plain", recorded, metas, extra, (q is k, q is v, k is v), raw, tuple(map(type, raw)),
            tuple(map(type, window)) if type(window) is tuple else None)
     try:
         hash(key)

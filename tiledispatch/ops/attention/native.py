@@ -24,6 +24,7 @@ from ...core.hostcost import capturing, native_for_recorded
 from ...core.replay import tensor_meta
 from .config import Family
 from .problem import Direction, MaskKind
+from .vendor import CUDNN_FORWARD
 
 _SEPARATE = object()  # a signature the op's twin runs
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -40,14 +41,20 @@ class CudnnAttention:
 
     def __call__(self, q, k, v) -> torch.Tensor:
         # (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask)
-        out, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, self.causal, False,
-                                                                     scale=self.scale)
+        out, *_ = CUDNN_FORWARD(q, k, v, None, True, 0.0, self.causal, False, scale=self.scale)
         return out
 
 
 def native_forward(q, k, v, call) -> CudnnAttention | None:
     """cuDNN's op for a plain recorded call (`call`: function.Call, its options read and checked), or
     None: the op's twin runs it."""
+    native = native_decision(q, k, v, call)
+    return None if native is None or native.weighed and capturing() else native
+
+
+def native_decision(q, k, v, call) -> CudnnAttention | None:
+    """native_forward's answer outside a capture: cuDNN's op, or None where the twin runs the call
+    whatever the capture."""
     o = call.options
     if (call.dispatcher is None or call.traced or call.kernel is not None or call.backward_kernel is not None
             or type(q) is not torch.Tensor or not q.is_cuda or q.dtype not in _DTYPES or o.window is not None
@@ -56,7 +63,7 @@ def native_forward(q, k, v, call) -> CudnnAttention | None:
         return None
     key = ("attention-native", tensor_meta(q), tensor_meta(k), tensor_meta(v), o)
     native = call.dispatcher.memo(key, lambda: _decide(call, q, k, v))
-    return None if native is _SEPARATE or native.weighed and capturing() else native
+    return None if native is _SEPARATE else native
 
 
 def _decide(call, q, k, v):

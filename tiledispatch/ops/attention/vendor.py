@@ -106,12 +106,17 @@ def mask_bias(mask: torch.Tensor, q: torch.Tensor, full: tuple[int, int, int, in
     return rows.expand(full)
 
 
+# cuDNN's forward op by its C++ binding in torch's namespace, where this torch has one: the
+# torch.ops packet resolves its overload in Python on every call (3-7 us of host time a call).
+CUDNN_FORWARD = getattr(torch, "_scaled_dot_product_cudnn_attention", None) or \
+    torch.ops.aten._scaled_dot_product_cudnn_attention
+
+
 def cudnn_forward_op(q, k, v, scale: float, causal: bool, keep_lse: bool = True,
                      bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cuDNN's forward: (out in Q's layout, LSE (B, H, S, 1) fp32 when `keep_lse`), `bias` added to the scores."""
     # (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask)
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias, keep_lse, 0.0, causal, False,
-                                                                      scale=scale)
+    out, lse, *_ = CUDNN_FORWARD(q, k, v, bias, keep_lse, 0.0, causal, False, scale=scale)
     return out, lse
 
 
