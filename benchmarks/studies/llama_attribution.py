@@ -10,7 +10,9 @@ benchmarks/models.py's Llama prefill and decode, each step timed four ways in tu
 
 A ratio of 1.0 means the variant costs what PyTorch's model does; the ratios of `linears` and
 `attention` say which op a gap of `both` comes from. Modes: eager inference and, for the
-prefill, a training step (forward, loss, backward), as models.py times them.
+prefill, a training step (forward, loss, backward), as models.py times them. Each mode first
+prints what its first attention call got from transformers (mask, causal, the tensors' strides,
+whether autograd records it) and the node our output carries (cuDNN's own, or our op's twin).
 
     python benchmarks/studies/llama_attribution.py [--models llama_prefill,llama_decode] [--rounds 15]
 """
@@ -31,6 +33,23 @@ import models  # noqa: E402  (benchmarks/models.py)
 from tiledispatch.bench.timing import interleaved_medians  # noqa: E402
 
 VARIANTS = ("pytorch", "linears", "attention", "both")
+SEEN: list[str] = []  # the first attention call of each mode, described
+
+
+def inspected(attend):
+    """models.tiledispatch_attention, describing its first call after SEEN is cleared."""
+    def call(module, query, key, value, attention_mask, *args, **kwargs):
+        out = attend(module, query, key, value, attention_mask, *args, **kwargs)
+        if not SEEN:
+            node, chain = out[0].grad_fn, []
+            while node is not None and len(chain) < 3:  # the copy, the transpose, then the attention's node
+                chain.append(node.name())
+                node = node.next_functions[0][0] if node.next_functions else None
+            SEEN.append(f"mask {None if attention_mask is None else tuple(attention_mask.shape)}, "
+                        f"is_causal {kwargs.get('is_causal')}, q {tuple(query.stride())} k {tuple(key.stride())} "
+                        f"v {tuple(value.stride())}, grad {query.requires_grad}, nodes {' <- '.join(chain) or None}")
+        return out
+    return call
 
 
 def variants(work, setting) -> dict:
@@ -63,6 +82,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     setting = models.GPU
+    models.tiledispatch_attention = inspected(models.tiledispatch_attention)
     table = models.workloads(smoke=False)
     for name in args.models.split(","):
         work = table[name]
@@ -71,6 +91,9 @@ def main() -> None:
         for mode in ("eager", "train") if name == "llama_prefill" else ("eager",):
             with torch.set_grad_enabled(mode == "train"):
                 steps = {v: step(mode, work, m, inputs) for v, m in built.items()}
+                SEEN.clear()
+                steps["attention"]()
+                print(f"{name} {mode}: our attention's first call: {SEEN[0] if SEEN else 'none'}", flush=True)
                 for fn in steps.values():  # first sights, compiles and cuDNN plans outside the clock
                     for _ in range(3):
                         fn()
