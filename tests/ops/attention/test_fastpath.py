@@ -277,3 +277,13 @@ def test_a_plain_recorded_call_off_cudnn_keeps_the_checked_path_and_its_gradient
     torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=2e-3)  # fp16 inputs and outputs
     for got, expected in zip(grads, want_grads):
         torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_signature_metas_read_what_tensor_meta_reads():
+    """`_metas` reads each tensor's meta inline: the same fields as replay.tensor_meta, so a
+    signature means what every other bound call's does; a negated view has none."""
+    from tiledispatch.core.replay import tensor_meta
+    base = randn(2, 3, 17, 32)
+    views = (base, base.transpose(1, 2), base[:, :, 1:], torch.nn.Parameter(base.clone()))
+    assert fastpath._metas(views) == tuple(tensor_meta(t) for t in views)
+    assert fastpath._metas((base, torch._neg_view(base))) is None

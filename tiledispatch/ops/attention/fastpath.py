@@ -58,12 +58,13 @@ def _replayable(t) -> bool:
 
 
 def _metas(tensors: tuple) -> tuple | None:
-    """Each tensor's meta, or None where one is not a plain tensor (`_replayable`)."""
+    """Each tensor's meta (`tensor_meta`, read inline: every call of a seen signature reads it), or
+    None where one is not a plain tensor (`_replayable`)."""
     out = []
     for t in tensors:
-        if not _replayable(t):
+        if type(t) not in PLAIN_TENSORS or t.is_neg() or t.is_conj():
             return None
-        out.append(tensor_meta(t))
+        out.append((t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15))
     return tuple(out)
 
 
@@ -131,8 +132,8 @@ def plain_key(q, k, v, optional: tuple, causal, window, scale, softcap, determin
     if metas is None or extra is None:
         return None
     recorded = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if recorded and extra is not _NO_OPTIONAL or torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in optional):
+    if extra is not _NO_OPTIONAL and (recorded or torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in optional)):
         return None
     raw = (causal, window, scale, softcap, deterministic, kernel, backward_kernel)  # each checked on first sight
     key = ("attention-plain", recorded, metas, extra, (q is k, q is v, k is v), raw, tuple(map(type, raw)),
