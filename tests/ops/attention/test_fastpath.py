@@ -287,3 +287,25 @@ def test_signature_metas_read_what_tensor_meta_reads():
     views = (base, base.transpose(1, 2), base[:, :, 1:], torch.nn.Parameter(base.clone()))
     assert fastpath._metas(views) == tuple(tensor_meta(t) for t in views)
     assert fastpath._metas((base, torch._neg_view(base))) is None
+
+
+def test_a_plain_recorded_call_weighed_to_cudnn_runs_the_twin_in_a_capture(monkeypatch):
+    """Where a pick of ours was weighed away for cuDNN's op (`CudnnAttention.weighed`), a CUDA graph
+    capture runs the twin, which replays the device's picks: the plain key's answer is asked about
+    the capture on every call, not once."""
+    import tiledispatch.ops.attention as attention_op
+
+    class Weighed:
+        weighed, calls = True, 0
+
+        def __call__(self, q, k, v):
+            Weighed.calls += 1
+            return q
+    d = SpyDispatcher(("fwd", "bwd"))
+    q, k, v = (randn(1, 2, 17, 32).requires_grad_() for _ in range(3))
+    plain = fastpath.plain_key(q, k, v, (None,) * 4, True, None, None, None, False, None)
+    d.memo(plain, Weighed)
+    assert tiledispatch.attention(q, k, v, causal=True, dispatcher=d) is q and Weighed.calls == 1
+    monkeypatch.setattr(attention_op, "capturing", lambda: True)
+    out = tiledispatch.attention(q, k, v, causal=True, dispatcher=d)
+    assert Weighed.calls == 1 and out is not q and out.grad_fn is not None  # the twin ran it
