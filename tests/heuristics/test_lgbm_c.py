@@ -39,6 +39,11 @@ def test_the_c_library_predicts_as_the_package_does(path):
     matrix[rng.random(matrix.shape) < 0.05] = np.nan  # a missing value is a feature's too
     assert np.array_equal(ours.predict(matrix, num_threads=1), theirs.predict(matrix, num_threads=1))
     assert ours.model_to_string() == text
+    # A ranking's few rows go one by one through the single-row path, more in one call: the same numbers.
+    many = np.concatenate([matrix] * 3)
+    assert len(many) > lgbm_c.FAST_ROWS >= len(matrix)
+    assert np.array_equal(ours.predict(many, num_threads=1)[:16], ours.predict(many[:16], num_threads=1))
+    assert np.array_equal(ours.predict(matrix[::2], num_threads=1), theirs.predict(matrix[::2], num_threads=1))
     with pytest.raises(ValueError, match="features"):
         ours.predict(matrix[:, :-1])
 

@@ -261,6 +261,7 @@ class Featurizer:
         self._groups = {source: [(i, c) for i, c in enumerate(spec.columns) if c.source is source]
                         for source in Source}
         self._index = {source: np.array([i for i, _ in group], dtype=np.intp) for source, group in self._groups.items()}
+        self._config_at = np.concatenate([self._index[Source.CONFIG], self._index[Source.KERNEL]])  # `_config_row`'s
         # The score columns: each score's terms read by name in one `map` (NaN where a term is
         # missing), then the column of the score's own value, where the spec has one, filled in.
         score_paths = [c.path for _, c in self._groups[Source.SCORE]]
@@ -270,7 +271,7 @@ class Featurizer:
         # config hashes its nested fields each time, which costs more than the lookup saves; the
         # entry holds the config, so its id is not reused while it is kept.
         self._configs: dict[int, tuple[Any, np.ndarray]] = {}
-        self._arch: dict[Any, np.ndarray] = {}
+        self._arch: dict[Any, np.ndarray] = {}  # see _arch_row
         # (problem, its PROBLEM columns, the categories it holds that the spec does not know),
         # for the last problem read: the model's source asks `unknown_categories` of the very
         # problem `matrix` then reads, so it is flattened once. Replaced whole: thread-safe.
@@ -348,17 +349,14 @@ class Featurizer:
         elif len(scores) != len(configs):
             raise ValueError(f"scores: {len(scores)} rule scores for {len(configs)} configs; give one per config, "
                              "in order, or None to compute them")
-        out = np.empty((len(configs), len(self.spec.columns)), dtype=np.float64)
         index = self._index
-        out[:, index[Source.PROBLEM]] = self._problem(problem)[1]
-        out[:, index[Source.DERIVED]] = self._encode((Source.DERIVED,), (derived_values(problem),))
-        arch_row = self._arch.get(arch)
-        if arch_row is None:
-            arch_row = self._arch[arch] = self._encode((Source.ARCH,), (arch_values(arch),))
-        out[:, index[Source.ARCH]] = arch_row
+        row = self._arch_row(arch).copy()
+        row[index[Source.PROBLEM]] = self._problem(problem)[1]
+        row[index[Source.DERIVED]] = self._encode((Source.DERIVED,), (derived_values(problem),))
+        out = np.empty((len(configs), len(row)), dtype=np.float64)
+        out[:] = row
         if configs:
-            out[:, np.concatenate([index[Source.CONFIG], index[Source.KERNEL]])] = \
-                np.stack([self._config_row(c) for c in configs])
+            out[:, self._config_at] = np.array([self._config_row(c) for c in configs])
         paths = self._score_paths
         table = getattr(scores, "table", None)
         if paths and configs and table is not None:  # the op's own table of them (GEMM's): no Score made
@@ -370,3 +368,13 @@ class Featurizer:
                 block[:, self._value_at] = [s.value for s in scores]
             out[:, index[Source.SCORE]] = block
         return out
+
+    def _arch_row(self, arch: Any) -> np.ndarray:
+        """A row of the spec's width with the arch's columns filled (the others NaN): the part of every
+        row of an arch's matrices that no problem or config changes, made once per arch."""
+        row = self._arch.get(arch)
+        if row is None:
+            row = np.full(len(self.spec.columns), math.nan)
+            row[self._index[Source.ARCH]] = self._encode((Source.ARCH,), (arch_values(arch),))
+            self._arch[arch] = row
+        return row

@@ -53,12 +53,11 @@ _NOWHERE = len(_COLUMNS)
 
 
 @functools.cache
-def _kind(persistent: bool, realigned: bool) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-    """(its terms' names, their columns in the table, which of the table's columns its score has) of a
-    tile config: one of four, shared by every config of a set."""
+def _kind(persistent: bool, realigned: bool) -> tuple[tuple[str, ...], np.ndarray]:
+    """(its terms' names, which of the table's columns its score has) of a tile config: one of four,
+    shared by every config of a set."""
     names = _names(persistent, realigned)
-    return (names, np.array([_POSITION[name] for name in names], dtype=np.intp),
-            np.array([name in names or name == "value" for name in _COLUMNS] + [False], dtype=bool))
+    return names, np.array([name in names or name == "value" for name in _COLUMNS] + [False], dtype=bool)
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,10 @@ class _Taking:
                  whole: tuple["_Taking", np.ndarray] | None = None) -> None:
         self.columns, self.configs, self.kinds, self._arch = columns, configs, kinds, arch  # kinds: `_kind`s
         self.realign = np.array([c.realign for c in configs], dtype=bool)
-        self.present = np.array([kind[2] for kind in kinds], dtype=bool).reshape(len(kinds), len(_COLUMNS) + 1)
+        self.present = np.array([kind[1] for kind in kinds], dtype=bool).reshape(len(kinds), len(_COLUMNS) + 1)
         self._whole = whole  # (the set's whole, the rows of it these are)
         self._variants = LruTable(VARIANTS_KEPT)
+        self._present: dict[tuple[str, ...], tuple[list[int], np.ndarray]] = {}  # see present_of
 
     @classmethod
     def of(cls, configs: Sequence[GemmConfig], kernels: Sequence[Any], arch: Any) -> "_Taking":
@@ -97,6 +97,15 @@ class _Taking:
         rows = index.tolist()
         return _Taking(self.columns.take(index), [self.configs[i] for i in rows], [self.kinds[i] for i in rows],
                        self._arch, (self, index))
+
+    def present_of(self, names: tuple[str, ...]) -> tuple[list[int], np.ndarray]:
+        """(each name's column in the table, which configs' scores have it, a row a config): a model
+        reads the same names for every problem of a set. Replaced whole where two threads make it."""
+        made = self._present.get(names)
+        if made is None:
+            positions = [_POSITION.get(name, _NOWHERE) for name in names]
+            made = self._present[names] = (positions, self.present[:, positions])
+        return made
 
     def variant(self, p: GemmProblem) -> _Variant:
         return self._variants.get_or_make((p.layout, p.alignment.unaligned_operands), lambda: self._made_variant(p))
@@ -114,34 +123,21 @@ class _Taking:
 
 class GemmScores:
     """One problem's scores of the configs asked for (`core.candidate_set.Scores`): the tile
-    configs' as a table, a `Score` made of a row when read; the others' made already."""
+    configs' as their terms' columns, a `Score` made of a config's row when read; the others' made
+    already."""
 
-    __slots__ = ("values", "_made", "_at", "_terms", "_taking", "_table")
+    __slots__ = ("values", "_made", "_at", "_terms", "_taking")
 
     def __init__(self, values: list[float], made: dict[int, Score], at: list[int], terms: dict[str, np.ndarray],
                  taking: _Taking) -> None:
         self.values, self._made, self._at, self._terms, self._taking = values, made, at, terms, taking
-        self._table: np.ndarray | None = None
-
-    def _rows(self) -> np.ndarray:
-        """The tile configs' table (NaN where a score has no such term), made once, when first read
-        (two threads: either's)."""
-        if self._table is None:
-            columns = [self._terms[name] for name in _COLUMNS]  # and any last one, which `present` makes NaN
-            self._table = np.where(self._taking.present, np.column_stack(columns + [columns[0]]), np.nan)
-        return self._table
 
     def score(self, j: int) -> Score:
         made = self._made.get(j)
         if made is None:
-            at, table = self._at[j], self._table
-            names, index, _ = self._taking.kinds[at]
-            if table is None:  # a few read (the pick's, the vendor's beside it): not worth the table
-                terms = self._terms
-                row = [float(terms[name][at]) for name in names]
-            else:
-                row = table[at, index].tolist()
-            made = self._made.setdefault(j, Score(self.values[j], dict(zip(names, row))))
+            at, terms = self._at[j], self._terms
+            names = self._taking.kinds[at][0]
+            made = self._made.setdefault(j, Score(self.values[j], {name: float(terms[name][at]) for name in names}))
         return made
 
     def rows(self, js: Sequence[int]) -> "ScoreRows":
@@ -149,12 +145,21 @@ class GemmScores:
 
     def table(self, js: Sequence[int], names: Sequence[str]) -> np.ndarray:
         """The scores at `js` by `names` (their values and terms, NaN where one has none), read from
-        the table: no Score is made."""
+        the terms' columns at those rows alone: a model reads a shortlist of a problem's 80 scores,
+        and no Score is made."""
         at = np.array([self._at[j] for j in js], dtype=np.intp)
-        if not len(self._taking.configs):  # no tile config takes the problem
+        taking = self._taking
+        if not len(taking.configs):  # no tile config takes the problem
             out = np.full((len(js), len(names)), np.nan)
         else:  # the rows of configs scored alone (at -1) are written below
-            out = self._rows()[np.ix_(at, [_POSITION.get(name, _NOWHERE) for name in names])]
+            positions, present = taking.present_of(tuple(names))
+            terms, nowhere = self._terms, None
+            columns = []
+            for name, position in zip(names, positions):
+                if position == _NOWHERE:
+                    nowhere = np.full(len(taking.configs), np.nan) if nowhere is None else nowhere
+                columns.append(nowhere if position == _NOWHERE else terms[name])
+            out = np.where(present[at], np.array(columns).T[at], np.nan)
         for r in np.flatnonzero(at < 0).tolist():
             score = self._made[js[r]]
             out[r] = [score.value if name == "value" else score.terms.get(name, np.nan) for name in names]
@@ -190,23 +195,26 @@ class GemmScoreBatch:
         kernels = [FAMILIES.of(c).tile_kernel for c in self._configs]
         self._kernels = [k if k is not None and not k.deals else None for k in kernels]
         tiles = [i for i, k in enumerate(self._kernels) if k is not None]
-        self._tile = [-1] * len(self._configs)  # each config's row among the tile configs (-1: scored alone)
-        for row, i in enumerate(tiles):
-            self._tile[i] = row
+        self._tile = np.full(len(self._configs), -1, dtype=np.intp)  # each config's row among the tile configs
+        self._tile[tiles] = np.arange(len(tiles))  # (-1: scored alone)
         self._whole = _Taking.of([self._configs[i] for i in tiles], [self._kernels[i] for i in tiles], arch)
         self._takings = LruTable(TAKINGS_KEPT)
 
-    def _taking(self, tile_rows: tuple[int, ...]) -> _Taking:
+    def _taking(self, tile_rows: np.ndarray) -> _Taking:
         if len(tile_rows) == len(self._whole.configs):
             return self._whole
-        return self._takings.get_or_make(tile_rows, lambda: self._whole.take(np.array(tile_rows, dtype=np.intp)))
+        return self._takings.get_or_make(tile_rows.tobytes(), lambda: self._whole.take(tile_rows))
 
     def scores(self, rows: Sequence[int], p: GemmProblem) -> GemmScores | ScoreList:
-        """`rule_score` of each config at `rows`, which take `p`."""
-        arch, tile = self._arch, self._tile
+        """`rule_score` of each config at `rows`, which take `p`. The asked configs are sorted into
+        tile rows and those scored alone as arrays: a loop over a class's 80 costs as much as a few
+        of the tile model's columns."""
+        arch = self._arch
         if p.flops() >= EXACT_FLOPS:
             return ScoreList([ranking.rule_score(self._configs[i], p, arch) for i in rows])
-        tile_rows = tuple(tile[i] for i in rows if tile[i] >= 0)
+        asked = self._tile[np.asarray(rows, dtype=np.intp)]
+        tiled = asked >= 0
+        tile_rows = asked[tiled]
         taking = self._taking(tile_rows)
         variant = taking.variant(p)
         terms = tile_terms(taking.columns, variant.occupancy, variant.penalty, p, arch)
@@ -220,17 +228,14 @@ class GemmScoreBatch:
         tile_values, call_s = _call_value(device, modelled_us, variant.host_s)
         terms.update(modelled_us=modelled_us, device_score=device, host_us=variant.host_s * 1e6, call_us=call_s * 1e6,
                      value=tile_values)
-        tile_values = tile_values.tolist()
-        values, made, at = [], {}, []  # at: each asked config's row in `taking` (-1: scored alone)
-        for j, i in enumerate(rows):
-            if tile[i] >= 0:
-                at.append(len(values) - len(made))  # the tile configs asked before it
-                values.append(tile_values[at[-1]])
-            else:
-                made[j] = score = ranking.rule_score(self._configs[i], p, arch)
-                at.append(-1)
-                values.append(score.value)
-        return GemmScores(values, made, at, terms, taking)
+        values = np.empty(len(tiled))
+        values[tiled] = tile_values
+        made = {}
+        for j in np.flatnonzero(~tiled).tolist():
+            made[j] = score = ranking.rule_score(self._configs[rows[j]], p, arch)
+            values[j] = score.value
+        at = np.where(tiled, np.cumsum(tiled) - 1, -1).tolist()  # each asked config's row in `taking` (-1: alone)
+        return GemmScores(values.tolist(), made, at, terms, taking)
 
 
 def _realigned(modelled: np.ndarray, copies_s: float, ideal: float) -> tuple[np.ndarray, np.ndarray]:
