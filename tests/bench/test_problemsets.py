@@ -227,3 +227,19 @@ def test_vendor_only_names_the_problems_no_triton_kernel_takes():
     wide = GemmProblem(m=8, n=8, k=8, wide_offsets=True)  # 64-bit offsets: only the vendor indexes them
     small = ps.problem_set("gemm-shapes-small", dtype="fp16")
     assert ps.vendor_only((*small, wide), arch.load("sm_90"), "default") == (wide,)
+
+
+@pytest.mark.parametrize("name", ["sweep_gemm_fp16", "sweep_conv_forward_more", "sweep_attention_bwd",
+                                  "sweep_attention_fwd"])
+def test_a_problems_selection_slice_is_what_its_description_names(name):
+    """`selection_key` reads (direction, dtype) from the problem's `selection_slice()`, which a first
+    sight asks for: it must name the slice the whole description names, for every op."""
+    from tiledispatch.bench.table import SelectionKey, selection_key
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[2] / "benchmarks/results/h200/selection/problems"
+    problems = ps.load_problems(str(folder / f"{name}.json"))
+    assert problems
+    for problem in problems:
+        described = problem.describe()
+        want = SelectionKey(problem.op.value, described.get("direction", "forward"), str(described["dtype"]), "sm_90")
+        assert selection_key(problem, "sm_90") == want

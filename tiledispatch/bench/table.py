@@ -58,7 +58,12 @@ class SelectionKey:
 
 
 def selection_key(problem: Any, arch: str) -> SelectionKey:
-    """The slice `problem` belongs to on `arch` (an arch name such as ``sm_90``)."""
+    """The slice `problem` belongs to on `arch` (an arch name such as ``sm_90``): the problem's own
+    `selection_slice()` where it has one (each op's does; `describe` builds every field), else read
+    from its description."""
+    if hasattr(problem, "selection_slice"):
+        direction, dtype = problem.selection_slice()
+        return SelectionKey(problem.op.value, direction, dtype, str(arch))
     described = problem.describe()
     return SelectionKey(problem.op.value, described.get("direction", "forward"), str(described["dtype"]),
                         str(arch))

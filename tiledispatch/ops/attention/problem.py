@@ -237,6 +237,11 @@ class AttentionProblem:
                       + tk * self.heads_kv * (self.head_dim_qk + self.head_dim_v))
         return fwd if self.direction is Direction.FORWARD else 2 * fwd
 
+    def selection_slice(self) -> tuple[str, str]:
+        """(direction, dtype) as `describe` names them: the slice a learned model ranks, read on every
+        first sight without describing the whole problem."""
+        return self.direction.value, self.dtype.value
+
     def describe(self) -> dict:
         from ...core.serialize import to_jsonable
 

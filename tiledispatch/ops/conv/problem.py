@@ -397,6 +397,11 @@ class ConvProblem:
         extra = y * int(self.epilogue.residual) + self.k * int(self.epilogue.bias)
         return (x + y + w + extra) * item
 
+    def selection_slice(self) -> tuple[str, str]:
+        """(direction, dtype) as `describe` names them: the slice a learned model ranks, read on every
+        first sight without describing the whole problem."""
+        return self.direction.value, self.types.name
+
     def describe(self) -> dict:
         layout = ("channels-last" if self.source_layout is SourceLayout.CHANNELS_LAST else
                   "contiguous (NC...) tensors converted to channels-last: one extra copy each, "

@@ -272,6 +272,11 @@ class GemmProblem:
         bias = self.n * t.c.itemsize if self.epilogue.bias else 0
         return self.batch * elems + bias
 
+    def selection_slice(self) -> tuple[str, str]:
+        """(direction, dtype) as `describe` names them: the slice a learned model ranks, read on every
+        first sight without describing the whole problem."""
+        return "forward", self.types.name
+
     def describe(self) -> dict:
         from ...core.serialize import to_jsonable
 
