@@ -86,6 +86,8 @@ def host_sampler(fn, calls: int = 50):
 
 
 def graph_sampler(fn, calls: int = 20):
+    """bench.timing.graph_sampler's replay of `calls` calls, warmed up on a side stream first, as a
+    capture of autograd's backward wants (the training form records and runs one)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
