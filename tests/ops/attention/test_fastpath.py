@@ -280,8 +280,8 @@ def test_a_plain_recorded_call_off_cudnn_keeps_the_checked_path_and_its_gradient
 
 
 def test_signature_metas_read_what_tensor_meta_reads():
-    """`_metas` reads each tensor's meta inline: the same fields as replay.tensor_meta, so a
-    signature means what every other bound call's does; a negated view has none."""
+    """`_metas` gives each tensor's replay.tensor_meta, so a signature means what every other bound
+    call's does; a negated view has none."""
     from tiledispatch.core.replay import tensor_meta
     base = randn(2, 3, 17, 32)
     views = (base, base.transpose(1, 2), base[:, :, 1:], torch.nn.Parameter(base.clone()))

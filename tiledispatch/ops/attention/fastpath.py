@@ -58,13 +58,12 @@ def _replayable(t) -> bool:
 
 
 def _metas(tensors: tuple) -> tuple | None:
-    """Each tensor's meta (`tensor_meta`, read inline: every call of a seen signature reads it), or
-    None where one is not a plain tensor (`_replayable`)."""
+    """Each tensor's meta, or None where one is not a plain tensor (`_replayable`)."""
     out = []
     for t in tensors:
-        if type(t) not in PLAIN_TENSORS or t.is_neg() or t.is_conj():
+        if not _replayable(t):
             return None
-        out.append((t.shape, t.stride(), t.dtype, t.get_device(), not t.data_ptr() & 15))
+        out.append(tensor_meta(t))
     return tuple(out)
 
 
