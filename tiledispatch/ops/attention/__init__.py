@@ -95,18 +95,15 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
         plain = fastpath.plain_key(q, k, v, (bias, mask, alibi_slopes, sinks), causal, window, scale, softcap,
                                    deterministic, kernel, backward_kernel)
     if plain is not None:  # a plain call: its bound forward or cuDNN's own op, found under the raw options
-        chosen = dispatcher_or_default(dispatcher, q)
-        if plain[1]:  # autograd records it
-            native = chosen.memo(plain, lambda: _plain_native(q, k, v, causal, window, scale, softcap,
-                                                              deterministic, kernel, backward_kernel, dispatcher))
-            if native is not None and not (native.weighed and capturing()):
-                return native(q, k, v)
-        else:
-            bound = chosen.memo(plain, lambda: _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal,
-                                                            window, scale, softcap, deterministic, kernel,
-                                                            backward_kernel, dispatcher))
-            if bound is not None:
-                return bound(q, k, v, bias, mask, alibi_slopes, sinks, 0, 0).out
+        records = plain[1]  # autograd records the call
+        found = dispatcher_or_default(dispatcher, q).memo(plain, lambda: _plain(
+            q, k, v, bias, sinks, mask, alibi_slopes, causal, window, scale, softcap, deterministic, kernel,
+            backward_kernel, dispatcher, records))
+        if records:
+            if found is not None and not (found.weighed and capturing()):
+                return found(q, k, v)
+        elif found is not None:
+            return found(q, k, v, bias, mask, alibi_slopes, sinks, 0, 0).out
     call, grad, with_lse = read_call(
         q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale, softcap=softcap, dropout_p=dropout_p,
         dropout_seed=dropout_seed, dropout_offset=dropout_offset, return_lse=return_lse,
@@ -130,28 +127,21 @@ def attention(q, k, v, *, causal=False, window=None, mask=None, bias=None, alibi
     return (out, lse) if with_lse else out
 
 
-def _plain_bound(q, k, v, bias, sinks, mask, alibi_slopes, causal, window, scale, softcap, deterministic, kernel,
-                 backward_kernel, dispatcher):
-    """The bound forward of a plain inference call (None: the checked path takes it), every option
-    read and checked as `attention()` reads them (the backward kernel too, unused as it is)."""
+def _plain(q, k, v, bias, sinks, mask, alibi_slopes, causal, window, scale, softcap, deterministic, kernel,
+           backward_kernel, dispatcher, records: bool):
+    """What a plain call runs, every option read and checked as `attention()` reads them (the backward
+    kernel too, unused as it may be); None where the checked path takes it. Recorded (no bias,
+    mask, ALiBi or sinks): cuDNN's own op, whether a capture runs the twin instead asked on each
+    call (`CudnnAttention.weighed`). Inference: the signature's bound forward."""
     call, _, _ = read_call(q, k, v, bias, sinks, mask, alibi_slopes, causal=causal, window=window, scale=scale,
                            softcap=softcap, dropout_p=0.0, dropout_seed=None, dropout_offset=0, return_lse=False,
                            deterministic=deterministic, kernel=kernel, backward_kernel=backward_kernel,
                            dispatcher=dispatcher)
+    if records:
+        return native_decision(q, k, v, call)
     tensors = {"bias": bias, "sinks": sinks, "mask": mask, "alibi_slopes": alibi_slopes, "cu_seqlens_q": None,
                "cu_seqlens_k": None, "scale_q": None, "scale_k": None, "scale_v": None}
     return bound_forward(call.dispatcher, q, k, v, tensors, call.options, call.kernel)
-
-
-def _plain_native(q, k, v, causal, window, scale, softcap, deterministic, kernel, backward_kernel, dispatcher):
-    """cuDNN's own op for a plain recorded call (no bias, mask, ALiBi or sinks), or None: the
-    checked path takes it. Every option is read and checked as `attention()` reads them; whether
-    a capture runs the twin instead is asked on each call (`CudnnAttention.weighed`)."""
-    call, _, _ = read_call(q, k, v, None, None, None, None, causal=causal, window=window, scale=scale,
-                           softcap=softcap, dropout_p=0.0, dropout_seed=None, dropout_offset=0, return_lse=False,
-                           deterministic=deterministic, kernel=kernel, backward_kernel=backward_kernel,
-                           dispatcher=dispatcher)
-    return native_decision(q, k, v, call)
 
 
 __all__ = [
