@@ -153,13 +153,10 @@ class GemmScores:
             out = np.full((len(js), len(names)), np.nan)
         else:  # the rows of configs scored alone (at -1) are written below
             positions, present = taking.present_of(tuple(names))
-            terms, nowhere = self._terms, None
-            columns = []
-            for name, position in zip(names, positions):
-                if position == _NOWHERE:
-                    nowhere = np.full(len(taking.configs), np.nan) if nowhere is None else nowhere
-                columns.append(nowhere if position == _NOWHERE else terms[name])
-            out = np.where(present[at], np.array(columns).T[at], np.nan)
+            terms = self._terms
+            columns = [np.full(len(at), np.nan) if position == _NOWHERE else terms[name][at]
+                       for name, position in zip(names, positions)]
+            out = np.where(present[at], np.column_stack(columns), np.nan)
         for r in np.flatnonzero(at < 0).tolist():
             score = self._made[js[r]]
             out[r] = [score.value if name == "value" else score.terms.get(name, np.nan) for name in names]
