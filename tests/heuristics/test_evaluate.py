@@ -246,7 +246,7 @@ def test_cross_validation_judges_every_problem_once_by_a_model_that_never_saw_it
         held = {g for g in frame[by] if ev.fold_of(g, 3) == f}
         assert not seen & held and seen | held == set(frame[by])
     assert report[KEY].unseen == "held out" and stats(report, "model")["efficiency"]["mean"] == 1.0
-    assert set(report[KEY].outcomes) == set(ev.Picker)
+    assert set(report[KEY].outcomes) == set(ev.STANDARD)
 
 
 def test_cli_writes_one_json_document(ranked, tmp_path):

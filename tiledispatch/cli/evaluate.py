@@ -59,7 +59,8 @@ def evaluate_command(
                                              help="a directory of trained models (default: the models shipped "
                                              "for the table's arch)"),
         strategies: str = typer.Option("rules,model,autotune,vendor", "--strategies",
-                                       help="comma-separated: rules, model, autotune, vendor"),
+                                       help="comma-separated: rules, model, autotune, vendor, nvmmh (NVIDIA's "
+                                       "nvMatmulHeuristics, GEMM only: pip install 'tiledispatch[nvmmh]')"),
         folds: int = typer.Option(5, "--folds", min=2, max=100, help="folds of the split by problem"),
         cv: bool = typer.Option(False, "--cv", help="for every fold, train a model on the others and judge it on "
                                 "that fold: each problem judged once, by a model that never saw it"),
@@ -81,11 +82,11 @@ def evaluate_command(
         out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON document to this file")) -> None:
     """Judge the strategies' picks against the fastest kernel measured (the oracle), per op, direction,
     dtype and arch: efficiency, top-1 hits, time lost, ratio to the vendor, the worst problems."""
-    from ..heuristics import evaluate as ev
+    from ..heuristics import evaluate as ev, nvmmh
 
     pickers = [parse_option("--strategies", ev.Picker.parse, s.strip()) for s in strategies.split(",") if s.strip()]
     if not pickers:
-        raise InvalidArgumentError("--strategies names none; use some of: rules, model, autotune, vendor")
+        raise InvalidArgumentError("--strategies names none; use some of: rules, model, autotune, vendor, nvmmh")
     training = cv or train_fold is not None
     if training and (model is not None or holdout_fold is not None):
         raise InvalidArgumentError("--cv and --train-fold train their own models on the other folds: leave out "
@@ -114,6 +115,7 @@ def evaluate_command(
     document = {"status": "ok", "command": _command_line(ctx), "table": str(table), "rows": len(frame),
                 "problems": int(frame["problem_id"].nunique()), "incomplete_problems_left_out": len(incomplete),
                 "provenance": _provenance(frame),
+                **({"nvmmh": nvmmh.version()} if ev.Picker.NVMMH in pickers else {}),  # its package's version
                 **report.to_dict(worst)}
     if out is not None:
         out.write_text(json.dumps(_strict(document), indent=2, default=str, allow_nan=False) + "\n")

@@ -31,14 +31,14 @@ from ..core.choice import Choice
 from ..core.candidate_set import model_shortlist
 from ..core.errors import InvalidArgumentError, TiledispatchError
 from ..core.op import get_op
-from . import autotune
+from . import autotune, nvmmh
 from .learned import data_hash
 from .outcomes import (SLOW, TOP1_TOLERANCE, VENDOR_FLOOR, WORST, KeyReport, Outcome, Report, efficiency_stats,
                        merge, p10, summarize)
 
-__all__ = ["EvaluationError", "Fold", "KeyReport", "Outcome", "Picker", "Report", "SLOW", "TOP1_TOLERANCE",
-           "VENDOR_FLOOR", "WORST", "check_unseen", "cross_validate", "efficiency_stats", "evaluate", "fold_of",
-           "holdout_ids", "merge", "p10", "summarize"]
+__all__ = ["EvaluationError", "Fold", "KeyReport", "Outcome", "Picker", "Report", "SLOW", "STANDARD",
+           "TOP1_TOLERANCE", "VENDOR_FLOOR", "WORST", "check_unseen", "cross_validate", "efficiency_stats", "evaluate",
+           "fold_of", "holdout_ids", "merge", "p10", "summarize"]
 
 KEY_COLUMNS = ("op", "direction", "dtype", "arch")
 REQUIRED = (*KEY_COLUMNS, "problem_id", "problem", "kernel", "family", "vendor", "status", "time_ms")
@@ -51,6 +51,10 @@ class Picker(Choice):
     MODEL = "model"
     AUTOTUNE = "autotune"
     VENDOR = "vendor"
+    NVMMH = "nvmmh"  # NVIDIA's nvMatmulHeuristics, where installed: GEMM, among the Triton tiles it can express
+
+
+STANDARD = (Picker.RULES, Picker.MODEL, Picker.AUTOTUNE, Picker.VENDOR)  # those that need no optional package
 
 
 class EvaluationError(TiledispatchError, ValueError):
@@ -120,8 +124,9 @@ class Measured:
 class _Problem:
     """One problem's objects, rebuilt from the table when a strategy needs them (a model, a rescore)."""
 
-    def __init__(self, key: SelectionKey, problem_json: str, arch, model, configs: dict) -> None:
+    def __init__(self, key: SelectionKey, problem_json: str, arch, model, configs: dict, estimator=None) -> None:
         self.op, self.problem_json, self.arch, self.model = key.op, problem_json, arch, model
+        self.estimator = estimator  # nvMMH's, where it ranks this key
         # The model reads its key's arch facts, as training computed its features, whatever `arch`
         # the rules are asked to score with.
         self.model_arch = arch if arch.name == key.arch else arch_facts.load(key.arch)
@@ -202,7 +207,8 @@ def _pick_vendor(ordered: Sequence[Measured], _: _Problem) -> Measured | None:
 
 PICKS: Mapping[Picker, Callable[[Sequence[Measured], _Problem], Measured | None]] = {
     Picker.RULES: lambda ordered, _: ordered[0], Picker.MODEL: _pick_model, Picker.AUTOTUNE: _pick_autotune,
-    Picker.VENDOR: _pick_vendor}
+    Picker.VENDOR: _pick_vendor,
+    Picker.NVMMH: lambda ordered, p: nvmmh.pick(ordered, p.problem, p.configs(ordered), p.estimator)}
 
 
 _OPTIONAL = ("rule_score", "rule_rank", "config", "error")
@@ -371,6 +377,11 @@ def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow
             summary = {k: v for k, v in (getattr(predictor, "manifest", None) or {}).items()
                        if not (isinstance(v, (list, tuple)) and len(v) > 20)}  # no lists of training problems
             unseen = unseen or check_unseen(predictor, problems, whole, allow_seen=allow_seen)
+    estimator = None
+    if Picker.NVMMH in pickers:
+        estimator, why = nvmmh.estimator_for(key.op, key.arch, whole.get("gpu", ()))
+        if estimator is None:
+            skipped[Picker.NVMMH] = why
     outcomes: dict[Picker, list[Outcome]] = {p: [] for p in pickers if p not in skipped}
     without, configs = [], {}
     for pid, (problem_json, candidates) in problems.items():
@@ -378,7 +389,7 @@ def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow
         if oracle is None:
             without.append(pid)
             continue
-        problem = _Problem(key, problem_json, arch, predictor, configs)
+        problem = _Problem(key, problem_json, arch, predictor, configs, estimator)
         if rescore or any(c.rule_score is None for c in candidates):
             candidates = problem.scored(candidates)
         ordered = sorted(candidates, key=Measured.rules_key)
@@ -393,7 +404,7 @@ def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow
                      unseen if predictor is not None else None)
 
 
-def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int = 0, strategies=tuple(Picker),
+def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int = 0, strategies=STANDARD,
                    arch=None, rescore: bool = False, train: Callable[..., Any] | None = None,
                    inner_folds: int = 2, by: str = "problem_id") -> Report:
     """The honest numbers: for each fold (or the `only` one), a model trained on the other folds
