@@ -238,6 +238,30 @@ def _run(call: Call) -> dict[str, torch.Tensor]:
     return outputs
 
 
+def _rms(t) -> float:
+    return float(T.f64(t).pow(2).mean().sqrt()) if isinstance(t, torch.Tensor) and t.numel() else 0.0
+
+
+def gradient_floors(call: Call) -> dict[str, float]:
+    """dq's and dk's floors: the size of the terms that dS = P (dP - D) cancels, carried through.
+
+    Where dq or dk is 0 in exact arithmetic (one key: every P is 1 and dP = D), a kernel's D =
+    rowsum(dO * O) differs from dP by roundoff, so its gradient is roundoff of terms of size
+    |dO| |V| sqrt(dv) (dP's), times the scale and |K| (dq) or |Q| summed over the query rows a key
+    meets (dk). A fixed floor cannot tell that roundoff from a bug; the tolerance read against this
+    size can, as it does where the gradient is not 0."""
+    q, k, v = call.args
+    scale = call.kwargs.get("scale")
+    if not call.grad or not all(isinstance(t, torch.Tensor) and t.dim() for t in (q, k, v)) or not (
+            scale is None or type(scale) in (int, float)):
+        return {}  # a call with a bad tensor or scale: the floor of every output
+    _, hq, hkv, sq, _, _ = call.shape
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else abs(float(scale))
+    dp = _rms(v) * math.sqrt(v.shape[-1]) / math.sqrt(3)  # dO is linspace(-1, 1): RMS 1/sqrt(3)
+    # dq's row mixes keys by P (weights summing to 1); dk's sums the rows of every query head of its group
+    return {"dq": scale * dp * _rms(k), "dk": scale * dp * _rms(q) * math.sqrt(sq * hq // hkv)}
+
+
 def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Case:
     u = max(UNIT_ROUNDOFF[call.dtype], 4e-6)  # fp32: the softmax's exp and the sums in fp32
     tolerance = {"result": 8 * u, "lse": 1e-4} | {f"d{n}": 32 * u for n in GRAD_LEAVES}
@@ -246,7 +270,7 @@ def _case(ident: str, call: Call, expect: Expect, argument=None, label="") -> Ca
     reads = {n: t for n, t in reads.items() if isinstance(t, torch.Tensor)}
     return Case(ident=ident, summary=f"{label} {call.describe()}".strip(), run=lambda: _run(call), expect=expect,
                 argument=argument, reference=lambda: reference(call), tolerance=tolerance, reads=reads,
-                result_dtype=call.dtype, floor=max(1e-3, 16 * u),
+                result_dtype=call.dtype, floor=max(1e-3, 16 * u), floors=gradient_floors(call),
                 warmup=warmup_for(ident, lambda: _run(_twin(call)), [*call.args, *call.kwargs.values()]))
 
 

@@ -55,6 +55,7 @@ class Case:
     reads: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # inputs the call must not write
     out: torch.Tensor | None = field(default=None, repr=False)  # the caller's out: holds outputs["result"]
     floor: float = 1e-3  # the RMS below which outputs are compared absolutely (see compare)
+    floors: dict[str, float] = field(default_factory=dict)  # by name, where an output's own floor is higher
     warmup: Callable[[], Any] | None = field(default=None, repr=False)  # the same signature on twins, first
     result_dtype: torch.dtype | None = None  # the dtype outputs["result"] must have
     notes: list[str] = field(default_factory=list)  # what the run chose (a forced kernel), for the report
@@ -62,6 +63,9 @@ class Case:
     @property
     def valid(self) -> bool:
         return self.argument is None
+
+    def floor_of(self, name: str) -> float:
+        return max(self.floor, self.floors.get(name, 0.0))
 
 
 # -- the argument named in a message ------------------------------------------------------------

@@ -84,7 +84,7 @@ def _check_result(case: Case, outputs: dict, expected: dict, before: dict) -> No
         if not isinstance(got, torch.Tensor):
             problems.append(f"{name} is a {type(got).__name__}, not a tensor")
             continue
-        error = compare(got, ref, case.floor)
+        error = compare(got, ref, case.floor_of(name))
         if not error.passed(case.tolerance[name]):
             problems.append(f"{name}: {error.describe(case.tolerance[name])} (shape {tuple(got.shape)} vs "
                             f"{tuple(ref.shape)})")
