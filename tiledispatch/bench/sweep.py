@@ -212,15 +212,9 @@ COMMIT_ENV = "TILEDISPATCH_COMMIT"
 
 
 def _versions() -> dict[str, str | None]:
-    from importlib import metadata
+    from ..core.runtime import installed_version
 
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {"torch": version("torch"), "triton": version("triton"), "commit": source_commit()}
+    return {"torch": installed_version("torch"), "triton": installed_version("triton"), "commit": source_commit()}
 
 
 def source_commit(package: Path = Path(__file__).resolve().parents[1]) -> str | None:

@@ -27,18 +27,11 @@ explain_app = typer.Typer(help="Show how a problem's kernel is selected.", cls=J
 def versions() -> dict[str, str | None]:
     """tiledispatch's version and those of what it runs on, from the installed metadata (fast:
     nothing is imported), None where one is not installed."""
-    from importlib import metadata
-
     from .. import __version__
-
-    def installed(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
+    from ..core.runtime import installed_version
 
     return {"tiledispatch": __version__, "python": platform.python_version(),
-            "torch": installed("torch"), "triton": installed("triton")}
+            "torch": installed_version("torch"), "triton": installed_version("triton")}
 
 
 def _print_version(value: bool) -> None:

@@ -47,6 +47,17 @@ class BackendError(TiledispatchError, ValueError):
     """TILEDISPATCH_BACKEND names no backend."""
 
 
+def installed_version(name: str) -> str | None:
+    """Package `name`'s installed version from its metadata (nothing is imported), None where it is
+    not installed: what results record of the software they ran on."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def triton_interprets() -> bool:
     """Whether TRITON_INTERPRET asks Triton to decorate kernels for its interpreter only."""
     return os.environ.get(ENV_TRITON_INTERPRET, "").strip().lower() in ("1", "true", "on", "yes")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..core.dtypes import DType
+from ..core.runtime import installed_version
 from ..ops.gemm.config import Family
 from ..ops.gemm.problem import GemmLayout, GemmProblem, GemmTypes, Layout
 
@@ -187,12 +188,7 @@ def gpu_of(names: Sequence[str], arch: str) -> str:
 
 
 def version() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(PACKAGE)
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_version(PACKAGE)
 
 
 class Metric(enum.IntEnum):
