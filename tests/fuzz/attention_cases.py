@@ -238,8 +238,8 @@ def _run(call: Call) -> dict[str, torch.Tensor]:
     return outputs
 
 
-def _rms(t) -> float:
-    return float(T.f64(t).pow(2).mean().sqrt()) if isinstance(t, torch.Tensor) and t.numel() else 0.0
+def _rms(t: torch.Tensor) -> float:
+    return float(T.f64(t).pow(2).mean().sqrt()) if t.numel() else 0.0
 
 
 def gradient_floors(call: Call) -> dict[str, float]:
