@@ -500,28 +500,28 @@ def test_a_worker_restarted_after_a_task_killed_it_runs_the_next_task(tmp_path, 
 
 
 def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypatch):
-    """The host's compile before the workers: one build_all per specialisation, each kernel of the
-    tasks once however many problems share it, the vendor (nothing to compile) left out."""
+    """The host's compile before the workers: one pool for every (kernel, specialisation) pair of
+    the tasks, each pair once however many problems share it, the vendor (nothing to compile) left
+    out."""
     from tiledispatch.bench import sweep as sweep_module
     from tiledispatch.bench.sweep_worker import Task
     from tiledispatch.core import kernel as kernel_module
 
     calls = []
-    monkeypatch.setattr(kernel_module, "build_all",
-                        lambda specs, cache, jobs, specializations=None: calls.append(
-                            (specializations, sorted(s.name for s in specs), jobs)) or [])
+    monkeypatch.setattr(kernel_module, "build_each",
+                        lambda work, cache, jobs: calls.append(([(spec.name, sp) for spec, sp in work], jobs)) or [])
     sm90 = arch_facts.load("sm_90")
     problems = gemm_problems()
     dispatcher = Dispatcher(Registry.from_rule_sets([problems[0].op], "default", sm90), sm90)
     tasks = [Task(p, tuple(c.spec for c in dispatcher.ranked(p))) for p in problems]
     seconds, failed = sweep_module.prebuild(tasks, dispatcher, 5)
     assert failed == 0 and seconds >= 0
-    specializations = {p.alignment for p in problems}
-    assert len(calls) == len(specializations) and all(jobs == 5 for _, _, jobs in calls)
-    for (specialization,), names, _ in calls:
-        wanted = {c.spec.name for p in problems if p.alignment == specialization for c in dispatcher.ranked(p)
-                  if not sweep_module._python_only(c.spec, specialization)}
-        assert names == sorted(wanted) and names
+    assert len(calls) == 1 and calls[0][1] == 5
+    pairs = calls[0][0]
+    wanted = {(c.spec.name, (p.alignment,)) for p in problems for c in dispatcher.ranked(p)
+              if not sweep_module._python_only(c.spec, p.alignment)}
+    assert len({p.alignment for p in problems}) > 1  # the pairs span several specialisations
+    assert len(pairs) == len(set(pairs)) and set(pairs) == wanted and pairs
 
 
 def test_the_policy_keeps_the_families_and_names_asked_for_and_the_vendor():

@@ -392,19 +392,16 @@ def _python_only(spec: KernelSpec, specialization: Any) -> bool:
 def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
     """Compiles every compiled kernel of `tasks` for its problem's specialisation into the
     dispatcher's cache, `jobs` processes at once; (seconds, kernels that failed)."""
-    from ..core.kernel import build_all
+    from ..core.kernel import build_each
 
     start = time.perf_counter()
-    groups: dict[Any, dict[str, KernelSpec]] = {}  # specialisation -> kernel name -> spec
+    work: dict[tuple, tuple] = {}  # (specialisation, kernel name) -> (spec, (specialisation,))
     for task in tasks:
         specialization = task.kernels[0].definition.specialization_of(task.problem) if task.kernels else None
         for spec in task.kernels:
             if not _python_only(spec, specialization):
-                groups.setdefault(specialization, {})[spec.name] = spec
-    failed = 0
-    for specialization, specs in groups.items():
-        results = build_all(specs.values(), dispatcher.cache, jobs, specializations=(specialization,))
-        failed += sum(not r.ok for r in results)
+                work[specialization, spec.name] = (spec, (specialization,))
+    failed = sum(not r.ok for r in build_each(work.values(), dispatcher.cache, jobs))
     return time.perf_counter() - start, failed
 
 

@@ -402,15 +402,24 @@ def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
 
     Workers are spawned processes with `jobs` at most: no GPU state is shared.
     """
-    specs = list(specs)
+    return build_each(((spec, specializations) for spec in specs), cache, jobs, on_done)
+
+
+def build_each(work: Iterable[tuple[KernelSpec, tuple | None]], cache: KernelCache, jobs: int,
+               on_done: Callable[[BuildResult], None] | None = None) -> list[BuildResult]:
+    """Compiles each (spec, specializations) pair into `cache` through one pool of `jobs` spawned
+    processes. One pool for all: a spawned worker pays its imports once (seconds on a GPU host), and
+    no group of pairs waits for the slowest compile of the one before it."""
+    work = list(work)
     results = []
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(work))), mp_context=context) as pool:
         # Workers compile real kernels: they must import Triton without the interpreter, and
         # select for the GPU whatever device they run on (a plan's constexprs follow the
         # backend); a spawned process takes the environment of the moment it starts.
         with environment(TRITON_INTERPRET="0", TILEDISPATCH_BACKEND="cuda"):
-            futures = [pool.submit(_worker_build, spec, str(cache.root), specializations) for spec in specs]
+            futures = [pool.submit(_worker_build, spec, str(cache.root), specializations)
+                       for spec, specializations in work]
         try:
             for future in as_completed(futures):
                 result = future.result()
