@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
@@ -53,10 +54,34 @@ def window_kernels(dispatcher, p) -> list[str]:
             if c.spec.family == "direct" and c.spec.config.window]
 
 
+_COVERINGS: dict = {}
+
+
+def covering(dispatcher, direction, geometries, dtype, quota) -> dict[str, list[str]]:
+    """Which window kernels run on which geometry: the geometries in order of cost (pixels x taps), each
+    taking the kernels that take it and have met fewer than `quota` geometries so far, or else the one
+    that has met the fewest. Every kernel meets `quota` geometries (or every one it takes), every geometry
+    one or more kernels, and the large geometries few (not every kernel x every geometry)."""
+    key = (direction, tuple(geometries), dtype, quota)
+    if key not in _COVERINGS:
+        met: dict[str, int] = {}
+        chosen = {}
+        for geometry in sorted(geometries, key=lambda g: math.prod(geometries[g][0]) * math.prod(geometries[g][1])):
+            size, filt, stride, padding, dilation = geometries[geometry]
+            names = window_kernels(dispatcher, problem(direction, 2, 20, 20, 20, size, filt, stride, padding,
+                                                       dilation, dtype))
+            assert names, f"no window kernel takes {geometry} ({direction.value}, {dtype})"
+            chosen[geometry] = [n for n in names if met.get(n, 0) < quota] or [min(names, key=lambda n: met.get(n, 0))]
+            for name in chosen[geometry]:
+                met[name] = met.get(name, 0) + 1
+        _COVERINGS[key] = chosen
+    return _COVERINGS[key]
+
+
 # size, filter, stride, padding, dilation; depthwise over C channels
 GEOMETRIES = {
     "2d-3x3-p1": ((5, 7), (3, 3), 1, 1, 1),
-    "2d-5x5-p2-odd": ((9, 11), (5, 5), 1, 2, 1),
+    "2d-5x5-p2-odd": ((5, 7), (5, 5), 1, 2, 1),  # runs of 3 and 5 and bands of 2 rows all end partly
     "2d-h-stride2-dilation2": ((9, 8), (3, 3), (2, 1), (1, 1), (2, 1)),
     "2d-5x3-pad-h-only": ((6, 7), (5, 3), 1, (2, 0), 1),
     "2d-3x1": ((6, 5), (3, 1), 1, (1, 0), 1),
@@ -93,10 +118,26 @@ def test_window_matches_reference(dispatcher, direction, geometry, dtype):
     size, filt, stride, padding, dilation = GEOMETRIES[geometry]
     # 20 channels: partial blocks of 16 and 32, 16-byte channel vectors in fp16 and fp32
     p = problem(direction, 2, 20, 20, 20, size, filt, stride, padding, dilation, dtype)
-    names = window_kernels(dispatcher, p)
-    assert names, f"no window kernel takes {p.describe()}"
-    for name in names:
+    geometries = GEOMETRIES if dtype == "fp16" else {g: GEOMETRIES[g] for g in FP32_GEOMETRIES}
+    for name in covering(dispatcher, direction, geometries, dtype, 2 if dtype == "fp16" else 1)[geometry]:
         run_and_check(dispatcher, p, name, seed=len(name))
+
+
+@pytest.mark.parametrize("direction", Direction, ids=lambda d: d.value)
+def test_the_coverings_meet_every_window_kernel(dispatcher, direction):
+    """Every window kernel of a direction meets two fp16 geometries (or every one it takes) and one fp32
+    geometry, every geometry one kernel or more. No kernel runs here."""
+    geometries = WEIGHT_GEOMETRIES if direction is Direction.BWD_WEIGHT else GEOMETRIES
+    for dtype, quota, cases in (("fp16", 2, geometries), ("fp32", 1, {g: geometries[g] for g in FP32_GEOMETRIES})):
+        takes: dict[str, set[str]] = {}
+        for geometry, (size, filt, stride, padding, dilation) in cases.items():
+            p = problem(direction, 2, 20, 20, 20, size, filt, stride, padding, dilation, dtype)
+            for name in window_kernels(dispatcher, p):
+                takes.setdefault(name, set()).add(geometry)
+        chosen = covering(dispatcher, direction, cases, dtype, quota)
+        assert set(chosen) == set(cases) and all(chosen.values())
+        met = {name: {g for g, names in chosen.items() if name in names} for name in takes}
+        assert all(len(met[n]) >= min(quota, len(takes[n])) for n in takes), (dtype, met)
 
 
 @pytest.mark.parametrize("direction", WINDOWED, ids=lambda d: d.value)
@@ -312,7 +353,7 @@ def test_strided_windows_serve_mobilenets_downsampling(sm90_dispatcher, directio
 # The tests rule set holds weight windows of filter widths 1, 2, 3 and 5 that hold all the filter rows
 # (one pass), some of them (passes, the last one partly past FY) or one; with and without a band of
 # two output rows a thread; unsplit (dw stored directly) and split (the fp32 workspace and its
-# reduction). Every one that takes a geometry runs on it.
+# reduction). Each meets two of the geometries (test_the_coverings_meet_every_window_kernel).
 WEIGHT_GEOMETRIES = {**GEOMETRIES, "2d-3x3-p0-tall": ((11, 6), (3, 3), 1, 0, 1)}  # taller than a band pass
 
 
@@ -322,9 +363,8 @@ def test_weight_window_matches_reference(dispatcher, geometry, dtype):
     # 20 channels: partial channel blocks of 16 and 32; odd sizes: partial tiles and runs; N=2: the
     # tiles of pixels step across the images' boundary (the wrap into n), and the interpreter's time grows with N
     p = problem("bwd_weight", 2, 20, 20, 20, size, filt, stride, padding, dilation, dtype)
-    names = window_kernels(dispatcher, p)
-    assert names, f"no window kernel takes {p.describe()}"
-    for name in names:
+    geometries = WEIGHT_GEOMETRIES if dtype == "fp16" else {g: WEIGHT_GEOMETRIES[g] for g in FP32_GEOMETRIES}
+    for name in covering(dispatcher, Direction.BWD_WEIGHT, geometries, dtype, 2 if dtype == "fp16" else 1)[geometry]:
         run_and_check(dispatcher, p, name, seed=len(name))
 
 
