@@ -72,18 +72,37 @@ def test_tma_unit_moves_whole_head_dims_by_descriptor():
 
 # --- the backward: owned block (block_n) and stepped block (block_m) of different sizes ----------
 
-BWD_TILES = ("16x32_w4_s2", "32x16_w4_s1")
+BWD_TILES = {"own32-step16": "16x32_w4_s2", "own16-step32": "32x16_w4_s1"}
+DTYPES = {"fp16": F16, "fp32": F32}
+FEATURES = {"plain": {}, "causal": {"causal": True}, "causal-br": {"causal": "bottom_right"},
+            "window": {"window": (9, 4)}, "softcap": {"softcap": 4.0, "causal": True}, "sinks": {"sinks": "per-head"}}
 
 
-@pytest.mark.parametrize("tile", BWD_TILES, ids=["own32-step16", "own16-step32"])
-@pytest.mark.parametrize("dtype", [F16, F32], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("features", [{}, {"causal": True}, {"causal": "bottom_right"}, {"window": (9, 4)},
-                                      {"softcap": 4.0, "causal": True}, {"sinks": "per-head"}],
-                         ids=["plain", "causal", "causal-br", "window", "softcap", "sinks"])
+def _backward_cases() -> list:
+    """Pairwise over tile x dtype x features: each feature runs on both tiles, in fp16 on one and fp32 on
+    the other, which two swap from feature to feature; so every (tile, dtype) pair runs too."""
+    out = []
+    for i, feature in enumerate(FEATURES):
+        for j, tile in enumerate(BWD_TILES):
+            dtype = list(DTYPES)[(i + j) % 2]
+            out.append(pytest.param(tile, dtype, feature, id=f"{feature}-{dtype}-{tile}"))
+    return out
+
+
+def test_backward_cases_are_pairwise():
+    cases = [p.values for p in _backward_cases()]
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        pairs = {(c[a], c[b]) for c in cases}
+        want = [list(BWD_TILES), list(DTYPES), list(FEATURES)]
+        assert len(pairs) == len(want[a]) * len(want[b]), (a, b)
+
+
+@pytest.mark.parametrize(("tile", "dtype", "features"), _backward_cases())
 def test_backward_tiles_against_float64(tile, dtype, features):
-    features = {k: (torch.randn(4, device=DEVICE) if v == "per-head" else v) for k, v in features.items()}
+    dtype = DTYPES[dtype]
+    features = {k: (torch.randn(4, device=DEVICE) if v == "per-head" else v) for k, v in FEATURES[features].items()}
     q, k, v = randn(2, 4, 45, 32, dtype=dtype), randn(2, 2, 61, 32, dtype=dtype), randn(2, 2, 61, 32, dtype=dtype)
-    name = f"attention_bwd_{DType.from_torch(dtype).value}_d32x32_bwd_{tile}_{ARCH.tag}"
+    name = f"attention_bwd_{DType.from_torch(dtype).value}_d32x32_bwd_{BWD_TILES[tile]}_{ARCH.tag}"
     check(q, k, v, rule_set="tests", backward_kernel=name, **features)
 
 
