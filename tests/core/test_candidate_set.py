@@ -10,10 +10,12 @@ import pytest
 
 from tiledispatch import arch
 from tiledispatch.core.candidate_set import CandidateSet
+from tiledispatch.core.dtypes import DType
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.op import OpKind, RuleSet, get_op
 from tiledispatch.core.ranking import Accepted, Candidate
 from tiledispatch.core.registry import Registry
+from tiledispatch.ops.attention import AttentionProblem
 from tiledispatch.ops.conv import ConvProblem, ConvTypes, Direction
 from tiledispatch.ops.gemm.problem import GemmLayout, GemmProblem, GemmTypes
 
@@ -47,10 +49,16 @@ def test_a_ranking_is_the_one_made_kernel_by_kernel(registry, m):
         if GEMM.supports(s.config, p) is not None}
 
 
-def test_an_op_without_a_batch_is_asked_kernel_by_kernel():
-    """conv gives neither a support key nor a score batch: each config is asked and scored."""
+def test_conv_and_attention_sets_refuse_and_score_as_each_config_would():
+    """conv's and attention's support keys group their configs (a forward class's 111 and 273 into
+    29 and 38): each config's refusal and score is still the one asked of it alone."""
+    attention = get_op(OpKind.ATTENTION)
+    registry = Registry.from_rule_sets([OpKind.ATTENTION], RuleSet.DEFAULT, SM90)
+    p = AttentionProblem(2, 8, 8, 512, 512, 64, 64, DType.BF16)
+    specs = registry.candidates(OpKind.ATTENTION, p)
+    assert CandidateSet(attention, specs, SM90).refusals(p) == [attention.supports(s.config, p) for s in specs]
     conv = get_op(OpKind.CONV)
-    assert conv.support_key is None and conv.score_batch is None
+    assert conv.support_key is not None
     registry = Registry.from_rule_sets([OpKind.CONV], RuleSet.DEFAULT, SM90)
     p = ConvProblem(Direction.FORWARD, 8, 64, 64, 1, (56, 56), (3, 3), 1, 1, 1, ConvTypes.parse("bf16"))
     specs = registry.candidates(OpKind.CONV, p)

@@ -35,7 +35,7 @@ from .problem import (
     Window,
 )
 from .ranking import rule_score
-from .rules import AttentionRule, auto_correct, supports, validate
+from .rules import AttentionRule, auto_correct, support_key, supports, validate
 from .rulesets import RULE_SETS, problem_class
 
 OP = register(OpDefinition(
@@ -59,6 +59,7 @@ OP = register(OpDefinition(
     problem_class=problem_class,
     reference=reference_output,
     check=check_output,
+    support_key=support_key,
 ))
 
 

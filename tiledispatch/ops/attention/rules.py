@@ -272,3 +272,12 @@ def auto_correct(config: AnyAttentionConfig, arch) -> tuple[AnyAttentionConfig, 
 def supports(config: AnyAttentionConfig, problem: AttentionProblem) -> str | None:
     """None if this kernel computes `problem`; else why not, in words."""
     return FAMILIES.of(config).supports(config, problem)
+
+
+def support_key(config: AnyAttentionConfig) -> tuple:
+    """What `supports` reads of a config (`OpDefinition.support_key`): its family (whose check it
+    is, and the direction it computes), dtype and head dims; a vendor config's direction. Configs
+    of one key take or refuse every problem alike, so a ranking asks once per key (a class's 273
+    kernels have 38): the tile never decides whether a kernel computes a problem."""
+    return (type(config), config.family, config.dtype, config.direction, getattr(config, "head_dim_qk", None),
+            getattr(config, "head_dim_v", None))

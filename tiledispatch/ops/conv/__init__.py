@@ -35,7 +35,7 @@ from .problem import (
     SourceLayout,
 )
 from .ranking import rule_score
-from .rules import ConvRule, auto_correct, supports, validate
+from .rules import ConvRule, auto_correct, support_key, supports, validate
 from .rulesets import RULE_SETS, problem_class
 
 OP = register(OpDefinition(
@@ -66,6 +66,7 @@ OP = register(OpDefinition(
     # unseen problems autotune reaches 0.989 of the oracle so (P10 0.981), 0.970 (0.815) with the
     # shortlist, for 6 % more first-sight time (docs/selection.md).
     model_shortlist=None,
+    support_key=support_key,
 ))
 
 

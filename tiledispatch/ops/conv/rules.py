@@ -161,3 +161,19 @@ def auto_correct(config, arch) -> tuple[object, tuple[Correction, ...]]:
 def supports(config, problem: ConvProblem) -> str | None:
     """None if this kernel computes `problem`; else why not, in words."""
     return FAMILIES.of(config).supports(config, problem)
+
+
+# The fields beside the signature that some family's `supports` reads: direct's window, its stride
+# and band (`window_refusal`), igemm's merged groups and channel padding, igemm-tma's block_in and
+# toeplitz's filter rows. A field a config lacks reads as None.
+_SUPPORT_FIELDS = ("window", "window_stride", "band", "groups_per_tile", "pad_channels", "block_in", "filter_rows")
+
+
+def support_key(config) -> tuple:
+    """What `supports` reads of a config (`OpDefinition.support_key`): configs of one key take or
+    refuse every problem alike, so a ranking asks once per key (a forward class's 111 kernels
+    have 29 keys). block_k counts only where groups merge (their channels must fit one block),
+    tile_h only as more than one row (a 1-D conv takes one)."""
+    merged = getattr(config, "groups_per_tile", 1) > 1
+    return (type(config), config.family, config.signature, *(getattr(config, f, None) for f in _SUPPORT_FIELDS),
+            config.block_k if merged else None, getattr(config, "tile_h", 1) > 1)
