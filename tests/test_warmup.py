@@ -72,6 +72,43 @@ def test_shapes_round_trip_and_build_nothing_on_the_interpreter(tmp_path):
     assert build_shapes(shapes, dispatcher=dispatcher_or_default(None, _input())) == []  # interpreter kernels
 
 
+def test_build_shapes_compiles_each_kernel_once_per_specialization_in_one_pool(monkeypatch):
+    """An sm_90 shapes list (no GPU needed to plan it): one pool for every (kernel, specialisation)
+    pair, each once however many shapes share it. A pool per specialisation spawned its workers (and
+    their imports) again for each and waited for the slowest compile of each."""
+    from tiledispatch import arch as arch_facts
+    from tiledispatch.core import registry as registry_module
+    from tiledispatch.core.dispatcher import Dispatcher
+    from tiledispatch.core.kernel import units
+    from tiledispatch.core.op import UnitKind, all_ops
+    from tiledispatch.ops.gemm import check_operands
+    from tiledispatch import recording
+
+    def problem(m, n, k):
+        return check_operands(torch.empty(m, k, device="meta", dtype=torch.bfloat16),
+                              torch.empty(k, n, device="meta", dtype=torch.bfloat16)).problem
+
+    sm90 = arch_facts.load("sm_90")
+    dispatcher = Dispatcher(registry_module.Registry.from_rule_sets([d.kind for d in all_ops()], "default", sm90),
+                            sm90)
+    problems = [problem(m, n, k) for m, n, k in ((512, 512, 512), (512, 512, 512), (100, 200, 72), (1000, 1000, 1000),
+                                                (33, 40, 24))]
+    shapes = [recording.Shape(p, dispatcher.select(p).name) for p in problems]
+    calls = []
+    monkeypatch.setattr(recording, "build_each", lambda work, cache, jobs: calls.append((list(work), jobs)) or [])
+    assert recording.build_shapes(shapes, dispatcher=dispatcher, jobs=3) == []
+    assert len(calls) == 1 and calls[0][1] == 3
+    pairs = [(spec.name, specializations) for spec, specializations in calls[0][0]]
+    wanted = set()
+    for shape in shapes:  # the vendor's picks compile nothing
+        spec = dispatcher.registry.get(shape.kernel)
+        specialization = spec.definition.specialization_of(shape.problem)
+        if any(unit.kind is not UnitKind.PYTHON for unit in units(spec, specialization)):
+            wanted.add((shape.kernel, (specialization,)))
+    assert len(pairs) == len(set(pairs)) == len(wanted) and set(pairs) == wanted
+    assert len({sp for _, sp in pairs}) > 1  # several specialisations, one pool
+
+
 @pytest.mark.parametrize("bad", [
     {"format": "other"},
     {"format": "tiledispatch-shapes", "format_version": 1, "shapes": {}},

@@ -5,7 +5,7 @@ thread (seconds a kernel). `warmup(model, example_inputs)` runs the model once t
 `Recorder`: a dispatcher that selects exactly as the default one does and records each problem
 with its pick, but launches no compiled kernel (the vendor library's stages run, as they compile
 nothing), so the outputs are uninitialised memory of the right shapes. The picks are then built
-by worker processes together (`core.kernel.build_all`, Triton's launchers with them) and
+by worker processes together (`core.kernel.build_each`, Triton's launchers with them) and
 loaded, so a model's first real call finds its problems ranked and its kernels loaded.
 
 The recorded shapes are JSON (`save_shapes` / `load_shapes`) that a serving engine can ship and
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 from .core.dispatcher import Dispatcher, default_dispatcher, dispatcher_or_default, using
 from .core.errors import BuildError, CacheError, InvalidArgumentError, UnknownKernelError
 from .core.jsonio import read_json
-from .core.kernel import BuildResult, PythonLauncher, build_all, units
+from .core.kernel import BuildResult, PythonLauncher, build_each, units
 from .core.op import UnitKind, get_op
 from .core.serialize import from_jsonable, to_jsonable
 
@@ -145,17 +145,13 @@ def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = Non
     dispatcher = dispatcher if dispatcher is not None else default_dispatcher()
     if dispatcher.arch.is_interpreter:
         return []
-    groups: dict[Any, dict[str, Any]] = {}  # specialisation -> kernel name -> spec
+    work: dict[tuple, tuple] = {}  # (specialisation, kernel name) -> (spec, (specialisation,))
     for shape in shapes:
         spec = _spec_of(dispatcher, shape)
         specialization = spec.definition.specialization_of(shape.problem)
         if any(unit.kind is not UnitKind.PYTHON for unit in units(spec, specialization)):
-            groups.setdefault(specialization, {})[spec.name] = spec
-    results: list[BuildResult] = []
-    for specialization, specs in groups.items():
-        results += build_all(specs.values(), dispatcher.cache, jobs or os.cpu_count() or 1,
-                             specializations=(specialization,))
-    return results
+            work[specialization, spec.name] = (spec, (specialization,))
+    return build_each(work.values(), dispatcher.cache, jobs or os.cpu_count() or 1)
 
 
 def _tensors_of(out: Any) -> list:
