@@ -8,7 +8,13 @@ score is measured against. The rates come from the arch facts only (``arch.peak_
 
 from __future__ import annotations
 
+import functools
+import operator
+from typing import Callable, TypeVar
+
 from ..core.dtypes import DType
+
+T = TypeVar("T")
 
 
 def dram_bytes_per_s(arch) -> float:
@@ -35,3 +41,27 @@ def ideal_seconds(flops: float, bytes_moved: float, peak_flops: float, arch) -> 
 def soft_max(first: float, second: float, power: int = 3) -> float:
     """The bound that dominates sets the time; the other still separates near-ties."""
     return (first**power + second**power) ** (1 / power)
+
+
+def per_problem(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` of a problem (and the arch), kept for the last arguments it was called with.
+
+    A problem's ranking scores each accepted candidate in turn, and every score reads the same
+    facts of the problem (its peak, its ideal time, its GEMM view): some 30 calls a problem with
+    the same arguments, each as costly as a small score's own arithmetic. The arguments are
+    compared by identity (problems and archs are frozen, and the entry holds them, so an id is
+    not reused while kept); the entry is replaced whole, so threads share it safely.
+    """
+    last: tuple[tuple, T] | None = None
+
+    @functools.wraps(fn)
+    def kept(*args):
+        nonlocal last
+        entry = last
+        if entry is not None and len(entry[0]) == len(args) and all(map(operator.is_, entry[0], args)):
+            return entry[1]
+        value = fn(*args)
+        last = (args, value)
+        return value
+
+    return kept

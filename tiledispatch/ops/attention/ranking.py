@@ -20,7 +20,7 @@ from ...core.arith import cdiv
 from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.analytic import blocks_per_sm, wave_efficiency
-from ...heuristics.roofline import dram_bytes_per_s, ideal_seconds, tensor_flops
+from ...heuristics.roofline import dram_bytes_per_s, ideal_seconds, per_problem, tensor_flops
 from .config import FAMILIES, AnyAttentionConfig, AttentionConfig
 from .counting import block_pairs
 from .problem import AttentionProblem, Direction, UserMask
@@ -57,14 +57,26 @@ RESCALE_COST = 0.1
 USER_MASK_FACTOR = 0.5
 
 
+@per_problem  # every candidate's score reads it: once a problem
 def peak_flops(problem: AttentionProblem, arch) -> float:
     peak = tensor_flops(arch, problem.dtype)
     # fp32 runs exact (ieee), not as tf32: on the CUDA cores' share of the tf32 peak.
     return peak * arch.calibration.fma_share_of_tf32 if problem.dtype is DType.FP32 else peak
 
 
+@per_problem
 def problem_ideal_seconds(problem: AttentionProblem, arch) -> float:
-    return ideal_seconds(problem.flops(), problem.bytes(), peak_flops(problem, arch), arch)
+    return ideal_seconds(problem_flops(problem), problem.bytes(), peak_flops(problem, arch), arch)
+
+
+@per_problem  # counted in closed form, but per sequence and mask: once a problem, not once a score
+def problem_flops(problem: AttentionProblem) -> float:
+    return problem.flops()
+
+
+@per_problem
+def visible_pairs(problem: AttentionProblem) -> int:
+    return problem.visible_pairs()
 
 
 def computed_pairs(problem: AttentionProblem, block_m: int, block_n: int) -> int:
@@ -109,11 +121,12 @@ def tile_terms(config: AttentionConfig, problem: AttentionProblem, arch) -> Tile
     # The forward's programs own query blocks; the backward's main (dK/dV) ones own key blocks.
     own, other = (config.block_m, config.block_n) if forward else (config.block_n, config.block_m)
     dims = (p.head_dim_qk + p.head_dim_v) / (padded(p.head_dim_qk) + padded(p.head_dim_v))
-    visible = p.visible_pairs()
+    visible = visible_pairs(p)
     computed = computed_pairs(p, config.block_m, config.block_n)
     band = visible / computed if computed else 1.0
     threads = config.num_warps * 32
-    registers = min(accumulator_registers(config) + REGISTER_RESERVE, arch.registers_per_thread_max)
+    needed = accumulator_registers(config) + REGISTER_RESERVE
+    registers = min(needed, arch.registers_per_thread_max)
     resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
                              registers_per_thread=registers)
     rows = p.seqlen_q if forward else p.seqlen_kv
@@ -137,7 +150,7 @@ def tile_terms(config: AttentionConfig, problem: AttentionProblem, arch) -> Tile
     latency = 1.0 if resident >= 2 or config.num_stages >= 2 else 0.85
     if config.num_stages < 3:
         latency *= BACKWARD_TWO_STAGES if not forward else FORWARD_TWO_STAGES
-    pressure = register_pressure(accumulator_registers(config) + REGISTER_RESERVE)
+    pressure = register_pressure(needed)
     warps = EIGHT_WARPS if forward and config.num_warps >= 8 else 1.0
     if forward:
         softmax = 1.0 / (1.0 + RESCALE_COST * p.head_dim_v / config.block_n)
@@ -161,7 +174,7 @@ def tile_score(config: AttentionConfig, problem: AttentionProblem, arch, fractio
     forward = config.direction is Direction.FORWARD
     efficiency = t.dims * t.band * t.waves * t.feed * t.shape * t.latency * t.pressure * t.warps * t.softmax
     stages = 1 if forward else 3
-    modelled = p.flops() / (peak_flops(p, arch) * efficiency) / fraction + stages * arch.calibration.launch_s
+    modelled = problem_flops(p) / (peak_flops(p, arch) * efficiency) / fraction + stages * arch.calibration.launch_s
     if not forward:
         tq, _ = p.tokens()
         modelled += 2 * tq * p.heads_q * p.head_dim_v * p.dtype.itemsize / dram_bytes_per_s(arch)

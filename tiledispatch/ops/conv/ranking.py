@@ -15,6 +15,7 @@ from ...core.dtypes import DType
 from ...core.op import Score
 from ...heuristics.roofline import fma_flops, tensor_flops
 from ...heuristics.roofline import ideal_seconds as roofline_seconds
+from ...heuristics.roofline import per_problem
 from .problem import ConvProblem
 from .signature import FAMILIES
 
@@ -36,6 +37,7 @@ VENDOR_CALL_SECONDS = 2e-6  # GPU-side fixed cost of a cuDNN call (the benchmark
 VENDOR_TRUST = 1.3
 
 
+@per_problem  # every candidate's score reads it: once a problem
 def peak_flops(p: ConvProblem, arch) -> float:
     """The problem's compute peak: CUDA-core FMAs for strict fp32, the tensor cores otherwise."""
     t = p.types
@@ -44,6 +46,7 @@ def peak_flops(p: ConvProblem, arch) -> float:
     return tensor_flops(arch, t.dtype)
 
 
+@per_problem
 def ideal_seconds(p: ConvProblem, arch) -> float:
     return roofline_seconds(p.flops(), p.bytes(), peak_flops(p, arch), arch)
 

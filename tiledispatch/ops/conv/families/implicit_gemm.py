@@ -16,7 +16,7 @@ from ....core.arith import cdiv
 from ....core.family import CorrectionSpace
 from ....core.op import KernelUnit, Score
 from ....heuristics.analytic import blocks_per_sm, tile_efficiency
-from ....heuristics.roofline import dram_bytes_per_s
+from ....heuristics.roofline import dram_bytes_per_s, per_problem
 from ..plan import ALIGNED_TENSORS, epilogue_constexprs, pointer_unit, reduce_unit, splits
 from ..problem import ConvProblem, ConvSpecialization, Direction
 from ..ranking import L2_REUSE, NONDETERMINISTIC_PENALTY, SPILL_PENALTY, ideal_seconds, peak_flops, sm_efficiency
@@ -220,6 +220,7 @@ class GemmView:
     depth: int  # channels reduced per tap (C/G or K/G); for backward-weight, the pixels
 
 
+@per_problem  # every igemm candidate's score reads it: once a problem
 def gemm_view(p: ConvProblem) -> GemmView:
     taps = math.prod(p.filter_size)
     pixels_out = p.n * math.prod(p.output_size)
