@@ -243,49 +243,122 @@ def _steps(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView) -> int:
     return taps * math.ceil(config.groups_per_tile * v.depth / config.block_k)
 
 
-def _intake_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tiles: int, arch) -> float:
+@dataclass(frozen=True)
+class Occupancy:
+    """A program's registers a thread, whether they spill, and how many programs an SM holds."""
+
+    registers: int
+    spills: bool
+    resident: int
+
+
+@dataclass(frozen=True)
+class TileFacts:
+    """What an igemm score reads of its config and arch alone: the registry's configs are scored
+    for every problem of their class, and these were a third of each score's work."""
+
+    threads: int
+    vector_loads: Occupancy  # operands loaded as 16-byte vectors
+    element_loads: Occupancy  # an address and a mask an element (igemm-flat, channels not aligned)
+    issue_rate: float  # warp instructions the SMs issue a second
+
+    @staticmethod
+    def of(config: ImplicitGemmConfig, arch) -> TileFacts:
+        threads = config.num_warps * 32
+        shared = shared_memory_bytes(config)
+        limit = arch.registers_per_thread_max
+
+        def occupancy(registers: int) -> Occupancy:
+            return Occupancy(registers, registers > limit, blocks_per_sm(
+                arch, threads=threads, shared_bytes=shared, registers_per_thread=min(registers, limit)))
+
+        registers = accumulator_registers(config) + REGISTER_RESERVE
+        elements = registers + 2 * (config.block_m + config.block_n) * config.block_k // threads
+        calibration = arch.calibration
+        return TileFacts(threads, occupancy(registers), occupancy(elements),
+                         calibration.issue_per_sm_cycle * arch.sm_count * calibration.clock_hz)
+
+
+def tile_facts(config: ImplicitGemmConfig, arch) -> TileFacts:
+    """`config`'s TileFacts on `arch`, kept on the config for the last arch asked (configs are
+    frozen, so they hold the facts outside their fields, as functools.cached_property would)."""
+    kept = config.__dict__.get("_tile_facts")
+    if kept is None or kept[0] is not arch:
+        kept = (arch, TileFacts.of(config, arch))
+        object.__setattr__(config, "_tile_facts", kept)
+    return kept[1]
+
+
+@dataclass(frozen=True)
+class ProblemFacts:
+    """What every igemm score of a problem reads of the problem and arch alone."""
+
+    view: GemmView
+    item: int
+    peak: float
+    bandwidth: float
+    flops: int
+    bytes: int
+    ideal: float
+    aligned: bool  # the groups' channels are 16-byte vectors (ConvSpecialization.groups_aligned)
+    x_side: int  # elements a load of x and w (and flat runs) takes
+    a_vector: int  # elements a load of the A tile takes (x forward, dy backward)
+
+
+@per_problem  # every igemm candidate's score reads it: once a problem
+def problem_facts(p: ConvProblem, arch) -> ProblemFacts:
+    vector = max(16 // p.types.dtype.itemsize, 1)
+    x_side = vector if p.specialization.groups_aligned else 1
+    y_side = vector if p.specialization.outputs_aligned else 1
+    return ProblemFacts(gemm_view(p), p.types.dtype.itemsize, peak_flops(p, arch), dram_bytes_per_s(arch),
+                        p.flops(), p.bytes(), ideal_seconds(p, arch), p.specialization.groups_aligned,
+                        x_side, x_side if p.direction is Direction.FORWARD else y_side)
+
+
+def _intake_seconds(config: ImplicitGemmConfig, f: ProblemFacts, steps: int, tiles: int, arch) -> float:
     """The busiest SM's operand intake: every step's A and B tiles, through its own L2 port.
 
     DRAM serves each byte once, but each tile re-reads its operands from L2: a larger tile
     reads fewer bytes per FLOP. On conv.csv (H200) backward-data's 128x256 tile ran 1.7x the
     128x128 one on dilated_3x3_d2, 256x128 1.24x on unet_3x3, where the other terms tie them.
     """
-    per_tile = (config.block_m + config.block_n) * config.block_k * _steps(config, p, v) * p.types.dtype.itemsize
+    per_tile = (config.block_m + config.block_n) * config.block_k * steps * f.item
     return math.ceil(tiles / arch.sm_count) * per_tile / SM_PORT_BYTES_PER_S
 
 
-def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, tiles: int, arch) -> float:
+def _issue_seconds(config: ImplicitGemmConfig, p: ConvProblem, f: ProblemFacts, facts: TileFacts, steps: int,
+                   tiles: int) -> float:
     """Time the SMs spend issuing the loop's instructions besides the MMAs: steps x warps x a step's cost.
 
     Small tiles (128x16x16, one tap of 16 channels a step) and element loads (channels
     not 16-byte aligned, the C=3 stem) make this, not the tensor cores, the bound: on
     conv.csv the 128x16x16 resnext tiles ran 1.7x their MMA-and-bytes model, the stem's
-    element-load tiles 10-40x.
+    element-load tiles 10-40x. igemm-flat gathers im2col runs of C/G (elements unless aligned).
     """
-    threads = config.num_warps * 32
-    flat = config.family is Family.IMPLICIT_GEMM_FLAT  # gathers im2col runs of C/G (elements unless aligned)
-    vector = max(16 // p.types.dtype.itemsize, 1)
-    x_side = vector if p.specialization.groups_aligned else 1  # x and w (flat: a run of C/G a tap)
-    y_side = vector if p.specialization.outputs_aligned else 1  # dy: the backward directions' A tile
-    a_vector = x_side if p.direction is Direction.FORWARD else y_side
-    loads = (config.block_m * config.block_k / a_vector + config.block_k * config.block_n / x_side) / threads
-    steps = _steps(config, p, v)
-    if flat:  # the pixel walk is per row of the tile; each element adds its own border checks
+    loads = (config.block_m * config.block_k / f.a_vector + config.block_k * config.block_n / f.x_side) / facts.threads
+    if config.family is Family.IMPLICIT_GEMM_FLAT:  # the pixel walk is per row; each element checks its borders
         per_load = INSTRUCTIONS_PER_LOAD + FLAT_GATHER_INSTRUCTIONS
     else:
         per_load = INSTRUCTIONS_PER_LOAD + (WEIGHT_INSTRUCTIONS_PER_LOAD
                                             if p.direction is Direction.BWD_WEIGHT else 0)
     per_step = STEP_INSTRUCTIONS + per_load * max(loads, 1.0)
     warp_instructions = tiles * steps * config.num_warps * per_step
-    calibration = arch.calibration
-    return warp_instructions / (calibration.issue_per_sm_cycle * arch.sm_count * calibration.clock_hz)
+    return warp_instructions / facts.issue_rate
 
 
-def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
-    v = gemm_view(p)
-    item = p.types.dtype.itemsize
-    peak, bandwidth = peak_flops(p, arch), dram_bytes_per_s(arch)
-    flat = config.family is Family.IMPLICIT_GEMM_FLAT  # N (backward-weight) or the reduction is taps x C/G
+def _tiles(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, flat: bool) -> int:
+    """Programs of the main stage, over all groups and splits."""
+    if p.direction is Direction.BWD_WEIGHT and flat:
+        return math.ceil(v.m / config.block_m) * math.ceil(v.n / config.block_n) * p.groups * config.split_k
+    if p.direction is Direction.BWD_WEIGHT:
+        tiles = math.ceil(v.m / config.block_m) * math.ceil(p.c_per_group / config.block_n)
+        return tiles * (math.prod(p.filter_size) * p.groups * config.split_k)
+    return (math.ceil(v.m / config.block_m) * math.ceil(config.groups_per_tile * v.n / config.block_n)
+            * math.ceil(p.groups / config.groups_per_tile))
+
+
+def _waste(config: ImplicitGemmConfig, p: ConvProblem, v: GemmView, flat: bool) -> tuple[float, float, float]:
+    """Useful fractions of the tile's M, N and reduction (K) extents."""
     if p.direction is Direction.BWD_WEIGHT:
         span = config.block_k * config.split_k
         tile_k = tile_efficiency(v.depth, span) if v.depth >= span else v.depth / (
@@ -300,33 +373,29 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
         # Each tap's channels are padded to block_k; merged groups fill a tile block-diagonally.
         tile_k = tile_efficiency(merged * v.depth, config.block_k) / merged
         tile_n = useful * v.n / (math.ceil(merged * v.n / config.block_n) * config.block_n)
-    waste = {"tile_m": tile_efficiency(v.m, config.block_m), "tile_n": tile_n, "tile_k": tile_k}
-    threads = config.num_warps * 32
-    registers = accumulator_registers(config) + REGISTER_RESERVE
-    if flat or not p.specialization.groups_aligned:  # an address and a mask an element
-        registers += 2 * (config.block_m + config.block_n) * config.block_k // threads
-    spills = registers > arch.registers_per_thread_max
-    resident = blocks_per_sm(arch, threads=threads, shared_bytes=shared_memory_bytes(config),
-                             registers_per_thread=min(registers, arch.registers_per_thread_max))
-    if p.direction is Direction.BWD_WEIGHT and flat:
-        tiles = math.ceil(v.m / config.block_m) * math.ceil(v.n / config.block_n) * p.groups * config.split_k
-    elif p.direction is Direction.BWD_WEIGHT:
-        tiles = math.ceil(v.m / config.block_m) * math.ceil(p.c_per_group / config.block_n)
-        tiles *= math.prod(p.filter_size) * p.groups * config.split_k
-    else:
-        tiles = (math.ceil(v.m / config.block_m) * math.ceil(config.groups_per_tile * v.n / config.block_n)
-                 * math.ceil(p.groups / config.groups_per_tile))
+    return tile_efficiency(v.m, config.block_m), tile_n, tile_k
+
+
+def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
+    f = problem_facts(p, arch)
+    facts = tile_facts(config, arch)
+    v, item, bandwidth = f.view, f.item, f.bandwidth
+    flat = config.family is Family.IMPLICIT_GEMM_FLAT  # N (backward-weight) or the reduction is taps x C/G
+    tile_m, tile_n, tile_k = _waste(config, p, v, flat)
+    occupancy = facts.element_loads if flat or not f.aligned else facts.vector_loads
+    resident = occupancy.resident
+    tiles = _tiles(config, p, v, flat)
     waves, concurrent = sm_efficiency(tiles, resident, config.num_warps, arch.sm_count)
     intensity = 2 * config.block_m * config.block_n / ((config.block_m + config.block_n) * item)
-    feed = min(1.0, intensity * bandwidth * L2_REUSE / peak)
+    feed = min(1.0, intensity * bandwidth * L2_REUSE / f.peak)
     latency = 1.0 if concurrent >= 2 else 0.9 if config.num_stages >= 3 else 0.8
-    efficiency = waste["tile_m"] * waste["tile_n"] * waste["tile_k"] * waves * feed * latency
-    efficiency *= SPILL_PENALTY if spills else 1.0
-    compute_s = p.flops() / (peak * efficiency)
+    efficiency = tile_m * tile_n * tile_k * waves * feed * latency
+    efficiency *= SPILL_PENALTY if occupancy.spills else 1.0
+    compute_s = f.flops / (f.peak * efficiency)
     per_program = (config.block_m + config.block_n) * config.block_k * item * max(config.num_stages - 1, 1)
     programs_per_sm = min(resident, max(tiles / arch.sm_count, 1.0))
     in_flight = min(1.0, per_program * programs_per_sm / arch.calibration.bytes_in_flight_per_sm)
-    if not p.specialization.groups_aligned:
+    if not f.aligned:
         in_flight *= 0.25  # element loads instead of 16-byte vectors
     # DRAM moves 32-byte sectors: a channel run shorter than one wastes the rest of it. A flat
     # step's run is a filter row's taps x channels, contiguous in a row of the input.
@@ -334,22 +403,23 @@ def igemm_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     run_bytes = min(run, config.block_k) * item
     sectors = min(1.0, run_bytes / 32) if p.direction is not Direction.BWD_WEIGHT else 1.0
     in_flight *= sectors
-    memory_s = p.bytes() / (bandwidth * in_flight)
+    memory_s = f.bytes / (bandwidth * in_flight)
     reduce_s = 0.0
     if config.split_k > 1:
         weights = p.k * p.c_per_group * math.prod(p.filter_size)
         reduce_s = (config.workspace_slabs + 1) * weights * 4 / bandwidth + arch.calibration.launch_s
-    issue_s = _issue_seconds(config, p, v, tiles, arch)
-    intake_s = _intake_seconds(config, p, v, tiles, arch)
+    steps = _steps(config, p, v)
+    issue_s = _issue_seconds(config, p, f, facts, steps, tiles)
+    intake_s = _intake_seconds(config, f, steps, tiles, arch)
     bound_s = (compute_s**3 + memory_s**3 + issue_s**3 + intake_s**3) ** (1 / 3)
     modelled = bound_s / TILED_FRACTION + arch.calibration.launch_s + reduce_s
-    ideal = ideal_seconds(p, arch)
-    value = ideal / modelled
+    value = f.ideal / modelled
     if config.atomic_split:
         value *= NONDETERMINISTIC_PENALTY
-    terms = {**waste, "waves": waves, "feed": feed, "latency": latency, "sectors": sectors,
-             "resident": float(resident), "in_flight": in_flight, "spills": float(spills),
-             "issue_us": issue_s * 1e6, "intake_us": intake_s * 1e6, "modelled_us": modelled * 1e6}
+    terms = {"tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k, "waves": waves, "feed": feed,
+             "latency": latency, "sectors": sectors, "resident": float(resident), "in_flight": in_flight,
+             "spills": float(occupancy.spills), "issue_us": issue_s * 1e6, "intake_us": intake_s * 1e6,
+             "modelled_us": modelled * 1e6}
     return Score(value, terms)
 
 
