@@ -5,6 +5,7 @@ rules and model (configs with a `window`) are in direct_window.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -112,7 +113,7 @@ class DirectConfig:
             width += (p.padding[-1] + self.window + 1) % self.window_stride
         return p.n * math.prod(spatial[:-1]) * -(-width // self.run)
 
-    @property
+    @functools.cached_property  # a window score reads it three times: once a config, not an import each time
     def window_columns(self) -> int:
         """Source columns a window kernel's run loads once each, a filter row: input columns
         (run - 1) x stride + window wide for forward and backward-weight, dy columns that reach the
