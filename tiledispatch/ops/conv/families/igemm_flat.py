@@ -16,7 +16,7 @@ from ....core.arith import cdiv
 from ....core.family import KernelFamily
 from ....core.launch import Launch, Plan
 from ....core.op import KernelUnit, Score
-from ....heuristics.roofline import dram_bytes_per_s
+from ....heuristics.roofline import dram_bytes_per_s, per_problem
 from ..operands import ConvOperands, channels_last_empty
 from ..plan import (
     KERNELS,
@@ -73,11 +73,16 @@ def score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     return igemm_score(config, p, arch)
 
 
+@per_problem  # each padded config's score reads it: a copy of the problem, validated anew when made
+def _padded_problem(p: ConvProblem) -> ConvProblem:
+    return p.channels_padded()
+
+
 def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     """igemm-flat on the problem with C padded to 16-byte vectors, plus the copies that pad x (and
     forward's w) and cut backward-weight's dw back: each a pass over its bytes and a launch."""
-    padded = p.channels_padded()
-    inner = igemm_score(replace(config, pad_channels=False), padded, arch)
+    padded = _padded_problem(p)
+    inner = igemm_score(_unpadded(config), padded, arch)
     item = p.types.dtype.itemsize
     pixels = p.n * math.prod(p.input_size)
     copies = pixels * (p.c + padded.c) * item
@@ -87,6 +92,16 @@ def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     modelled = inner.terms["modelled_us"] * 1e-6 + pad_s
     return Score(ideal_seconds(p, arch) / modelled,
                  {**inner.terms, "pad_us": pad_s * 1e6, "modelled_us": modelled * 1e6})
+
+
+def _unpadded(config: ImplicitGemmConfig) -> ImplicitGemmConfig:
+    """The config's kernel on the padded problem, kept on the config: one copy, whose tile facts
+    (implicit_gemm.tile_facts) are then kept too."""
+    kept = config.__dict__.get("_unpadded")
+    if kept is None:
+        kept = replace(config, pad_channels=False)
+        object.__setattr__(config, "_unpadded", kept)
+    return kept
 
 
 def flat_data_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
