@@ -479,6 +479,22 @@ def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypat
     assert "workers that ran this task died" in frame[frame.kernel == names[1]].error.iloc[0]
 
 
+def test_on_several_gpus_a_budget_drops_the_tasks_still_running(tmp_path, monkeypatch):
+    """A task that hangs would hold the sweep until its kernel's timeout; past the budget the sweep
+    stops at once, the hung task dropped (no row: a rerun runs it), the rows it has kept."""
+    pytest.importorskip("distributed")
+    problem = gemm_problems()[1]
+    names = ranked_names(problem, 2)
+    monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[0]: "hang"}))
+    start = time.perf_counter()
+    report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=2),
+                   kernels_per_task=1, gpus=[0, 1], timeout_s=300, budget_s=10)
+    assert time.perf_counter() - start < 300  # not held until the hung kernel's timeout
+    frame = read_table(tmp_path)
+    assert names[0] not in set(frame.kernel) and set(frame.status) <= {"ok"}
+    assert report.tasks_left >= 1 and report.tasks_left + len(frame) == 2
+
+
 def test_a_worker_restarted_after_a_task_killed_it_runs_the_next_task(tmp_path, monkeypatch):
     """One worker: the task that kills it twice is a FAULT, and the worker its Nanny restarts runs
     the next task (in a child process of its own: a restarted worker is allowed children too). The

@@ -19,6 +19,7 @@ import atexit
 import os
 import subprocess
 import sys
+import time
 from typing import Iterator, Sequence
 
 from ..core.errors import InvalidArgumentError
@@ -114,19 +115,25 @@ def _lost(task: Task, error: BaseException) -> TaskResult:
 
 
 def run_tasks(tasks: list[Task], *, gpus: Sequence[str] | None, scheduler: str | None,
-              timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
-    """(task, result) as each finishes, on a local cluster of `gpus` or the cluster at `scheduler`."""
+              timeout_s: float, deadline: float | None = None) -> Iterator[tuple[Task, TaskResult]]:
+    """(task, result) as each finishes, on a local cluster of `gpus` or the cluster at `scheduler`,
+    until `deadline` (a `time.perf_counter()` time) passes: then the tasks still running are dropped
+    at once, not waited for (a task of slow kernels can run for minutes past a lent machine's end)."""
     distributed = _require()
     cluster = None if scheduler is not None else local_cluster(gpus or ["0"])
     try:
         with distributed.Client(scheduler if scheduler is not None else cluster) as client:
             futures = {client.submit(run_in_worker, task, timeout_s, pure=False): task for task in tasks}
-            for future in distributed.as_completed(futures):
-                task = futures[future]
-                try:
-                    yield task, future.result()
-                except distributed.KilledWorker as e:
-                    yield task, _lost(task, e)
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            try:
+                for future in distributed.as_completed(futures, timeout=left):
+                    task = futures[future]
+                    try:
+                        yield task, future.result()
+                    except distributed.KilledWorker as e:
+                        yield task, _lost(task, e)
+            except distributed.TimeoutError:  # the deadline: the client cancels what is left as it closes
+                return
     finally:
         if cluster is not None:
             cluster.close()

@@ -337,8 +337,9 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     `prebuild_jobs` compiles every planned kernel first, that many processes at once on this host
     (`prebuild`): the workers then find them in the cache rather than each compiling the kernels
     its problems share with the other workers' at the same time.
-    `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly once a task
-    finishes past it: the workers are closed, tasks still running are dropped, and the report's
+    `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly past it (on
+    several GPUs at once; on one, once its task finishes): the workers are closed, tasks still
+    running are dropped, and the report's
     `tasks_left` counts what a rerun would do (a time-limited machine, where a stop by signal waits
     on the work in flight). Another sweep writing `out` is an error; Ctrl-C or SIGTERM closes the
     workers and raises `SweepInterrupted`, whose report says what was written.
@@ -463,7 +464,7 @@ def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts
     if scheduler is not None or (gpus and len(gpus) > 1):
         from .distributed import run_tasks
 
-        results = run_tasks(tasks, gpus=gpus, scheduler=scheduler, timeout_s=timeout_s)
+        results = run_tasks(tasks, gpus=gpus, scheduler=scheduler, timeout_s=timeout_s, deadline=deadline)
     else:
         results = _run_local(tasks, gpus[0] if gpus else None, timeout_s)
     try:
