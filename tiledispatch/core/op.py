@@ -181,10 +181,6 @@ class OpDefinition:
     # candidate): a shortlist saves first-sight time where the rules already rank well, and loses
     # the kernels the rules place low where they do not (core.candidate_set.model_shortlist).
     model_shortlist: int | None = 16
-    # Whether a direction's model trains on the rows of every direction of its (op, dtype, arch), the
-    # direction a feature (`heuristics.training.training_rows`): where the families and config fields
-    # mean the same in each direction, one direction's sweep alone holds too few problems.
-    model_pools_directions: bool = False
     # config -> what of a config `supports` reads (hashable): configs of one key take or refuse every
     # problem alike, so a ranking asks once per key (`core.candidate_set`). None: once per config.
     support_key: Callable[[Any], Hashable] | None = None

@@ -421,8 +421,7 @@ def cross_validate(frame, *, folds: int = 5, only: int | None = None, seed: int 
     reports = []
     for index in range(Fold(0, folds).folds) if only is None else [Fold(only, folds).index]:
         rest = frame[fold != index]
-        # each key's model from the whole of the other folds: an op may pool its directions' rows
-        models = {key: train(rest, key, folds=inner_folds, seed=seed) for key, rows in _by_key(rest)
+        models = {key: train(rows, key, folds=inner_folds, seed=seed) for key, rows in _by_key(rest)
                   if Picker.MODEL in _pickers(strategies) and (rows["status"] == Status.OK.value).any()}
         held = frame[fold == index]
         if len(held):

@@ -63,24 +63,6 @@ def _require(frame: Any) -> None:
                                f"(tiledispatch sweep, bench.table.COLUMNS) has {list(REQUIRED)}")
 
 
-def training_rows(frame: Any, key: SelectionKey) -> Any:
-    """What `key`'s model trains on: `rows_of(frame, key)`, and where the op pools its directions
-    (`OpDefinition.model_pools_directions`), the rows of its other directions in `frame` beside them,
-    sorted by problem and kernel as one table. A problem's id holds its direction, so no two
-    directions share a group."""
-    import pandas as pd
-
-    own = rows_of(frame, key)
-    if not get_op(key.op).model_pools_directions:
-        return own
-    siblings = [k for k in selection_keys(frame) if (k.op, k.dtype, k.arch) == (key.op, key.dtype, key.arch)
-                and k.direction != key.direction]
-    if not siblings:
-        return own
-    pooled = pd.concat([own, *(rows_of(frame, k) for k in siblings)], ignore_index=True)
-    return pooled.sort_values(["problem_id", "kernel"], kind="stable").reset_index(drop=True)
-
-
 def rows_of(frame: Any, key: SelectionKey) -> Any:
     """The ok rows of `key`, one per (problem, kernel) with the median time, sorted by both."""
     _require(frame)
@@ -180,28 +162,25 @@ def selection(log_ms: np.ndarray, costs: np.ndarray, problem_ids: np.ndarray) ->
             "top1": hits / len(efficiency)}
 
 
-def cross_validate(data: Data, folds: int, params: Mapping[str, Any],
-                   judged: np.ndarray | None = None) -> dict[str, Any] | None:
+def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[str, Any] | None:
     """Grouped k-fold selection scores on the problems each fold's model did not see; None with
-    fewer than 2 problems. `judged` (a row mask): the rows whose problems are scored, the key's
-    own where other directions' rows train beside them (every row by default)."""
+    fewer than 2 problems."""
     import lightgbm
 
-    judged = np.ones(len(data.problem_ids), dtype=bool) if judged is None else judged
-    unique = np.unique(data.problem_ids[judged])
+    unique = np.unique(data.problem_ids)
     folds = min(folds, len(unique))
     if folds < 2:
         return None
     from ..bench.problemsets import fold_of  # the split every tool shares: a problem is in one fold everywhere
 
     fold_by_id = {pid: fold_of(str(pid), folds) for pid in unique}
-    fold = np.array([fold_by_id.get(pid, fold_of(str(pid), folds)) for pid in data.problem_ids])
+    fold = np.array([fold_by_id[pid] for pid in data.problem_ids])
     costs, used = np.full(len(fold), np.nan), []
     for f in range(folds):
-        valid = (fold == f) & judged  # the fold's other problems train no model of it, nor are judged
-        if not valid.any() or (fold == f).all():
+        valid = fold == f
+        if not valid.any() or valid.all():
             continue  # a hash may leave a fold empty when there are few problems
-        booster = lightgbm.train(dict(params), _dataset(data, fold != f), ROUNDS)
+        booster = lightgbm.train(dict(params), _dataset(data, ~valid), ROUNDS)
         costs[valid] = -booster.predict(data.matrix[valid])
         used.append(f)
     seen = ~np.isnan(costs)
@@ -226,21 +205,19 @@ def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"seed must be an integer in 0..{SEED_MAX} (LightGBM's seed); got {seed!r}")
     params = {**DEFAULT_PARAMS, "seed": seed, **_checked_params(params)}
-    rows = training_rows(frame, key)
+    rows = rows_of(frame, key)
     data = featurize(rows, key)
-    own = rows_of(frame, key)["problem_id"].unique()
-    cv = cross_validate(data, folds, params, judged=np.isin(data.problem_ids, own))
+    cv = cross_validate(data, folds, params)
     booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), ROUNDS)
     mask = (frame["status"] == Status.OK.value) & frame["problem_id"].isin(rows["problem_id"])
-    for column, value in zip(("op", "dtype", "arch"), (key.op, key.dtype, key.arch)):
-        mask &= frame[column] == value  # the rows trained on: another arch's sweep shares problem ids
+    for column, value in zip(("op", "direction", "dtype", "arch"), (key.op, key.direction, key.dtype, key.arch)):
+        mask &= frame[column] == value  # the key's rows alone: another arch's sweep shares problem ids
     used = frame[mask]
     manifest = {
         "format": FORMAT, "key": {"op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": key.arch},
         "target": TARGET, "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
         "problems": int(len(np.unique(data.problem_ids))), "kernels": int(rows["kernel"].nunique()),
         "skipped": dict(data.skipped), "gpus": _values(used, "gpu"), "problem_sets": _values(used, "problem_set"),
-        "directions": _values(used, "direction"),
         "cv": cv, "trees": booster.num_trees(), "params": params, "lightgbm": lightgbm.__version__,
         "tiledispatch": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -66,10 +66,6 @@ OP = register(OpDefinition(
     # unseen problems autotune reaches 0.989 of the oracle so (P10 0.981), 0.970 (0.815) with the
     # shortlist, for 6 % more first-sight time (docs/selection.md).
     model_shortlist=None,
-    # A backward direction's model trained on its own 65 problems ranked no better than the rules
-    # (0.88 / 0.89 of the oracle on unseen problems); on every direction's rows, 0.92 with P10 0.74
-    # (docs/selection.md). The forward's is the same either way.
-    model_pools_directions=True,
     support_key=support_key,
 ))
 
