@@ -253,6 +253,60 @@ def _fit_column(source: Source, path: str, values: list[Any]) -> Column:
     return Column(source, path, Kind.NUMBER, Transform.LOG2 if sizes else Transform.NONE)
 
 
+class _FieldReader:
+    """One source's columns (a problem's, a config's) read from a dataclass field by field.
+
+    Flattening every field of each new problem or config was most of the model's cost over the
+    rules (conv: 15 fields a problem, a dozen a config). A scalar field is its own leaf, read
+    straight; a dataclass field (dtypes, epilogue, a config's signature) and a tuple of ints
+    (strides, paddings) recur across objects, so their leaves' codes are kept by value. The row
+    is the one `dict(flatten(obj))` read column by column gives, to the bit."""
+
+    def __init__(self, columns: Sequence[Column]) -> None:
+        self._columns = tuple(columns)
+        self._at = {c.path: j for j, c in enumerate(self._columns)}
+        self._kept: dict[tuple[str, Any], tuple[tuple[int, float, str | None], ...]] = {}
+
+    def row(self, obj: Any) -> tuple[np.ndarray, tuple[str, ...]]:
+        """(the columns' codes, NaN where `obj` has no such leaf; the unknown categories, `path=value`)."""
+        row = np.full(len(self._columns), math.nan)
+        unknown = []
+        for name in _field_names(type(obj)):
+            for j, code, missing in self._codes(name, getattr(obj, name)):
+                row[j] = code
+                if missing is not None:
+                    unknown.append((j, missing))
+        return row, tuple(missing for _, missing in sorted(unknown))
+
+    def _codes(self, name: str, value: Any) -> tuple[tuple[int, float, str | None], ...]:
+        """(position, code, the unknown category or None) of each of a field's leaves that has a column."""
+        if isinstance(value, enum.Enum):  # a leaf, as `flatten` spells it (its value), no path to build
+            return self._leaf(name, value.value)
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return self._leaf(name, value)
+        if dataclasses.is_dataclass(value) or (type(value) is tuple and all(type(v) is int for v in value)):
+            key = (name, value)  # equal values of these kinds flatten to the same leaves
+            codes = self._kept.get(key)
+            if codes is None:
+                if len(self._kept) >= CONFIGS_KEPT:
+                    self._kept.clear()
+                codes = self._kept[key] = self._flattened(name, value)
+            return codes
+        return self._flattened(name, value)
+
+    def _leaf(self, path: str, leaf: Any) -> tuple[tuple[int, float, str | None], ...]:
+        j = self._at.get(path)
+        if j is None:
+            return ()
+        column = self._columns[j]
+        code = column.encode(leaf)
+        unknown = column.kind is Kind.CATEGORY and leaf is not None and math.isnan(code)
+        return ((j, code, f"{path}={leaf!r}" if unknown else None),)
+
+    def _flattened(self, name: str, value: Any) -> tuple[tuple[int, float, str | None], ...]:
+        return tuple(code for path, leaf in flatten(value, f"{name}.") for code in self._leaf(path, leaf))
+
+
 class Featurizer:
     """Builds a spec's matrix for one problem and N configs (the dispatcher's hot path)."""
 
@@ -269,18 +323,15 @@ class Featurizer:
         self._value_at = score_paths.index("value") if "value" in score_paths else None
         # id(config) -> (config, its CONFIG and KERNEL columns' values). By identity: hashing a
         # config hashes its nested fields each time, which costs more than the lookup saves; the
-        # entry holds the config, so its id is not reused while it is kept.
+        # entry holds the config, so its id is not reused while it is kept. So is an arch's row.
         self._configs: dict[int, tuple[Any, np.ndarray]] = {}
-        self._arch: dict[Any, np.ndarray] = {}  # see _arch_row
+        self._arch: dict[int, tuple[Any, np.ndarray]] = {}  # see _arch_row
         # (problem, its PROBLEM columns, the categories it holds that the spec does not know),
         # for the last problem read: the model's source asks `unknown_categories` of the very
-        # problem `matrix` then reads, so it is flattened once. Replaced whole: thread-safe.
+        # problem `matrix` then reads, so it is read once. Replaced whole: thread-safe.
         self._last: tuple[Any, np.ndarray, tuple[str, ...]] | None = None
-        # A problem's columns are read field by field: (field, a dataclass value it holds) -> its
-        # leaves' (position in PROBLEM's columns, code, the unknown category or None). A new
-        # problem has new sizes but the dtypes, layout, epilogue and alignment of others.
-        self._problem_at = {c.path: j for j, (_, c) in enumerate(self._groups[Source.PROBLEM])}
-        self._fields: dict[tuple[str, Any], tuple[tuple[int, float, str | None], ...]] = {}
+        self._problem_fields = _FieldReader([c for _, c in self._groups[Source.PROBLEM]])
+        self._config_fields = _FieldReader([c for _, c in self._groups[Source.CONFIG]])
 
     def _encode(self, sources: Sequence[Source], rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """The columns of `sources`, in turn, each read from its row of raw values."""
@@ -296,43 +347,14 @@ class Featurizer:
         return entry[1]
 
     def _config_values(self, config: Any) -> np.ndarray:
-        op = self.spec.op
-        return self._encode((Source.CONFIG, Source.KERNEL), (config_values(config), kernel_values(op, config)))
+        kernel = self._encode((Source.KERNEL,), (kernel_values(self.spec.op, config),))
+        return np.concatenate([self._config_fields.row(config)[0], kernel])
 
     def _problem(self, problem: Any) -> tuple[Any, np.ndarray, tuple[str, ...]]:
         last = self._last
-        if last is not None and last[0] is problem:
-            return last
-        row = np.full(len(self._problem_at), math.nan)  # a column the problem has no leaf for: missing
-        unknown = []
-        for name in _field_names(type(problem)):
-            for j, code, missing in self._field_codes(name, getattr(problem, name)):
-                row[j] = code
-                if missing is not None:
-                    unknown.append((j, missing))
-        self._last = last = (problem, row, tuple(missing for _, missing in sorted(unknown)))
+        if last is None or last[0] is not problem:
+            self._last = last = (problem, *self._problem_fields.row(problem))
         return last
-
-    def _field_codes(self, name: str, value: Any) -> tuple[tuple[int, float, str | None], ...]:
-        """(position, code, the unknown category or None) of each of a problem field's leaves that
-        the spec has a column for; kept for a dataclass value (a later problem's dtypes, say)."""
-        key = (name, value) if dataclasses.is_dataclass(value) else None
-        codes = self._fields.get(key) if key is not None else None
-        if codes is None:
-            group, codes = self._groups[Source.PROBLEM], []
-            for path, leaf in flatten(value, f"{name}."):
-                j = self._problem_at.get(path)
-                if j is not None:
-                    column = group[j][1]
-                    code = column.encode(leaf)
-                    unknown = column.kind is Kind.CATEGORY and math.isnan(code) and leaf is not None
-                    codes.append((j, code, f"{path}={leaf!r}" if unknown else None))
-            codes = tuple(codes)
-            if key is not None:
-                if len(self._fields) >= CONFIGS_KEPT:
-                    self._fields.clear()
-                self._fields[key] = codes
-        return codes
 
     def unknown_categories(self, problem: Any) -> tuple[str, ...]:
         """The problem's categorical fields (`path=value`) whose value no training problem had (a
@@ -372,9 +394,11 @@ class Featurizer:
     def _arch_row(self, arch: Any) -> np.ndarray:
         """A row of the spec's width with the arch's columns filled (the others NaN): the part of every
         row of an arch's matrices that no problem or config changes, made once per arch."""
-        row = self._arch.get(arch)
-        if row is None:
+        entry = self._arch.get(id(arch))
+        if entry is None or entry[0] is not arch:
+            if len(self._arch) >= CONFIGS_KEPT:  # archs made afresh for each call
+                self._arch.clear()
             row = np.full(len(self.spec.columns), math.nan)
             row[self._index[Source.ARCH]] = self._encode((Source.ARCH,), (arch_values(arch),))
-            self._arch[arch] = row
-        return row
+            self._arch[id(arch)] = entry = (arch, row)
+        return entry[1]
