@@ -524,15 +524,15 @@ def test_prebuild_compiles_each_planned_kernel_once_per_specialization(monkeypat
     from tiledispatch.core import kernel as kernel_module
 
     calls = []
-    monkeypatch.setattr(kernel_module, "build_each",
-                        lambda work, cache, jobs: calls.append(([(spec.name, sp) for spec, sp in work], jobs)) or [])
+    monkeypatch.setattr(kernel_module, "build_each", lambda work, cache, jobs, deadline=None: calls.append(
+        ([(spec.name, sp) for spec, sp in work], jobs, deadline)) or [])
     sm90 = arch_facts.load("sm_90")
     problems = gemm_problems()
     dispatcher = Dispatcher(Registry.from_rule_sets([problems[0].op], "default", sm90), sm90)
     tasks = [Task(p, tuple(c.spec for c in dispatcher.ranked(p))) for p in problems]
-    seconds, failed = sweep_module.prebuild(tasks, dispatcher, 5)
+    seconds, failed = sweep_module.prebuild(tasks, dispatcher, 5, deadline=1234.5)  # the budget's end
     assert failed == 0 and seconds >= 0
-    assert len(calls) == 1 and calls[0][1] == 5
+    assert len(calls) == 1 and calls[0][1:] == (5, 1234.5)
     pairs = calls[0][0]
     wanted = {(c.spec.name, (p.alignment,)) for p in problems for c in dispatcher.ranked(p)
               if not sweep_module._python_only(c.spec, p.alignment)}

@@ -309,3 +309,18 @@ def test_a_build_worker_builds_tritons_launcher_too(tiny90, tmp_path, monkeypatc
     (result,) = kernel.build_all([tiny90.get(PLAIN)], cache, jobs=1, specializations=(Alignment(),))
     assert result.ok, result.error
     assert list(triton_cache.rglob("__triton_launcher*.so"))
+
+
+def test_past_its_deadline_a_build_drops_the_compiles_not_started(tiny90, tmp_path):
+    """A sweep's prebuild on a machine lent for a fixed time stops at the budget: the compiles
+    queued are dropped (they compile where first needed), those finished are returned and cached."""
+    import time
+
+    os.chmod(tmp_path, 0o700)
+    cache = KernelCache(tmp_path / "cache")
+    specs = [s for s in tiny90 if not s.is_vendor][:6]  # each compiles at least one unit
+    results = kernel.build_each(((s, (Alignment(),)) for s in specs), cache, jobs=1, deadline=time.perf_counter())
+    assert len(results) < len(specs) and all(r.ok for r in results), results
+    assert len(cache.entries()) >= len(results)  # what finished is cached
+    again = kernel.build_each(((s, (Alignment(),)) for s in specs), cache, jobs=2)  # no deadline: every one
+    assert sorted(r.name for r in again) == sorted(s.name for s in specs) and all(r.ok for r in again)

@@ -337,11 +337,13 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     `prebuild_jobs` compiles every planned kernel first, that many processes at once on this host
     (`prebuild`): the workers then find them in the cache rather than each compiling the kernels
     its problems share with the other workers' at the same time.
-    `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly past it (on
-    several GPUs at once; on one, once its task finishes): the workers are closed, tasks still
-    running are dropped, and the report's `tasks_left` counts what a rerun would do (a time-limited
-    machine, where a stop by signal waits on the work in flight). Another sweep writing `out` is an error; Ctrl-C or SIGTERM closes the
-    workers and raises `SweepInterrupted`, whose report says what was written.
+    `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly past it: the
+    prebuild's queued compiles are dropped, and the tasks stop at once on several GPUs, on one GPU
+    once its task in flight finishes (its first task always runs); the workers are closed, tasks
+    still running are dropped, and the report's `tasks_left` counts what a rerun would do (a
+    time-limited machine, where a stop by signal waits on the work in flight). Another sweep
+    writing `out` is an error; Ctrl-C or SIGTERM closes the workers and raises `SweepInterrupted`,
+    whose report says what was written.
     """
     from .. import arch as arch_facts
     from ..core.dispatcher import Dispatcher, Strategy
@@ -371,9 +373,10 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
         for pid, name in plans:
             planned_names.setdefault(pid, []).append(name)
         completeness.record(out, planned_names)
-        built = prebuild(tasks, dispatcher, prebuild_jobs) if prebuild_jobs and not facts.is_interpreter else None
-        counts = (statuses, skipped, len(problems), start, empty, len(workers))
         deadline = None if budget_s is None else start + budget_s
+        built = (prebuild(tasks, dispatcher, prebuild_jobs, deadline) if prebuild_jobs and not facts.is_interpreter
+                 else None)
+        counts = (statuses, skipped, len(problems), start, empty, len(workers))
         report = _execute(tasks, plans, out, maker, gpus, scheduler, timeout_s, counts, progress, deadline)
     if built is None:
         return report
@@ -389,9 +392,10 @@ def _python_only(spec: KernelSpec, specialization: Any) -> bool:
     return all(unit.kind is UnitKind.PYTHON for unit in units(spec, specialization))
 
 
-def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
+def prebuild(tasks: Sequence[Task], dispatcher, jobs: int, deadline: float | None = None) -> tuple[float, int]:
     """Compiles every compiled kernel of `tasks` for its problem's specialisation into the
-    dispatcher's cache, `jobs` processes at once; (seconds, kernels that failed)."""
+    dispatcher's cache, `jobs` processes at once, until `deadline` (`kernel.build_each`); (seconds,
+    kernels that failed)."""
     from ..core.kernel import build_each
 
     start = time.perf_counter()
@@ -401,7 +405,7 @@ def prebuild(tasks: Sequence[Task], dispatcher, jobs: int) -> tuple[float, int]:
         for spec in task.kernels:
             if not _python_only(spec, specialization):
                 work[specialization, spec.name] = (spec, (specialization,))
-    failed = sum(not r.ok for r in build_each(work.values(), dispatcher.cache, jobs))
+    failed = sum(not r.ok for r in build_each(work.values(), dispatcher.cache, jobs, deadline=deadline))
     return time.perf_counter() - start, failed
 
 

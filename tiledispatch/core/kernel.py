@@ -406,10 +406,13 @@ def build_all(specs: Iterable[KernelSpec], cache: KernelCache, jobs: int,
 
 
 def build_each(work: Iterable[tuple[KernelSpec, tuple | None]], cache: KernelCache, jobs: int,
-               on_done: Callable[[BuildResult], None] | None = None) -> list[BuildResult]:
+               on_done: Callable[[BuildResult], None] | None = None,
+               deadline: float | None = None) -> list[BuildResult]:
     """Compiles each (spec, specializations) pair into `cache` through one pool of `jobs` spawned
     processes. One pool for all: a spawned worker pays its imports once (seconds on a GPU host), and
-    no group of pairs waits for the slowest compile of the one before it."""
+    no group of pairs waits for the slowest compile of the one before it. Past `deadline` (a
+    `time.perf_counter()` time) the compiles not yet started are dropped: the results are those
+    finished, what was left compiles where it is first needed."""
     work = list(work)
     results = []
     context = multiprocessing.get_context("spawn")
@@ -420,12 +423,23 @@ def build_each(work: Iterable[tuple[KernelSpec, tuple | None]], cache: KernelCac
         with environment(TRITON_INTERPRET="0", TILEDISPATCH_BACKEND="cuda"):
             futures = [pool.submit(_worker_build, spec, str(cache.root), specializations)
                        for spec, specializations in work]
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        seen: set = set()
+
+        def take(future) -> None:
+            seen.add(future)
+            results.append(future.result())
+            if on_done is not None:
+                on_done(results[-1])
+
         try:
-            for future in as_completed(futures):
-                result = future.result()
-                results.append(result)
-                if on_done is not None:
-                    on_done(result)
+            for future in as_completed(futures, timeout=left):
+                take(future)
+        except TimeoutError:  # the deadline: the compiles running finish, the queued ones are dropped
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future in futures:
+                if future not in seen and future.done() and not future.cancelled():
+                    take(future)
         except BaseException:  # Ctrl-C or a stopped sweep: the queued compiles are dropped, not waited for
             pool.shutdown(wait=True, cancel_futures=True)
             raise
