@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable
 from .core.dispatcher import Dispatcher, default_dispatcher, dispatcher_or_default, using
 from .core.errors import BuildError, CacheError, InvalidArgumentError, UnknownKernelError
 from .core.jsonio import read_json
-from .core.kernel import BuildResult, PythonLauncher, build_each, units
-from .core.op import UnitKind, get_op
+from .core.kernel import BuildResult, PythonLauncher, build_each, compiles, units
+from .core.op import get_op
 from .core.serialize import from_jsonable, to_jsonable
 
 log = logging.getLogger("tiledispatch.warmup")
@@ -149,7 +149,7 @@ def build_shapes(shapes: Iterable[Shape], *, dispatcher: Dispatcher | None = Non
     for shape in shapes:
         spec = _spec_of(dispatcher, shape)
         specialization = spec.definition.specialization_of(shape.problem)
-        if any(unit.kind is not UnitKind.PYTHON for unit in units(spec, specialization)):
+        if compiles(spec, specialization):
             work[specialization, spec.name] = (spec, (specialization,))
     return build_each(work.values(), dispatcher.cache, jobs or os.cpu_count() or 1)
 

@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..core.errors import InvalidArgumentError
 from ..core.op import OpKind, RuleSet, get_op
-from ..core.spec import KernelSpec
 from . import completeness
 from .candidates import CandidatePolicy, Planned, check_families, planned
 from .sweep_runner import IsolatedRunner
@@ -383,27 +382,18 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     return dataclasses.replace(report, prebuild_s=built[0], prebuild_failed=built[1])
 
 
-def _python_only(spec: KernelSpec, specialization: Any) -> bool:
-    """A kernel with nothing of its own to compile: every unit a Python call (the vendor's, or
-    one into another op, which builds its own kernels when it runs)."""
-    from ..core.kernel import units
-    from ..core.op import UnitKind
-
-    return all(unit.kind is UnitKind.PYTHON for unit in units(spec, specialization))
-
-
 def prebuild(tasks: Sequence[Task], dispatcher, jobs: int, deadline: float | None = None) -> tuple[float, int]:
     """Compiles every compiled kernel of `tasks` for its problem's specialisation into the
     dispatcher's cache, `jobs` processes at once, until `deadline` (`kernel.build_each`); (seconds,
     kernels that failed)."""
-    from ..core.kernel import build_each
+    from ..core.kernel import build_each, compiles
 
     start = time.perf_counter()
     work: dict[tuple, tuple] = {}  # (specialisation, kernel name) -> (spec, (specialisation,))
     for task in tasks:
         specialization = task.kernels[0].definition.specialization_of(task.problem) if task.kernels else None
         for spec in task.kernels:
-            if not _python_only(spec, specialization):
+            if compiles(spec, specialization):
                 work[specialization, spec.name] = (spec, (specialization,))
     failed = sum(not r.ok for r in build_each(work.values(), dispatcher.cache, jobs, deadline=deadline))
     return time.perf_counter() - start, failed

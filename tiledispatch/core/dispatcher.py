@@ -25,7 +25,7 @@ from .cache import KernelCache
 from .errors import BuildError, CacheError, InsecureCacheError, NoKernelError, UnsupportedError
 from .launch import execute
 from .memo import LruTable
-from .op import RuleSet, UnitKind, all_ops, get_op
+from .op import RuleSet, all_ops, get_op
 from .candidate_set import CandidateSet, model_order
 from .ranking import Accepted, Candidate, Explanation, ModelSource, Ranking, model_source
 from .registry import Registry
@@ -243,7 +243,7 @@ class Dispatcher:
         if not runs:
             return None
         times = policy().measure(runs, on_gpu)
-        vendors = [c.spec.name for c in finalists if all(u.kind is UnitKind.PYTHON for u in kernel_step.units(c.spec))]
+        vendors = [c.spec.name for c in finalists if not kernel_step.compiles(c.spec)]
         winner = policy().winner(times, vendors)
         log.info("autotune: %s -> %s (%s)", problem.describe(), winner,
                  ", ".join(f"{n} {t:.4f} ms" for n, t in times.items()))

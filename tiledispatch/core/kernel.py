@@ -71,6 +71,12 @@ def units(spec: KernelSpec, specialization: Any | None = None) -> tuple[KernelUn
     return spec.definition.kernel_units(spec.config, _specialization(spec, specialization), arch.load(spec.arch))
 
 
+def compiles(spec: KernelSpec, specialization: Any | None = None) -> bool:
+    """Whether `spec` has anything of its own to compile: not every unit a Python call (the
+    vendor's, or one into another op, which builds its own kernels when it runs)."""
+    return any(unit.kind.compiled for unit in units(spec, specialization))
+
+
 def unit_key(spec: KernelSpec, unit: KernelUnit, specialization: Any | None = None,
              cache: KernelCache | None = None) -> str:
     """Kernel name, specialisation and stage, plus the hash of the function's key (`function_key`),
