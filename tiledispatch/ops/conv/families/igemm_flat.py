@@ -82,7 +82,7 @@ def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     """igemm-flat on the problem with C padded to 16-byte vectors, plus the copies that pad x (and
     forward's w) and cut backward-weight's dw back: each a pass over its bytes and a launch."""
     padded = _padded_problem(p)
-    inner = igemm_score(_unpadded(config), padded, arch)
+    inner = igemm_score(config.unpadded, padded, arch)
     item = p.types.dtype.itemsize
     pixels = p.n * math.prod(p.input_size)
     copies = pixels * (p.c + padded.c) * item
@@ -92,16 +92,6 @@ def padded_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
     modelled = inner.terms["modelled_us"] * 1e-6 + pad_s
     return Score(ideal_seconds(p, arch) / modelled,
                  {**inner.terms, "pad_us": pad_s * 1e6, "modelled_us": modelled * 1e6})
-
-
-def _unpadded(config: ImplicitGemmConfig) -> ImplicitGemmConfig:
-    """The config's kernel on the padded problem, kept on the config: one copy, whose tile facts
-    (implicit_gemm.tile_facts) are then kept too."""
-    kept = config.__dict__.get("_unpadded")
-    if kept is None:
-        kept = replace(config, pad_channels=False)
-        object.__setattr__(config, "_unpadded", kept)
-    return kept
 
 
 def flat_data_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
@@ -131,7 +121,7 @@ def flat_data_score(config: ImplicitGemmConfig, p: ConvProblem, arch) -> Score:
 def kernel_units(config: ImplicitGemmConfig, specialization: ConvSpecialization, arch) -> tuple[KernelUnit, ...]:
     if config.pad_channels:  # pad, the padded problem's units, unpad
         padded = specialization.channels_padded(config.signature.types.dtype)
-        inner = op_kernel_units(replace(config, pad_channels=False), padded, arch)
+        inner = op_kernel_units(config.unpadded, padded, arch)
         weight = config.signature.direction is Direction.BWD_WEIGHT
         return (_pad_unit(config), *inner) + ((_UNPAD_UNIT,) if weight else ())
     function = FUNCTIONS[config.signature.direction]
@@ -210,7 +200,7 @@ def _padded_plan(config: ImplicitGemmConfig, ops: ConvOperands, out: torch.Tenso
         launches.append(_pad_launch(pad, ops.w, w))
     else:
         inner_out = channels_last_empty((p.k, padded.c, *p.filter_size), dtype, device)
-    inner = op_plan(replace(config, pad_channels=False), replace(ops, problem=padded, x=x, w=w, out=inner_out))
+    inner = op_plan(config.unpadded, replace(ops, problem=padded, x=x, w=w, out=inner_out))
     launches += inner.launches
     if p.direction is Direction.BWD_WEIGHT:
         launches.append(Launch("unpad", (1, 1, 1), (inner_out, out)))

@@ -9,6 +9,7 @@ flat family adds its backward-data's col2im stage and its channel padding.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -101,6 +102,11 @@ class ImplicitGemmConfig(SplitReduction):
 
     def for_problem(self, problem: ConvProblem) -> ImplicitGemmConfig:
         return replace(self, signature=ConvSignature.of(problem))
+
+    @functools.cached_property  # a padded score reads it for every problem: one copy a config
+    def unpadded(self) -> ImplicitGemmConfig:
+        """The kernel a `pad_channels` config runs on the padded copy of the problem."""
+        return replace(self, pad_channels=False)
 
 
 def shared_memory_bytes(config: ImplicitGemmConfig) -> int:
