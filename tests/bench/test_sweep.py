@@ -435,6 +435,17 @@ def test_cli_sweeps_a_problem_file(tmp_path):
     assert kernels and all("_w4_" in k and k.split("_")[3] == "tiled" for k in kernels)
 
 
+def test_a_problem_file_of_another_dtype_is_refused_naming_the_dtypes_it_holds(tmp_path):
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps([json.loads(canonical_json(p)) for p in gemm_problems()[:2]]))
+    result = CliRunner().invoke(app, ["sweep", "--op", "gemm", "--problems", str(problems), "--dtype", "fp8e4m3",
+                                      "--out", str(tmp_path / "out")])
+    message = json.loads(result.stdout)["error"]["message"]
+    assert result.exit_code == 3 and "no gemm problem of dtype fp8e4m3" in message
+    assert "2 of dtype fp16, direction forward" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_running_cluster_takes_the_sweep_by_its_scheduler_address(tmp_path):
     pytest.importorskip("distributed")
     from tiledispatch.bench.distributed import local_cluster

@@ -41,6 +41,16 @@ def _matches(problem: Any, dtype: Optional[str], direction: Optional[str]) -> bo
     return (dtype is None or key.dtype == dtype) and (direction is None or key.direction == direction)
 
 
+def _slices(problems: list[Any]) -> str:
+    """'N of dtype D, direction R' for each (dtype, direction) of `problems`, the most first."""
+    from collections import Counter
+
+    from ..bench.table import selection_key
+
+    counts = Counter((k.dtype, k.direction) for k in (selection_key(p, "any") for p in problems))
+    return ", ".join(f"{n} of dtype {d}, direction {r}" for (d, r), n in counts.most_common())
+
+
 def resolve_problems(op: str, given: str, dtype: Optional[str], direction: Optional[str], limit: int,
                      seed: int, cases: Optional[str] = None) -> tuple[list[Any], str]:
     """(problems, the set's name for the table) from a file (of problems, or a suite's cases) or a
@@ -62,7 +72,13 @@ def resolve_problems(op: str, given: str, dtype: Optional[str], direction: Optio
         raise InvalidArgumentError(f"--cases picks cases of a benchmark suite; --problems {shown(given)} is none")
     if path.suffix == ".json" or path.is_file():
         kind = get_op(op).kind
-        problems = [p for p in problemsets.load_problems(path) if p.op is kind and _matches(p, dtype, direction)]
+        of_op = [p for p in problemsets.load_problems(path) if p.op is kind]
+        problems = [p for p in of_op if _matches(p, dtype, direction)]
+        if of_op and not problems:
+            raise InvalidArgumentError(f"--problems {shown(given)} holds no {kind.value} problem of"
+                                       f"{' dtype ' + dtype if dtype else ''}"
+                                       f"{' direction ' + direction if direction else ''}; it holds "
+                                       f"{_slices(of_op)}: give --dtype and --direction as they are spelt there")
         return (problems[:limit] if limit else problems), path.stem
     if dtype is None:
         raise InvalidArgumentError(f"--problems {shown(given)} names a problem set: give its --dtype too (e.g. bf16)")
