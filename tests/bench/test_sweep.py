@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tiledispatch import arch as arch_facts
 from tiledispatch.bench import sweep_runner, sweep_worker
-from tiledispatch.bench.sweep import CandidatePolicy, planned, read_table, sweep
+from tiledispatch.bench.sweep import CandidatePolicy, gather, planned, read_table, sweep
 from tiledispatch.bench.table import COLUMNS, Status, canonical_json, problem_from_row, problem_id
 from tiledispatch.cli.main import app
 from tiledispatch.core.errors import InvalidArgumentError
@@ -706,3 +706,7 @@ def test_cli_gathers_the_table_into_one_file_that_resumes_as_a_directory(tmp_pat
     document = json.loads(again.stdout)
     assert document["skipped"] == 1 and document["kernels"] == 1  # the second kernel alone is timed
     assert len(read_table(tmp_path / "again")) == 2
+    # Copied back beside the parts it gathered (resuming where they still lie), it adds no row twice.
+    shutil.copy(tmp_path / "table.parquet", tmp_path / "out" / "part-0.parquet")
+    assert read_table(tmp_path / "out").equals(frame)
+    assert gather(tmp_path / "out", tmp_path / "twice.parquet") == 1

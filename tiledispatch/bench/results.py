@@ -85,7 +85,7 @@ SUITE_CSVS = {gpu: tuple(f"{stem}.csv" for stem in stems.split()) for gpu, stems
     "h200": """gemm gemm_picks gemm_subset gemm_odd gemm_picks_recheck conv conv_depthwise_extra
                conv_depthwise_shapes conv_tma conv_toeplitz_weight conv_toeplitz_weight_shapes attention models
                models_compile_rules models_eager_direct models_graph_learned models_joint_backward
-               models_train_lists""",
+               models_train_lists models_fe03cfe_x2host""",
     "h100": """gemm_picks gemm_decode gemm_square512 conv conv_8x8_in_default conv_bwd_data_intake
                conv_depthwise_capped conv_depthwise_strided conv_depthwise_strided_5bf3c28
                conv_depthwise_strided_before conv_depthwise_strided_bwd_data conv_depthwise_strided_e3355c0

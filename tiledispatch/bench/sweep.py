@@ -157,10 +157,16 @@ def _read_part(part: Path, columns: Sequence[str] | None = None):
 
 
 def _arrow_table(out: str | Path):
+    """The parts under `out` as one table, a row that copies an earlier one in every column kept
+    once: a gathered table copied back into the directory its parts are still in (to resume it)
+    holds each of their rows twice, and a row's timestamp and host make real reruns differ."""
     import pyarrow as pa
 
     tables = [_read_part(p) for p in sorted(Path(out).glob(PART_GLOB))]
-    return pa.concat_tables(tables) if tables else schema().empty_table()
+    if not tables:
+        return schema().empty_table()
+    frame = pa.concat_tables(tables).to_pandas()
+    return pa.Table.from_pandas(frame.drop_duplicates(ignore_index=True), schema=schema(), preserve_index=False)
 
 
 def read_table(out: str | Path):
