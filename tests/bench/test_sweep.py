@@ -506,6 +506,21 @@ def test_on_several_gpus_a_budget_drops_the_tasks_still_running(tmp_path, monkey
     assert report.tasks_left >= 1 and report.tasks_left + len(frame) == 2
 
 
+def test_on_one_gpu_a_budget_drops_the_task_running_after_the_first(tmp_path, monkeypatch):
+    """One GPU, no Dask: past the budget the task in flight is dropped too (its child killed), not
+    waited for until its kernel's timeout; the first task always runs whole."""
+    problem = gemm_problems()[1]
+    names = ranked_names(problem, 2)
+    monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[1]: "hang"}))
+    start = time.perf_counter()
+    report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=2),
+                   kernels_per_task=1, timeout_s=300, budget_s=1e-6)
+    assert time.perf_counter() - start < 300  # not held until the hung kernel's timeout
+    frame = read_table(tmp_path)
+    assert dict(zip(frame.kernel, frame.status)) == {names[0]: "ok"}
+    assert report.tasks_left == 1 and report.kernels == 1
+
+
 def test_a_worker_restarted_after_a_task_killed_it_runs_the_next_task(tmp_path, monkeypatch):
     """One worker: the task that kills it twice is a FAULT, and the worker its Nanny restarts runs
     the next task (in a child process of its own: a restarted worker is allowed children too). The

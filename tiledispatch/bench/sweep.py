@@ -33,7 +33,7 @@ from ..core.errors import InvalidArgumentError
 from ..core.op import OpKind, RuleSet, get_op
 from . import completeness
 from .candidates import CandidatePolicy, Planned, check_families, planned
-from .sweep_runner import IsolatedRunner
+from .sweep_runner import DeadlinePassed, IsolatedRunner
 from .sweep_worker import DeviceInfo, Outcome, Task, TaskResult, smi_query
 from .table import COLUMNS, Status, canonical_json, problem_id, selection_key, write_file
 
@@ -276,12 +276,19 @@ def _local_gpu_names(gpus: Sequence[str] | None, on_gpu: bool) -> list[str]:
     return [(smi_query(str(index), "name") or [""])[0] if on_gpu else "" for index in indices]
 
 
-def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float) -> Iterator[tuple[Task, TaskResult]]:
+def _run_local(tasks: list[Task], gpu: str | None, timeout_s: float,
+               deadline: float | None = None) -> Iterator[tuple[Task, TaskResult]]:
+    """The tasks in one child process, until `deadline` passes: the task then running is dropped,
+    but the first always runs whole, so that a sweep whose prebuild spent its budget still goes on."""
     runner = IsolatedRunner({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}, timeout_s)
     finished = False
     try:
-        for task in tasks:
-            yield task, runner.run(task)
+        for i, task in enumerate(tasks):
+            try:
+                result = runner.run(task, None if i == 0 else deadline)
+            except DeadlinePassed:
+                break
+            yield task, result
         finished = True
     finally:  # stopped mid-task: the child is killed at once rather than waited for
         runner.close(5.0 if finished else 0.0)
@@ -343,9 +350,8 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     (`prebuild`): the workers then find them in the cache rather than each compiling the kernels
     its problems share with the other workers' at the same time.
     `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly past it: the
-    prebuild's queued compiles are dropped, and the tasks stop at once on several GPUs, on one GPU
-    once its task in flight finishes (its first task always runs); the workers are closed, tasks
-    still running are dropped, and the report's `tasks_left` counts what a rerun would do (a
+    prebuild's queued compiles are dropped, and the tasks stop at once (on one GPU, the first task
+    always runs whole); the workers are closed, tasks still running are dropped, and the report's `tasks_left` counts what a rerun would do (a
     time-limited machine, where a stop by signal waits on the work in flight). Another sweep
     writing `out` is an error; Ctrl-C or SIGTERM closes the workers and raises `SweepInterrupted`,
     whose report says what was written.
@@ -465,7 +471,7 @@ def _execute(tasks, plans, out, maker: _Rows, gpus, scheduler, timeout_s, counts
 
         results = run_tasks(tasks, gpus=gpus, scheduler=scheduler, timeout_s=timeout_s, deadline=deadline)
     else:
-        results = _run_local(tasks, gpus[0] if gpus else None, timeout_s)
+        results = _run_local(tasks, gpus[0] if gpus else None, timeout_s, deadline)
     try:
         with contextlib.closing(results):  # its workers closed here, however the loop ends
             for finished, (task, result) in enumerate(results, 1):

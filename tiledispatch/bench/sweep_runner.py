@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from dataclasses import replace
 
@@ -31,6 +32,11 @@ from .sweep_worker import (
     run_task,
 )
 from .table import Status
+
+
+class DeadlinePassed(Exception):
+    """A sweep's deadline passed while a task ran: its child was killed and the task dropped (no
+    outcome of it is kept, so a rerun runs it whole)."""
 
 
 def _child_main(conn) -> None:
@@ -115,16 +121,17 @@ class IsolatedRunner:
             self._conn.close()
             self._process = self._conn = None
 
-    def run(self, task: Task) -> TaskResult:
+    def run(self, task: Task, deadline: float | None = None) -> TaskResult:
         """Every kernel of `task` with an outcome: a kernel that killed the child is a FAULT, one
-        that outlived the limit a TIMEOUT, and the rest of the batch runs in a fresh child."""
+        that outlived the limit a TIMEOUT, and the rest of the batch runs in a fresh child.
+        DeadlinePassed where `deadline` (a `time.perf_counter()` time) passes first."""
         done: dict[str, Outcome] = {}
         device, build_s, run_s = DeviceInfo(), 0.0, 0.0
         pending = task.kernels
         while pending:
             if self._process is None:
                 self._start()
-            result, in_flight, status = self._attempt(replace(task, kernels=pending), done)
+            result, in_flight, status = self._attempt(replace(task, kernels=pending), done, deadline)
             if result is not None:
                 device, build_s, run_s = result.device, build_s + result.build_s, run_s + result.run_s
                 done.update({o.kernel: o for o in result.outcomes})
@@ -145,13 +152,18 @@ class IsolatedRunner:
             pending = left
         return TaskResult(tuple(done[s.name] for s in task.kernels), device, build_s, run_s)
 
-    def _attempt(self, task: Task, done: dict[str, Outcome]) -> tuple[TaskResult | None, str | None, Status]:
+    def _attempt(self, task: Task, done: dict[str, Outcome],
+                 deadline: float | None) -> tuple[TaskResult | None, str | None, Status]:
         in_flight = None
         try:
             self._conn.send(task)
             while True:
-                if not self._conn.poll(max(self.timeout_s, PREPARE_S) if in_flight == PREPARING else self.timeout_s):
+                limit = max(self.timeout_s, PREPARE_S) if in_flight == PREPARING else self.timeout_s
+                wait = limit if deadline is None else min(limit, max(0.0, deadline - time.perf_counter()))
+                if not self._conn.poll(wait):
                     self._kill()
+                    if wait < limit:  # the deadline, not the step's limit, ended the wait
+                        raise DeadlinePassed(f"the deadline passed with {in_flight or 'the batch'} in flight")
                     return None, in_flight, Status.TIMEOUT
                 kind, value = self._conn.recv()
                 if kind == "started":

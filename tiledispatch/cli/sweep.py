@@ -118,8 +118,9 @@ def sweep_command(
                                             "comma-separated"),
         limit: int = limit_option(0, "problems"),
         budget_s: Optional[float] = typer.Option(None, "--budget-s", min=1.0,
-                                                 help="stop cleanly past this many seconds (on one GPU, once its task "
-                                                      "finishes); a rerun into --out goes on"),
+                                                 help="stop cleanly past this many seconds, the tasks in flight dropped "
+                                                      "(on one GPU, the first always runs); a rerun into --out "
+                                                      "goes on"),
         record_refused: bool = typer.Option(False, "--record-refused",
                                             help="a row per refused candidate too (status unsupported)"),
         gather_to: Optional[Path] = typer.Option(None, "--gather", help="then the whole table of --out (this "
