@@ -593,3 +593,43 @@ def test_the_model_ranks_the_rules_shortlist_and_the_vendor_and_leaves_the_rest_
     ranked = Dispatcher(convs, SM90, strategy="model", models=Source()).ranked(conv)
     assert get_op("conv").model_shortlist is None and len(every) > 16 and Reversed.seen == [len(every)]
     assert [c.spec.name for c in ranked] == [c.spec.name for c in every[::-1]]
+
+
+def test_the_model_does_not_rank_a_candidate_the_rules_score_zero():
+    """The rules prune, the model ranks the rest: on a 1x1 forward whose product the GEMM op gives
+    cuBLAS, conv's gemm family scores 0 (its Triton GEMMs ran 0.57-0.88x cuDNN there), and a model
+    that costs it least still does not pick it; it follows the ranked candidates, uncosted. The
+    evaluation's picks split the rows the same way."""
+    from tiledispatch.core.candidate_set import model_shortlist
+    from tiledispatch.ops.conv import Direction, check_operands
+
+    class GemmFamilyFirst:
+        label = "gemm-family-first"
+        seen = []
+
+        def predict_cost(self, problem, configs, arch, scores=None):
+            self.seen.append(len(configs))
+            return [0.0 if type(c).__name__ == "PointwiseConfig" else 1.0 + i for i, c in enumerate(configs)]
+
+    class Source:
+        def model_for(self, problem, arch):
+            return GemmFamilyFirst()
+
+        def ships(self, arch):
+            return True
+
+    cl = dict(device="meta", dtype=torch.float16)
+    x = torch.empty(32, 512, 7, 7, **cl).to(memory_format=torch.channels_last)
+    w = torch.empty(2048, 512, 1, 1, **cl).to(memory_format=torch.channels_last)
+    conv = check_operands(Direction.FORWARD, x=x, w=w).problem
+    convs = Registry.from_rule_sets(["conv"], RuleSet.DEFAULT, SM90)
+    every = Dispatcher(convs, SM90, strategy="rules").ranked(conv)
+    zero = [c.spec.name for c in every if c.score.value == 0.0]
+    assert zero and all(c.spec.family == "gemm" for c in every if c.spec.name in zero)
+    ranked = Dispatcher(convs, SM90, strategy="model", models=Source()).ranked(conv)
+    assert GemmFamilyFirst.seen == [len(every) - len(zero)]
+    assert [c.spec.name for c in ranked[-len(zero):]] == zero and ranked[0].spec.name not in zero
+    assert all(c.model_cost is None for c in ranked[-len(zero):])
+    rows = [(c.spec.name, c.score.value, c.spec.is_vendor) for c in every]
+    kept, rest = model_shortlist(rows, lambda r: r[2], None, lambda r: r[1] == 0.0)
+    assert [r[0] for r in rest] == zero and len(kept) + len(rest) == len(rows)

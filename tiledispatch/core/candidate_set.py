@@ -105,13 +105,15 @@ class CandidateSet:
         return self._batch.scores(rows, problem)
 
 
-def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool], size: int | None) -> tuple[list, list]:
+def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool], size: int | None,
+                    ruled_out: Callable[[Any], bool] = lambda c: False) -> tuple[list, list]:
     """(the candidates a model ranks: the rules' best `size` (None: all) and the vendor's, the others)
     of `ranked`, in the rules' order; `evaluate` splits a sweep's rows by it too. The size is the
-    op's (`OpDefinition.model_shortlist`)."""
-    if size is None:
-        return list(ranked), []
-    listed = [i < size or is_vendor(c) for i, c in enumerate(ranked)]
+    op's (`OpDefinition.model_shortlist`). A candidate the rules rule out (`ruled_out`: a score of 0,
+    as conv's gemm family gets where the GEMM op would run the product on its vendor library) is
+    among the others: the rules prune, the model ranks what is left."""
+    listed = [(size is None or i < size or is_vendor(c)) and (is_vendor(c) or not ruled_out(c))
+              for i, c in enumerate(ranked)]
     return [c for c, kept in zip(ranked, listed) if kept], [c for c, kept in zip(ranked, listed) if not kept]
 
 
@@ -121,7 +123,10 @@ def model_order(model: Predictor, problem: Any, arch: Any, candidates: Candidate
     batched prediction, then the other candidates in the rules' `order`: (that order of `scores`'
     rows, each one's cost, None past the shortlist). Equal costs keep the rules' order."""
     vendor, specs = candidates.vendor, candidates.specs
-    shortlist, rest = model_shortlist(order, lambda j: vendor[rows[j]], get_op(problem.op).model_shortlist)
+    shortlist, rest = model_shortlist(order, lambda j: vendor[rows[j]], get_op(problem.op).model_shortlist,
+                                      lambda j: scores.values[j] == 0.0)
+    if not shortlist:
+        return list(rest), [None] * len(rest)
     costs = [float(c) for c in model.predict_cost(problem, [specs[rows[j]].config for j in shortlist], arch,
                                                   scores.rows(shortlist))]
     if len(costs) != len(shortlist) or not all(map(math.isfinite, costs)):

@@ -138,7 +138,8 @@ MEASURED_1X1 = [(32, 64, 56, 56, 256), (32, 256, 56, 56, 64), (32, 1024, 14, 14,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_product_the_gemm_op_gives_its_vendor_is_not_the_familys(strategy, dtype):
     """Where the GEMM op would run the product on cuBLAS, the family scores 0 and cuDNN runs the
-    conv: every measured 1x1 shape, by the rules and by the model (fp16 has none: the rules)."""
+    conv: every measured 1x1 shape, by the rules and by the models (which do not rank what the rules
+    score 0: `candidate_set.model_shortlist`)."""
     pytest.importorskip("lightgbm")
     from tiledispatch import arch as arch_facts
     from tiledispatch.ops.conv.families.pointwise import pointwise_score
