@@ -351,10 +351,10 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     its problems share with the other workers' at the same time.
     `budget_s` (seconds from the start, the prebuild included) stops the sweep cleanly past it: the
     prebuild's queued compiles are dropped, and the tasks stop at once (on one GPU, the first task
-    always runs whole); the workers are closed, tasks still running are dropped, and the report's `tasks_left` counts what a rerun would do (a
-    time-limited machine, where a stop by signal waits on the work in flight). Another sweep
-    writing `out` is an error; Ctrl-C or SIGTERM closes the workers and raises `SweepInterrupted`,
-    whose report says what was written.
+    always runs whole); the workers are closed, tasks still running are dropped, and the report's
+    `tasks_left` counts what a rerun would do (a time-limited machine, where a stop by signal waits
+    on the work in flight). Another sweep writing `out` is an error; Ctrl-C or SIGTERM closes the
+    workers and raises `SweepInterrupted`, whose report says what was written.
     """
     from .. import arch as arch_facts
     from ..core.dispatcher import Dispatcher, Strategy
