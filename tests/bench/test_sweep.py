@@ -725,3 +725,6 @@ def test_cli_gathers_the_table_into_one_file_that_resumes_as_a_directory(tmp_pat
     shutil.copy(tmp_path / "table.parquet", tmp_path / "out" / "part-0.parquet")
     assert read_table(tmp_path / "out").equals(frame)
     assert gather(tmp_path / "out", tmp_path / "twice.parquet") == 1
+    from tiledispatch.cli.train import read_table as results_table  # what train and evaluate read
+
+    assert len(results_table(tmp_path / "out")) == 1

@@ -35,7 +35,7 @@ from . import completeness
 from .candidates import CandidatePolicy, Planned, check_families, planned
 from .sweep_runner import DeadlinePassed, IsolatedRunner
 from .sweep_worker import DeviceInfo, Outcome, Task, TaskResult, smi_query
-from .table import COLUMNS, Status, canonical_json, problem_id, selection_key, write_file
+from .table import COLUMNS, Status, canonical_json, distinct_rows, problem_id, selection_key, write_file
 
 PART_GLOB = "part-*.parquet"
 STAGING_GLOB = ".part-*.parquet.tmp"  # a part being written: a sweep stopped mid-write leaves one
@@ -156,29 +156,22 @@ def _read_part(part: Path, columns: Sequence[str] | None = None):
                                    "(a sweep run again times its kernels anew)") from None
 
 
-def _arrow_table(out: str | Path):
-    """The parts under `out` as one table, a row that copies an earlier one in every column kept
-    once: a gathered table copied back into the directory its parts are still in (to resume it)
-    holds each of their rows twice, and a row's timestamp and host make real reruns differ."""
+def read_table(out: str | Path):
+    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none),
+    each row once (`table.distinct_rows`)."""
     import pyarrow as pa
 
     tables = [_read_part(p) for p in sorted(Path(out).glob(PART_GLOB))]
-    if not tables:
-        return schema().empty_table()
-    frame = pa.concat_tables(tables).to_pandas()
-    return pa.Table.from_pandas(frame.drop_duplicates(ignore_index=True), schema=schema(), preserve_index=False)
-
-
-def read_table(out: str | Path):
-    """Every part file under `out` as one pandas DataFrame of `bench.table.COLUMNS` (empty if none)."""
-    return _arrow_table(out).to_pandas()
+    return distinct_rows((pa.concat_tables(tables) if tables else schema().empty_table()).to_pandas())
 
 
 def gather(out: str | Path, path: str | Path) -> int:
     """Every part under `out` as one parquet file at `path`, written under a temporary name and
     renamed; its row count. A sweep writes a part per task, too many files to carry or commit; the
     gathered file resumes as a directory again, copied into an empty one as a part."""
-    return write_file(_arrow_table(out), path)
+    import pyarrow as pa
+
+    return write_file(pa.Table.from_pandas(read_table(out), schema=schema(), preserve_index=False), path)
 
 
 def write_part(out: Path, rows: list[dict[str, Any]]) -> Path | None:

@@ -90,6 +90,14 @@ def config_from_row(op: str, config_json: str) -> Any:
     return from_jsonable(get_op(op).config_type, json.loads(config_json), "config")
 
 
+def distinct_rows(frame: Any) -> Any:
+    """A results frame with a row that copies an earlier one in every column kept once: a gathered
+    table copied back into the directory its parts are still in (to resume it) holds each of their
+    rows twice, and a row's timestamp and host make real reruns differ. A kernel's time is the
+    median of its rows, which a copy would weigh."""
+    return frame.drop_duplicates(ignore_index=True)
+
+
 def write_file(table: Any, path: str | Path, **options: Any) -> int:
     """A pyarrow table as one parquet file at `path`, written under a temporary name and renamed, so
     that a reader never sees half a file (`options` go to `pyarrow.parquet.write_table`); its row

@@ -15,8 +15,11 @@ from .common import emit
 
 
 def read_table(table: Path) -> Any:
-    """A results table: one parquet file, or every parquet file under a directory (a sweep's parts)."""
+    """A results table: one parquet file, or every parquet file under a directory (a sweep's parts),
+    each row once."""
     import pandas as pd
+
+    from ..bench.table import distinct_rows
 
     if not table.exists():
         raise FileNotFoundError(f"no results table at {table}; give a parquet file or a sweep's directory")
@@ -28,7 +31,7 @@ def read_table(table: Path) -> Any:
     except (ValueError, OSError) as e:  # pyarrow's errors are ValueErrors (ArrowInvalid) or OSErrors
         raise UnsupportedError(f"cannot read {table} as a parquet results table: {e}; give a parquet file or "
                                "the directory `tiledispatch sweep --out` wrote") from None
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return distinct_rows(pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0])
 
 
 def _summary(model: Any, paths: dict[str, Path]) -> dict[str, Any]:
