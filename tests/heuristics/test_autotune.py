@@ -110,6 +110,29 @@ def test_autotune_times_the_finalists_and_remembers_the_fastest(tuned, fixed_tim
     assert tuned.select(problem).name == rules_order[-1]
 
 
+def test_a_finalist_with_a_wrong_result_is_never_timed_nor_remembered(tuned, fixed_times, monkeypatch, caplog):
+    """Each finalist runs once into a NaN-poisoned output and is checked against the float64
+    reference before it is timed: one that writes nothing (here the one `measure` would call the
+    fastest) is dropped, and the log names it."""
+    a, b = operands(seed=4)
+    problem = check_operands(a, b).problem
+    names = [c.spec.name for c in autotune.finalists(tuned.explain(problem).ranked)]
+    broken = names[-1]
+    load_for = Dispatcher.load_for
+
+    def silent_for_one(self, problem, spec):
+        launchers = load_for(self, problem, spec)
+        return {stage: (lambda grid, args, stream: None) for stage in launchers} if spec.name == broken else launchers
+
+    monkeypatch.setattr(Dispatcher, "load_for", silent_for_one)
+    with caplog.at_level("ERROR", logger="tiledispatch"):
+        tuned.select(problem, device=a.device)
+    assert fixed_times == [names[:-1]]  # the broken kernel was not timed
+    explanation = tuned.explain(problem)
+    assert broken not in explanation.tuned_ms and explanation.selected.name == names[-2]
+    assert any(broken in r.getMessage() and "wrong result" in r.getMessage() for r in caplog.records)
+
+
 def test_a_later_dispatcher_reads_the_winner_without_timing(registry, tmp_path, fixed_times, monkeypatch):
     a, b = operands()
     problem = check_operands(a, b).problem

@@ -128,18 +128,6 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:ERROR_CHARS]
 
 
-def _poison(output: Any, zeroed: tuple) -> None:
-    """NaN into every floating tensor of a plan's output (a tensor or a dataclass of them), except
-    those the plan needs as zeros: an element the kernel never writes then fails the check."""
-    import torch
-
-    tensors = [output] if isinstance(output, torch.Tensor) else list(vars(output).values()) if hasattr(
-        output, "__dataclass_fields__") else []
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not any(t is z for z in zeroed):
-            t.fill_(float("nan"))
-
-
 def _sync(device) -> None:
     if device.type == "cuda":
         import torch
@@ -272,7 +260,7 @@ class _Kernels:
         outcome where it fails, else a timer of its plans over every operand set."""
         from ..core.dispatcher import stream_getter
         from ..core.errors import BuildError, CacheError
-        from ..core.launch import execute
+        from ..core.launch import execute, run_checked
 
         name, definition = spec.name, self.definition
         try:
@@ -281,14 +269,15 @@ class _Kernels:
             return Outcome(name, Status.BUILD_FAILED, error_text(e))
         stream = stream_getter(self.device)
         try:
-            plan = definition.plan(spec.config, self.operands[0])
-            _poison(plan.output, plan.zeroed)
-            execute(plan, launchers, stream())
-            _sync(self.device)
             if definition.check is not None:
-                comparison = definition.check(plan.output, self.expected, self.operands[0])
+                plan, comparison = run_checked(definition, spec.config, self.operands[0], self.expected, launchers,
+                                               stream(), self.device)
                 if not comparison.passed:
                     return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
+            else:
+                plan = definition.plan(spec.config, self.operands[0])
+                execute(plan, launchers, stream())
+                _sync(self.device)
             plans = [plan] + [definition.plan(spec.config, o) for o in self.operands[1:]]
             turn = itertools.cycle(plans)
             sample = _sampler(lambda: execute(next(turn), launchers, stream()), self.on_gpu)

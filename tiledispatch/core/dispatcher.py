@@ -29,7 +29,7 @@ from .op import RuleSet, all_ops, get_op
 from .candidate_set import CandidateSet, model_order
 from .ranking import Accepted, Candidate, Explanation, ModelSource, Ranking, model_source
 from .registry import Registry
-from .tuning import TuningRecord, TuningStore, policy
+from .tuning import TuningRecord, TuningStore, finalist_reference, policy, wrong_result
 from .runtime import Backend, check_device, current_arch, default_backend
 from .spec import KernelSpec
 
@@ -228,6 +228,7 @@ class Dispatcher:
             log.info("autotune: no fresh operands reproduce %s; ranked by rules", problem.describe())
             return None
         stream = stream_getter(device)  # read at each call: a graph capture runs on a stream of its own
+        expected = finalist_reference(definition, operands[0], problem)
         runs = {}
         for candidate in finalists:
             spec = candidate.spec
@@ -237,6 +238,12 @@ class Dispatcher:
                 log.warning("kernel %s failed to build; not a finalist", spec.name, exc_info=True)
                 with self._lock:
                     self._broken.add(spec.name)
+                continue
+            wrong = expected is not None and wrong_result(definition, spec.config, operands[0], expected, launchers,
+                                                          stream(), device)
+            if wrong:
+                log.error("autotune: kernel %s gave a wrong result on %s (%s); not a finalist", spec.name,
+                          problem.describe(), wrong)
                 continue
             plans = itertools.cycle([definition.plan(spec.config, o) for o in operands])
             runs[spec.name] = functools.partial(_run_next, plans, launchers, stream)

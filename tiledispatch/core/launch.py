@@ -30,3 +30,30 @@ def execute(plan: Plan, launchers: Mapping[str, Any], stream: int | None) -> Any
     for launch in plan.launches:
         launchers[launch.stage](launch.grid, launch.args, stream)
     return plan.output
+
+
+def poison(output: Any, zeroed: tuple = ()) -> None:
+    """NaN into every floating tensor of a plan's output (a tensor or a dataclass of them), except
+    those the plan needs as zeros: an element the kernel never writes then fails the check."""
+    import torch
+
+    tensors = [output] if isinstance(output, torch.Tensor) else list(vars(output).values()) if hasattr(
+        output, "__dataclass_fields__") else []
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not any(t is z for z in zeroed):
+            t.fill_(float("nan"))
+
+
+def run_checked(definition: Any, config: Any, operands: Any, expected: Any, launchers: Mapping[str, Any],
+                stream: int | None, device: Any) -> tuple[Plan, Any]:
+    """Runs `config`'s plan once on `operands` into poisoned outputs and compares the result with
+    `expected`, the op's reference of those operands: (the plan, the op's Comparison). A sweep
+    checks every kernel so before it times it, and autotune every finalist."""
+    plan = definition.plan(config, operands)
+    poison(plan.output, plan.zeroed)
+    execute(plan, launchers, stream)
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)  # a fault raises here, at the kernel that made it
+    return plan, definition.check(plan.output, expected, operands)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -24,6 +25,7 @@ from .cachedir import Access, ensure_private_dir
 from .errors import UnsupportedError
 
 FORMAT = 1
+log = logging.getLogger("tiledispatch.autotune")
 
 
 @dataclass(frozen=True)
@@ -139,3 +141,30 @@ def _record(data: Any, finalists: Sequence[str] | None) -> TuningRecord | None:
     if winner not in times or (finalists is not None and not set(times) <= set(finalists)):
         return None  # a winner that is not a finalist: tuned again, and the record overwritten
     return TuningRecord(winner, {str(k): float(v) for k, v in times.items()}, problem)
+
+
+def finalist_reference(definition: Any, operands: Any, problem: Any) -> Any | None:
+    """The op's float64 result of the first tuning operands, which every finalist must match
+    before it is timed: a fast wrong kernel would otherwise win and be remembered. None where the
+    op has no reference or the device cannot hold it; then the finalists are timed unchecked, and
+    the log says so."""
+    if definition.reference is None or definition.check is None:
+        return None
+    import torch
+
+    try:
+        return definition.reference(operands)
+    except torch.OutOfMemoryError:
+        log.warning("autotune: the float64 reference of %s does not fit on the device; its finalists are timed "
+                    "unchecked", problem.describe())
+        return None
+
+
+def wrong_result(definition: Any, config: Any, operands: Any, expected: Any, launchers: Mapping[str, Any],
+                 stream: int | None, device: Any) -> str | None:
+    """How a finalist's result on `operands` misses `expected` (the op's comparison, as JSON), or None
+    where it matches."""
+    from .launch import run_checked
+
+    _, comparison = run_checked(definition, config, operands, expected, launchers, stream, device)
+    return None if comparison.passed else json.dumps(comparison.to_dict())
