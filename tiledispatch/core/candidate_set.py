@@ -105,16 +105,32 @@ class CandidateSet:
         return self._batch.scores(rows, problem)
 
 
+# The model never ranks a vendor the rules model more than this many times slower than their best
+# candidate. The rules know cliffs no sweep has measured (cuDNN's 3-D depthwise backward-weight:
+# 50.8 ms where a direct kernel runs in 85 us, `ops/conv/families/vendor.py`), and a model that never
+# saw the class ranks the vendor as it would elsewhere. On every swept slice (conv's three
+# directions, attention's two) any factor from 8 to 64 left every pick as it was
+# (`benchmarks/results/h200/vendor_cliff_cut.txt`).
+VENDOR_CLIFF = 16.0
+
+
 def model_shortlist(ranked: list, is_vendor: Callable[[Any], bool], size: int | None,
-                    ruled_out: Callable[[Any], bool] = lambda c: False) -> tuple[list, list]:
+                    score: Callable[[Any], float]) -> tuple[list, list]:
     """(the candidates a model ranks: the rules' best `size` (None: all) and the vendor's, the others)
     of `ranked`, in the rules' order; `evaluate` splits a sweep's rows by it too. The size is the
-    op's (`OpDefinition.model_shortlist`). A candidate the rules rule out (`ruled_out`: a score of 0,
-    as conv's gemm family gets where the GEMM op would run the product on its vendor library) is
-    among the others: the rules prune, the model ranks what is left."""
-    listed = [(size is None or i < size or is_vendor(c)) and (is_vendor(c) or not ruled_out(c))
-              for i, c in enumerate(ranked)]
-    return [c for c, kept in zip(ranked, listed) if kept], [c for c, kept in zip(ranked, listed) if not kept]
+    op's (`OpDefinition.model_shortlist`). The rules prune, the model ranks what is left: a
+    candidate the rules score 0 (as conv's gemm family gets where the GEMM op would run the product
+    on its vendor library), and a vendor they model past VENDOR_CLIFF times their best's time
+    (score = ideal time / modelled time), are among the others."""
+    floor = max(map(score, ranked), default=0.0) / VENDOR_CLIFF
+
+    def kept(i: int, c: Any) -> bool:
+        if is_vendor(c):
+            return score(c) >= floor
+        return (size is None or i < size) and score(c) != 0.0
+
+    listed = [kept(i, c) for i, c in enumerate(ranked)]
+    return [c for c, k in zip(ranked, listed) if k], [c for c, k in zip(ranked, listed) if not k]
 
 
 def model_order(model: Predictor, problem: Any, arch: Any, candidates: CandidateSet, rows: Sequence[int],
@@ -124,7 +140,7 @@ def model_order(model: Predictor, problem: Any, arch: Any, candidates: Candidate
     rows, each one's cost, None past the shortlist). Equal costs keep the rules' order."""
     vendor, specs = candidates.vendor, candidates.specs
     shortlist, rest = model_shortlist(order, lambda j: vendor[rows[j]], get_op(problem.op).model_shortlist,
-                                      lambda j: scores.values[j] == 0.0)
+                                      lambda j: scores.values[j])
     if not shortlist:
         return list(rest), [None] * len(rest)
     costs = [float(c) for c in model.predict_cost(problem, [specs[rows[j]].config for j in shortlist], arch,

@@ -181,7 +181,7 @@ def _model_order(ordered: Sequence[Measured], problem: _Problem) -> list[Measure
     if problem.model is None or covers is not None and not covers(problem.problem):
         return list(ordered)
     shortlist, rest = model_shortlist(list(ordered), lambda c: c.vendor, get_op(problem.op).model_shortlist,
-                                      lambda c: c.rule_score == 0.0)
+                                      lambda c: c.rule_score)
     if not shortlist:
         return rest
     return [shortlist[i] for i in np.argsort(problem.model_costs(shortlist), kind="stable")] + rest
