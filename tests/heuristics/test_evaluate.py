@@ -170,12 +170,15 @@ def test_autotune_times_its_finalists_and_keeps_the_vendor_within_its_margin(ran
         assert outcome.efficiency == pytest.approx(oracle / time(i, candidates.index(expected), expected))
 
 
-def test_autotune_drops_a_finalist_that_failed_to_build_and_fails_on_one_that_faults(ranked):
+def test_autotune_drops_a_finalist_that_failed_to_build_or_was_wrong_and_fails_on_one_that_faults(ranked):
+    """As the dispatcher does: a finalist that fails to build, or whose result the reference refutes,
+    is not timed; one that faults or hangs ends the tuning."""
     frame = make_table(ranked, lambda i, r, c: 1.0 + 0.1 * r,
-                       lambda i, r, c: {(0, 0): "build_failed", (1, 0): "timeout"}.get((i, r), "ok"))
+                       lambda i, r, c: {(0, 0): "build_failed", (1, 0): "timeout", (2, 0): "wrong"}.get((i, r), "ok"))
     outcomes = ev.evaluate(frame, strategies=["autotune"])[KEY].outcomes[ev.Picker.AUTOTUNE]
     assert outcomes[0].status.value == "ok" and outcomes[0].kernel == ranked[0][1][1].spec.name
     assert outcomes[1].status.value == "timeout" and outcomes[1].efficiency == 0.0
+    assert outcomes[2].status.value == "ok" and outcomes[2].kernel == ranked[2][1][1].spec.name
 
 
 def test_missing_rule_scores_are_recomputed_as_the_rules_rank(ranked):

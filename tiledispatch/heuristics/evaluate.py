@@ -195,7 +195,8 @@ def _pick_autotune(ordered: Sequence[Measured], problem: _Problem) -> Measured:
     """The dispatcher's autotune: its finalists timed, taken from the model's order where a model
     is given, as the dispatcher takes them where one ships."""
     finalists = autotune.finalists(_model_order(ordered, problem))
-    timed = [c for c in finalists if c.status is not Status.BUILD_FAILED]  # the dispatcher drops these
+    # the dispatcher drops these: a build that fails, a result its check against the reference refutes
+    timed = [c for c in finalists if c.status not in (Status.BUILD_FAILED, Status.WRONG)]
     broken = next((c for c in timed if not c.ok), None)  # it runs these: a fault or hang ends the tuning
     if broken is not None or not timed:
         return broken or finalists[0]
