@@ -86,6 +86,20 @@ def model(table):
     return learned.train(table, KEY, folds=3, seed=0)
 
 
+class OneModel:
+    """A model source that gives every problem `predictor` on every arch: a stand-in model whose
+    costs a test chooses, in place of the shipped ones."""
+
+    def __init__(self, predictor):
+        self.predictor = predictor
+
+    def model_for(self, problem, arch):
+        return self.predictor
+
+    def ships(self, arch):
+        return True
+
+
 def efficiency(order_times: np.ndarray, picked: int) -> float:
     return float(order_times.min() / order_times[picked])
 
@@ -492,20 +506,10 @@ def test_a_model_giving_too_few_or_nan_costs_fails_clearly(model):
         def predict_cost(self, problem, configs, arch, scores=None):
             return self.costs(len(configs))
 
-    class Source:
-        def __init__(self, predictor):
-            self.predictor = predictor
-
-        def model_for(self, problem, arch):
-            return self.predictor
-
-        def ships(self, arch):
-            return True
-
     problem = problems(1, seed=47)[0]
     for costs in (lambda n: [0.0] * (n - 1), lambda n: [math.nan] * n):
         dispatcher = Dispatcher(Registry.from_rule_sets(["gemm"], RuleSet.TINY, SM90), SM90, strategy="model",
-                                models=Source(Broken(costs)))
+                                models=OneModel(Broken(costs)))
         with pytest.raises(UnsupportedError, match="the model broken gave .* costs .* one finite cost per candidate"):
             dispatcher.ranked(problem)
 
@@ -562,18 +566,11 @@ def test_the_model_ranks_the_rules_shortlist_and_the_vendor_and_leaves_the_rest_
             self.seen.append(len(configs))
             return [-float(i) for i in range(len(configs))]  # the rules' last of the shortlist costs least
 
-    class Source:
-        def model_for(self, problem, arch):
-            return Reversed()
-
-        def ships(self, arch):
-            return True
-
     registry = Registry.from_rule_sets(["gemm"], RuleSet.DEFAULT, SM90)
     problem = problems(1, seed=5)[0]
     rules = Dispatcher(registry, SM90, strategy="rules").ranked(problem)
     assert len(rules) > MODEL_SHORTLIST + 1
-    ranked = Dispatcher(registry, SM90, strategy="model", models=Source()).ranked(problem)
+    ranked = Dispatcher(registry, SM90, strategy="model", models=OneModel(Reversed())).ranked(problem)
     shortlist = [c for i, c in enumerate(rules) if i < MODEL_SHORTLIST or c.spec.family == "vendor"]
     rest = [c for i, c in enumerate(rules) if i >= MODEL_SHORTLIST and c.spec.family != "vendor"]
     assert Reversed.seen == [len(shortlist)]
@@ -590,7 +587,7 @@ def test_the_model_ranks_the_rules_shortlist_and_the_vendor_and_leaves_the_rest_
     convs = Registry.from_rule_sets(["conv"], RuleSet.DEFAULT, SM90)
     every = Dispatcher(convs, SM90, strategy="rules").ranked(conv)
     Reversed.seen.clear()
-    ranked = Dispatcher(convs, SM90, strategy="model", models=Source()).ranked(conv)
+    ranked = Dispatcher(convs, SM90, strategy="model", models=OneModel(Reversed())).ranked(conv)
     assert get_op("conv").model_shortlist is None and len(every) > 16 and Reversed.seen == [len(every)]
     assert [c.spec.name for c in ranked] == [c.spec.name for c in every[::-1]]
 
@@ -611,13 +608,6 @@ def test_the_model_does_not_rank_a_candidate_the_rules_score_zero():
             self.seen.append(len(configs))
             return [0.0 if type(c).__name__ == "PointwiseConfig" else 1.0 + i for i, c in enumerate(configs)]
 
-    class Source:
-        def model_for(self, problem, arch):
-            return GemmFamilyFirst()
-
-        def ships(self, arch):
-            return True
-
     cl = dict(device="meta", dtype=torch.float16)
     x = torch.empty(32, 512, 7, 7, **cl).to(memory_format=torch.channels_last)
     w = torch.empty(2048, 512, 1, 1, **cl).to(memory_format=torch.channels_last)
@@ -626,7 +616,7 @@ def test_the_model_does_not_rank_a_candidate_the_rules_score_zero():
     every = Dispatcher(convs, SM90, strategy="rules").ranked(conv)
     zero = [c.spec.name for c in every if c.score.value == 0.0]
     assert zero and all(c.spec.family == "gemm" for c in every if c.spec.name in zero)
-    ranked = Dispatcher(convs, SM90, strategy="model", models=Source()).ranked(conv)
+    ranked = Dispatcher(convs, SM90, strategy="model", models=OneModel(GemmFamilyFirst())).ranked(conv)
     assert GemmFamilyFirst.seen == [len(every) - len(zero)]
     assert [c.spec.name for c in ranked[-len(zero):]] == zero and ranked[0].spec.name not in zero
     assert all(c.model_cost is None for c in ranked[-len(zero):])
@@ -649,13 +639,6 @@ def test_the_model_does_not_rank_a_vendor_the_rules_model_past_its_cliff():
         def predict_cost(self, problem, configs, arch, scores=None):
             return [0.0 if type(c).__name__ == "VendorConfig" else 1.0 + i for i, c in enumerate(configs)]
 
-    class Source:
-        def model_for(self, problem, arch):
-            return VendorFirst()
-
-        def ships(self, arch):
-            return True
-
     def weight_grad(n, c, groups, size, filt):
         cl = dict(device="meta", dtype=torch.bfloat16)
         fmt = torch.channels_last_3d if len(size) == 3 else torch.channels_last
@@ -670,7 +653,7 @@ def test_the_model_does_not_rank_a_vendor_the_rules_model_past_its_cliff():
     rules = Dispatcher(convs, SM90, strategy="rules").ranked(cliff)
     vendor = next(c for c in rules if c.spec.is_vendor)
     assert vendor.score.value * VENDOR_CLIFF < rules[0].score.value  # the rules model it past the cliff
-    picked = Dispatcher(convs, SM90, strategy="model", models=Source()).select(cliff)
+    picked = Dispatcher(convs, SM90, strategy="model", models=OneModel(VendorFirst())).select(cliff)
     assert not picked.is_vendor and picked.name == rules[0].spec.name
     plain = weight_grad(32, 256, 1, (14, 14), (3, 3))
-    assert Dispatcher(convs, SM90, strategy="model", models=Source()).select(plain).is_vendor
+    assert Dispatcher(convs, SM90, strategy="model", models=OneModel(VendorFirst())).select(plain).is_vendor
