@@ -128,13 +128,6 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:ERROR_CHARS]
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
 def _context_lost(device) -> bool:
     """Whether the GPU's context is broken: CUDA errors of a kernel's fault stick to the process."""
     if device.type != "cuda":
@@ -269,15 +262,10 @@ class _Kernels:
             return Outcome(name, Status.BUILD_FAILED, error_text(e))
         stream = stream_getter(self.device)
         try:
-            if definition.check is not None:
-                plan, comparison = run_checked(definition, spec.config, self.operands[0], self.expected, launchers,
-                                               stream(), self.device)
-                if not comparison.passed:
-                    return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
-            else:
-                plan = definition.plan(spec.config, self.operands[0])
-                execute(plan, launchers, stream())
-                _sync(self.device)
+            plan, comparison = run_checked(definition, spec.config, self.operands[0], self.expected, launchers,
+                                           stream(), self.device)
+            if comparison is not None and not comparison.passed:
+                return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
             plans = [plan] + [definition.plan(spec.config, o) for o in self.operands[1:]]
             turn = itertools.cycle(plans)
             sample = _sampler(lambda: execute(next(turn), launchers, stream()), self.on_gpu)

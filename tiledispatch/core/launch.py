@@ -47,8 +47,9 @@ def poison(output: Any, zeroed: tuple = ()) -> None:
 def run_checked(definition: Any, config: Any, operands: Any, expected: Any, launchers: Mapping[str, Any],
                 stream: int | None, device: Any) -> tuple[Plan, Any]:
     """Runs `config`'s plan once on `operands` into poisoned outputs and compares the result with
-    `expected`, the op's reference of those operands: (the plan, the op's Comparison). A sweep
-    checks every kernel so before it times it, and autotune every finalist."""
+    `expected`, the op's reference of those operands: (the plan, the op's Comparison, or None for
+    an op without a check). A sweep checks every kernel so before it times it, and autotune every
+    finalist."""
     plan = definition.plan(config, operands)
     poison(plan.output, plan.zeroed)
     execute(plan, launchers, stream)
@@ -56,4 +57,4 @@ def run_checked(definition: Any, config: Any, operands: Any, expected: Any, laun
         import torch
 
         torch.cuda.synchronize(device)  # a fault raises here, at the kernel that made it
-    return plan, definition.check(plan.output, expected, operands)
+    return plan, None if definition.check is None else definition.check(plan.output, expected, operands)

@@ -167,4 +167,4 @@ def wrong_result(definition: Any, config: Any, operands: Any, expected: Any, lau
     from .launch import run_checked
 
     _, comparison = run_checked(definition, config, operands, expected, launchers, stream, device)
-    return None if comparison.passed else json.dumps(comparison.to_dict())
+    return None if comparison is None or comparison.passed else json.dumps(comparison.to_dict())
