@@ -95,9 +95,14 @@ CASES = {  # (n, c, k, g, size, filter, padding, dilation): odd sizes leave part
 
 
 def _tile_ids():
+    """The tiles of `tests` by direction that the rules keep on this arch (sm_90 refuses a
+    backward-weight box of few pixels read from registers over 3 stages: REGISTER_A_PIPELINE)."""
     for t in TESTS_TMA:
         for direction in t.directions:
-            yield direction, t
+            config = TmaConfig(ConvSignature(direction, ConvTypes(DType.FP16)), t.tile_h, t.tile_w, t.block_out,
+                               t.block_in, t.num_warps, t.num_stages, t.split_k, t.split_mode)
+            if validate(config, ARCH).ok:
+                yield direction, t
 
 
 TWO_D = [case for case, args in CASES.items() if len(args[4]) == 2]
@@ -289,6 +294,40 @@ def test_family_arch_split_mode_and_register_a_operand():
     assert validate(dataclasses.replace(weight, tile_h=1, tile_w=128, block_in=256, num_stages=2), SM90).ok
     atomic = dataclasses.replace(weight, split_mode=SplitMode.ATOMIC)
     assert set(validate(atomic, SM90).broken_rules()) == {ConvRule.SPLIT_MODE}
+
+
+def test_few_pixel_register_a_boxes_keep_two_stages_where_wgmma_reads_them():
+    weight = TmaConfig(BWDW, 4, 16, 128, 128, 8, 4)
+    assert register_a_operand(weight)
+    assert set(validate(weight, SM90).broken_rules()) == {ConvRule.REGISTER_A_PIPELINE}
+    assert set(validate(dataclasses.replace(weight, tile_h=2, tile_w=32, num_stages=3), SM90).broken_rules()) == {
+        ConvRule.REGISTER_A_PIPELINE}
+    for kept in (dataclasses.replace(weight, num_stages=2), dataclasses.replace(weight, tile_h=8, num_stages=3),
+                 dataclasses.replace(weight, tile_h=1, tile_w=64)):  # 2 stages; 128 pixels; dy^T in shared memory
+        assert validate(kept, SM90).ok, kept.name
+    assert validate(weight, arch.load("interpreter")).ok  # no wgmma there
+    assert validate(TmaConfig(FWD, 4, 16, 128, 64, 8, 4), SM90).ok  # forward's pixels are B, in shared memory
+
+
+@pytest.mark.skipif(not ON_GPU, reason="wgmma's register-A pipeline: compiled code on sm_90")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_register_a_boxes_the_rules_keep_sum_right_over_many_waves(dtype):
+    """The backward-weight on which 4x16 boxes over 4 stages summed wrong (8 x 7x7, 3x3, 512 -> 1152:
+    324 programs): every `default` box that copies dy^T to registers and that the rules keep, unsplit,
+    three seeds each."""
+    from tiledispatch import KernelSpec, OpKind
+    from tiledispatch.ops.conv.rulesets import WEIGHT_TMA_TILES
+
+    p = problem("bwd_weight", 8, 512, 1152, 1, (7, 7), (3, 3), 1, 1, 1, dtype=dtype)
+    sig = ConvSignature(Direction.BWD_WEIGHT, ConvTypes.parse(dtype))
+    configs = [TmaConfig(sig, t.tile_h, t.tile_w, t.block_out, t.block_in, t.num_warps, t.num_stages)
+               for t in WEIGHT_TMA_TILES if t.tile_h > 1]
+    kept = [KernelSpec(OpKind.CONV, c, ARCH.name) for c in configs if validate(c, ARCH).ok]
+    assert kept and len(kept) < len(configs)  # the 4x16 box over 4 stages is refused
+    dispatcher = Dispatcher(Registry(kept), ARCH)
+    for spec in kept:
+        for seed in range(3):
+            run_and_check(dispatcher, p, spec.name, seed=seed)
 
 
 def test_auto_correct():

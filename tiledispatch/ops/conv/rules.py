@@ -44,6 +44,7 @@ class ConvRule(enum.Enum):
     GROUP_MERGE = "group-merge"
     SHARED_MEMORY = "shared-memory"
     REGISTER_BUDGET = "register-budget"
+    REGISTER_A_PIPELINE = "register-a-pipeline"
     VECTOR_WIDTH = "vector-width"
     DTYPE_ARCH = "dtype-arch"
     TF32 = "tf32"
