@@ -37,11 +37,13 @@ def read_table(table: Path) -> Any:
 def _summary(model: Any, paths: dict[str, Path]) -> dict[str, Any]:
     m = model.manifest
     return {**m["key"], "rows": m["rows"], "problems": m["problems"], "kernels": m["kernels"], "trees": m["trees"],
-            "skipped": m["skipped"], "gpus": m["gpus"], "cv": m["cv"], "files": [str(p) for p in paths.values()]}
+            "skipped": m["skipped"], "gpus": m["gpus"], "cv": m["cv"], "pooled_dtypes": m.get("pooled_dtypes", []),
+            "files": [str(p) for p in paths.values()]}
 
 
 def train_command(
-        table: Path = typer.Argument(..., help="a sweep's results: a parquet file, or the directory of its parts"),
+        tables: list[Path] = typer.Argument(..., help="sweeps' results: parquet files, or the directories of "
+                                                      "their parts (read as one table)"),
         out: Path = typer.Option(..., "--out", help="directory the models are written to, one folder per arch"),
         op: Optional[str] = typer.Option(None, "--op", help="train this op's models only"),
         direction: Optional[str] = typer.Option(None, "--direction", help="forward, backward_data, ... only"),
@@ -49,12 +51,21 @@ def train_command(
         arch: Optional[str] = typer.Option(None, "--arch", help="this arch's models only (sm_90, ...)"),
         folds: int = typer.Option(5, "--folds", min=1, max=100,
                                   help="cross-validation folds, grouped by problem (1: none)"),
-        seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="LightGBM's seed")) -> None:
+        seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="LightGBM's seed"),
+        pool: str = typer.Option("", "--pool", help="comma-separated dtypes whose rows (same op, direction and "
+                                 "arch) each model learns from too, e.g. bf16 for an fp16 model")) -> None:
     """Train a LightGBM selection model for every (op, direction, dtype, arch) of a results table."""
     from ..heuristics import learned
     from ..heuristics.training import selection_keys
 
-    frame = read_table(table)
+    import pandas as pd
+
+    from ..bench.table import distinct_rows
+
+    frames = [read_table(t) for t in tables]
+    frame = frames[0] if len(frames) == 1 else distinct_rows(pd.concat(frames, ignore_index=True))
+    table = ",".join(map(str, tables))
+    pooled = tuple(d.strip() for d in pool.split(",") if d.strip())
     chosen = {"op": op, "direction": direction, "dtype": dtype, "arch": arch}
     present = selection_keys(frame)
     keys = [k for k in present if all(v is None or getattr(k, f) == v for f, v in chosen.items())]
@@ -64,6 +75,6 @@ def train_command(
                                    f"{[k.__dict__ for k in present] or 'none (no ok rows)'}")
     models = []
     for key in keys:
-        model = learned.train(frame, key, folds=folds, seed=seed)
+        model = learned.train(frame, key, folds=folds, seed=seed, pool=pooled)
         models.append(_summary(model, model.save(out / key.arch)))
     emit({"status": "ok", "table": str(table), "out": str(out), "models": models})

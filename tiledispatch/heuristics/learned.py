@@ -333,11 +333,11 @@ def data_hash(rows: Any) -> str:
 
 
 def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
-          params: Mapping[str, Any] | None = None) -> TrainedModel:
+          params: Mapping[str, Any] | None = None, pool: tuple[str, ...] = ()) -> TrainedModel:
     """Trains the model of `key` on a results table (`heuristics.training.train`)."""
     from .training import train as train_model
 
-    return train_model(frame, key, folds=folds, seed=seed, params=params)
+    return train_model(frame, key, folds=folds, seed=seed, params=params, pool=pool)
 
 
 set_model_source(ShippedModels())

@@ -11,12 +11,19 @@ compute. Cross-validation is grouped by problem (a problem's rows are all in one
 fold's model, fitted on the others, ranks the problems it does not see, which gives the CV
 scores (the oracle's time over the time of the kernel the model ranks first); the model kept
 is then fitted on every row.
+
+A model may also learn from a sibling dtype's rows (`pool`): fp16 and bf16 run the same kernels at
+the same tensor-core rate, so a bf16 sweep teaches an fp16 model too (the dtype is a feature).
+Its folds then hold a layer's problems of every dtype together (`shape_of`), and the CV scores
+judge the key's own problems alone.
 """
 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -76,6 +83,24 @@ def rows_of(frame: Any, key: SelectionKey) -> Any:
     return (ok.groupby(["problem_id", "kernel"], sort=True)
               .agg(problem=("problem", "first"), config=("config", "first"), time_ms=("time_ms", "median"))
               .reset_index())
+
+
+def pooled_rows(frame: Any, key: SelectionKey, pool: tuple[str, ...] = ()) -> Any:
+    """`rows_of` the key, and of the same op, direction and arch in each dtype of `pool`."""
+    import pandas as pd
+
+    keys = [key] + [replace(key, dtype=d) for d in dict.fromkeys(pool) if d != key.dtype]
+    rows = [rows_of(frame, k) for k in keys]
+    if len(rows) == 1:
+        return rows[0]
+    return pd.concat(rows).sort_values(["problem_id", "kernel"], kind="stable").reset_index(drop=True)
+
+
+def shape_of(problem_json: str) -> str:
+    """A problem's layer: its JSON without its types, the same for its fp16 and bf16 forms."""
+    fields = json.loads(problem_json)
+    fields.pop("types", None)
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -162,25 +187,29 @@ def selection(log_ms: np.ndarray, costs: np.ndarray, problem_ids: np.ndarray) ->
             "top1": hits / len(efficiency)}
 
 
-def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[str, Any] | None:
+def cross_validate(data: Data, folds: int, params: Mapping[str, Any], groups: np.ndarray | None = None,
+                   judged: np.ndarray | None = None) -> dict[str, Any] | None:
     """Grouped k-fold selection scores on the problems each fold's model did not see; None with
-    fewer than 2 problems."""
+    fewer than 2 groups. A row's group is its problem unless `groups` gives one per row (a
+    pooled model's layers); `judged` rows alone are scored (default: all)."""
     import lightgbm
 
-    unique = np.unique(data.problem_ids)
+    groups = data.problem_ids if groups is None else groups
+    judged = np.ones(len(groups), dtype=bool) if judged is None else judged
+    unique = np.unique(groups)
     folds = min(folds, len(unique))
     if folds < 2:
         return None
     from ..bench.problemsets import fold_of  # the split every tool shares: a problem is in one fold everywhere
 
-    fold_by_id = {pid: fold_of(str(pid), folds) for pid in unique}
-    fold = np.array([fold_by_id[pid] for pid in data.problem_ids])
+    fold_by_id = {g: fold_of(str(g), folds) for g in unique}
+    fold = np.array([fold_by_id[g] for g in groups])
     costs, used = np.full(len(fold), np.nan), []
     for f in range(folds):
-        valid = fold == f
-        if not valid.any() or valid.all():
+        valid = (fold == f) & judged
+        if not valid.any() or (fold == f).all():
             continue  # a hash may leave a fold empty when there are few problems
-        booster = lightgbm.train(dict(params), _dataset(data, ~valid), ROUNDS)
+        booster = lightgbm.train(dict(params), _dataset(data, fold != f), ROUNDS)
         costs[valid] = -booster.predict(data.matrix[valid])
         used.append(f)
     seen = ~np.isnan(costs)
@@ -191,9 +220,10 @@ def cross_validate(data: Data, folds: int, params: Mapping[str, Any]) -> dict[st
 
 
 def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
-          params: Mapping[str, Any] | None = None) -> TrainedModel:
+          params: Mapping[str, Any] | None = None, pool: tuple[str, ...] = ()) -> TrainedModel:
     """The model of `key` trained on a results table (a pandas DataFrame of `bench.table.COLUMNS`):
-    grouped k-fold CV by problem for the scores, then one fit on every row."""
+    grouped k-fold CV by problem for the scores, then one fit on every row; with `pool`, on the
+    rows of those dtypes too (the module docstring)."""
     import lightgbm
 
     from .. import __version__
@@ -205,18 +235,24 @@ def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"seed must be an integer in 0..{SEED_MAX} (LightGBM's seed); got {seed!r}")
     params = {**DEFAULT_PARAMS, "seed": seed, **_checked_params(params)}
-    rows = rows_of(frame, key)
+    pool = tuple(d for d in dict.fromkeys(pool) if d != key.dtype)
+    rows = pooled_rows(frame, key, pool)
     data = featurize(rows, key)
-    cv = cross_validate(data, folds, params)
+    own = np.isin(data.problem_ids, rows_of(frame, key)["problem_id"].unique()) if pool else None
+    layers = dict(zip(rows["problem_id"], map(shape_of, rows["problem"]))) if pool else None
+    cv = cross_validate(data, folds, params, None if layers is None else np.array([layers[p] for p in data.problem_ids]),
+                        own)
     booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), ROUNDS)
     mask = (frame["status"] == Status.OK.value) & frame["problem_id"].isin(rows["problem_id"])
-    for column, value in zip(("op", "direction", "dtype", "arch"), (key.op, key.direction, key.dtype, key.arch)):
+    for column, value in zip(("op", "direction", "arch"), (key.op, key.direction, key.arch)):
         mask &= frame[column] == value  # the key's rows alone: another arch's sweep shares problem ids
-    used = frame[mask]
+    used = frame[mask & frame["dtype"].isin((key.dtype, *pool))]
     manifest = {
         "format": FORMAT, "key": {"op": key.op, "direction": key.direction, "dtype": key.dtype, "arch": key.arch},
         "target": TARGET, "data_hash": data_hash(rows), "rows": int(len(data.log_ms)),
         "problems": int(len(np.unique(data.problem_ids))), "kernels": int(rows["kernel"].nunique()),
+        "pooled_dtypes": list(pool),
+        "own_problems": int(len(np.unique(data.problem_ids if own is None else data.problem_ids[own]))),
         "skipped": dict(data.skipped), "gpus": _values(used, "gpu"), "problem_sets": _values(used, "problem_set"),
         "cv": cv, "trees": booster.num_trees(), "params": params, "lightgbm": lightgbm.__version__,
         "tiledispatch": __version__,
