@@ -193,6 +193,27 @@ def test_missing_rule_scores_are_recomputed_as_the_rules_rank(ranked):
     assert [o.kernel for o in with_scores[KEY].outcomes[ev.Picker.RULES]] == [cs[0].spec.name for _, cs in ranked]
 
 
+def test_a_kernel_todays_rules_refuse_is_no_candidate_when_rescored(ranked, monkeypatch):
+    """A rule added since the sweep (a kernel found wrong, say): --rescore judges what the
+    dispatcher offers today, so the refused kernel is neither a pick nor the oracle."""
+    import dataclasses
+    import types
+
+    frame = make_table(ranked, lambda i, r, c: 0.5 if r == 0 else 1.0 + 0.01 * r)
+    refused = {canonical_json(cs[0].spec.config) for _, cs in ranked}  # each problem's fastest, the rules' first
+    gemm = ev.get_op("gemm")
+    now = dataclasses.replace(gemm, validate=lambda config, arch: types.SimpleNamespace(
+        ok=canonical_json(config) not in refused and gemm.validate(config, arch).ok))
+    before = ev.evaluate(frame, strategies=["rules", "autotune"])[KEY]
+    monkeypatch.setattr(ev, "get_op", lambda op: now)
+    after = ev.evaluate(frame, strategies=["rules", "autotune"], rescore=True)[KEY]
+    names = {cs[0].spec.name for _, cs in ranked}
+    assert all(o.kernel in names and o.oracle_ms == 0.5 for o in before.outcomes[ev.Picker.RULES])
+    for picker in (ev.Picker.RULES, ev.Picker.AUTOTUNE):
+        assert all(o.kernel not in names and o.oracle_kernel not in names and o.oracle_ms > 0.5
+                   for o in after.outcomes[picker])
+
+
 def test_holdout_folds_are_disjoint_by_problem_and_cover_the_table(ranked):
     frame = make_table(ranked, lambda i, r, c: 1.0 + r)
     folds = [ev.holdout_ids(frame, ev.Fold(f, 3)) for f in range(3)]

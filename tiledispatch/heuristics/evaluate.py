@@ -149,10 +149,13 @@ class _Problem:
 
 
     def scored(self, candidates: Sequence[Measured]) -> list[Measured]:
-        """The candidates with the op's `rule_score` of today, on this arch."""
-        score = get_op(self.op).rule_score
-        return [replace(c, rule_score=float(score(config, self.problem, self.arch).value))
-                for c, config in zip(candidates, self.configs(candidates))]
+        """The candidates today's rules accept on the key's arch, with the op's `rule_score` of today
+        on this arch: a kernel a rule now refuses (one found wrong, say) is no candidate of the
+        dispatcher's, so it is none of the evaluation's either."""
+        definition = get_op(self.op)
+        return [replace(c, rule_score=float(definition.rule_score(config, self.problem, self.arch).value))
+                for c, config in zip(candidates, self.configs(candidates))
+                if definition.validate(config, self.model_arch).ok]
 
     def model_costs(self, candidates: Sequence[Measured]) -> np.ndarray:
         costs = np.asarray(self.model.predict_cost(self.problem, self.configs(candidates), self.model_arch),
@@ -388,13 +391,13 @@ def _evaluate_key(key, rows, whole, pickers, model, arch, rescore, unseen, allow
     outcomes: dict[Picker, list[Outcome]] = {p: [] for p in pickers if p not in skipped}
     without, configs = [], {}
     for pid, (problem_json, candidates) in problems.items():
+        problem = _Problem(key, problem_json, arch, predictor, configs, estimator)
+        if rescore or any(c.rule_score is None for c in candidates):
+            candidates = problem.scored(candidates)
         oracle = min((c for c in candidates if c.ok), key=lambda c: c.time_ms, default=None)
         if oracle is None:
             without.append(pid)
             continue
-        problem = _Problem(key, problem_json, arch, predictor, configs, estimator)
-        if rescore or any(c.rule_score is None for c in candidates):
-            candidates = problem.scored(candidates)
         ordered = sorted(candidates, key=Measured.rules_key)
         vendor = _pick_vendor(ordered, problem)
         vendor_ms = vendor.time_ms if vendor is not None and vendor.ok else None

@@ -25,7 +25,9 @@ tap's sum NaN; the reference would not see it.)
 wgmma reads its A operand from shared memory only when it is a descriptor load as
 loaded (Triton 3.6): forward therefore computes y^T = w @ x^T, the merged pixel box as
 B; backward-weight's A is dy^T, from shared memory for one-row boxes and copied to
-registers for taller ones (rules.register_a_operand).
+registers for taller ones (rules.register_a_operand). Taller boxes of fewer than 128 pixels over
+three or more stages sum wrong on sm_90 as Triton 3.6 compiles them: the rules refuse them there
+(REGISTER_A_PIPELINE).
 """
 
 import triton
