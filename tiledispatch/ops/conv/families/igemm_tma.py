@@ -146,11 +146,7 @@ def shared_memory_bytes(config: TmaConfig) -> int:
     return pipeline_shared_bytes(config.num_stages, block_m, block_n, block_k, config.signature.types.dtype.itemsize)
 
 
-# A backward-weight step of fewer pixels, its dy^T copied to registers, with three or more stages
-# in flight: wgmma's sums came out wrong on the H200 (4x16 and 2x32 boxes, 4 or 8 warps, 3 or 4
-# stages; relative error 1-3.5 % where the right kernels read 0.17 %, the taps and channel blocks
-# that go wrong changing from run to run, only on grids of more programs than SMs), while 2 stages
-# and 8x16 boxes summed right on the same problems: benchmarks/results/h200/igemm_tma_wrong.txt.
+# Fewer pixels a step, read from registers over 3+ stages, sum wrong on sm_90 (docs/selection.md).
 RELIABLE_REGISTER_A_STEP = 128
 
 
@@ -213,11 +209,10 @@ def findings(config: TmaConfig, arch) -> Findings:
         error(ConvRule.SHARED_MEMORY, f"{config.num_stages} stages of the {gemm['M']}x{gemm['step']} and "
               f"{gemm['step']}x{gemm['N']} boxes need {smem} B of shared memory; {arch.name} allows "
               f"{arch.shared_memory_per_block_optin} B per block", "fewer stages or smaller blocks")
-    if register_a_operand(config) and arch.has(Feature.WGMMA) and config.pixels < RELIABLE_REGISTER_A_STEP \
-            and config.num_stages > 2:
-        error(ConvRule.REGISTER_A_PIPELINE, f"a {config.tile_h}x{config.tile_w} box ({config.pixels} pixels a step) "
-              f"copied to registers for wgmma over {config.num_stages} stages sums some boxes wrong on sm_90 "
-              "(Triton 3.6; benchmarks/results/h200/igemm_tma_wrong.txt)",
+    few_pixels = config.pixels < RELIABLE_REGISTER_A_STEP
+    if register_a_operand(config) and few_pixels and config.num_stages > 2 and arch.has(Feature.WGMMA):
+        error(ConvRule.REGISTER_A_PIPELINE, f"a {config.tile_h}x{config.tile_w} box read from registers over "
+              f"{config.num_stages} stages sums wrong on sm_90 (Triton 3.6)",
               f"use 2 stages, a box of >= {RELIABLE_REGISTER_A_STEP} pixels, or a one-row box")
     regs = accumulator_registers(config)
     if register_a_operand(config):  # dy^T in registers, double-buffered (sm_90 ptxas: 128x256 w8 spills)
