@@ -56,16 +56,25 @@ def test_a_pooled_model_learns_from_both_dtypes_and_is_judged_on_its_own(tables)
     assert alone.manifest["pooled_dtypes"] == [] and alone.manifest["rows"] == len(ok16)
 
 
-def test_pooled_folds_keep_a_layers_dtypes_together(tables):
-    """A held-out fp16 problem's bf16 twin trains no model that judges it: folds go by layer."""
+def test_pooled_folds_keep_a_layers_dtypes_together(tables, monkeypatch):
+    """A held-out fp16 problem's bf16 twin trains no model that judges it: training's folds go by
+    layer, each layer's two problems in one group, and only the fp16 rows are judged."""
     fp16, _ = tables
-    twin = as_bf16(fp16)
-    frame = pd.concat([fp16, twin], ignore_index=True)
-    rows = training.pooled_rows(frame, KEY, ("bf16",))
-    layers = rows["problem"].map(training.shape_of)
-    assert layers.nunique() == fp16["problem_id"].nunique()  # each layer once, whatever its dtype
-    by_layer = rows.groupby(layers)["problem_id"].nunique()
-    assert (by_layer == 2).all()
+    frame = pd.concat([fp16, as_bf16(fp16)], ignore_index=True)
+    seen = {}
+    real = training.cross_validate
+
+    def spy(data, folds, params, groups=None, judged=None):
+        seen.update(ids=data.problem_ids, groups=groups, judged=judged)
+        return real(data, folds, params, groups, judged)
+
+    monkeypatch.setattr(training, "cross_validate", spy)
+    model = learned.train(frame, KEY, folds=3, pool=("bf16",))
+    by_group = pd.Series(seen["ids"]).groupby(seen["groups"]).nunique()
+    assert len(by_group) == fp16["problem_id"].nunique() and (by_group == 2).all()  # a layer: its fp16 and bf16
+    fp16_ids = set(fp16["problem_id"])
+    assert seen["judged"].tolist() == [i in fp16_ids for i in seen["ids"]]
+    assert model.manifest["cv"]["selection"]["problems"] == len(fp16_ids)
 
 
 def test_a_pool_without_rows_is_refused_naming_the_key(tables):
