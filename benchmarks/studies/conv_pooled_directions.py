@@ -36,7 +36,9 @@ def shape_of(problem_json: str) -> str:
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def scores(data, costs, seen, vendor) -> str:
+def scores(data, costs, seen, vendor, vendor_name: str = "cuDNN") -> str:
+    """Efficiency against the oracle of the `seen` rows' picks (lowest cost), and the picks against
+    the vendor's kernel (`vendor` marks its rows)."""
     ids = data.problem_ids[seen]
     chosen = training.selection(data.log_ms[seen], costs[seen], ids)
     ratios = []
@@ -46,7 +48,7 @@ def scores(data, costs, seen, vendor) -> str:
             ratios.append(np.exp(log_ms[is_vendor][0] - log_ms[np.argmin(cost)]))
     ratios = np.array(ratios)
     return (f"mean {chosen['mean']:.3f}  P10 {chosen['p10']:.3f}  min {chosen['min']:.3f}  "
-            f"vs cuDNN {np.exp(np.log(ratios).mean()):.3f}  below 0.98x {int((ratios < 0.98).sum())}")
+            f"vs {vendor_name} {np.exp(np.log(ratios).mean()):.3f}  below 0.98x {int((ratios < 0.98).sum())}")
 
 
 def main() -> None:

@@ -25,22 +25,11 @@ from tiledispatch.bench.problemsets import fold_of
 from tiledispatch.bench.table import SelectionKey
 from tiledispatch.heuristics import training
 
+from conv_pooled_directions import scores  # a study beside this one (python puts this folder on the path)
+
 FOLDS = 5
 DTYPES = ("fp16", "bf16")
 SLICES = (("conv", "forward"), ("conv", "bwd_data"), ("conv", "bwd_weight"), ("gemm", "forward"))
-
-
-def scores(data, costs, judged, vendor) -> str:
-    ids = data.problem_ids[judged]
-    chosen = training.selection(data.log_ms[judged], costs[judged], ids)
-    ratios = []
-    for start, end in training._groups(ids):
-        log_ms, cost, is_vendor = data.log_ms[judged][start:end], costs[judged][start:end], vendor[judged][start:end]
-        if is_vendor.any():
-            ratios.append(np.exp(log_ms[is_vendor][0] - log_ms[np.argmin(cost)]))
-    ratios = np.array(ratios)
-    return (f"mean {chosen['mean']:.3f}  P10 {chosen['p10']:.3f}  min {chosen['min']:.3f}  "
-            f"vs vendor {np.exp(np.log(ratios).mean()):.3f}  below 0.98x {int((ratios < 0.98).sum())}")
 
 
 def main() -> None:
@@ -78,7 +67,7 @@ def main() -> None:
                                          training.ROUNDS)
                 costs[judged] = -booster.predict(data.matrix[judged])
             label = f"with {other}" if pooled else f"{args.target} alone"
-            print(f"  {label:14s} {scores(data, costs, ~np.isnan(costs), vendor)}", flush=True)
+            print(f"  {label:14s} {scores(data, costs, ~np.isnan(costs), vendor, 'vendor')}", flush=True)
 
 
 if __name__ == "__main__":
