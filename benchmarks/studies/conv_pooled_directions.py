@@ -51,9 +51,23 @@ def scores(data, costs, seen, vendor, vendor_name: str = "cuDNN") -> str:
             f"vs {vendor_name} {np.exp(np.log(ratios).mean()):.3f}  below 0.98x {int((ratios < 0.98).sum())}")
 
 
-def main() -> None:
+def held_out_costs(data, fold: np.ndarray, own: np.ndarray, pooled: bool) -> np.ndarray:
+    """Each `own` row's cost by the model of its fold's others (every row's with `pooled`, else the
+    own rows'); NaN elsewhere."""
     import lightgbm
 
+    costs = np.full(len(fold), np.nan)
+    for f in range(FOLDS):
+        judged = own & (fold == f)
+        if not judged.any():
+            continue
+        trained = (fold != f) & (True if pooled else own)
+        booster = lightgbm.train(dict(training.DEFAULT_PARAMS), training._dataset(data, trained), training.ROUNDS)
+        costs[judged] = -booster.predict(data.matrix[judged])
+    return costs
+
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--table-dir", default="benchmarks/results/h200/selection")
     parser.add_argument("--dtype", default="bf16")
@@ -73,15 +87,7 @@ def main() -> None:
         for target in DIRECTIONS:
             own = direction == target
             for pooled in (False, True):
-                costs = np.full(len(fold), np.nan)
-                for f in range(FOLDS):
-                    judged = own & (fold == f)
-                    if not judged.any():
-                        continue
-                    trained = (fold != f) & (True if pooled else own)
-                    booster = lightgbm.train(dict(training.DEFAULT_PARAMS), training._dataset(data, trained),
-                                             training.ROUNDS)
-                    costs[judged] = -booster.predict(data.matrix[judged])
+                costs = held_out_costs(data, fold, own, pooled)
                 label = "pooled" if pooled else "alone"
                 print(f"folds by {by:7s}  {target:10s}  {label:6s}  {scores(data, costs, ~np.isnan(costs), vendor)}")
 

@@ -25,16 +25,13 @@ from tiledispatch.bench.problemsets import fold_of
 from tiledispatch.bench.table import SelectionKey
 from tiledispatch.heuristics import training
 
-from conv_pooled_directions import scores  # a study beside this one (python puts this folder on the path)
+from conv_pooled_directions import FOLDS, held_out_costs, scores  # a study beside this one (on the path)
 
-FOLDS = 5
 DTYPES = ("fp16", "bf16")
 SLICES = (("conv", "forward"), ("conv", "bwd_data"), ("conv", "bwd_weight"), ("gemm", "forward"))
 
 
 def main() -> None:
-    import lightgbm
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--table-dir", default="benchmarks/results/h200/selection")
     parser.add_argument("--target", default="fp16", choices=DTYPES, help="the dtype whose problems are judged")
@@ -57,15 +54,7 @@ def main() -> None:
         print(f"{op} {direction}: {len(set(data.problem_ids[own]))} {args.target} problems, "
               f"{len(set(data.problem_ids[~own]))} {other}, {len(rows)} rows", flush=True)
         for pooled in (False, True):
-            costs = np.full(len(fold), np.nan)
-            for f in range(FOLDS):
-                judged = own & (fold == f)
-                if not judged.any():
-                    continue
-                trained = (fold != f) & (True if pooled else own)
-                booster = lightgbm.train(dict(training.DEFAULT_PARAMS), training._dataset(data, trained),
-                                         training.ROUNDS)
-                costs[judged] = -booster.predict(data.matrix[judged])
+            costs = held_out_costs(data, fold, own, pooled)
             label = f"with {other}" if pooled else f"{args.target} alone"
             print(f"  {label:14s} {scores(data, costs, ~np.isnan(costs), vendor, 'vendor')}", flush=True)
 
