@@ -20,7 +20,7 @@ import json
 import torch
 
 from tiledispatch.bench.candidates import CandidatePolicy, planned
-from tiledispatch.bench.problemsets import load_problems
+from tiledispatch.bench.table import problem_from_row
 from tiledispatch.core.dispatcher import Dispatcher, stream_getter
 from tiledispatch.core.kernel import build_all
 from tiledispatch.core.launch import run_checked
@@ -68,13 +68,10 @@ def main() -> None:
     arch = current_arch()
     definition = get_op("conv")
     device = torch.device("cuda")
+    dispatcher = Dispatcher(Registry.from_rule_sets([definition.kind], "default", arch), arch)
     for label, fields in problems():
-        path = "/tmp/igemm_tma_wrong_problem.json"
-        with open(path, "w") as f:
-            json.dump({"op": "conv", "problems": [fields]}, f)
-        problem = load_problems(path)[0]
+        problem = problem_from_row("conv", json.dumps(fields))
         problem = dataclasses.replace(problem, specialization=problem.dense_specialization())
-        dispatcher = Dispatcher(Registry.from_rule_sets([definition.kind], "default", arch), arch)
         policy = CandidatePolicy(match="igemm-tma_8x16x128x128_w8_s3_k1_")
         base = next(p.spec for p in planned(dispatcher, problem, policy) if not p.vendor and p.refused is None)
         specialization = definition.specialization_of(problem)

@@ -14,23 +14,26 @@ from ..heuristics.training import SEED_MAX
 from .common import emit
 
 
-def read_table(table: Path) -> Any:
-    """A results table: one parquet file, or every parquet file under a directory (a sweep's parts),
-    each row once."""
+def read_table(*tables: Path) -> Any:
+    """A results table: parquet files, or every parquet file under a directory (a sweep's parts),
+    read as one table, each row once."""
     import pandas as pd
 
     from ..bench.table import distinct_rows
 
-    if not table.exists():
-        raise FileNotFoundError(f"no results table at {table}; give a parquet file or a sweep's directory")
-    parts = sorted(table.glob("**/*.parquet")) if table.is_dir() else [table]
-    if not parts:
-        raise UnsupportedError(f"{table} holds no parquet file; give the directory `tiledispatch sweep --out` wrote")
-    try:
-        frames = [pd.read_parquet(p) for p in parts]
-    except (ValueError, OSError) as e:  # pyarrow's errors are ValueErrors (ArrowInvalid) or OSErrors
-        raise UnsupportedError(f"cannot read {table} as a parquet results table: {e}; give a parquet file or "
-                               "the directory `tiledispatch sweep --out` wrote") from None
+    frames = []
+    for table in tables:
+        if not table.exists():
+            raise FileNotFoundError(f"no results table at {table}; give a parquet file or a sweep's directory")
+        parts = sorted(table.glob("**/*.parquet")) if table.is_dir() else [table]
+        if not parts:
+            raise UnsupportedError(f"{table} holds no parquet file; give the directory `tiledispatch sweep --out` "
+                                   "wrote")
+        try:
+            frames += [pd.read_parquet(p) for p in parts]
+        except (ValueError, OSError) as e:  # pyarrow's errors are ValueErrors (ArrowInvalid) or OSErrors
+            raise UnsupportedError(f"cannot read {table} as a parquet results table: {e}; give a parquet file or "
+                                   "the directory `tiledispatch sweep --out` wrote") from None
     return distinct_rows(pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0])
 
 
@@ -58,12 +61,7 @@ def train_command(
     from ..heuristics import learned
     from ..heuristics.training import selection_keys
 
-    import pandas as pd
-
-    from ..bench.table import distinct_rows
-
-    frames = [read_table(t) for t in tables]
-    frame = frames[0] if len(frames) == 1 else distinct_rows(pd.concat(frames, ignore_index=True))
+    frame = read_table(*tables)
     table = ",".join(map(str, tables))
     pooled = tuple(d.strip() for d in pool.split(",") if d.strip())
     chosen = {"op": op, "direction": direction, "dtype": dtype, "arch": arch}

@@ -242,7 +242,7 @@ def train(frame: Any, key: SelectionKey, *, folds: int = 5, seed: int = 0,
     if pool:  # folds by layer: a held-out problem's twin in another dtype trains no model that judges it
         layer_of = dict(zip(rows["problem_id"], map(shape_of, rows["problem"])))
         groups = np.array([layer_of[p] for p in data.problem_ids])
-        own = np.isin(data.problem_ids, rows_of(frame, key)["problem_id"].unique())
+        own = np.isin(data.problem_ids, frame.loc[frame["dtype"] == key.dtype, "problem_id"].unique())
     cv = cross_validate(data, folds, params, groups, own)
     booster = lightgbm.train(dict(params), _dataset(data, np.ones(len(data.log_ms), dtype=bool)), ROUNDS)
     mask = (frame["status"] == Status.OK.value) & frame["problem_id"].isin(rows["problem_id"])
