@@ -209,6 +209,32 @@ def test_checked_kernels_are_timed_in_turns_and_in_groups_their_outputs_fit(monk
         assert sampled.count(specs[0].name) == 1 + 3  # its check and each sample
 
 
+def test_a_kernel_far_slower_than_the_batchs_fastest_keeps_its_one_call(monkeypatch):
+    """A checked kernel whose first call takes more than SLOW_FACTOR times the fastest first call so far
+    is OK with that time and a note, and never sampled; one within the factor is sampled as usual."""
+    problem = gemm_problems()[0]
+    registry = Registry.from_rule_sets([problem.op], "tiny", arch_facts.load(INTERP))
+    registry.candidates(problem.op, problem)
+    specs = tuple(registry.get(n) for n in ranked_names(problem, 3))
+    firsts = iter([1.0, 9.0, 7.5])  # the first sets the pace; 9x is past the factor of 8, 7.5x is not
+    samplers = []
+    real_sampler = sweep_worker._sampler
+
+    def sampler(run, on_gpu):
+        samplers.append(run)
+        return real_sampler(run, on_gpu)
+
+    monkeypatch.setattr(sweep_worker, "_first_ms", lambda run, on_gpu: next(firsts))
+    monkeypatch.setattr(sweep_worker, "_sampler", sampler)
+    result = sweep_worker.run_task(sweep_worker.Task(problem, specs))
+    fast, slow, near = result.outcomes
+    assert sweep_worker.SLOW_FACTOR == 8.0
+    assert slow.status is Status.OK and slow.time_ms == 9.0 and "9x" in slow.error
+    for outcome in (fast, near):
+        assert outcome.status is Status.OK and outcome.error is None and outcome.time_ms not in (1.0, 7.5)
+    assert len(samplers) == 2  # the fast kernel's and the near one's, not the slow one's
+
+
 def test_a_fault_while_timing_in_turns_is_reported_at_once(monkeypatch):
     """A lost context fails every later sample: the kernel whose sample lost it is reported before
     any other, as the worker then ends (`report` exits the process on a FAULT)."""

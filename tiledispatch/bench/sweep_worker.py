@@ -31,6 +31,11 @@ PREPARE_S = 3600.0  # the limit of PREPARING: a long problem's CPU reference tak
 SAMPLE_MS = 20.0  # each timing sample replays a graph of back-to-back calls lasting about this long
 MAX_CALLS = 200
 ROUNDS = 5  # samples per kernel, taken in turns with the batch's other kernels; the median is kept
+# A kernel whose first timed call takes this many times the problem's fastest so far keeps that one
+# time: it cannot be the oracle, and a model's grade is 0 below 1/8 of the oracle's speed (training's
+# LambdaRank grades), so its samples buy nothing; a pathological one (a 14 s call where the fastest
+# takes 29 ms) would hold the GPU for minutes.
+SLOW_FACTOR = 8.0
 HELD_SHARE = 0.25  # of the device's free memory, the most the outputs of kernels waiting to be timed hold
 ERROR_CHARS = 2000
 STARTUP_S = 600.0  # a child's imports (torch, Triton) on a loaded host, before it takes a task
@@ -141,6 +146,14 @@ def _context_lost(device) -> bool:
         return True
 
 
+def _first_ms(run: Callable[[], None], on_gpu: bool) -> float | None:
+    """One call's GPU time, a queued call before it: how far a kernel is from the problem's fastest.
+    None on the CPU, where the interpreter's one wall-clock run is the whole measurement."""
+    from .timing import time_call
+
+    return time_call(run, on_gpu=True, repeats=1, warmup=1).median_ms if on_gpu else None
+
+
 def _sampler(run: Callable[[], None], on_gpu: bool) -> Callable[[], float]:
     """Milliseconds per call of `run`, a sample at a time: a replay of a CUDA graph of back-to-back
     calls on the GPU (events around plain launches where a graph cannot capture the kernel), one
@@ -206,6 +219,7 @@ class _Kernels:
         self.specialization = self.definition.specialization_of(task.problem)
         self.operands: list | None = None
         self.expected: Any = None
+        self.fastest_ms = math.inf  # the least first-call time of the batch's checked kernels so far
 
     def build(self) -> dict[str, Outcome]:
         """Compiles the batch's kernels missing from the cache, `jobs` processes at once (none are
@@ -250,7 +264,8 @@ class _Kernels:
 
     def check(self, spec: KernelSpec) -> Outcome | _Timer:
         """Builds `spec`'s launchers, runs it once on poisoned outputs and checks the result: its
-        outcome where it fails, else a timer of its plans over every operand set."""
+        outcome where it fails, else a timer of its plans over every operand set; a kernel far slower
+        than the batch's fastest so far (`SLOW_FACTOR`), its one call's time as an OK outcome."""
         from ..core.dispatcher import stream_getter
         from ..core.errors import BuildError, CacheError
         from ..core.launch import execute, run_checked
@@ -268,7 +283,14 @@ class _Kernels:
                 return Outcome(name, Status.WRONG, json.dumps(comparison.to_dict()))
             plans = [plan] + [definition.plan(spec.config, o) for o in self.operands[1:]]
             turn = itertools.cycle(plans)
-            sample = _sampler(lambda: execute(next(turn), launchers, stream()), self.on_gpu)
+            run = lambda: execute(next(turn), launchers, stream())  # noqa: E731
+            first_ms = _first_ms(run, self.on_gpu)
+            if first_ms is not None and first_ms > SLOW_FACTOR * self.fastest_ms:
+                return Outcome(name, Status.OK, f"one call, {first_ms / self.fastest_ms:.0f}x the batch's fastest "
+                               "first call: not sampled in turns", first_ms)
+            if first_ms is not None:
+                self.fastest_ms = min(self.fastest_ms, first_ms)
+            sample = _sampler(run, self.on_gpu)
         except Exception as e:
             return self.failed(name, e)
         return _Timer(name, sample, plans, _held_bytes(plans) if self.on_gpu else 0)

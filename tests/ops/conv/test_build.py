@@ -52,10 +52,8 @@ BUILDS = {  # kernel -> the specialisations built for it
 def built(private_cache):
     cache = private_cache("conv-build")
     registry = Registry.from_rule_set("conv", "full", SM90)
-    results = []
-    for specialization in {s for specs in BUILDS.values() for s in specs}:
-        specs = [registry.get(name) for name, wanted in BUILDS.items() if specialization in wanted]
-        results += kernel.build_all(specs, cache, jobs=2, specializations=(specialization,))
+    # One pool for every build: each spawned worker imports torch once (seconds), not once a specialisation.
+    results = kernel.build_each(((registry.get(name), wanted) for name, wanted in BUILDS.items()), cache, jobs=2)
     return cache, registry, results
 
 

@@ -436,20 +436,21 @@ def test_the_pixel_walks_meet_every_tile_twice_and_both_channel_loops():
     met = [t for geometry in PIXEL_WALKS for t in pixel_walk_tiles(geometry)]
     tiles = [t for t in IGEMM_TILES if t.groups_per_tile == 1]
     assert sorted(map(tiles.index, met)) == sorted(list(range(len(tiles))) * 2)
-    for geometry in PIXEL_WALKS:  # C/G = K/G = 32: a 64-wide channel block is masked, a 16 or 32 one not
+    for geometry in PIXEL_WALKS:  # C = K = 32: a 64-wide channel block is masked, a 16 or 32 one not
         assert {max(t.block_m, t.block_n) == 64 for t in pixel_walk_tiles(geometry)} == {True, False}, geometry
 
 
 @pytest.mark.parametrize("geometry", PIXEL_WALKS, ids=str)
 def test_weight_gradient_pixel_walk(dispatcher, geometry):
     """Backward-weight carries its pixel coordinates from step to step (`advance_pixel`): steps of 16-64
-    pixels over output rows of 3-7 wrap W, H, D and N at once. C/G = K/G = 32: tiles of 16 and 32 drop
-    the channel masks (EVEN_K), 64-wide ones keep them. Every tile of `tests`, split or not, on two walks."""
+    pixels over output rows of 3-7 wrap W, H, D and N at once. C = K = 32 in one group (groups are
+    test_groups'): tiles of 16 and 32 drop the channel masks (EVEN_K), 64-wide ones keep them. Every
+    tile of `tests`, split or not, on two walks."""
     shapes = {"2d-s1": (2, (7, 9), (3, 3), 1, 2, 2), "2d-s2": (3, (9, 8), (3, 2), 2, 1, 1),
               "3d-mixed": (2, (4, 5, 6), (2, 3, 2), (1, 2, 1), (0, 1, 1), (2, 1, 1)),
               "1x1": (3, (5, 3), (1, 1), 1, 0, 1)}
     n, size, filt, stride, padding, dilation = shapes[geometry]
-    p = problem("bwd_weight", n, 64, 64, 2, size, filt, stride, padding, dilation)
+    p = problem("bwd_weight", n, 32, 32, 1, size, filt, stride, padding, dilation)
     for tile in pixel_walk_tiles(geometry):
         config = ImplicitGemmConfig(ConvSignature(Direction.BWD_WEIGHT, p.types), tile.block_m, tile.block_n,
                                     tile.block_k, tile.group_m, tile.num_warps, tile.num_stages, tile.split_k,
