@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from tiledispatch.bench.problemsets import fold_of
 from tiledispatch.bench.table import SelectionKey
+from tiledispatch.cli.train import read_complete
 from tiledispatch.heuristics import training
 
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
@@ -73,7 +75,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16")
     args = parser.parse_args()
     keys = {d: SelectionKey("conv", d, args.dtype, "sm_90") for d in DIRECTIONS}
-    frames = [training.rows_of(pd.read_parquet(f"{args.table_dir}/conv_{d}_{args.dtype}_sweep.parquet"), keys[d])
+    frames = [training.rows_of(read_complete(Path(f"{args.table_dir}/conv_{d}_{args.dtype}_sweep.parquet"))[0], keys[d])
               for d in DIRECTIONS]
     rows = pd.concat(frames).sort_values(["problem_id", "kernel"], kind="stable").reset_index(drop=True)
     data = training.featurize(rows, keys["forward"])  # one feature spec over every direction's rows

@@ -23,6 +23,7 @@ import pandas as pd
 
 from tiledispatch.bench.problemsets import fold_of
 from tiledispatch.bench.table import SelectionKey
+from tiledispatch.cli.train import read_complete
 from tiledispatch.heuristics import training
 
 from conv_pooled_directions import FOLDS, held_out_costs, scores  # a study beside this one (on the path)
@@ -43,7 +44,7 @@ def main() -> None:
         if not all(p.exists() for p in paths.values()):
             continue
         keys = {d: SelectionKey(op, direction, d, "sm_90") for d in paths}
-        frames = [training.rows_of(pd.read_parquet(paths[d]), k) for d, k in keys.items()]
+        frames = [training.rows_of(read_complete(paths[d])[0], k) for d, k in keys.items()]
         own_ids = set(frames[0]["problem_id"])
         rows = pd.concat(frames).sort_values(["problem_id", "kernel"], kind="stable").reset_index(drop=True)
         data = training.featurize(rows, keys[args.target])  # one feature spec over both dtypes' rows

@@ -715,6 +715,22 @@ def test_a_stopped_sweeps_incomplete_problems_are_left_out_of_its_evaluation(tmp
     assert sorted(planned) == sorted(problem_id(p) for p in problems) and all(len(k) == 2 for k in planned.values())
     document = json.loads(CliRunner().invoke(app, ["evaluate", str(tmp_path), "--strategies", "rules"]).stdout)
     assert document["incomplete_problems_left_out"] == 1 and document["problems"] == 0
+    # Gathered into one file (what a lent machine returns), and that file resumed as a directory's part:
+    # the plan travels in the file's metadata, and the incomplete problem stays out.
+    gathered = tmp_path.parent / f"{tmp_path.name}-gathered.parquet"
+    gather(tmp_path, gathered)
+    assert completeness.read(gathered) == planned
+    resumed = tmp_path.parent / f"{tmp_path.name}-resumed"
+    resumed.mkdir()
+    (resumed / "part-0.parquet").write_bytes(gathered.read_bytes())
+    assert completeness.read(resumed) == planned
+    from tiledispatch.cli.train import read_complete  # what train reads
+
+    for table in (gathered, resumed):
+        document = json.loads(CliRunner().invoke(app, ["evaluate", str(table), "--strategies", "rules"]).stdout)
+        assert document["incomplete_problems_left_out"] == 1 and document["problems"] == 0, table
+        frame, left_out = read_complete(table)
+        assert frame.empty and left_out == set(stopped.problem_id)
     sweep("gemm", problems, out=tmp_path, rule_set="tiny", arch=INTERP, candidates=policy, kernels_per_task=1)
     assert completeness.incomplete(tmp_path, read_table(tmp_path)) == set()
     assert completeness.read(tmp_path) == planned  # a rerun plans the same kernels

@@ -166,12 +166,15 @@ def read_table(out: str | Path):
 
 
 def gather(out: str | Path, path: str | Path) -> int:
-    """Every part under `out` as one parquet file at `path`, written under a temporary name and
-    renamed; its row count. A sweep writes a part per task, too many files to carry or commit; the
-    gathered file resumes as a directory again, copied into an empty one as a part."""
+    """Every part under `out` as one parquet file at `path` with the sweep's plan in its metadata,
+    written under a temporary name and renamed; its row count. A sweep writes a part per task, too
+    many files to carry or commit; the gathered file resumes as a directory again, copied into an
+    empty one as a part."""
     import pyarrow as pa
 
-    return write_file(pa.Table.from_pandas(read_table(out), schema=schema(), preserve_index=False), path)
+    table = pa.Table.from_pandas(read_table(out), schema=schema(), preserve_index=False)
+    planned = completeness.read(out)  # which problems are complete travels with the file
+    return write_file(table if planned is None else completeness.attached(table, planned), path)
 
 
 def write_part(out: Path, rows: list[dict[str, Any]]) -> Path | None:

@@ -96,7 +96,7 @@ def evaluate_command(
             raise InvalidArgumentError(f"{option} {fold}: folds are numbered 0..{folds - 1} (--folds {folds})")
     frame = _filtered(read_table(table), dict(zip(FILTERS, (op, direction, dtype, arch))))
     # A problem a stopped sweep left with kernels untimed has no known oracle (bench/completeness.py).
-    incomplete = completeness.incomplete(table, frame) if table.is_dir() else set()
+    incomplete = completeness.incomplete(table, frame)
     frame = frame[~frame["problem_id"].astype(str).isin(incomplete)]
     by = "problem_id"
     if by_layer:
