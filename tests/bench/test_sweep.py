@@ -3,6 +3,7 @@ resuming, the Dask path, the CLI; gemm, conv and attention each swept once."""
 
 import json
 import math
+import multiprocessing.resource_tracker
 import os
 import signal
 import subprocess
@@ -329,11 +330,13 @@ def test_a_killed_worker_takes_its_compile_processes_with_it():
 
 
 def _marked(marker: bytes) -> list[int]:
-    """The processes whose environment holds `marker`."""
+    """The live processes whose environment holds `marker` (a zombie has ended: only its entry waits
+    for a parent to reap it, and an orphan's parent, PID 1 in a container, may never do so)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and marker in (entry / "environ").read_bytes():
+            if (entry.name.isdigit() and marker in (entry / "environ").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
                 found.append(int(entry.name))
         except OSError:
             pass
@@ -518,11 +521,15 @@ def test_a_task_that_kills_its_dask_workers_twice_is_a_fault(tmp_path, monkeypat
 
 def test_on_several_gpus_a_budget_drops_the_tasks_still_running(tmp_path, monkeypatch):
     """A task that hangs would hold the sweep until its kernel's timeout; past the budget the sweep
-    stops at once, the hung task dropped (no row: a rerun runs it), the rows it has kept."""
+    stops at once, the hung task dropped (no row: a rerun runs it), the rows it has kept. The closed
+    cluster kills the Dask worker that waits on the hung kernel, and that worker's child goes too."""
     pytest.importorskip("distributed")
     problem = gemm_problems()[1]
     names = ranked_names(problem, 2)
+    marker = f"sweep-budget-{uuid.uuid4().hex}"
+    multiprocessing.resource_tracker.ensure_running()  # this process's own, started before the marker is set
     monkeypatch.setenv(sweep_worker.INJECT_ENV, json.dumps({names[0]: "hang"}))
+    monkeypatch.setenv("TILEDISPATCH_TEST_MARKER", marker)  # the workers and their children inherit it
     start = time.perf_counter()
     report = sweep("gemm", [problem], out=tmp_path, rule_set="tiny", arch=INTERP, candidates=CandidatePolicy(top=2),
                    kernels_per_task=1, gpus=[0, 1], timeout_s=300, budget_s=10)
@@ -530,6 +537,10 @@ def test_on_several_gpus_a_budget_drops_the_tasks_still_running(tmp_path, monkey
     frame = read_table(tmp_path)
     assert names[0] not in set(frame.kernel) and set(frame.status) <= {"ok"}
     assert report.tasks_left >= 1 and report.tasks_left + len(frame) == 2
+    until = time.monotonic() + 20  # an orphan notices its parent's death within ORPHAN_POLL_S
+    while _marked(marker.encode()) and time.monotonic() < until:
+        time.sleep(0.5)
+    assert not _marked(marker.encode())
 
 
 def test_on_one_gpu_a_budget_drops_the_task_running_after_the_first(tmp_path, monkeypatch):

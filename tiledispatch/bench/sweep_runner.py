@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import traceback
 from dataclasses import replace
@@ -39,11 +40,25 @@ class DeadlinePassed(Exception):
     outcome of it is kept, so a rerun runs it whole)."""
 
 
+ORPHAN_POLL_S = 1.0
+
+
 def _child_main(conn) -> None:
     """A worker process's start: it leads a process group of its own, so that killing the group
-    also ends the compile processes it started (`IsolatedRunner._kill`)."""
+    also ends the compile processes it started (`IsolatedRunner._kill`), and it ends that group
+    when its parent dies without closing it."""
     os.setpgid(0, 0)
+    threading.Thread(target=_end_when_orphaned, args=(os.getppid(),), daemon=True).start()
     _child(conn)
+
+
+def _end_when_orphaned(parent: int) -> None:
+    """Kills this process's group once `parent` is gone. A Dask worker that is killed while its task
+    waits on a hung kernel runs no exit handler, and its child would sleep on, holding the GPU, for
+    as long as the kernel hangs."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    os.killpg(0, signal.SIGKILL)
 
 
 def _child(conn) -> None:
