@@ -230,8 +230,29 @@ def test_triton_is_put_back_after_a_session():
 
 
 def _triton_state() -> dict:
+    from triton.runtime import interpreter
+
     return {"tl": dict(vars(tl)), "core": dict(vars(tl.core)), "tensor": dict(vars(tl.core.tensor)),
-            "dtype": dict(vars(tl.core.dtype)), "jit": dict(vars(JITFunction))}
+            "dtype": dict(vars(tl.core.dtype)), "jit": dict(vars(JITFunction)),
+            "interpreter": {"_patch_lang": interpreter._patch_lang}}
+
+
+@requires_interpreter
+def test_a_session_patches_the_language_once_not_at_each_call(monkeypatch):
+    """Inside a session a launch and each of its callees (a helper, `tl.cdiv`, a combine) find the
+    language patched already: Triton's own patch of it (inspect.getmembers of three modules) is
+    not repeated at each call, and the results are the same."""
+    from triton.runtime import interpreter
+
+    patches = []
+    plain = interpreter._patch_builtin
+    x = torch.randn(70)
+    y = torch.full((70,), float("nan"))
+    with runtime.interpreter_session():
+        monkeypatch.setattr(interpreter, "_patch_builtin", lambda *a: patches.append(a[0]) or plain(*a))
+        runtime.interpreted(KERNEL)[(3,)](x, y, 70, BLOCK=32)
+    assert torch.equal(y, x * 2 + 3)
+    assert patches == []
 
 
 @requires_interpreter

@@ -178,9 +178,9 @@ os.register_at_fork(after_in_child=_fresh_interpreter_lock)
 # Triton's InterpretedFunction runs a plain Python kernel but calls its callees as they are:
 # a JITFunction callee (a helper, `tl.cdiv`, `tl.max`, `x.sum()`) refuses to be called outside
 # a compiled kernel. A session makes those calls interpreted ones for the thread that holds
-# it, patches `triton.language` and `triton.language.core` once for its whole length (a
-# callee's own patches of a module its kernel does not import are never undone by Triton, so
-# the session undoes them), and puts everything back when its outermost level ends.
+# it, patches `triton.language` and `triton.language.core` once for its whole length (Triton's
+# own patching at each launch and each callee's call, which repeats it, is skipped for that
+# thread), and puts everything back when its outermost level ends.
 class _Session(threading.local):
     depth = 0
 
@@ -273,7 +273,18 @@ def _enter_session() -> tuple[Any, ...]:
 
     both = type(lang)(lang.__code__, {"tl": tl, "core": tl.core})
     inherited = _Inherited(tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
-    return inherited, calls, interpreter._patch_lang(both)
+    patched = interpreter._patch_lang(both)
+    plain_patch = interpreter._patch_lang
+
+    def patch_lang(fn):  # a launch's or a callee's patch: what the session's has done already
+        if threading.get_ident() != owner:
+            return plain_patch(fn)
+        return interpreter._LangPatchScope()
+
+    # Triton patches the language again at each call of a callee (inspect.getmembers of three
+    # modules a call): half the interpreter's time on a conv kernel of many small helpers.
+    calls.set_attr(interpreter, "_patch_lang", patch_lang)
+    return inherited, calls, patched
 
 
 class _Inherited:
