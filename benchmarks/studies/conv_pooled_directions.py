@@ -15,7 +15,6 @@ that judges it. Runs on the CPU; needs LightGBM and pandas.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 
@@ -29,13 +28,6 @@ from tiledispatch.heuristics import training
 
 DIRECTIONS = ("forward", "bwd_data", "bwd_weight")
 FOLDS = 5
-
-
-def shape_of(problem_json: str) -> str:
-    """The problem without its direction: the layer a forward and its gradients share."""
-    fields = json.loads(problem_json)
-    fields.pop("direction", None)
-    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def scores(data, costs, seen, vendor, vendor_name: str = "cuDNN") -> str:
@@ -79,7 +71,9 @@ def main() -> None:
               for d in DIRECTIONS]
     rows = pd.concat(frames).sort_values(["problem_id", "kernel"], kind="stable").reset_index(drop=True)
     data = training.featurize(rows, keys["forward"])  # one feature spec over every direction's rows
-    info = {pid: (json.loads(text)["direction"], shape_of(text)) for pid, text in zip(rows.problem_id, rows.problem)}
+    # a problem's layer: its JSON without the direction, the same for a forward and its gradients
+    info = {pid: (json.loads(text)["direction"], training.shape_of(text, without=("direction",)))
+            for pid, text in zip(rows.problem_id, rows.problem)}
     direction = np.array([info[p][0] for p in data.problem_ids])
     shape = np.array([info[p][1] for p in data.problem_ids])
     vendor = rows["kernel"].str.contains("_vendor_").to_numpy()

@@ -86,20 +86,23 @@ def rows_of(frame: Any, key: SelectionKey) -> Any:
 
 
 def pooled_rows(frame: Any, key: SelectionKey, pool: tuple[str, ...] = ()) -> Any:
-    """`rows_of` the key, and of the same op, direction and arch in each dtype of `pool`."""
+    """`rows_of` the key, and of the same op, direction and arch in each dtype of `pool` (other
+    dtypes than the key's, each once: `train` makes it so)."""
     import pandas as pd
 
-    keys = [key] + [replace(key, dtype=d) for d in dict.fromkeys(pool) if d != key.dtype]
+    keys = [key] + [replace(key, dtype=d) for d in pool]
     rows = [rows_of(frame, k) for k in keys]
     if len(rows) == 1:
         return rows[0]
     return pd.concat(rows).sort_values(["problem_id", "kernel"], kind="stable").reset_index(drop=True)
 
 
-def shape_of(problem_json: str) -> str:
-    """A problem's layer: its JSON without its types, the same for its fp16 and bf16 forms."""
+def shape_of(problem_json: str, without: tuple[str, ...] = ("types",)) -> str:
+    """A problem's layer: a hash of its JSON without the fields `without` (its types: the same for
+    its fp16 and bf16 forms)."""
     fields = json.loads(problem_json)
-    fields.pop("types", None)
+    for name in without:
+        fields.pop(name, None)
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
