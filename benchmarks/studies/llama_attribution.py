@@ -14,7 +14,10 @@ prefill, a training step (forward, loss, backward), as models.py times them. Eac
 prints what its first attention call got from transformers (mask, causal, the tensors' strides,
 whether autograd records it) and the node our output carries (cuDNN's own, or our op's twin).
 
-    python benchmarks/studies/llama_attribution.py [--models llama_prefill,llama_decode] [--rounds 15]
+With `--profile`, each mode then runs a few steps of `pytorch` and `attention` under the torch
+profiler and prints their ops by host time and by GPU time: where a gap the ratios show is spent.
+
+    python benchmarks/studies/llama_attribution.py [--models llama_prefill,llama_decode] [--rounds 15] [--profile]
 """
 
 from __future__ import annotations
@@ -76,10 +79,24 @@ def step(mode: str, work, model, inputs):
     return work.session(model, model, inputs)
 
 
+def profiled(label: str, fn, steps: int = 5) -> None:
+    """`steps` calls of `fn` under the torch profiler: the ops by host time and by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    for key in ("self_cpu_time_total", "self_device_time_total"):
+        print(f"== {label}, {steps} steps, by {key}", flush=True)
+        print(events.table(sort_by=key, row_limit=18, max_name_column_width=70), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="llama_prefill,llama_decode")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--profile", action="store_true", help="profile pytorch and attention after timing them")
     args = parser.parse_args()
     setting = models.GPU
     models.tiledispatch_attention = inspected(models.tiledispatch_attention)
@@ -103,6 +120,10 @@ def main() -> None:
             base = medians["pytorch"]
             line = "  ".join(f"{v} {medians[v]:.3f} ms ({base / medians[v]:.3f}x)" for v in VARIANTS)
             print(f"{name} {mode}: {line}", flush=True)
+            if args.profile:
+                with torch.set_grad_enabled(mode == "train"):
+                    for variant in ("pytorch", "attention"):
+                        profiled(f"{name} {mode} {variant}", steps[variant])
 
 
 if __name__ == "__main__":

@@ -81,8 +81,11 @@ def incomplete(out: Path, frame: Any) -> set[str]:
     """The problem ids of `frame` (the table of `out`, a directory or a gathered file) with a planned
     kernel that has no row; none where `out` has no plan."""
     planned = read(out)
-    if planned is None:
-        return set()
+    return set() if planned is None else unfinished(planned, frame)
+
+
+def unfinished(planned: Mapping[str, Sequence[str]], frame: Any) -> set[str]:
+    """The problem ids of `frame` with a kernel of `planned` that has no row."""
     have: dict[str, set[str]] = {}
     for pid, kernel in zip(frame["problem_id"].astype(str), frame["kernel"].astype(str)):
         have.setdefault(pid, set()).add(kernel)
