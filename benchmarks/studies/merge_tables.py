@@ -27,7 +27,7 @@ def merged(paths: list[str]) -> tuple[pa.Table, dict[str, list[str]]]:
             plan[pid] = sorted(set(plan.get(pid, ())) | set(kernels))
     rows = pa.concat_tables([t.replace_schema_metadata(None) for t in tables], promote_options="default")
     frame = distinct_rows(rows.to_pandas())
-    return pa.Table.from_pandas(frame, preserve_index=False), plan
+    return pa.Table.from_pandas(frame, schema=rows.schema, preserve_index=False), plan
 
 
 def main() -> None:
