@@ -78,3 +78,24 @@ def test_the_sweeps_backward_reference_is_chunked(monkeypatch):
     monkeypatch.setattr(ref, "MAX_SCORES", 16 * 16)
     for got, want in zip(reference_output(ops), whole):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_gqa_reads_each_key_head_for_its_group_without_copying_it():
+    """Query head h attends key head h // group: the reference equals the plain softmax over K and V
+    repeated per query head, its output, LSE and gradients (whose K and V sum over the group)."""
+    problem, (q, k, v) = _problem(mask=MaskKind.NONE, hq=8, hkv=2, s=12)
+    g = torch.Generator().manual_seed(5)
+    grad_out = torch.randn(q.shape, generator=g, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = ref.reference_from(*leaves, problem, scale=0.3)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+
+    plain = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    kk, vv = (t.repeat_interleave(4, dim=1) for t in plain[1:])
+    scores = plain[0] @ kk.transpose(-1, -2) * 0.3
+    want_out, want_lse = torch.softmax(scores, -1) @ vv, torch.logsumexp(scores, -1)
+    want_grads = torch.autograd.grad(want_out, plain, grad_out)
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

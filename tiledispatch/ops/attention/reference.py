@@ -45,11 +45,13 @@ def attend(q, k, v, problem: AttentionProblem, *, scale: float, softcap: float =
     bias and mask broadcast to (B, Hq, Sq, Skv); slopes is (B, Hq); sinks (Hq,); keep a
     (B, Hq, Sq, Skv) bool dropout mask. Rows that see no key give 0 and LSE -inf.
     """
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    sq, skv = q.shape[2], k.shape[2]
-    x = torch.matmul(q, k.transpose(-1, -2)) * scale
+    batch, heads_q, sq, _ = q.shape
+    heads_kv, skv = k.shape[1], k.shape[2]
+    # Query head h reads key head h // group: each key head's group of query heads is one matrix of
+    # group x Sq rows, so K and V are never copied per query head (a decode of 64 query heads over
+    # 8 key heads of 32k tokens would copy 64 GiB of float64).
+    grouped = (batch, heads_kv, heads_q // heads_kv * sq)
+    x = torch.matmul(q.reshape(*grouped, q.shape[-1]), k.transpose(-1, -2)).reshape(batch, heads_q, sq, skv) * scale
     if softcap:
         x = softcap * torch.tanh(x / softcap)
     if bias is not None:
@@ -72,7 +74,8 @@ def attend(q, k, v, problem: AttentionProblem, *, scale: float, softcap: float =
         weights = weights[..., :-1]
     if keep is not None:
         weights = weights * keep / (1.0 - dropout_p)
-    return torch.matmul(weights, v), lse
+    out = torch.matmul(weights.reshape(*grouped, skv), v)
+    return out.reshape(batch, heads_q, sq, v.shape[-1]), lse
 
 
 def head_chunks(batch: int, heads_q: int, heads_kv: int, sq: int, skv: int):
