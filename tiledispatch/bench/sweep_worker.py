@@ -31,10 +31,10 @@ PREPARE_S = 3600.0  # the limit of PREPARING: a long problem's CPU reference tak
 SAMPLE_MS = 20.0  # each timing sample replays a graph of back-to-back calls lasting about this long
 MAX_CALLS = 200
 ROUNDS = 5  # samples per kernel, taken in turns with the batch's other kernels; the median is kept
-# A kernel whose first timed call takes this many times the problem's fastest so far keeps that one
-# time: it cannot be the oracle, and a model's grade is 0 below 1/8 of the oracle's speed (training's
-# LambdaRank grades), so its samples buy nothing; a pathological one (a 14 s call where the fastest
-# takes 29 ms) would hold the GPU for minutes.
+# A kernel whose first two timed calls both take this many times the problem's fastest so far keeps
+# the faster one's time: it cannot be the oracle, and a model's grade is 0 below 1/8 of the oracle's
+# speed (training's LambdaRank grades), so its samples buy nothing; a pathological one (a 14 s call
+# where the fastest takes 29 ms) would hold the GPU for minutes.
 SLOW_FACTOR = 8.0
 HELD_SHARE = 0.25  # of the device's free memory, the most the outputs of kernels waiting to be timed hold
 ERROR_CHARS = 2000
@@ -265,7 +265,7 @@ class _Kernels:
     def check(self, spec: KernelSpec) -> Outcome | _Timer:
         """Builds `spec`'s launchers, runs it once on poisoned outputs and checks the result: its
         outcome where it fails, else a timer of its plans over every operand set; a kernel far slower
-        than the batch's fastest so far (`SLOW_FACTOR`), its one call's time as an OK outcome."""
+        than the batch's fastest so far in two calls (`SLOW_FACTOR`), the faster call's time as an OK outcome."""
         from ..core.dispatcher import stream_getter
         from ..core.errors import BuildError, CacheError
         from ..core.launch import execute, run_checked
@@ -286,8 +286,13 @@ class _Kernels:
             run = lambda: execute(next(turn), launchers, stream())  # noqa: E731
             first_ms = _first_ms(run, self.on_gpu)
             if first_ms is not None and first_ms > SLOW_FACTOR * self.fastest_ms:
-                return Outcome(name, Status.OK, f"one call, {first_ms / self.fastest_ms:.0f}x the batch's fastest "
-                               "first call: not sampled in turns", first_ms)
+                # One call can be held up: by the host, binding a Python family's call on an operand set
+                # it meets first, or on the GPU (a 4.8 us kernel once read 2.6 ms). The checked plan,
+                # bound already, must agree.
+                first_ms = min(first_ms, _first_ms(lambda: execute(plan, launchers, stream()), self.on_gpu))
+                if first_ms > SLOW_FACTOR * self.fastest_ms:
+                    return Outcome(name, Status.OK, f"the faster of two calls, {first_ms / self.fastest_ms:.0f}x the "
+                                   "batch's fastest first call: not sampled in turns", first_ms)
             if first_ms is not None:
                 self.fastest_ms = min(self.fastest_ms, first_ms)
             sample = _sampler(run, self.on_gpu)
