@@ -362,7 +362,8 @@ def sweep(op: OpKind | str, problems: Iterable[Any], *, out: str | Path, rule_se
     facts = current_arch() if arch is None else arch if not isinstance(arch, str) else arch_facts.load(arch)
     gpus = _check_arguments(kernels_per_task, timeout_s, jobs, prebuild_jobs, gpus, scheduler, budget_s)
     check_families(kind.value, candidates.families)
-    dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES)
+    dispatcher = Dispatcher(Registry.from_rule_sets([kind], rule_set, facts), facts, strategy=Strategy.RULES,
+                            rank_buckets=False)
     planner = space_planner(get_op(op), space, dispatcher) if space is not None else lambda problem: dispatcher
     problems = _unique(problems, kind)
     if scheduler is not None:
@@ -424,7 +425,8 @@ def space_planner(definition, space: str, dispatcher) -> Callable[[Any], Any]:
         for candidate in dispatcher.ranked(problem):  # the accepted ones: no refusal spelt out
             if candidate.spec.is_vendor:
                 registry.add(candidate.spec)
-        return Dispatcher(registry, dispatcher.arch, strategy=Strategy.RULES, cache=dispatcher.cache)
+        return Dispatcher(registry, dispatcher.arch, strategy=Strategy.RULES, cache=dispatcher.cache,
+                          rank_buckets=False)
     return for_problem
 
 

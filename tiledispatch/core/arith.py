@@ -12,3 +12,12 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The least power of two at least n, for n >= 1."""
     return 1 << (n - 1).bit_length()
+
+
+def rank_bucket(n: int, exact: int = 64, per_octave: int = 8) -> int:
+    """The largest size of n's ranking bucket: sizes up to `exact` are their own; above, each octave
+    [2**j, 2**(j+1)) is cut into `per_octave` equal buckets (`OpDefinition.ranking_problem`)."""
+    if n <= exact:
+        return n
+    step = (1 << (n.bit_length() - 1)) // per_octave
+    return cdiv(n, step) * step

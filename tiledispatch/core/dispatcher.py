@@ -60,8 +60,11 @@ BROKEN = "failed to build on this machine"  # the refusal of a kernel that faile
 class Dispatcher:
     def __init__(self, registry: Registry, arch=None, *, strategy: Strategy | str = Strategy.RULES,
                  cache: KernelCache | None = None, tuning: TuningStore | None = None,
-                 models: ModelSource | None = None) -> None:
+                 models: ModelSource | None = None, rank_buckets: bool = True) -> None:
         self.arch = arch if arch is not None else current_arch()
+        # Where the op ranks a bucket of problems once (`OpDefinition.ranking_problem`); False: each
+        # problem its own, as a sweep plans (every kernel a problem accepts, with its own scores).
+        self.rank_buckets = rank_buckets
         self.registry = registry.for_arch(self.arch)
         self.strategy = Strategy.parse(strategy)
         self._cache = cache
@@ -126,6 +129,15 @@ class Dispatcher:
         reason_ids = [reasons.setdefault(reason, len(reasons)) for reason in refusals]
         typecode = "B" if len(reasons) <= 0xFF else "H" if len(reasons) <= 0xFFFF else "L"
         rows = [i for i, reason in enumerate(refusals) if reason is None]
+        stand_in = problem if definition.ranking_problem is None or not self.rank_buckets \
+            else definition.ranking_problem(problem)
+        if stand_in != problem and self.strategy is not Strategy.FIRST:
+            ranked = self._ranking(stand_in)
+            if ranked.specs is specs and isinstance(ranked.accepted, Accepted):
+                accepted = ranked.accepted.within(refusals)
+                if accepted:
+                    return Ranking(accepted, specs, tuple(reasons), array.array(typecode, reason_ids), ranked.model,
+                                   stand_in)
         model = None
         if self.strategy is Strategy.FIRST:
             accepted = Accepted(specs, rows)

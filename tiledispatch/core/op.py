@@ -184,6 +184,10 @@ class OpDefinition:
     # config -> what of a config `supports` reads (hashable): configs of one key take or refuse every
     # problem alike, so a ranking asks once per key (`core.candidate_set`). None: once per config.
     support_key: Callable[[Any], Hashable] | None = None
+    # problem -> the problem whose ranking stands for its own (sizes that rank alike, such as a GEMM's
+    # token counts in one bucket): the stand-in is ranked once, and each problem it stands for takes
+    # its order of the candidates the problem accepts. None: each problem is ranked itself.
+    ranking_problem: Callable[[Any], Any] | None = None
     # (configs, arch) -> a `core.candidate_set.ScoreBatch`: the configs' rule scores prepared once, each
     # problem's made in one pass (`rule_score`'s numbers). None: `rule_score` per config.
     score_batch: Callable[[Sequence[Any], Any], Any] | None = None

@@ -80,6 +80,15 @@ class Accepted(abc.Sequence):
     def __iter__(self) -> Iterator[Candidate]:
         return (self[i] for i in range(len(self)))
 
+    def within(self, refusals: Sequence[str | None]) -> "Accepted":
+        """These candidates that another problem accepts too (`refusals`: its reason, or None, for
+        each spec), in this order, with their scores and costs: the other's ranking where this
+        one's problem stands in for it (`OpDefinition.ranking_problem`)."""
+        rows, order = self._rows, self._order
+        keep = [i for i, j in enumerate(order) if refusals[rows[j]] is None]
+        costs = None if self._costs is None else [self._costs[i] for i in keep]
+        return Accepted(self._specs, rows, self._scores, [order[i] for i in keep], costs)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (Accepted, tuple)):
             return tuple(self) == tuple(other)
@@ -105,6 +114,7 @@ class Ranking:
     reasons: tuple[str | None, ...]
     reason_ids: array.array
     model: str | None = None  # the learned model that ordered `accepted`; None: the rules did
+    ranked_as: Any = None  # the problem whose ranking this one's follows (`OpDefinition.ranking_problem`)
 
     def refused(self) -> tuple[Candidate, ...]:
         """The refused candidates with their reasons, in registry order."""
@@ -154,6 +164,7 @@ class Explanation:
             "arch": self.arch,
             "strategy": self.strategy.value,
             **({"model": self.model} if self.model is not None else {}),
+            **({"ranked_as": self.refusals.ranked_as.describe()} if self.refusals.ranked_as is not None else {}),
             "selected": self.selected.name if self.selected else None,
             "accepted": len(self.ranked),
             "refused_count": len(self.refused),

@@ -33,6 +33,7 @@ from .problem import (
     MaskKind,
     UserMask,
     Window,
+    ranking_problem,
 )
 from .ranking import rule_score
 from .rules import AttentionRule, auto_correct, support_key, supports, validate
@@ -60,6 +61,7 @@ OP = register(OpDefinition(
     reference=reference_output,
     check=check_output,
     support_key=support_key,
+    ranking_problem=ranking_problem,
 ))
 
 

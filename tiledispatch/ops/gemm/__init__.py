@@ -17,7 +17,8 @@ from .native import native_forward, recorded_native
 from ..library_common import dispatcher_token, records_eagerly
 from .operands import GemmOperands, _asked_dtype, _scale, check_operands
 from .plan import ACTIVATION_CODES, kernel_units, plan
-from .problem import KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout
+from .problem import (KIND, Activation, Align, Alignment, Epilogue, GemmLayout, GemmProblem, GemmTypes, Layout,
+                      ranking_problem)
 from .ranking import rule_score
 from .rules import GemmRule, auto_correct, support_key, supports, validate
 from .rulesets import RULE_SETS, problem_class
@@ -50,6 +51,7 @@ OP = register(OpDefinition(
     spaces=SPACES,
     support_key=support_key,
     score_batch=GemmScoreBatch,
+    ranking_problem=ranking_problem,
 ))
 
 
