@@ -9,7 +9,7 @@ from tiledispatch.core.dtypes import DType
 from tiledispatch.core.op import OpKind
 from tiledispatch.core.registry import Registry
 from tiledispatch.ops.attention import AttentionProblem, Direction, supports
-from tiledispatch.ops.attention.problem import ranking_problem
+from tiledispatch.ops.attention.problem import MAX_SEQLEN, ranking_problem
 
 SM90 = arch.load("sm_90")
 
@@ -37,3 +37,8 @@ def test_a_backward_and_short_sequences_rank_themselves():
     assert ranking_problem(decode(64)) == decode(64)
     assert ranking_problem(decode(1000)) == decode(1024)
     assert ranking_problem(dataclasses.replace(decode(1000), seqlen_q=100)).seqlen_q == 104
+
+
+def test_a_length_whose_bucket_passes_the_limit_ranks_itself():
+    longest = decode(MAX_SEQLEN - 5)
+    assert ranking_problem(longest) == longest

@@ -75,3 +75,7 @@ def test_a_dispatcher_that_plans_sweeps_ranks_each_problem_itself():
     assert own.refusals.ranked_as is None
     assert {c.spec.name for c in own.ranked} == {s.name for s in dispatcher.registry.candidates(OpKind.GEMM, linear(1001))
                                                  if supports(s.config, linear(1001)) is None}
+
+
+def test_a_count_whose_bucket_passes_the_largest_size_ranks_itself():
+    assert ranking_problem(linear(2**31 - 7)) == linear(2**31 - 7)

@@ -292,7 +292,7 @@ def ranking_problem(problem: AttentionProblem) -> AttentionProblem:
     if problem.seqlens or problem.direction is not Direction.FORWARD:
         return problem
     q, kv = rank_bucket(problem.seqlen_q), rank_bucket(problem.seqlen_kv)
-    if (q, kv) == (problem.seqlen_q, problem.seqlen_kv):
-        return problem
+    if (q, kv) == (problem.seqlen_q, problem.seqlen_kv) or max(q, kv) > MAX_SEQLEN:
+        return problem  # itself, too, where a stand-in would be longer than a problem may be
     return replace(problem, seqlen_q=q, seqlen_kv=kv)
 

@@ -312,6 +312,9 @@ class GemmProblem:
 # bucket. On the sm_90 sweeps' 326 GEMMs, ranked so, the model's picks changed on 9 and its bf16 mean
 # efficiency by 0.0003 (benchmarks/studies/rank_buckets.py).
 def ranking_problem(problem: GemmProblem) -> GemmProblem:
-    """The problem whose ranking stands for `problem`'s: its M rounded up to its bucket."""
+    """The problem whose ranking stands for `problem`'s: its M rounded up to its bucket (itself where
+    that M would pass the sizes a problem may have)."""
     top = rank_bucket(problem.m)
-    return problem if top == problem.m else replace(problem, m=top)
+    if top == problem.m or top >= 2**31:
+        return problem
+    return replace(problem, m=top)
