@@ -3,15 +3,14 @@ largest M, and each problem in it takes that order of the kernels it accepts its
 
 import pytest
 
-from tiledispatch.core.arith import rank_bucket
-
 from tiledispatch import arch
+from tiledispatch.core.arith import rank_bucket
 from tiledispatch.core.candidate_set import CandidateSet
 from tiledispatch.core.dispatcher import Dispatcher
 from tiledispatch.core.op import OpKind
 from tiledispatch.core.registry import Registry
-from tiledispatch.ops.gemm.rules import supports
 from tiledispatch.ops.gemm.problem import Activation, Epilogue, GemmLayout, GemmProblem, ranking_problem
+from tiledispatch.ops.gemm.rules import supports
 
 from .test_correctness import FP16
 
@@ -19,7 +18,8 @@ SM90 = arch.load("sm_90")
 
 
 def linear(m: int) -> GemmProblem:
-    return GemmProblem(m, 4096, 4096, 1, FP16, GemmLayout.parse("rcr"), Epilogue(False, Activation.parse("none"), False))
+    return GemmProblem(m, 4096, 4096, 1, FP16, GemmLayout.parse("rcr"),
+                       Epilogue(False, Activation.parse("none"), False))
 
 
 def test_each_octave_above_the_exact_counts_is_cut_into_buckets_ranked_as_their_largest_count():
@@ -73,8 +73,8 @@ def test_a_dispatcher_that_plans_sweeps_ranks_each_problem_itself():
                             rank_buckets=False)
     own = dispatcher.explain(linear(1001))
     assert own.refusals.ranked_as is None
-    assert {c.spec.name for c in own.ranked} == {s.name for s in dispatcher.registry.candidates(OpKind.GEMM, linear(1001))
-                                                 if supports(s.config, linear(1001)) is None}
+    candidates = dispatcher.registry.candidates(OpKind.GEMM, linear(1001))
+    assert {c.spec.name for c in own.ranked} == {s.name for s in candidates if supports(s.config, linear(1001)) is None}
 
 
 def test_a_count_whose_bucket_passes_the_largest_size_ranks_itself():

@@ -265,6 +265,20 @@ class AttentionProblem:
         return out
 
 
+def ranking_problem(problem: AttentionProblem) -> AttentionProblem:
+    """The problem whose ranking stands for a forward's: its sequence lengths rounded up to their
+    buckets (`core.arith.rank_bucket`), so that a decode over a cache that grows a token a step is
+    ranked once per bucket. A varlen problem and a backward rank themselves: training's lengths
+    repeat, and ranked by buckets the sweep's backward picks lost 0.004 of mean efficiency and 0.04
+    of P10 (benchmarks/studies/rank_buckets.py), the forward's none."""
+    if problem.seqlens or problem.direction is not Direction.FORWARD:
+        return problem
+    q, kv = rank_bucket(problem.seqlen_q), rank_bucket(problem.seqlen_kv)
+    if (q, kv) == (problem.seqlen_q, problem.seqlen_kv) or max(q, kv) > MAX_SEQLEN:
+        return problem  # itself, too, where a stand-in would be longer than a problem may be
+    return replace(problem, seqlen_q=q, seqlen_kv=kv)
+
+
 __all__ = [
     "DTYPES",
     "FP8_DTYPES",
@@ -281,18 +295,3 @@ __all__ = [
     "Window",
     "check_seqlen_limit",
 ]
-
-
-def ranking_problem(problem: AttentionProblem) -> AttentionProblem:
-    """The problem whose ranking stands for a forward's: its sequence lengths rounded up to their
-    buckets (`core.arith.rank_bucket`), so that a decode over a cache that grows a token a step is
-    ranked once per bucket. A varlen problem and a backward rank themselves: training's lengths
-    repeat, and ranked by buckets the sweep's backward picks lost 0.004 of mean efficiency and 0.04
-    of P10 (benchmarks/studies/rank_buckets.py), the forward's none."""
-    if problem.seqlens or problem.direction is not Direction.FORWARD:
-        return problem
-    q, kv = rank_bucket(problem.seqlen_q), rank_bucket(problem.seqlen_kv)
-    if (q, kv) == (problem.seqlen_q, problem.seqlen_kv) or max(q, kv) > MAX_SEQLEN:
-        return problem  # itself, too, where a stand-in would be longer than a problem may be
-    return replace(problem, seqlen_q=q, seqlen_kv=kv)
-
