@@ -99,3 +99,19 @@ def test_gqa_reads_each_key_head_for_its_group_without_copying_it():
     torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads, want_grads):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_lse_is_judged_against_its_scores_size_not_its_own():
+    """An LSE that cancels to near 0 (one key, a small score) passes its scores' roundoff, and a wrong
+    LSE still fails, whether near 0 or not."""
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(1, 1, 1, 64, generator=g), torch.randn(1, 1, 1, 64, generator=g)
+    scale = 0.125
+    want = torch.tensor([[[0.045]]], dtype=torch.float64)
+    roundoff = want + 1.1e-6  # what an fp32 score of |q| |k| / 8 ~ 8 carries
+    assert not ref.compare_tensors(roundoff, want, ref.LSE_TOLERANCE).passed  # judged against the LSE itself
+    assert ref.compare_lse(roundoff, want, q, k, scale).passed
+    for wrong in (want + 0.01, want * 2, -want):
+        assert not ref.compare_lse(wrong, want, q, k, scale).passed
+    big = torch.tensor([[[5.0]]], dtype=torch.float64)
+    assert not ref.compare_lse(big + 0.01, big, q, k, scale).passed

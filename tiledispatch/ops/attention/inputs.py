@@ -138,18 +138,18 @@ def reference_output(operands):
 
 def check_output(output, expected, operands):
     """A plan's output (AttentionResult or AttentionGrads) against `reference_output`: the worst of
-    its parts, each under the dtype's tolerance (the LSE, where the problem asks for it, under 1e-5)."""
+    its parts, each under the dtype's tolerance (the LSE, where the problem asks for it, `compare_lse`'s)."""
     from .problem import Direction
-    from .reference import compare_tensors, tolerance
+    from .reference import compare_lse, compare_tensors, tolerance
 
     problem = operands.problem
     if problem.direction is Direction.FORWARD:
-        parts = [(output.out, expected[0], tolerance(problem.dtype))]
+        checks = [compare_tensors(output.out, expected[0], tolerance(problem.dtype))]
         if problem.needs_lse:
-            parts.append((output.lse, expected[1], 1e-5))
+            checks.append(compare_lse(output.lse, expected[1], operands.q, operands.k, operands.scale,
+                                      operands.scale_q, operands.scale_k))
     else:
         tol = tolerance(problem.dtype, gradient=True)
-        parts = [(got, ref, tol) for got, ref in zip((output.dq, output.dk, output.dv), expected)]
-    checks = [compare_tensors(got, ref, tol) for got, ref, tol in parts]
+        checks = [compare_tensors(got, ref, tol) for got, ref in zip((output.dq, output.dk, output.dv), expected)]
     failed = [c for c in checks if not c.passed]
     return failed[0] if failed else max(checks, key=lambda c: c.relative_error / c.tolerance)

@@ -189,7 +189,7 @@ def tolerance(dtype: DType, gradient: bool = False) -> float:
     return base * (4 if gradient else 1)
 
 
-def compare_tensors(got: torch.Tensor, ref: torch.Tensor, tol: float) -> Comparison:
+def compare_tensors(got: torch.Tensor, ref: torch.Tensor, tol: float, floor: float = RMS_FLOOR) -> Comparison:
     # On the reference's device: a sweep's float64 reference is on the GPU, where comparing a 1 GB
     # output takes milliseconds (a copy of both to the CPU takes seconds a kernel).
     ref = ref.detach().to(torch.float64)
@@ -199,10 +199,28 @@ def compare_tensors(got: torch.Tensor, ref: torch.Tensor, tol: float) -> Compari
     same_inf = (got == ref) & ~finite
     diff = torch.where(finite, got - ref, torch.where(same_inf, 0.0, math.inf))
     # An RMS floor of 1e-3: a gradient that is 0 in exact arithmetic (one visible key per
-    # row) is compared absolutely, not against its own roundoff.
-    scale = torch.linalg.vector_norm(torch.where(finite, ref, 0.0)).clamp_min(RMS_FLOOR * ref.numel() ** 0.5)
+    # row) is compared absolutely, not against its own roundoff. `floor` raises it where the
+    # error scales with something other than the values (the LSE's: its scores, `compare_lse`).
+    least = max(floor, RMS_FLOOR) * ref.numel() ** 0.5
+    scale = torch.linalg.vector_norm(torch.where(finite, ref, 0.0)).clamp_min(least)
     rel = float(torch.linalg.vector_norm(diff) / scale) if diff.numel() else 0.0
     return Comparison(float(diff.abs().max()) if diff.numel() else 0.0, rel, tol, unwritten)
+
+
+LSE_TOLERANCE = 1e-5
+
+
+def compare_lse(got: torch.Tensor, ref: torch.Tensor, q: torch.Tensor, k: torch.Tensor, scale: float,
+                scale_q: torch.Tensor | None = None, scale_k: torch.Tensor | None = None) -> Comparison:
+    """The LSE against the reference, relative to no less than its scores' size (the RMS of scale x |q| x
+    |k| over rows, fp8's dequantization scales in): an LSE's error is its scores' roundoff, which scales
+    with them, while the LSE itself can cancel to near 0 (one key whose fp32 score was 0.045 read 1.1e-6
+    of roundoff, 2.5e-5 of it)."""
+    def rms_norm(t: torch.Tensor, dequantize: torch.Tensor | None) -> float:
+        norm = float(torch.linalg.vector_norm(t.detach().float(), dim=-1).square().mean().sqrt())
+        return norm * (1.0 if dequantize is None else abs(float(dequantize.reshape(-1)[0])))
+
+    return compare_tensors(got, ref, LSE_TOLERANCE, floor=abs(scale) * rms_norm(q, scale_q) * rms_norm(k, scale_k))
 
 
 def compare(out: torch.Tensor, ops: AttentionOperands, keep: torch.Tensor | None = None) -> Comparison:
