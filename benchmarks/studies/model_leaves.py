@@ -12,6 +12,8 @@ import pandas as pd
 from tiledispatch.bench.table import SelectionKey
 from tiledispatch.heuristics import training
 
+from model_rounds import by_seed  # benchmarks/studies/model_rounds.py, beside this one
+
 TABLES = "benchmarks/results/h200/selection/"
 SLICES = (("gemm_bf16_sweep", SelectionKey("gemm", "forward", "bf16", "sm_90")),
           ("conv_forward_bf16_sweep", SelectionKey("conv", "forward", "bf16", "sm_90")),
@@ -27,12 +29,8 @@ def main() -> None:
     for table, key in SLICES:
         data = training.featurize(training.rows_of(pd.read_parquet(TABLES + table + ".parquet"), key), key)
         for leaves in LEAVES:
-            figures = []
-            for seed in (0, 1):
-                cv = training.cross_validate(data, 5, {**training.DEFAULT_PARAMS, "num_leaves": leaves,
-                                                       "seed": seed})["selection"]
-                figures.append(f"{cv['mean']:.3f} / {cv['p10']:.3f}")
-            print(f"{key.name}: {leaves} leaves: mean / P10 by seed {', '.join(figures)}", flush=True)
+            print(f"{key.name}: {leaves} leaves: mean / P10 by seed {by_seed(data, {'num_leaves': leaves})}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,15 @@ SLICES = (("gemm_bf16_sweep", SelectionKey("gemm", "forward", "bf16", "sm_90")),
 SETTINGS = ((300, 0.05), (150, 0.1), (100, 0.15), (60, 0.25))  # (trees, learning rate)
 
 
+def by_seed(data, params: dict) -> str:
+    """`train`'s grouped 5-fold CV of `data` under DEFAULT_PARAMS and `params`, seeds 0 and 1: 'mean / P10' each."""
+    figures = []
+    for seed in (0, 1):
+        cv = training.cross_validate(data, 5, {**training.DEFAULT_PARAMS, **params, "seed": seed})["selection"]
+        figures.append(f"{cv['mean']:.3f} / {cv['p10']:.3f}")
+    return ", ".join(figures)
+
+
 def main() -> None:
     shipped = training.ROUNDS
     try:
@@ -28,12 +37,8 @@ def main() -> None:
             data = training.featurize(training.rows_of(pd.read_parquet(TABLES + table + ".parquet"), key), key)
             for rounds, rate in SETTINGS:
                 training.ROUNDS = rounds
-                figures = []
-                for seed in (0, 1):
-                    cv = training.cross_validate(data, 5, {**training.DEFAULT_PARAMS, "learning_rate": rate,
-                                                           "seed": seed})["selection"]
-                    figures.append(f"{cv['mean']:.3f} / {cv['p10']:.3f}")
-                print(f"{key.name}: {rounds} trees at {rate}: mean / P10 by seed {', '.join(figures)}", flush=True)
+                print(f"{key.name}: {rounds} trees at {rate}: mean / P10 by seed "
+                      f"{by_seed(data, {'learning_rate': rate})}", flush=True)
     finally:
         training.ROUNDS = shipped
 

@@ -20,7 +20,7 @@ import pandas as pd
 from tiledispatch import arch as arch_facts
 from tiledispatch.bench.table import problem_from_row
 from tiledispatch.core.dispatcher import Dispatcher
-from tiledispatch.core.op import all_ops, get_op
+from tiledispatch.core.op import all_ops
 from tiledispatch.core.registry import Registry
 
 TABLES = [f"benchmarks/results/h200/selection/{name}_sweep.parquet"
@@ -29,18 +29,12 @@ TABLES = [f"benchmarks/results/h200/selection/{name}_sweep.parquet"
 
 def picks(table: str, op: str, bucketed: bool) -> dict[str, str]:
     """Each problem's pick, by a fresh dispatcher that ranks by buckets or each problem itself."""
-    definition = get_op(op)
-    kept = definition.ranking_problem
-    object.__setattr__(definition, "ranking_problem", kept if bucketed else None)  # the study's switch
-    try:
-        arch = arch_facts.load("sm_90")
-        registry = Registry.from_rule_sets([d.kind for d in all_ops()], "default", arch)
-        dispatcher = Dispatcher(registry, arch, strategy="model")
-        frame = pd.read_parquet(table, columns=["problem_id", "problem"]).drop_duplicates("problem_id")
-        return {pid: dispatcher.select(problem_from_row(op, text)).name
-                for pid, text in zip(frame.problem_id, frame.problem)}
-    finally:
-        object.__setattr__(definition, "ranking_problem", kept)
+    arch = arch_facts.load("sm_90")
+    registry = Registry.from_rule_sets([d.kind for d in all_ops()], "default", arch)
+    dispatcher = Dispatcher(registry, arch, strategy="model", rank_buckets=bucketed)
+    frame = pd.read_parquet(table, columns=["problem_id", "problem"]).drop_duplicates("problem_id")
+    return {pid: dispatcher.select(problem_from_row(op, text)).name
+            for pid, text in zip(frame.problem_id, frame.problem)}
 
 
 def summary(values: list[float]) -> str:
